@@ -1,0 +1,39 @@
+# One virtual environment at .venv/ serves the demo, the tests and the benches.
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(VENV)/bin/pip
+STAMP  := $(VENV)/.installed
+DEMO   := demo-data
+JOBS   := flextrain-jobs
+
+.PHONY: venv demo test proto bench lint clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	# torch first and pinned: the CPU wheel; never let a resolver pick a CUDA build.
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/flextrain data digits --out $(DEMO)
+	$(VENV)/bin/flextrain train --model-def model_zoo/digits_torch.py:Model \
+		--training-data $(DEMO)/train --validation-data $(DEMO)/validation \
+		--workers 2 --epochs 8 --global-batch-size 64 --max-micro-batch 32 --lr 0.1 \
+		--job-dir $(JOBS)/digits-demo
+
+test: $(STAMP)
+	$(VENV)/bin/lint-imports
+	$(PY) -m pytest -q
+
+proto: $(STAMP)
+	$(PY) -m flextrain.proto.build
+
+bench: $(STAMP)
+	$(PY) bench/overhead.py
+
+clean:
+	rm -rf $(DEMO) $(JOBS) .pytest_cache

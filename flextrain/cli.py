@@ -1,0 +1,256 @@
+"""``flextrain`` command line: train, status, scale, stop, data, worker."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import re
+import sys
+from pathlib import Path
+
+DEFAULT_JOBS_DIR = Path("flextrain-jobs")
+
+
+class CLIError(Exception):
+    """A user error: printed as `flextrain: error: ...`, exit code 2."""
+
+
+# ---- train ------------------------------------------------------------------
+def _add_train(sub) -> None:
+    p = sub.add_parser(
+        "train",
+        help="run an elastic training job",
+        description=(
+            "Run an elastic training job. With the local backend this process becomes the job's "
+            "master: it shards the data into tasks, launches --workers worker processes, keeps the "
+            "global batch fixed whatever the number of live workers, and exits 0 only when the job "
+            "succeeded."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    g = p.add_argument_group("model and data")
+    g.add_argument("--model-def", required=True, metavar="MODULE:NAME",
+                   help="model-zoo module and model callable: path/to/module.py:Name or package.module.Name")
+    g.add_argument("--training-data", required=True, metavar="DIR", help="directory (or file) of RecordIO/CSV training data")
+    g.add_argument("--validation-data", metavar="DIR", help="evaluated with eval_metrics_fn at the end of training")
+    g = p.add_argument_group("workers")
+    g.add_argument("--workers", type=int, default=1, help="number of workers to start")
+    g.add_argument("--min-workers", type=int, help="fewest workers a round may train with (default: --workers)")
+    g.add_argument("--max-workers", type=int, help="most workers the job may scale to (default: --workers)")
+    g = p.add_argument_group("training")
+    g.add_argument("--epochs", type=int, default=1)
+    g.add_argument("--global-batch-size", type=int, default=64,
+                   help="samples per optimizer step, kept fixed as workers come and go")
+    g.add_argument("--max-micro-batch", type=int,
+                   help="largest batch one worker computes at once; more samples are accumulated (default: global batch)")
+    g.add_argument("--lr", "--learning-rate", dest="learning_rate", type=float,
+                   help="learning rate passed to the module's optimizer (default: the module's own)")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--shuffle", action="store_true", help="shuffle the order of tasks every epoch")
+    g.add_argument("--steps-per-task", type=int, default=8, help="optimizer steps per data task")
+    g = p.add_argument_group("job")
+    g.add_argument("--job-name", help="job name (default: from --job-dir, else module name)")
+    g.add_argument("--job-dir", metavar="DIR", help=f"logs, checkpoints and status.json (default: ./{DEFAULT_JOBS_DIR}/NAME)")
+    g.add_argument("--max-task-retries", type=int, default=3, help="a failing task is retried this often, then the job fails")
+    g.add_argument("--checkpoint-steps", type=int, default=0, help="checkpoint every N optimizer steps (0: at the end only)")
+    g.add_argument("--rendezvous-timeout", type=float, default=10.0, help="seconds a round waits for stragglers")
+    g.add_argument("--worker-timeout", type=float, default=60.0, help="seconds of silence after which a worker counts as hung")
+    g.add_argument("--relaunch-budget", type=int, default=3, help="relaunches per worker slot before the job gives up")
+    g.add_argument("--no-progress", action="store_true", help="no live progress bar (log lines instead)")
+
+
+def _job_name(args) -> str:
+    if args.job_name:
+        return args.job_name
+    base = Path(args.job_dir).name if args.job_dir else re.split(r"[.:/]", args.model_def.removesuffix(".py"))[-2]
+    name = re.sub(r"[^a-z0-9-]+", "-", base.lower()).strip("-")
+    return name[:53] or "job"
+
+
+def _abs(path: str | None) -> str | None:
+    return str(Path(path).resolve()) if path else None
+
+
+def _model_def_abs(spec: str) -> str:
+    """Make a file-path --model-def absolute so workers resolve it from any directory."""
+    target, sep, name = spec.rpartition(":")
+    if sep and (target.endswith(".py") or Path(target).is_file()):
+        return f"{Path(target).resolve()}:{name}"
+    return spec
+
+
+def build_spec(args):
+    from flextrain.job import JobSpec
+
+    name = _job_name(args)
+    job_dir = args.job_dir or str(DEFAULT_JOBS_DIR / name)
+    return JobSpec(
+        name=name, model_def=_model_def_abs(args.model_def), training_data=_abs(args.training_data),
+        validation_data=_abs(args.validation_data), job_dir=_abs(job_dir), workers=args.workers,
+        min_workers=args.min_workers, max_workers=args.max_workers, epochs=args.epochs,
+        global_batch_size=args.global_batch_size, max_micro_batch=args.max_micro_batch,
+        learning_rate=args.learning_rate, seed=args.seed, shuffle=args.shuffle,
+        steps_per_task=args.steps_per_task, max_task_retries=args.max_task_retries,
+        checkpoint_steps=args.checkpoint_steps, rendezvous_timeout=args.rendezvous_timeout,
+        worker_timeout=args.worker_timeout, relaunch_budget=args.relaunch_budget,
+    )
+
+
+def cmd_train(args) -> int:
+    from flextrain.data import DataError, make_shards
+    from flextrain.job import JobSpecError
+    from flextrain.master.main import run_master
+    from flextrain.worker.module import ModelDefError, load_model_def
+
+    try:
+        spec = build_spec(args).validate()
+        # Everything checkable is checked before a single process starts.
+        load_model_def(spec.model_def)
+        make_shards(spec.training_data, what="training data")
+        if spec.validation_data:
+            make_shards(spec.validation_data, what="validation data")
+    except (JobSpecError, ModelDefError, DataError) as exc:
+        raise CLIError(str(exc)) from exc
+    show = sys.stderr.isatty() and not args.no_progress
+    return run_master(spec, show_progress=show)
+
+
+# ---- status / stop / scale ----------------------------------------------------
+def _job_dir(job: str) -> Path:
+    path = Path(job)
+    for candidate in (path, DEFAULT_JOBS_DIR / job):
+        if (candidate / "status.json").is_file():
+            return candidate
+    raise CLIError(f"no job {job!r}: neither {path}/status.json nor {DEFAULT_JOBS_DIR / job}/status.json exists")
+
+
+def _read_status(job: str) -> dict:
+    path = _job_dir(job) / "status.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise CLIError(f"cannot read {path}: {exc}") from exc
+
+
+def _master_alive(status: dict) -> bool:
+    pid = status.get("pid")
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+def _master_stub(status: dict):
+    import grpc
+
+    from flextrain.proto import flextrain_pb2_grpc as pb_grpc
+
+    if status.get("phase") in ("Succeeded", "Failed") or not _master_alive(status):
+        raise CLIError(f"job {status.get('name')} is not running (phase {status.get('phase')})")
+    return pb_grpc.MasterStub(grpc.insecure_channel(status["masterAddress"]))
+
+
+def cmd_status(args) -> int:
+    status = _read_status(args.job)
+    if status.get("phase") in ("Pending", "Running") and not _master_alive(status):
+        status["message"] = f"master process {status.get('pid')} is gone; status is from its last write"
+    if args.json:
+        print(json.dumps(status, indent=2, sort_keys=True))
+        return 0
+    p, w = status["progress"], status["workers"]
+    print(f"job       {status['name']}  ({status['jobDir']})")
+    print(f"phase     {status['phase']}" + (f"  - {status['message']}" if status.get("message") else ""))
+    print(f"workers   {w['active']} active / {w['desired']} desired")
+    print(f"epoch     {status['epoch']}/{status['epochs']}   step {status['step']}")
+    print(f"progress  {p['recordsDone']:,}/{p['recordsTotal']:,} records ({p['percent']}%)")
+    for name, value in sorted(status.get("metrics", {}).items()):
+        print(f"{name:<9} {value:.4f}")
+    return 0
+
+
+def cmd_stop(args) -> int:
+    from flextrain.proto import flextrain_pb2 as pb
+
+    status = _read_status(args.job)
+    resp = _master_stub(status).Stop(pb.StopRequest(reason=args.reason), timeout=10)
+    print(resp.message)
+    return 0 if resp.accepted else 1
+
+
+def cmd_scale(args) -> int:
+    from flextrain.proto import flextrain_pb2 as pb
+
+    status = _read_status(args.job)
+    resp = _master_stub(status).Scale(pb.ScaleRequest(workers=args.workers), timeout=10)
+    print(resp.message)
+    if not resp.accepted:
+        raise CLIError(resp.message)
+    return 0
+
+
+# ---- data / worker --------------------------------------------------------------
+def cmd_data_digits(args) -> int:
+    from flextrain.data.digits import write_digits
+
+    info = write_digits(args.out, validation_fraction=args.validation_fraction, seed=args.seed)
+    print(f"wrote {info['train']} training and {info['validation']} validation digits to {args.out}")
+    return 0
+
+
+def cmd_worker(args) -> int:
+    from flextrain.worker.main import run_worker
+
+    return run_worker(args.master, args.worker_id)
+
+
+def make_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="flextrain", description="Elastic deep-learning training.")
+    parser.add_argument("--log-level", default=os.environ.get("FLEXTRAIN_LOG_LEVEL", "WARNING"))
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_train(sub)
+    for name, fn, help_ in (("status", cmd_status, "show a job's status"),
+                            ("stop", cmd_stop, "stop a running job"),
+                            ("scale", cmd_scale, "change the number of workers of a running job")):
+        p = sub.add_parser(name, help=help_)
+        p.add_argument("job", metavar="JOB", help="job name or job directory")
+        if name == "status":
+            p.add_argument("--json", action="store_true", help="print status.json")
+        if name == "stop":
+            p.add_argument("--reason", default="stopped by user (flextrain stop)")
+        if name == "scale":
+            p.add_argument("workers", type=int, metavar="N")
+        p.set_defaults(fn=fn)
+    sub.choices["train"].set_defaults(fn=cmd_train)
+    data = sub.add_parser("data", help="write demo data sets").add_subparsers(dest="dataset", required=True)
+    d = data.add_parser("digits", help="scikit-learn's handwritten digits as RecordIO train/validation files")
+    d.add_argument("--out", required=True, metavar="DIR")
+    d.add_argument("--validation-fraction", type=float, default=0.2)
+    d.add_argument("--seed", type=int, default=0)
+    d.set_defaults(fn=cmd_data_digits)
+    w = sub.add_parser("worker", help="(internal) run a worker process")
+    w.add_argument("--master", required=True, metavar="HOST:PORT")
+    w.add_argument("--worker-id", required=True)
+    w.set_defaults(fn=cmd_worker)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = make_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        return args.fn(args)
+    except CLIError as exc:
+        print(f"flextrain: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

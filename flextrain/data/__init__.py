@@ -1,0 +1,50 @@
+"""flextrain data layer: RecordIO/CSV readers, data sources and demo data.
+
+Foundation layer: imports nothing from the rest of flextrain.
+"""
+
+from flextrain.data.csv import CSVReader
+from flextrain.data.digits import DIGITS_RECORD_BYTES, decode_digits, encode_digits, write_digits
+from flextrain.data.errors import CorruptRecordIOError, DataError
+from flextrain.data.recordio import (
+    DEFAULT_MAX_CHUNK_SIZE,
+    ChunkInfo,
+    Compressor,
+    RecordIOReader,
+    RecordIOWriter,
+    read_records,
+    write_records,
+)
+from flextrain.data.sources import (
+    SUPPORTED_EXTENSIONS,
+    Shard,
+    clear_reader_cache,
+    list_data_files,
+    make_shards,
+    open_reader,
+    read_shard_range,
+)
+
+__all__ = [
+    "DataError",
+    "CorruptRecordIOError",
+    "Compressor",
+    "ChunkInfo",
+    "DEFAULT_MAX_CHUNK_SIZE",
+    "RecordIOWriter",
+    "RecordIOReader",
+    "write_records",
+    "read_records",
+    "CSVReader",
+    "SUPPORTED_EXTENSIONS",
+    "Shard",
+    "open_reader",
+    "list_data_files",
+    "make_shards",
+    "read_shard_range",
+    "clear_reader_cache",
+    "DIGITS_RECORD_BYTES",
+    "write_digits",
+    "decode_digits",
+    "encode_digits",
+]

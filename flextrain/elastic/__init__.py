@@ -1,0 +1,1 @@
+"""Elastic batch semantics shared by master and workers (planning, state transfer)."""

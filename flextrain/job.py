@@ -1,0 +1,145 @@
+"""JobSpec: the one typed description of a job.
+
+It is built from ``flextrain train`` flags or (on Kubernetes) from an
+ElasticJob spec, travels to workers as JSON over gRPC, and is what the master,
+the workers and the status file agree on. Field names are the snake_case form
+of the CLI flags (``--global-batch-size`` -> ``global_batch_size``) and of the
+CRD's camelCase fields (``globalBatchSize``): one name per idea.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class JobSpecError(ValueError):
+    """A job description that cannot run; the message names the field."""
+
+
+class Strategy(str, enum.Enum):
+    ALLREDUCE = "AllReduce"
+    PARAMETER_SERVER = "ParameterServer"
+
+
+class Backend(str, enum.Enum):
+    LOCAL = "local"
+    KUBERNETES = "kubernetes"
+
+
+_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    name: str
+    model_def: str
+    training_data: str
+    job_dir: str
+    validation_data: str | None = None
+    strategy: Strategy = Strategy.ALLREDUCE
+    backend: Backend = Backend.LOCAL
+    workers: int = 1
+    min_workers: int | None = None
+    max_workers: int | None = None
+    epochs: int = 1
+    global_batch_size: int = 64
+    # Largest micro-batch one worker holds; None means the whole global batch.
+    max_micro_batch: int | None = None
+    learning_rate: float | None = None
+    seed: int = 0
+    shuffle: bool = False
+    # Optimizer steps per task: the granularity of hand-out and re-queueing.
+    steps_per_task: int = 8
+    max_task_retries: int = 3
+    # Save model + ledger every this many optimizer steps (0: only at the end).
+    checkpoint_steps: int = 0
+    # Seconds a round waits for stragglers once `min_workers` are present.
+    rendezvous_timeout: float = 10.0
+    # Seconds without a heartbeat after which a worker counts as hung.
+    worker_timeout: float = 60.0
+    # Times a crashed worker is relaunched before the job gives up on it.
+    relaunch_budget: int = 3
+
+    # ---- derived -----------------------------------------------------------
+    @property
+    def effective_min_workers(self) -> int:
+        return self.min_workers if self.min_workers is not None else self.workers
+
+    @property
+    def effective_max_workers(self) -> int:
+        return self.max_workers if self.max_workers is not None else self.workers
+
+    @property
+    def effective_max_micro_batch(self) -> int:
+        return self.max_micro_batch or self.global_batch_size
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return Path(self.job_dir) / "checkpoints"
+
+    # ---- validation --------------------------------------------------------
+    def validate(self) -> "JobSpec":
+        """Raise JobSpecError naming the first field that cannot work."""
+
+        def positive(field: str, value: int | None) -> None:
+            if value is None or not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                flag = field.replace("_", "-")
+                raise JobSpecError(f"--{flag} must be a positive integer, got {value!r}")
+
+        if not _NAME_RE.match(self.name or "") or len(self.name) > 53:
+            raise JobSpecError(
+                f"job name {self.name!r} must be a DNS label: lower-case letters, digits and '-', "
+                "at most 53 characters"
+            )
+        if not self.model_def:
+            raise JobSpecError("--model-def is required (e.g. model_zoo/digits_torch.py:Model)")
+        if not self.training_data:
+            raise JobSpecError("--training-data is required")
+        for field in ("workers", "epochs", "global_batch_size", "steps_per_task"):
+            positive(field, getattr(self, field))
+        if self.max_micro_batch is not None:
+            positive("max_micro_batch", self.max_micro_batch)
+        for field in ("min_workers", "max_workers"):
+            if getattr(self, field) is not None:
+                positive(field, getattr(self, field))
+        lo, hi = self.effective_min_workers, self.effective_max_workers
+        if lo > hi:
+            raise JobSpecError(f"--min-workers ({lo}) is greater than --max-workers ({hi})")
+        if not lo <= self.workers <= hi:
+            raise JobSpecError(
+                f"--workers ({self.workers}) must lie between --min-workers ({lo}) "
+                f"and --max-workers ({hi})"
+            )
+        if self.learning_rate is not None and not self.learning_rate > 0:
+            raise JobSpecError(f"--lr must be positive, got {self.learning_rate!r}")
+        if self.max_task_retries < 0:
+            raise JobSpecError(f"--max-task-retries must be >= 0, got {self.max_task_retries}")
+        if self.checkpoint_steps < 0:
+            raise JobSpecError(f"--checkpoint-steps must be >= 0, got {self.checkpoint_steps}")
+        return self
+
+    # ---- (de)serialisation -------------------------------------------------
+    def to_json(self) -> str:
+        data = dataclasses.asdict(self)
+        data["strategy"] = self.strategy.value
+        data["backend"] = self.backend.value
+        return json.dumps(data, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "JobSpec":
+        data = json.loads(text)
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise JobSpecError(f"unknown JobSpec fields: {', '.join(unknown)}")
+        data["strategy"] = Strategy(data.get("strategy", Strategy.ALLREDUCE.value))
+        data["backend"] = Backend(data.get("backend", Backend.LOCAL.value))
+        return cls(**data)
+
+    def replace(self, **changes) -> "JobSpec":
+        return dataclasses.replace(self, **changes)

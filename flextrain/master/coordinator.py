@@ -1,0 +1,310 @@
+"""JobMaster: the master's state machine, driven by RPCs and process events.
+
+One lock guards everything (ledger, rendezvous, worker table, phase); RPC
+handlers and the launch backend's exit callbacks take it, and long-polling
+handlers wait on its condition. The gRPC servicer is a thin translation
+layer on top (``servicer.py``); nothing here knows about gRPC transport.
+
+Stages: TRAINING (rounds of lockstep AllReduce workers) -> EVALUATING
+(independent evaluation tasks over the validation data) -> done.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import threading
+import time
+from dataclasses import dataclass
+
+from flextrain.job import JobSpec
+from flextrain.master.ledger import Task, TaskKind, TaskLedger
+from flextrain.master.rendezvous import Rendezvous, Round, RoundState
+from flextrain.proto import flextrain_pb2 as pb
+
+
+class Phase(str, enum.Enum):
+    PENDING = "Pending"
+    RUNNING = "Running"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+
+@dataclass
+class WorkerInfo:
+    worker_id: str
+    registered: float
+    last_seen: float
+    position: pb.Position
+    loss: float = math.nan
+    samples: int = 0
+
+
+_KIND = {TaskKind.TRAINING: pb.Task.TRAINING, TaskKind.EVALUATION: pb.Task.EVALUATION}
+
+
+def task_message(task: Task) -> pb.Task:
+    return pb.Task(
+        task_id=task.task_id, kind=_KIND[task.kind], source=task.source, start=task.start,
+        end=task.end, epoch=task.epoch, global_batch_size=task.global_batch_size,
+    )
+
+
+class JobMaster:
+    def __init__(self, spec: JobSpec, ledger: TaskLedger, *, clock=time.monotonic) -> None:
+        self.spec = spec
+        self.ledger = ledger
+        self.clock = clock
+        self.cond = threading.Condition()
+        self.rendezvous = Rendezvous(
+            min_workers=spec.effective_min_workers,
+            max_workers=spec.effective_max_workers,
+            timeout=spec.rendezvous_timeout,
+        )
+        self.workers: dict[str, WorkerInfo] = {}
+        self.alive: set[str] = set()  # launched or registered, not seen exiting
+        self.assigned: dict[str, Round] = {}  # worker -> round it was placed in
+        self.phase = Phase.PENDING
+        self.message = ""
+        self.metric_sums: dict[str, float] = {}
+        self.metric_samples = 0
+        self.metrics: dict[str, float] = {}
+        self.rounds_formed = 0
+        self.step = 0  # highest model version any worker reported
+        self.last_loss = math.nan
+        self.store_host = "127.0.0.1"
+        self.store_port = 0
+        self.restore_checkpoint = ""
+        self.started = time.time()
+        self.finished: float | None = None
+
+    # ---- lifecycle ------------------------------------------------------------
+    @property
+    def over(self) -> bool:
+        return self.phase in (Phase.SUCCEEDED, Phase.FAILED)
+
+    def finish(self, phase: Phase, message: str) -> None:
+        with self.cond:
+            if self.over:
+                return
+            self.phase, self.message = phase, message
+            self.finished = time.time()
+            self.cond.notify_all()
+
+    def _check_outcome(self) -> None:
+        if self.over:
+            return
+        if self.ledger.error:
+            self.finish(Phase.FAILED, self.ledger.error)
+        elif self.ledger.training_finished() and (
+            not self.ledger.evaluation_shards or self.ledger.evaluation_finished()
+        ):
+            if self.metric_samples:
+                self.metrics.update(
+                    {k: v / self.metric_samples for k, v in self.metric_sums.items()}
+                )
+            self.finish(Phase.SUCCEEDED, "training finished")
+
+    # ---- membership (launch backend side) --------------------------------------
+    def worker_launched(self, worker_id: str) -> None:
+        with self.cond:
+            self.alive.add(worker_id)
+            self.cond.notify_all()
+
+    def worker_exited(self, worker_id: str) -> None:
+        with self.cond:
+            self.alive.discard(worker_id)
+            self.ledger.release_owner(worker_id)
+            self.rendezvous.drop(worker_id)
+            self.assigned.pop(worker_id, None)
+            self.cond.notify_all()
+
+    # ---- RPC logic -------------------------------------------------------------
+    def register(self, worker_id: str) -> None:
+        with self.cond:
+            now = self.clock()
+            self.workers[worker_id] = WorkerInfo(worker_id, now, now, pb.Position(round_id=-1))
+            self.alive.add(worker_id)
+            if self.rendezvous.current is not None:
+                self.rendezvous.request_end()  # a newcomer: re-form at the next step boundary
+            self.cond.notify_all()
+
+    def join(self, worker_id: str, position: pb.Position, *, wait: float) -> pb.JoinRendezvousResponse:
+        with self.cond:
+            self._touch(worker_id, position)
+            self.assigned.pop(worker_id, None)
+            self.rendezvous.join(worker_id, position, self.clock())
+            deadline = self.clock() + wait
+            while True:
+                if self.over:
+                    return pb.JoinRendezvousResponse(action=pb.JoinRendezvousResponse.STOP, message=self.message)
+                self._maybe_form()
+                rnd = self.assigned.get(worker_id)
+                if rnd is not None:
+                    return pb.JoinRendezvousResponse(
+                        action=pb.JoinRendezvousResponse.TRAIN, round_id=rnd.round_id,
+                        rank=rnd.rank_of(worker_id), world_size=rnd.world_size,
+                        store_host=self.store_host, store_port=self.store_port, version=rnd.version,
+                        restore_checkpoint=rnd.restore_checkpoint,
+                        max_micro_batch=self.spec.effective_max_micro_batch,
+                    )
+                left = deadline - self.clock()
+                if left <= 0:
+                    return pb.JoinRendezvousResponse(action=pb.JoinRendezvousResponse.WAIT)
+                self.cond.wait(min(left, 0.05))  # time-based readiness (straggler timeout)
+
+    def _maybe_form(self) -> None:
+        if not self.rendezvous.ready(self.alive, self.clock()):
+            return
+        previous = self.rendezvous.current
+        rnd, waiters = self.rendezvous.form(restore_checkpoint=self.restore_checkpoint)
+        if previous is not None:
+            self._settle(previous, waiters)
+        if rnd.version == 0 and self.restore_checkpoint:
+            rnd.restore_checkpoint = self.restore_checkpoint
+        for wid in rnd.members:
+            self.assigned[wid] = rnd
+        self.rounds_formed += 1
+        if self.phase is Phase.PENDING:
+            self.phase = Phase.RUNNING
+        self.cond.notify_all()
+
+    def _settle(self, old: Round, waiters) -> None:
+        """Account the closed round's tasks by its most advanced survivor."""
+        positions = [w.position for w in waiters if w.position.round_id == old.round_id]
+        best = max(positions, key=lambda p: p.version, default=None)
+        for index, (action, task_id) in enumerate(old.answers):
+            if action != pb.GetTaskResponse.RUN or task_id not in self.ledger.doing:
+                continue
+            if best is None or index > best.task_index:
+                self.ledger.interrupt(task_id, 0)
+            elif index < best.task_index:
+                self.ledger.complete(task_id)
+            else:
+                self.ledger.interrupt(task_id, best.steps_done)
+        self._check_outcome()
+
+    def get_task(self, req: pb.GetTaskRequest) -> pb.GetTaskResponse:
+        with self.cond:
+            self._touch(req.worker_id, req.position)
+            if self.over:
+                return pb.GetTaskResponse(action=pb.GetTaskResponse.STOP, message=self.message)
+            if req.kind == pb.Task.EVALUATION:
+                return self._evaluation_task(req.worker_id)
+            return self._training_task(req)
+
+    def _training_task(self, req: pb.GetTaskRequest) -> pb.GetTaskResponse:
+        rnd = self.assigned.get(req.worker_id)
+        if rnd is None or rnd.round_id != req.round_id or rnd.state is RoundState.CLOSED:
+            return pb.GetTaskResponse(action=pb.GetTaskResponse.END_ROUND)
+        index = req.task_index
+        if index > len(rnd.answers):
+            raise ValueError(f"{req.worker_id} asked for task {index} of round {rnd.round_id} out of order")
+        if index == len(rnd.answers):
+            if index > 0:  # asking for task i+1 means every step of task i is committed
+                _, prev = rnd.answers[index - 1]
+                if prev in self.ledger.doing:
+                    self.ledger.complete(prev)
+            rnd.answers.append(self._decide(rnd))
+            self._check_outcome()
+        action, task_id = rnd.answers[index]
+        if action == pb.GetTaskResponse.RUN:
+            task = self.ledger.doing.get(task_id)
+            if task is None:  # failed and requeued meanwhile; the round must re-form
+                return pb.GetTaskResponse(action=pb.GetTaskResponse.END_ROUND)
+            return pb.GetTaskResponse(action=action, task=task_message(task))
+        return pb.GetTaskResponse(action=action, message=self.message)
+
+    def _decide(self, rnd: Round) -> tuple[int, int]:
+        if self.over:
+            return pb.GetTaskResponse.STOP, -1
+        if rnd.state is RoundState.CLOSING:
+            return pb.GetTaskResponse.END_ROUND, -1
+        task = self.ledger.next_training_task(owner=f"round-{rnd.round_id}")
+        if task is not None:
+            return pb.GetTaskResponse.RUN, task.task_id
+        if self.ledger.training_finished():
+            return pb.GetTaskResponse.NO_MORE, -1
+        return pb.GetTaskResponse.END_ROUND, -1
+
+    def _evaluation_task(self, worker_id: str) -> pb.GetTaskResponse:
+        if not self.ledger.training_finished():
+            return pb.GetTaskResponse(action=pb.GetTaskResponse.WAIT)
+        task = self.ledger.next_evaluation_task(owner=worker_id)
+        if task is not None:
+            return pb.GetTaskResponse(action=pb.GetTaskResponse.RUN, task=task_message(task))
+        self._check_outcome()
+        if self.over:
+            return pb.GetTaskResponse(action=pb.GetTaskResponse.STOP, message=self.message)
+        return pb.GetTaskResponse(action=pb.GetTaskResponse.WAIT)
+
+    def report_task(self, req: pb.ReportTaskRequest) -> None:
+        with self.cond:
+            task = self.ledger.doing.get(req.task_id)
+            if task is None:
+                return  # already settled (e.g. its round closed first)
+            if not req.ok:
+                self.ledger.fail(req.task_id, req.steps_done, f"{req.worker_id}: {req.error}")
+            elif task.kind is TaskKind.EVALUATION:
+                self.ledger.complete(req.task_id)
+                for name, value in req.metric_sums.items():
+                    self.metric_sums[name] = self.metric_sums.get(name, 0.0) + value
+                self.metric_samples += req.samples
+            else:
+                self.ledger.complete(req.task_id)
+            self._check_outcome()
+            self.cond.notify_all()
+
+    def heartbeat(self, req: pb.HeartbeatRequest) -> pb.HeartbeatResponse:
+        with self.cond:
+            info = self._touch(req.worker_id, req.position)
+            if info is not None and req.samples:
+                info.loss, info.samples = req.loss, info.samples + req.samples
+                self.last_loss = req.loss
+            rnd = self.assigned.get(req.worker_id)
+            end = rnd is not None and (
+                rnd.round_id != req.position.round_id or rnd.state is not RoundState.ACTIVE
+            )
+            return pb.HeartbeatResponse(end_round=end, stop=self.over)
+
+    def _touch(self, worker_id: str, position: pb.Position) -> WorkerInfo | None:
+        info = self.workers.get(worker_id)
+        if info is None:
+            now = self.clock()
+            info = self.workers[worker_id] = WorkerInfo(worker_id, now, now, position)
+            self.alive.add(worker_id)
+        info.last_seen = self.clock()
+        if position.round_id >= 0:  # evaluation calls carry no training position
+            info.position.CopyFrom(position)
+            self.step = max(self.step, position.version)
+        return info
+
+    # ---- observation ---------------------------------------------------------
+    def records_done(self) -> int:
+        """Training records applied: finished tasks plus the active round's progress."""
+        done = self.ledger.records_done
+        rnd = self.rendezvous.current
+        if rnd is None or rnd.state is RoundState.CLOSED:
+            return done
+        best = max(
+            (self.workers[m].position for m in rnd.members if m in self.workers
+             and self.workers[m].position.round_id == rnd.round_id),
+            key=lambda p: p.version, default=None,
+        )
+        if best is not None and best.task_index < len(rnd.answers):
+            action, task_id = rnd.answers[best.task_index]
+            task = self.ledger.doing.get(task_id)
+            if action == pb.GetTaskResponse.RUN and task is not None:
+                done += task.records_in_steps(best.steps_done)
+        return done
+
+    def active_workers(self) -> int:
+        rnd = self.rendezvous.current
+        if rnd is None or rnd.state is RoundState.CLOSED or self.over:
+            return 0
+        return sum(1 for m in rnd.members if m in self.alive)
+
+    def training_loss(self) -> float:
+        """Mean of the live workers' latest reported losses (else the last one seen)."""
+        losses = [w.loss for w in self.workers.values() if w.worker_id in self.alive and not math.isnan(w.loss)]
+        return sum(losses) / len(losses) if losses else self.last_loss

@@ -1,0 +1,104 @@
+"""InstanceManager: keeps the desired number of workers running.
+
+It launches workers through a :class:`LaunchBackend`, tells the JobMaster
+who is alive, replaces a worker that died while the job runs (each worker
+slot has a relaunch budget, so a worker that keeps crashing is not
+relaunched for ever), and stops surplus workers when the job is scaled down.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Callable
+
+from flextrain.master.launcher import InstanceSpec, LaunchBackend, Role
+
+log = logging.getLogger(__name__)
+
+
+class InstanceManager:
+    def __init__(
+        self,
+        backend: LaunchBackend,
+        *,
+        desired: int,
+        relaunch_budget: int,
+        worker_args: Callable[[str], tuple[str, ...]],
+        worker_env: Callable[[str], dict[str, str]],
+        on_launch: Callable[[str], None],
+        on_exit: Callable[[str, int], None],
+        on_budget_exhausted: Callable[[str], None],
+    ) -> None:
+        self.backend = backend
+        self.desired = desired
+        self.relaunch_budget = relaunch_budget
+        self._worker_args = worker_args
+        self._worker_env = worker_env
+        self._on_launch = on_launch
+        self._on_exit = on_exit
+        self._on_budget_exhausted = on_budget_exhausted
+        self._lock = threading.Lock()
+        self._next_index = 0
+        self._stopping: set[str] = set()  # asked to stop by us: not a failure
+        self.failures = 0
+        self.exits: list[tuple[str, int]] = []
+        self.closed = False
+        backend.on_exit(self._exited)
+
+    def _launch_one(self) -> str:
+        index = self._next_index
+        self._next_index += 1
+        worker_id = f"worker-{index}"
+        self._on_launch(worker_id)
+        self.backend.launch(
+            InstanceSpec(worker_id, Role.WORKER, index, self._worker_args(worker_id),
+                         self._worker_env(worker_id))
+        )
+        log.info("launched %s", worker_id)
+        return worker_id
+
+    def reconcile(self) -> None:
+        """Launch or stop workers until the running count equals ``desired``."""
+        with self._lock:
+            if self.closed:
+                return
+            running = sorted(self.backend.running() - self._stopping, key=_index)
+            for _ in range(self.desired - len(running)):
+                self._launch_one()
+            for worker_id in running[self.desired :][::-1]:
+                self._stopping.add(worker_id)
+                self.backend.terminate(worker_id)
+
+    def scale(self, desired: int) -> None:
+        with self._lock:
+            self.desired = desired
+        self.reconcile()
+
+    def _exited(self, worker_id: str, code: int) -> None:
+        with self._lock:
+            expected = worker_id in self._stopping or self.closed
+            self._stopping.discard(worker_id)
+            self.exits.append((worker_id, code))
+            if not expected and code != 0:
+                self.failures += 1
+        self._on_exit(worker_id, code)
+        if expected or code == 0:
+            return
+        log.warning("%s exited with code %d", worker_id, code)
+        if self.failures > self.relaunch_budget * max(1, self.desired):
+            self._on_budget_exhausted(
+                f"workers failed {self.failures} times (relaunch budget "
+                f"{self.relaunch_budget} per worker); last: {worker_id} exited with code {code}"
+            )
+            return
+        self.reconcile()
+
+    def close(self, *, grace: float = 5.0) -> None:
+        with self._lock:
+            self.closed = True
+        self.backend.close(grace=grace)
+
+
+def _index(worker_id: str) -> int:
+    return int(worker_id.rsplit("-", 1)[1])

@@ -1,0 +1,140 @@
+"""Launch backends: how the master starts, watches and stops its workers.
+
+The master only ever talks to the :class:`LaunchBackend` interface. Two
+implementations exist: :class:`LocalProcessBackend` (processes on this
+machine; ``flextrain train`` on a laptop and every test) and the Kubernetes
+pod backend. Both report the exit of an instance through the same callback,
+so the master's membership logic is identical whatever runs the workers.
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+import os
+import signal
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Mapping
+
+
+class Role(str, enum.Enum):
+    WORKER = "worker"
+    PS = "ps"
+
+
+@dataclass(frozen=True)
+class InstanceSpec:
+    """One process/pod to run: identity, command line and extra environment."""
+
+    instance_id: str
+    role: Role
+    index: int
+    args: tuple[str, ...]  # arguments of the `flextrain` command
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
+ExitCallback = Callable[[str, int], None]
+
+
+class LaunchBackend(abc.ABC):
+    """Starts instances and reports each one's exit exactly once."""
+
+    def __init__(self) -> None:
+        self._on_exit: ExitCallback = lambda instance_id, code: None
+
+    def on_exit(self, callback: ExitCallback) -> None:
+        """Call ``callback(instance_id, exit_code)`` when an instance ends.
+
+        Exit codes follow the shell convention: a process killed by signal N
+        reports ``128 + N`` (SIGKILL: 137), as a Kubernetes container does.
+        """
+        self._on_exit = callback
+
+    @abc.abstractmethod
+    def launch(self, spec: InstanceSpec) -> None:
+        """Start an instance; returns once it is started (not once it is ready)."""
+
+    @abc.abstractmethod
+    def terminate(self, instance_id: str, *, force: bool = False) -> None:
+        """Ask an instance to stop (SIGTERM), or kill it (``force``)."""
+
+    @abc.abstractmethod
+    def running(self) -> set[str]:
+        """Instances started and not yet seen exiting."""
+
+    @abc.abstractmethod
+    def close(self, *, grace: float = 5.0) -> None:
+        """Stop every instance, waiting up to ``grace`` seconds before killing."""
+
+
+class LocalProcessBackend(LaunchBackend):
+    """Each instance is a ``python -m flextrain ...`` child process.
+
+    Output goes to ``<log_dir>/<instance_id>.log``. A thread per process
+    waits on it, so exits are reported as soon as they happen (no polling).
+    """
+
+    def __init__(self, *, log_dir: Path, env: Mapping[str, str] | None = None) -> None:
+        super().__init__()
+        self.log_dir = Path(log_dir)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.base_env = dict(os.environ if env is None else env)
+        self._procs: dict[str, subprocess.Popen] = {}
+        self._lock = threading.Lock()
+
+    def launch(self, spec: InstanceSpec) -> None:
+        env = {**self.base_env, **spec.env}
+        log = open(self.log_dir / f"{spec.instance_id}.log", "ab")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "flextrain", *spec.args],
+            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+            start_new_session=True,  # a Ctrl-C in the terminal reaches the master only
+        )
+        log.close()
+        with self._lock:
+            self._procs[spec.instance_id] = proc
+        threading.Thread(
+            target=self._wait, args=(spec.instance_id, proc), daemon=True,
+            name=f"wait-{spec.instance_id}",
+        ).start()
+
+    def _wait(self, instance_id: str, proc: subprocess.Popen) -> None:
+        code = proc.wait()
+        with self._lock:
+            self._procs.pop(instance_id, None)
+        self._on_exit(instance_id, 128 - code if code < 0 else code)
+
+    def pid(self, instance_id: str) -> int | None:
+        with self._lock:
+            proc = self._procs.get(instance_id)
+        return proc.pid if proc else None
+
+    def terminate(self, instance_id: str, *, force: bool = False) -> None:
+        with self._lock:
+            proc = self._procs.get(instance_id)
+        if proc is not None:
+            try:
+                proc.send_signal(signal.SIGKILL if force else signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
+    def running(self) -> set[str]:
+        with self._lock:
+            return set(self._procs)
+
+    def close(self, *, grace: float = 5.0) -> None:
+        with self._lock:
+            procs = dict(self._procs)
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in procs.values():
+            try:
+                proc.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()

@@ -1,0 +1,226 @@
+"""The task ledger: dynamic data sharding with exactly-once accounting.
+
+Shards (``source, start, end``) are cut into tasks of ``steps_per_task``
+optimizer steps (``steps_per_task * G`` records; a shard's last task holds the
+rest). Step ``j`` of a task covers records ``[start + j*G, start + (j+1)*G)``
+whatever the number of workers, so "steps committed" maps to exact records.
+
+A task is TODO, DOING (handed out) or DONE. When a task stops part-way — its
+worker round broke, or a record could not be read — the committed steps count
+as done and only the remainder goes back to the front of TODO. A remainder
+that failed by its own fault (bad data) carries a retry count; past
+``max_retries`` the ledger records the error and the job fails with it.
+
+Epochs are created lazily: when nothing is TODO or DOING the next epoch's
+tasks are cut (shuffled by ``seed + epoch`` when asked). The whole state is
+plain data (``to_dict``/``from_dict``) so the master can persist and resume it.
+"""
+
+from __future__ import annotations
+
+import enum
+import random
+from collections import deque
+from dataclasses import asdict, dataclass
+
+from flextrain.data import Shard
+
+
+class TaskKind(str, enum.Enum):
+    TRAINING = "training"
+    EVALUATION = "evaluation"
+    PREDICTION = "prediction"
+
+
+@dataclass
+class Task:
+    task_id: int
+    kind: TaskKind
+    source: str
+    start: int
+    end: int
+    epoch: int
+    global_batch_size: int
+    retries: int = 0
+    owner: str = ""  # worker id (evaluation) or "round-N" (training) while DOING
+
+    @property
+    def size(self) -> int:
+        return self.end - self.start
+
+    def records_in_steps(self, steps: int) -> int:
+        return min(self.size, max(0, steps) * self.global_batch_size)
+
+    @property
+    def steps(self) -> int:
+        return -(-self.size // self.global_batch_size)
+
+
+class LedgerError(RuntimeError):
+    """The job cannot go on: a task failed more often than allowed."""
+
+
+class TaskLedger:
+    def __init__(
+        self,
+        *,
+        shards: list[Shard],
+        epochs: int,
+        global_batch_size: int,
+        steps_per_task: int,
+        shuffle: bool = False,
+        seed: int = 0,
+        max_retries: int = 3,
+        evaluation_shards: list[Shard] | None = None,
+    ) -> None:
+        self.shards = list(shards)
+        self.epochs = epochs
+        self.global_batch_size = global_batch_size
+        self.steps_per_task = steps_per_task
+        self.shuffle = shuffle
+        self.seed = seed
+        self.max_retries = max_retries
+        self.evaluation_shards = list(evaluation_shards or [])
+        self.records_per_epoch = sum(s.size for s in self.shards)
+        self.epoch = -1  # the epoch whose tasks were cut last
+        self.todo: deque[Task] = deque()
+        self.doing: dict[int, Task] = {}
+        self.records_done = 0  # training records applied, over all epochs
+        self.evaluation_cut = False
+        self.error: str | None = None
+        self._next_id = 0
+
+    # ---- sizes and progress -------------------------------------------------
+    @property
+    def records_total(self) -> int:
+        return self.records_per_epoch * self.epochs
+
+    def training_finished(self) -> bool:
+        return (
+            self.epoch >= self.epochs - 1
+            and not any(t.kind is TaskKind.TRAINING for t in (*self.todo, *self.doing.values()))
+        )
+
+    # ---- cutting ------------------------------------------------------------
+    def _new_task(self, kind: TaskKind, shard: Shard, start: int, end: int, epoch: int) -> Task:
+        task = Task(self._next_id, kind, shard.source, start, end, epoch, self.global_batch_size)
+        self._next_id += 1
+        return task
+
+    def _cut(self, kind: TaskKind, shards: list[Shard], epoch: int) -> list[Task]:
+        per_task = self.steps_per_task * self.global_batch_size
+        tasks = []
+        for shard in shards:
+            for start in range(shard.start, shard.end, per_task):
+                tasks.append(self._new_task(kind, shard, start, min(start + per_task, shard.end), epoch))
+        return tasks
+
+    def _start_next_epoch(self) -> bool:
+        if self.epoch >= self.epochs - 1:
+            return False
+        self.epoch += 1
+        tasks = self._cut(TaskKind.TRAINING, self.shards, self.epoch)
+        if self.shuffle:
+            random.Random(self.seed + self.epoch).shuffle(tasks)
+        self.todo.extend(tasks)
+        return True
+
+    # ---- hand-out -----------------------------------------------------------
+    def next_training_task(self, owner: str) -> Task | None:
+        """The next training task, or None when none is available now.
+
+        Use :meth:`training_finished` to tell "none now" from "none ever".
+        """
+        if self.error:
+            return None
+        if not self.todo and not self.doing:
+            self._start_next_epoch()
+        for i, task in enumerate(self.todo):
+            if task.kind is TaskKind.TRAINING:
+                del self.todo[i]
+                task.owner = owner
+                self.doing[task.task_id] = task
+                return task
+        return None
+
+    def next_evaluation_task(self, owner: str) -> Task | None:
+        if not self.evaluation_cut:
+            self.evaluation_cut = True
+            self.todo.extend(self._cut(TaskKind.EVALUATION, self.evaluation_shards, self.epoch))
+        for i, task in enumerate(self.todo):
+            if task.kind is TaskKind.EVALUATION:
+                del self.todo[i]
+                task.owner = owner
+                self.doing[task.task_id] = task
+                return task
+        return None
+
+    def evaluation_finished(self) -> bool:
+        return self.evaluation_cut and not any(
+            t.kind is TaskKind.EVALUATION for t in (*self.todo, *self.doing.values())
+        )
+
+    # ---- outcomes -----------------------------------------------------------
+    def complete(self, task_id: int) -> Task:
+        task = self.doing.pop(task_id)
+        if task.kind is TaskKind.TRAINING:
+            self.records_done += task.size
+        return task
+
+    def interrupt(self, task_id: int, steps_done: int) -> Task:
+        """Its worker(s) went away: keep committed steps, requeue the rest as is."""
+        return self._split(task_id, steps_done, failed=False, error="")
+
+    def fail(self, task_id: int, steps_done: int, error: str) -> Task:
+        """The task itself failed (e.g. corrupt data): requeue the rest with a retry."""
+        return self._split(task_id, steps_done, failed=True, error=error)
+
+    def _split(self, task_id: int, steps_done: int, *, failed: bool, error: str) -> Task:
+        task = self.doing.pop(task_id)
+        applied = task.records_in_steps(steps_done) if task.kind is TaskKind.TRAINING else 0
+        self.records_done += applied
+        if applied >= task.size:
+            return task
+        task.start += applied
+        task.owner = ""
+        if failed:
+            task.retries += 1
+            if task.retries > self.max_retries:
+                self.error = (
+                    f"{task.kind.value} task {task.task_id} ({task.source} records "
+                    f"[{task.start}, {task.end})) failed {task.retries} times; last error: {error}"
+                )
+                return task
+        self.todo.appendleft(task)
+        return task
+
+    def release_owner(self, owner: str) -> list[Task]:
+        """Requeue whole every DOING task of ``owner`` (nothing of them applied)."""
+        lost = [t for t in self.doing.values() if t.owner == owner]
+        for task in lost:
+            self.interrupt(task.task_id, 0)
+        return lost
+
+    # ---- persistence --------------------------------------------------------
+    def to_dict(self) -> dict:
+        def task_dict(t: Task) -> dict:
+            return {**asdict(t), "kind": t.kind.value}
+
+        return {
+            "epoch": self.epoch,
+            "records_done": self.records_done,
+            "next_id": self._next_id,
+            "evaluation_cut": self.evaluation_cut,
+            # DOING tasks go back to TODO on restore: a resumed job re-runs them.
+            "todo": [task_dict(t) for t in (*self.doing.values(), *self.todo)],
+        }
+
+    def restore(self, state: dict) -> None:
+        self.epoch = state["epoch"]
+        self.records_done = state["records_done"]
+        self._next_id = state["next_id"]
+        self.evaluation_cut = state["evaluation_cut"]
+        self.doing.clear()
+        self.todo = deque(
+            Task(**{**t, "kind": TaskKind(t["kind"]), "owner": ""}) for t in state["todo"]
+        )

@@ -1,0 +1,161 @@
+"""The master process: wires ledger, rendezvous, gRPC server, launcher, status.
+
+``run_master`` is what ``flextrain train`` (local backend, in-process) and
+``flextrain master`` (in a pod) run. It returns the process exit code: 0 only
+when the job succeeded.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from datetime import timedelta
+from pathlib import Path
+
+from rich.console import Console
+
+from flextrain.data import make_shards
+from flextrain.job import JobSpec
+from flextrain.master.coordinator import JobMaster, Phase
+from flextrain.master.instances import InstanceManager
+from flextrain.master.launcher import LaunchBackend, LocalProcessBackend
+from flextrain.master.ledger import TaskLedger
+from flextrain.master.servicer import MasterServicer, start_server
+from flextrain.master.status import StatusReporter, write_json_atomic
+
+log = logging.getLogger(__name__)
+
+HEARTBEAT_INTERVAL = 0.5
+STATUS_INTERVAL = 0.5
+EXIT_GRACE = 15.0
+
+
+def build_ledger(spec: JobSpec) -> TaskLedger:
+    shards = make_shards(spec.training_data, what="training data")
+    eval_shards = make_shards(spec.validation_data, what="validation data") if spec.validation_data else []
+    return TaskLedger(
+        shards=shards, epochs=spec.epochs, global_batch_size=spec.global_batch_size,
+        steps_per_task=spec.steps_per_task, shuffle=spec.shuffle, seed=spec.seed,
+        max_retries=spec.max_task_retries, evaluation_shards=eval_shards,
+    )
+
+
+def run_master(
+    spec: JobSpec,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    backend: LaunchBackend | None = None,
+    show_progress: bool = False,
+    console: Console | None = None,
+) -> int:
+    import torch.distributed as dist  # heavy import: only the master process needs it here
+
+    console = console or Console(stderr=True)
+    job_dir = Path(spec.job_dir)
+    job_dir.mkdir(parents=True, exist_ok=True)
+    (job_dir / "jobspec.json").write_text(spec.to_json() + "\n")
+    job = JobMaster(spec, build_ledger(spec))
+
+    # One long-lived TCPStore for the whole job; every round uses its own
+    # key prefix over it, which is what makes re-forming gloo groups cheap.
+    store = dist.TCPStore(host, 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
+    job.store_host, job.store_port = host, store.port
+
+    backend = backend or LocalProcessBackend(log_dir=job_dir / "logs")
+    stop_requested = threading.Event()
+
+    def stop(reason: str) -> tuple[bool, str]:
+        if job.over:
+            return False, f"job already {job.phase.value}"
+        stop_requested.set()
+        job.finish(Phase.FAILED, f"stopped: {reason}")
+        return True, "stopping"
+
+    manager: InstanceManager | None = None
+
+    def scale(workers: int) -> tuple[bool, str]:
+        lo, hi = spec.effective_min_workers, spec.effective_max_workers
+        if not lo <= workers <= hi:
+            return False, f"cannot scale to {workers} workers: the job allows {lo}..{hi} (--min-workers/--max-workers)"
+        if job.over:
+            return False, f"job already {job.phase.value}"
+        manager.scale(workers)
+        return True, f"scaling to {workers} workers"
+
+    servicer = MasterServicer(
+        job, status_json=lambda: _status_json(reporter), stop=stop, scale=scale,
+        heartbeat_interval=HEARTBEAT_INTERVAL,
+    )
+    server, bound = start_server(servicer, host=host, port=port, threads=16 + 4 * spec.effective_max_workers)
+    address = f"{host}:{bound}"
+    reporter = StatusReporter(
+        job, path=job_dir / "status.json", desired=lambda: manager.desired if manager else spec.workers,
+        master_address=address, show_progress=show_progress, console=console,
+    )
+    reporter.update()
+
+    threads = max(1, (os.cpu_count() or 1) // spec.effective_max_workers)
+    manager = InstanceManager(
+        backend, desired=spec.workers, relaunch_budget=spec.relaunch_budget,
+        worker_args=lambda wid: ("worker", "--master", address, "--worker-id", wid),
+        worker_env=lambda wid: {"FLEXTRAIN_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"},
+        on_launch=job.worker_launched, on_exit=lambda wid, code: job.worker_exited(wid),
+        on_budget_exhausted=lambda msg: job.finish(Phase.FAILED, msg),
+    )
+    previous = _install_signal_handlers(lambda: stop("interrupted"))
+    try:
+        manager.reconcile()
+        last = 0.0
+        while not job.over:
+            with job.cond:
+                job.cond.wait(STATUS_INTERVAL)
+            if time.monotonic() - last >= STATUS_INTERVAL:
+                reporter.update()
+                last = time.monotonic()
+        # Workers learn the outcome from their next RPC or heartbeat and exit.
+        deadline = time.monotonic() + EXIT_GRACE
+        while backend.running() and time.monotonic() < deadline:
+            with job.cond:
+                job.cond.wait(0.1)
+    finally:
+        manager.close(grace=5.0)
+        snap = reporter.update()
+        reporter.close()
+        server.stop(grace=1.0)
+        _restore_signal_handlers(previous)
+        del store
+    _print_summary(console, snap)
+    return 0 if job.phase is Phase.SUCCEEDED else 1
+
+
+def _status_json(reporter) -> str:
+    import json
+
+    return json.dumps(reporter.snapshot())
+
+
+def _print_summary(console: Console, snap: dict) -> None:
+    style = "green" if snap["phase"] == Phase.SUCCEEDED.value else "red"
+    console.print(f"[{style}]job {snap['name']} {snap['phase']}[/]: {snap['message']}")
+    for name, value in sorted(snap["metrics"].items()):
+        console.print(f"  {name}: {value:.4f}")
+    console.print(f"  status: {Path(snap['jobDir']) / 'status.json'}")
+
+
+def _install_signal_handlers(callback):
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    handler = lambda signum, frame: callback()  # noqa: E731
+    return {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+
+def _restore_signal_handlers(previous) -> None:
+    for sig, handler in (previous or {}).items():
+        signal.signal(sig, handler)
+
+
+__all__ = ["run_master", "build_ledger", "write_json_atomic"]

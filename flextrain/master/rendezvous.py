@@ -1,0 +1,126 @@
+"""AllReduce rendezvous: who trains together, in which round, with which rank.
+
+A *round* is one fixed membership: round id, members in rank order, and the
+model version it starts from. Every membership change ends the round; the
+survivors and newcomers join again and a new round is formed:
+
+* a member's collective failed (a peer died): it joins with reason
+  ``collective_failed`` and the round is closed at once;
+* a worker arrived, or the desired count changed: the master asks members
+  (heartbeat ``end_round``) to leave at the next step boundary;
+* the launch backend saw a member exit.
+
+A new round is formed once at least ``min_workers`` are waiting and either
+every worker the master believes alive is waiting, ``max_workers`` are
+waiting, or ``timeout`` seconds passed since the first one (stragglers do
+not hold a round up for ever). Rank 0 goes to the waiting worker with the
+highest model version; it broadcasts model and optimizer state to the rest,
+so a newcomer starts from the same state and survivors that disagree by one
+step (a peer died inside the last collective) are brought level.
+
+Each round memoizes its answers to "task number i": every member asks for
+the same indices in order and gets the same task, so members stay in
+lockstep without talking to each other. This class is pure bookkeeping; the
+master calls it under its own lock.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from flextrain.proto import flextrain_pb2 as pb
+
+
+class RoundState(enum.Enum):
+    ACTIVE = "active"
+    CLOSING = "closing"  # members were asked to leave at the next step boundary
+    CLOSED = "closed"
+
+
+@dataclass
+class Round:
+    round_id: int
+    members: list[str]
+    version: int
+    restore_checkpoint: str = ""
+    state: RoundState = RoundState.ACTIVE
+    # Memoized GetTask answers, by task index: (action, task id or -1).
+    answers: list[tuple[int, int]] = field(default_factory=list)
+
+    def rank_of(self, worker_id: str) -> int:
+        return self.members.index(worker_id)
+
+    @property
+    def world_size(self) -> int:
+        return len(self.members)
+
+
+@dataclass(frozen=True)
+class Waiter:
+    worker_id: str
+    position: pb.Position
+    since: float
+
+
+class Rendezvous:
+    def __init__(self, *, min_workers: int, max_workers: int, timeout: float) -> None:
+        self.min_workers = min_workers
+        self.max_workers = max_workers
+        self.timeout = timeout
+        self.current: Round | None = None
+        self.waiting: dict[str, Waiter] = {}
+        self.next_round_id = 0
+
+    def join(self, worker_id: str, position: pb.Position, now: float) -> Round | None:
+        """Register a waiting worker; returns the round it closed, if any."""
+        closed = None
+        rnd = self.current
+        if rnd is not None and rnd.state is not RoundState.CLOSED and worker_id in rnd.members:
+            rnd.state = RoundState.CLOSED
+            closed = rnd
+        if worker_id not in self.waiting:
+            self.waiting[worker_id] = Waiter(worker_id, position, now)
+        return closed
+
+    def request_end(self) -> None:
+        """Ask the active round's members to leave at the next step boundary."""
+        if self.current is not None and self.current.state is RoundState.ACTIVE:
+            self.current.state = RoundState.CLOSING
+
+    def drop(self, worker_id: str) -> Round | None:
+        """A worker is gone for good; returns the round this closed, if any."""
+        self.waiting.pop(worker_id, None)
+        rnd = self.current
+        if rnd is not None and rnd.state is not RoundState.CLOSED and worker_id in rnd.members:
+            rnd.state = RoundState.CLOSED
+            return rnd
+        return None
+
+    def ready(self, alive: set[str], now: float) -> bool:
+        if self.current is not None and self.current.state is not RoundState.CLOSED:
+            return False
+        n = len(self.waiting)
+        if n < self.min_workers:
+            return False
+        if n >= self.max_workers or alive <= set(self.waiting):
+            return True
+        first = min(w.since for w in self.waiting.values())
+        return now - first >= self.timeout
+
+    def form(self, *, restore_checkpoint: str = "") -> tuple[Round, list[Waiter]]:
+        """Form a round of the waiting workers; returns it and the waiters used."""
+        waiters = sorted(
+            self.waiting.values(), key=lambda w: (-w.position.version, w.since, w.worker_id)
+        )[: self.max_workers]
+        for w in waiters:
+            del self.waiting[w.worker_id]
+        rnd = Round(
+            round_id=self.next_round_id,
+            members=[w.worker_id for w in waiters],
+            version=waiters[0].position.version,
+            restore_checkpoint=restore_checkpoint,
+        )
+        self.next_round_id += 1
+        self.current = rnd
+        return rnd, waiters

@@ -1,0 +1,110 @@
+"""Job status: ``status.json`` in the job directory and the terminal progress bar.
+
+The status file has the fields of the ElasticJob status (DESIGN.md, "Job
+directory and status"); it is rewritten atomically (temp file + rename), so
+``flextrain status`` never reads half a file.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections import deque
+from datetime import datetime, timezone
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from flextrain.master.coordinator import JobMaster
+
+
+def iso(ts: float | None) -> str | None:
+    if ts is None:
+        return None
+    return datetime.fromtimestamp(ts, timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def write_json_atomic(path: Path, data: dict) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+class StatusReporter:
+    def __init__(self, job: JobMaster, *, path: Path, desired: callable, master_address: str,
+                 show_progress: bool, console: Console | None = None) -> None:
+        self.job = job
+        self.path = path
+        self._desired = desired
+        self.master_address = master_address
+        self._rate_window: deque[tuple[float, int]] = deque(maxlen=40)
+        self.console = console or Console(stderr=True)
+        self._progress = None
+        self._bar = None
+        if show_progress:
+            self._progress = Progress(
+                TextColumn("[bold]{task.fields[epoch]}"), BarColumn(),
+                TextColumn("{task.completed:,}/{task.total:,} records"),
+                TextColumn("loss {task.fields[loss]}"), TextColumn("{task.fields[rate]} samples/s"),
+                TextColumn("workers {task.fields[workers]}"), TimeElapsedColumn(),
+                console=self.console, transient=False,
+            )
+            self._progress.start()
+            self._bar = self._progress.add_task(
+                "train", total=job.ledger.records_total, epoch="", loss="-", rate="-", workers=0
+            )
+
+    def snapshot(self) -> dict:
+        job = self.job
+        with job.cond:
+            done = job.records_done()
+            total = job.ledger.records_total
+            loss = job.training_loss()
+            metrics = {"loss": loss} if not math.isnan(loss) else {}
+            metrics.update(job.metrics)
+            now = time.monotonic()
+            self._rate_window.append((now, done))
+            t0, d0 = self._rate_window[0]
+            rate = (done - d0) / (now - t0) if now > t0 else 0.0
+            per_epoch = job.ledger.records_per_epoch
+            return {
+                "name": job.spec.name,
+                "phase": job.phase.value,
+                "message": job.message,
+                "workers": {"desired": self._desired(), "active": job.active_workers()},
+                "epoch": min(job.spec.epochs, done // per_epoch + 1) if per_epoch else 0,
+                "epochs": job.spec.epochs,
+                "step": job.step,
+                "progress": {
+                    "recordsDone": done, "recordsTotal": total,
+                    "percent": round(100.0 * done / total, 1) if total else 0.0,
+                },
+                "metrics": metrics,
+                "samplesPerSecond": round(rate, 1),
+                "rounds": job.rounds_formed,
+                "startTime": iso(job.started),
+                "completionTime": iso(job.finished),
+                "masterAddress": self.master_address,
+                "jobDir": str(Path(job.spec.job_dir).resolve()),
+                "pid": os.getpid(),
+            }
+
+    def update(self) -> dict:
+        snap = self.snapshot()
+        write_json_atomic(self.path, snap)
+        if self._progress is not None:
+            loss = snap["metrics"].get("loss")
+            self._progress.update(
+                self._bar, completed=snap["progress"]["recordsDone"],
+                epoch=f"epoch {snap['epoch']}/{snap['epochs']}",
+                loss=f"{loss:.4f}" if loss is not None else "-",
+                rate=f"{snap['samplesPerSecond']:,.0f}", workers=snap["workers"]["active"],
+            )
+        return snap
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()

@@ -1,0 +1,241 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Tensor(_message.Message):
+    __slots__ = ("dtype", "shape", "data")
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    dtype: str
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    data: bytes
+    def __init__(self, dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class Position(_message.Message):
+    __slots__ = ("round_id", "task_index", "steps_done", "version")
+    ROUND_ID_FIELD_NUMBER: _ClassVar[int]
+    TASK_INDEX_FIELD_NUMBER: _ClassVar[int]
+    STEPS_DONE_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    round_id: int
+    task_index: int
+    steps_done: int
+    version: int
+    def __init__(self, round_id: _Optional[int] = ..., task_index: _Optional[int] = ..., steps_done: _Optional[int] = ..., version: _Optional[int] = ...) -> None: ...
+
+class RegisterWorkerRequest(_message.Message):
+    __slots__ = ("worker_id", "host", "pid")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    host: str
+    pid: int
+    def __init__(self, worker_id: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ...) -> None: ...
+
+class RegisterWorkerResponse(_message.Message):
+    __slots__ = ("job_spec_json", "heartbeat_interval")
+    JOB_SPEC_JSON_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_INTERVAL_FIELD_NUMBER: _ClassVar[int]
+    job_spec_json: str
+    heartbeat_interval: float
+    def __init__(self, job_spec_json: _Optional[str] = ..., heartbeat_interval: _Optional[float] = ...) -> None: ...
+
+class JoinRendezvousRequest(_message.Message):
+    __slots__ = ("worker_id", "position", "reason", "detail")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    position: Position
+    reason: str
+    detail: str
+    def __init__(self, worker_id: _Optional[str] = ..., position: _Optional[_Union[Position, _Mapping]] = ..., reason: _Optional[str] = ..., detail: _Optional[str] = ...) -> None: ...
+
+class JoinRendezvousResponse(_message.Message):
+    __slots__ = ("action", "round_id", "rank", "world_size", "store_host", "store_port", "version", "restore_checkpoint", "message", "max_micro_batch")
+    class Action(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        WAIT: _ClassVar[JoinRendezvousResponse.Action]
+        TRAIN: _ClassVar[JoinRendezvousResponse.Action]
+        STOP: _ClassVar[JoinRendezvousResponse.Action]
+    WAIT: JoinRendezvousResponse.Action
+    TRAIN: JoinRendezvousResponse.Action
+    STOP: JoinRendezvousResponse.Action
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    ROUND_ID_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    STORE_HOST_FIELD_NUMBER: _ClassVar[int]
+    STORE_PORT_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    RESTORE_CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    MAX_MICRO_BATCH_FIELD_NUMBER: _ClassVar[int]
+    action: JoinRendezvousResponse.Action
+    round_id: int
+    rank: int
+    world_size: int
+    store_host: str
+    store_port: int
+    version: int
+    restore_checkpoint: str
+    message: str
+    max_micro_batch: int
+    def __init__(self, action: _Optional[_Union[JoinRendezvousResponse.Action, str]] = ..., round_id: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., store_host: _Optional[str] = ..., store_port: _Optional[int] = ..., version: _Optional[int] = ..., restore_checkpoint: _Optional[str] = ..., message: _Optional[str] = ..., max_micro_batch: _Optional[int] = ...) -> None: ...
+
+class Task(_message.Message):
+    __slots__ = ("task_id", "kind", "source", "start", "end", "epoch", "global_batch_size")
+    class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        TRAINING: _ClassVar[Task.Kind]
+        EVALUATION: _ClassVar[Task.Kind]
+        PREDICTION: _ClassVar[Task.Kind]
+    TRAINING: Task.Kind
+    EVALUATION: Task.Kind
+    PREDICTION: Task.Kind
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    GLOBAL_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    task_id: int
+    kind: Task.Kind
+    source: str
+    start: int
+    end: int
+    epoch: int
+    global_batch_size: int
+    def __init__(self, task_id: _Optional[int] = ..., kind: _Optional[_Union[Task.Kind, str]] = ..., source: _Optional[str] = ..., start: _Optional[int] = ..., end: _Optional[int] = ..., epoch: _Optional[int] = ..., global_batch_size: _Optional[int] = ...) -> None: ...
+
+class GetTaskRequest(_message.Message):
+    __slots__ = ("worker_id", "round_id", "task_index", "position", "kind")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    ROUND_ID_FIELD_NUMBER: _ClassVar[int]
+    TASK_INDEX_FIELD_NUMBER: _ClassVar[int]
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    round_id: int
+    task_index: int
+    position: Position
+    kind: Task.Kind
+    def __init__(self, worker_id: _Optional[str] = ..., round_id: _Optional[int] = ..., task_index: _Optional[int] = ..., position: _Optional[_Union[Position, _Mapping]] = ..., kind: _Optional[_Union[Task.Kind, str]] = ...) -> None: ...
+
+class GetTaskResponse(_message.Message):
+    __slots__ = ("action", "task", "message")
+    class Action(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        RUN: _ClassVar[GetTaskResponse.Action]
+        WAIT: _ClassVar[GetTaskResponse.Action]
+        END_ROUND: _ClassVar[GetTaskResponse.Action]
+        NO_MORE: _ClassVar[GetTaskResponse.Action]
+        STOP: _ClassVar[GetTaskResponse.Action]
+    RUN: GetTaskResponse.Action
+    WAIT: GetTaskResponse.Action
+    END_ROUND: GetTaskResponse.Action
+    NO_MORE: GetTaskResponse.Action
+    STOP: GetTaskResponse.Action
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    action: GetTaskResponse.Action
+    task: Task
+    message: str
+    def __init__(self, action: _Optional[_Union[GetTaskResponse.Action, str]] = ..., task: _Optional[_Union[Task, _Mapping]] = ..., message: _Optional[str] = ...) -> None: ...
+
+class ReportTaskRequest(_message.Message):
+    __slots__ = ("worker_id", "task_id", "ok", "steps_done", "error", "metric_sums", "samples")
+    class MetricSumsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    OK_FIELD_NUMBER: _ClassVar[int]
+    STEPS_DONE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    METRIC_SUMS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    task_id: int
+    ok: bool
+    steps_done: int
+    error: str
+    metric_sums: _containers.ScalarMap[str, float]
+    samples: int
+    def __init__(self, worker_id: _Optional[str] = ..., task_id: _Optional[int] = ..., ok: _Optional[bool] = ..., steps_done: _Optional[int] = ..., error: _Optional[str] = ..., metric_sums: _Optional[_Mapping[str, float]] = ..., samples: _Optional[int] = ...) -> None: ...
+
+class ReportTaskResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class HeartbeatRequest(_message.Message):
+    __slots__ = ("worker_id", "position", "loss", "samples")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    LOSS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    position: Position
+    loss: float
+    samples: int
+    def __init__(self, worker_id: _Optional[str] = ..., position: _Optional[_Union[Position, _Mapping]] = ..., loss: _Optional[float] = ..., samples: _Optional[int] = ...) -> None: ...
+
+class HeartbeatResponse(_message.Message):
+    __slots__ = ("end_round", "stop")
+    END_ROUND_FIELD_NUMBER: _ClassVar[int]
+    STOP_FIELD_NUMBER: _ClassVar[int]
+    end_round: bool
+    stop: bool
+    def __init__(self, end_round: _Optional[bool] = ..., stop: _Optional[bool] = ...) -> None: ...
+
+class GetStatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetStatusResponse(_message.Message):
+    __slots__ = ("status_json",)
+    STATUS_JSON_FIELD_NUMBER: _ClassVar[int]
+    status_json: str
+    def __init__(self, status_json: _Optional[str] = ...) -> None: ...
+
+class StopRequest(_message.Message):
+    __slots__ = ("reason",)
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    reason: str
+    def __init__(self, reason: _Optional[str] = ...) -> None: ...
+
+class StopResponse(_message.Message):
+    __slots__ = ("accepted", "message")
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    accepted: bool
+    message: str
+    def __init__(self, accepted: _Optional[bool] = ..., message: _Optional[str] = ...) -> None: ...
+
+class ScaleRequest(_message.Message):
+    __slots__ = ("workers",)
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    workers: int
+    def __init__(self, workers: _Optional[int] = ...) -> None: ...
+
+class ScaleResponse(_message.Message):
+    __slots__ = ("accepted", "message")
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    accepted: bool
+    message: str
+    def __init__(self, accepted: _Optional[bool] = ..., message: _Optional[str] = ...) -> None: ...

@@ -1,0 +1,92 @@
+"""MasterClient: the worker's gRPC calls, each with a deadline and retries.
+
+A call that fails with a transient status (UNAVAILABLE, DEADLINE_EXCEEDED,
+RESOURCE_EXHAUSTED) is retried with exponential backoff until ``give_up``
+seconds have passed, then :class:`MasterUnreachable` names the master
+address and the call (DESIGN.md, "Wire rules").
+"""
+
+from __future__ import annotations
+
+import time
+
+import grpc
+
+from flextrain.proto import flextrain_pb2 as pb
+from flextrain.proto import flextrain_pb2_grpc as pb_grpc
+
+_TRANSIENT = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED}
+
+
+class MasterUnreachable(RuntimeError):
+    pass
+
+
+class MasterClient:
+    def __init__(self, address: str, worker_id: str, *, give_up: float = 60.0, deadline: float = 10.0) -> None:
+        self.address = address
+        self.worker_id = worker_id
+        self.give_up = give_up
+        self.deadline = deadline
+        self.channel = grpc.insecure_channel(address)
+        self.stub = pb_grpc.MasterStub(self.channel)
+
+    def _call(self, name: str, request, *, deadline: float | None = None):
+        method = getattr(self.stub, name)
+        delay, started = 0.05, time.monotonic()
+        while True:
+            try:
+                return method(request, timeout=deadline or self.deadline)
+            except grpc.RpcError as exc:
+                code = exc.code()
+                if code not in _TRANSIENT:
+                    raise
+                if time.monotonic() - started > self.give_up:
+                    raise MasterUnreachable(
+                        f"master at {self.address} did not answer {name} for {self.give_up:.0f}s "
+                        f"(last error: {code.name}: {exc.details()})"
+                    ) from exc
+                time.sleep(delay)  # backoff between retries of a failed call
+                delay = min(delay * 2, 2.0)
+
+    def register(self) -> pb.RegisterWorkerResponse:
+        import os
+        import socket
+
+        return self._call(
+            "RegisterWorker",
+            pb.RegisterWorkerRequest(worker_id=self.worker_id, host=socket.gethostname(), pid=os.getpid()),
+        )
+
+    def join(self, position: pb.Position, reason: str, detail: str = "") -> pb.JoinRendezvousResponse:
+        return self._call(
+            "JoinRendezvous",
+            pb.JoinRendezvousRequest(worker_id=self.worker_id, position=position, reason=reason, detail=detail),
+            deadline=30.0,
+        )
+
+    def get_task(self, *, round_id: int, task_index: int, position: pb.Position,
+                 kind: int = pb.Task.TRAINING) -> pb.GetTaskResponse:
+        return self._call(
+            "GetTask",
+            pb.GetTaskRequest(worker_id=self.worker_id, round_id=round_id, task_index=task_index,
+                              position=position, kind=kind),
+        )
+
+    def report_task(self, task_id: int, *, ok: bool, steps_done: int = 0, error: str = "",
+                    metric_sums: dict[str, float] | None = None, samples: int = 0) -> None:
+        self._call(
+            "ReportTask",
+            pb.ReportTaskRequest(worker_id=self.worker_id, task_id=task_id, ok=ok, steps_done=steps_done,
+                                 error=error, metric_sums=metric_sums or {}, samples=samples),
+        )
+
+    def heartbeat(self, position: pb.Position, loss: float, samples: int) -> pb.HeartbeatResponse:
+        return self._call(
+            "Heartbeat",
+            pb.HeartbeatRequest(worker_id=self.worker_id, position=position, loss=loss, samples=samples),
+            deadline=5.0,
+        )
+
+    def close(self) -> None:
+        self.channel.close()

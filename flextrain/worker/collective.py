@@ -1,0 +1,81 @@
+"""The collective layer: one process group per rendezvous round.
+
+All rounds of a job share the master's long-lived TCPStore; round ``r`` uses
+the key prefix ``round-r/`` over it, so forming the group of a new round is
+a few store round-trips (milliseconds) and keys of dead rounds never collide
+with live ones. gloo on CPU; nccl when CUDA is present.
+
+Any failure inside a collective (a peer died, a timeout) surfaces as
+:class:`CollectiveError`: the caller leaves the round and re-joins the
+rendezvous; the process itself carries on.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+
+class CollectiveError(RuntimeError):
+    pass
+
+
+class Collective:
+    def __init__(self, *, timeout: float = 60.0) -> None:
+        self.timeout = timedelta(seconds=timeout)
+        self._store: dist.TCPStore | None = None
+        self._address: tuple[str, int] | None = None
+        self.round_id = -1
+        self.rank = 0
+        self.world_size = 1
+        self.backend = "nccl" if torch.cuda.is_available() else "gloo"
+
+    def join_round(self, *, host: str, port: int, round_id: int, rank: int, world_size: int) -> None:
+        self.leave()
+        if self._store is None or self._address != (host, port):
+            self._store = dist.TCPStore(host, port, is_master=False, timeout=self.timeout)
+            self._address = (host, port)
+        self.round_id, self.rank, self.world_size = round_id, rank, world_size
+        if world_size == 1:
+            return  # a world of one needs no group: reductions are identities
+        prefix = dist.PrefixStore(f"round-{round_id}/", self._store)
+        try:
+            dist.init_process_group(
+                self.backend, store=prefix, rank=rank, world_size=world_size, timeout=self.timeout
+            )
+        except Exception as exc:  # a member died while the group formed
+            self.leave()
+            raise CollectiveError(f"forming round {round_id} failed: {exc}") from exc
+
+    def leave(self) -> None:
+        if dist.is_initialized():
+            try:
+                dist.destroy_process_group()
+            except Exception:  # a broken group may fail to tear down; it is dropped either way
+                pass
+
+    def all_reduce_sum(self, flat: torch.Tensor) -> None:
+        if self.world_size == 1:
+            return
+        try:
+            dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        except Exception as exc:
+            raise CollectiveError(f"all_reduce in round {self.round_id} failed: {exc}") from exc
+
+    def broadcast_bytes(self, data: bytes | None, *, src: int = 0) -> bytes:
+        """Rank ``src`` sends ``data``; every rank returns it."""
+        if self.world_size == 1:
+            return data or b""
+        try:
+            size = torch.tensor([len(data) if self.rank == src else 0], dtype=torch.int64)
+            dist.broadcast(size, src=src)
+            if self.rank == src:
+                buf = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+            else:
+                buf = torch.empty(int(size.item()), dtype=torch.uint8)
+            dist.broadcast(buf, src=src)
+        except Exception as exc:
+            raise CollectiveError(f"broadcast in round {self.round_id} failed: {exc}") from exc
+        return data if self.rank == src else buf.numpy().tobytes()

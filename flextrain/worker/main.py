@@ -1,0 +1,134 @@
+"""The worker process: register, train in rounds, evaluate, exit.
+
+``flextrain worker --master HOST:PORT --worker-id ID`` runs :func:`run_worker`.
+The worker gets the JobSpec from the master, loads the model-zoo module,
+then loops: join the rendezvous -> form the round's process group -> take the
+round's state from rank 0 -> train until the round ends. A failed collective
+(a peer died) only ends the round; the process never restarts for it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+from flextrain.job import JobSpec
+from flextrain.proto import flextrain_pb2 as pb
+from flextrain.worker.client import MasterClient, MasterUnreachable
+from flextrain.worker.collective import Collective, CollectiveError
+from flextrain.worker.evaluation import evaluate_task
+from flextrain.worker.module import load_model_def
+from flextrain.worker.trainer import AllReduceTrainer, WorkerState, describe
+
+log = logging.getLogger("flextrain.worker")
+
+EVAL_POLL = 0.2  # seconds between asks while the master has no evaluation task yet
+
+
+def _heartbeat_loop(client: MasterClient, state: WorkerState, interval: float, done: threading.Event) -> None:
+    while not done.wait(interval):
+        loss, samples = state.take_loss()
+        try:
+            resp = client.heartbeat(state.position(), loss, samples)
+        except MasterUnreachable as exc:
+            log.error("%s", exc)
+            state.stop.set()
+            return
+        except Exception as exc:  # noqa: BLE001 - a lost heartbeat is retried next period
+            log.warning("heartbeat failed: %s", describe(exc))
+            continue
+        if resp.end_round:
+            state.end_round.set()
+        if resp.stop:
+            state.stop.set()
+
+
+def run_worker(master: str, worker_id: str) -> int:
+    threads = int(os.environ.get("FLEXTRAIN_NUM_THREADS", "0"))
+    if threads > 0:
+        torch.set_num_threads(threads)
+    client = MasterClient(master, worker_id)
+    reg = client.register()
+    spec = JobSpec.from_json(reg.job_spec_json)
+    model_def = load_model_def(spec.model_def)
+    torch.manual_seed(spec.seed)
+    model = model_def.build_model()
+    optimizer = model_def.build_optimizer(model, spec.learning_rate)
+    state = WorkerState()
+    collective = Collective(timeout=spec.worker_timeout)
+    trainer = AllReduceTrainer(spec=spec, model_def=model_def, model=model, optimizer=optimizer,
+                               client=client, collective=collective, state=state)
+    done = threading.Event()
+    beat = threading.Thread(target=_heartbeat_loop, args=(client, state, reg.heartbeat_interval, done),
+                            daemon=True, name="heartbeat")
+    beat.start()
+    try:
+        finished = _train(spec, client, collective, trainer, state)
+        if finished:
+            _evaluate(spec, client, model_def, model)
+    finally:
+        done.set()
+        collective.leave()
+    return 0
+
+
+def _train(spec, client, collective, trainer, state) -> bool:
+    """Rounds until training is over; True when it finished, False when told to stop."""
+    reason, detail = "start", ""
+    while True:
+        resp = client.join(state.position(), reason, detail)
+        if resp.action == pb.JoinRendezvousResponse.STOP:
+            return False
+        if resp.action == pb.JoinRendezvousResponse.WAIT:
+            continue
+        state.end_round.clear()
+        try:
+            collective.join_round(host=resp.store_host, port=resp.store_port, round_id=resp.round_id,
+                                  rank=resp.rank, world_size=resp.world_size)
+            trainer.sync_state(restore_from=resp.restore_checkpoint)
+            with state.lock:
+                state.round_id, state.task_index, state.steps_done = resp.round_id, 0, 0
+            log.info("round %d: rank %d of %d at version %d", resp.round_id, resp.rank,
+                     resp.world_size, state.version)
+            outcome = trainer.run_round()
+        except CollectiveError as exc:
+            log.warning("%s", exc)
+            reason, detail = "collective_failed", str(exc)
+            continue
+        if outcome == pb.GetTaskResponse.NO_MORE:
+            if collective.rank == 0:
+                _save_final(spec, trainer)
+            return True
+        if outcome == pb.GetTaskResponse.STOP:
+            return False
+        reason, detail = "round_changed", ""
+
+
+def _save_final(spec: JobSpec, trainer: AllReduceTrainer) -> None:
+    ckpt_dir = Path(spec.job_dir) / "checkpoints"
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    tmp = ckpt_dir / ".final.ckpt.tmp"
+    tmp.write_bytes(trainer.state_blob())
+    os.replace(tmp, ckpt_dir / "final.ckpt")
+
+
+def _evaluate(spec, client, model_def, model) -> None:
+    batch = spec.effective_max_micro_batch
+    while True:
+        resp = client.get_task(round_id=-1, task_index=0, position=pb.Position(), kind=pb.Task.EVALUATION)
+        if resp.action == pb.GetTaskResponse.RUN:
+            try:
+                sums, n = evaluate_task(model_def, model, resp.task, batch_size=batch)
+            except Exception as exc:  # noqa: BLE001 - reported; the master retries or fails the job
+                client.report_task(resp.task.task_id, ok=False, error=describe(exc))
+                continue
+            client.report_task(resp.task.task_id, ok=True, metric_sums=sums, samples=n)
+        elif resp.action == pb.GetTaskResponse.WAIT:
+            time.sleep(EVAL_POLL)  # polling the master: tasks may free up when a peer fails
+        else:
+            return

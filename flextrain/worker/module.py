@@ -1,0 +1,203 @@
+"""Loading a model-zoo module and checking it against the module contract.
+
+The contract (DESIGN.md, "Model-zoo module contract"): a zero-argument model
+callable named by ``--model-def``, ``loss(labels, predictions)``,
+``optimizer(params, lr=...)`` (TensorFlow: ``optimizer(lr=...)``),
+``feed(records, mode, metadata)`` (alias ``dataset_fn``), and optionally
+``eval_metrics_fn()`` and ``callbacks()``.
+
+``load_model_def`` runs at submission (``flextrain train`` checks before any
+process starts) and again in every worker; a missing or mis-shaped piece is a
+:class:`ModelDefError` that names the module and the piece.
+
+Spellings of ``--model-def``: ``path/to/module.py:Name``, ``pkg.module:Name``,
+and the ElasticDL form ``pkg.module.Name`` (resolved against the current
+directory, e.g. ``model_zoo.digits_torch.Model``).
+"""
+
+from __future__ import annotations
+
+import enum
+import importlib
+import importlib.util
+import inspect
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Callable
+
+
+class Mode(str, enum.Enum):
+    """What ``feed`` is asked to prepare records for."""
+
+    TRAINING = "training"
+    EVALUATION = "evaluation"
+    PREDICTION = "prediction"
+
+
+class ModelDefError(ValueError):
+    """The model-zoo module does not satisfy the contract."""
+
+
+@dataclass(frozen=True)
+class FeedMetadata:
+    """What ``feed`` is told about the records it gets."""
+
+    source: str
+    start: int
+    end: int
+    epoch: int
+
+
+@dataclass(frozen=True)
+class ModelDef:
+    spec: str
+    module: ModuleType
+    model_fn: Callable[[], Any]
+    loss: Callable
+    optimizer: Callable
+    feed: Callable
+    eval_metrics_fn: Callable | None
+    callbacks: Callable | None
+
+    @property
+    def path(self) -> str:
+        return getattr(self.module, "__file__", self.module.__name__)
+
+    def build_model(self):
+        try:
+            model = self.model_fn()
+        except Exception as exc:
+            raise ModelDefError(f"{self.spec}: calling the model callable failed: {exc!r}") from exc
+        import torch
+
+        if not isinstance(model, torch.nn.Module):
+            raise ModelDefError(
+                f"{self.spec}: the model callable returned {type(model).__name__}, "
+                "expected a torch.nn.Module"
+            )
+        return model
+
+    def build_optimizer(self, model, lr: float | None):
+        kwargs = {} if lr is None else {"lr": lr}
+        try:
+            return self.optimizer(model.parameters(), **kwargs)
+        except Exception as exc:
+            raise ModelDefError(f"{self.path}: optimizer(params, **{kwargs}) failed: {exc!r}") from exc
+
+    def metric_fns(self) -> dict[str, Callable]:
+        if self.eval_metrics_fn is None:
+            return {}
+        metrics = self.eval_metrics_fn()
+        if not isinstance(metrics, dict) or not all(callable(f) for f in metrics.values()):
+            raise ModelDefError(
+                f"{self.path}: eval_metrics_fn() must return a dict of name -> fn(labels, predictions), "
+                f"got {type(metrics).__name__}"
+            )
+        return metrics
+
+
+def _split_spec(spec: str) -> tuple[str, str]:
+    if ":" in spec:
+        target, name = spec.rsplit(":", 1)
+    elif "." in spec and not spec.endswith(".py"):
+        target, name = spec.rsplit(".", 1)
+    else:
+        raise ModelDefError(
+            f"--model-def {spec!r} names no callable: use path/to/module.py:Name or package.module.Name"
+        )
+    if not target or not name or not name.isidentifier():
+        raise ModelDefError(f"--model-def {spec!r} names no callable: use path/to/module.py:Name")
+    return target, name
+
+
+def _import(target: str, spec: str) -> ModuleType:
+    path = Path(target)
+    if target.endswith(".py") or path.is_file():
+        if not path.is_file():
+            raise ModelDefError(f"--model-def {spec!r}: module file {target} not found")
+        return _import_file(path.resolve())
+    dotted_file = Path(*target.split(".")).with_suffix(".py")
+    if dotted_file.is_file():  # ElasticDL style: module path relative to the working directory
+        return _import_file(dotted_file.resolve())
+    try:
+        return importlib.import_module(target)
+    except ImportError as exc:
+        raise ModelDefError(f"--model-def {spec!r}: cannot import module {target!r}: {exc}") from exc
+
+
+def _import_file(path: Path) -> ModuleType:
+    name = f"flextrain_user_{path.stem}_{abs(hash(str(path))) & 0xFFFFFF:x}"
+    if name in sys.modules:
+        return sys.modules[name]
+    loader_spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(loader_spec)
+    sys.modules[name] = module
+    sys.path.insert(0, str(path.parent))  # sibling imports inside the model zoo
+    try:
+        loader_spec.loader.exec_module(module)
+    except Exception as exc:
+        del sys.modules[name]
+        raise ModelDefError(f"{path}: importing the module failed: {exc!r}") from exc
+    finally:
+        sys.path.remove(str(path.parent))
+    return module
+
+
+def _positional_arity(fn: Callable) -> tuple[int, int, bool]:
+    """(required positional, max positional, has **kwargs)"""
+    sig = inspect.signature(fn)
+    required = maximum = 0
+    var_kw = False
+    for p in sig.parameters.values():
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            maximum += 1
+            required += p.default is p.empty
+        elif p.kind is p.VAR_POSITIONAL:
+            maximum = 1 << 30
+        elif p.kind is p.VAR_KEYWORD:
+            var_kw = True
+    return required, maximum, var_kw
+
+
+def _require(module: ModuleType, where: str, name: str, usage: str, nargs: int, *aliases: str) -> Callable:
+    for candidate in (name, *aliases):
+        fn = getattr(module, candidate, None)
+        if fn is not None:
+            break
+    else:
+        raise ModelDefError(f"{where} defines no `{name}` (required: {usage})")
+    if not callable(fn):
+        raise ModelDefError(f"{where}: `{candidate}` must be a function {usage}, got {type(fn).__name__}")
+    required, maximum, _ = _positional_arity(fn)
+    if not required <= nargs <= maximum:
+        raise ModelDefError(
+            f"{where}: `{candidate}` has the wrong signature {candidate}{inspect.signature(fn)}; "
+            f"expected {usage}"
+        )
+    return fn
+
+
+def load_model_def(spec: str) -> ModelDef:
+    """Import the module named by ``--model-def`` and check the contract."""
+    target, name = _split_spec(spec)
+    module = _import(target, spec)
+    where = getattr(module, "__file__", target)
+    model_fn = getattr(module, name, None)
+    if model_fn is None:
+        raise ModelDefError(f"{where} defines no `{name}` (named by --model-def {spec!r})")
+    if not callable(model_fn):
+        raise ModelDefError(f"--model-def {spec!r}: `{name}` is a {type(model_fn).__name__}, not a callable")
+    loss = _require(module, where, "loss", "loss(labels, predictions)", 2)
+    optimizer = _require(module, where, "optimizer", "optimizer(params, lr=...)", 1)
+    if "lr" not in inspect.signature(optimizer).parameters and not _positional_arity(optimizer)[2]:
+        raise ModelDefError(f"{where}: `optimizer` must accept an `lr` keyword: optimizer(params, lr=...)")
+    feed = _require(module, where, "feed", "feed(records, mode, metadata)", 3, "dataset_fn")
+    eval_metrics_fn = getattr(module, "eval_metrics_fn", None)
+    if eval_metrics_fn is not None:
+        _require(module, where, "eval_metrics_fn", "eval_metrics_fn()", 0)
+    callbacks = getattr(module, "callbacks", None)
+    if callbacks is not None:
+        _require(module, where, "callbacks", "callbacks()", 0)
+    return ModelDef(spec, module, model_fn, loss, optimizer, feed, eval_metrics_fn, callbacks)

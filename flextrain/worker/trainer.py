@@ -1,0 +1,235 @@
+"""The AllReduce trainer: lockstep optimizer steps inside one rendezvous round.
+
+Per task, step ``j`` covers records ``[start + j*G, start + (j+1)*G)``; the
+planner (``flextrain.elastic.planner``) gives this rank its contiguous slice
+and its micro-batches. Each micro-batch contributes ``loss_mean * n / G`` to
+the backward pass, so after the SUM all-reduce every rank holds exactly the
+gradient of the mean loss over the step's G samples, however they were split.
+
+Gradients live in one flat buffer (``p.grad`` are views into it), followed by
+two control slots that ride along in the same all-reduce:
+
+* ``END_ROUND`` - some member was asked by the master to leave the round at
+  this step boundary; the sum makes every member agree on the same boundary.
+* ``FAILED`` - some member could not read or ``feed`` its records; nobody
+  applies the step, the failing member has already reported the task.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass, field
+
+import torch
+
+from flextrain.data import read_shard_range
+from flextrain.elastic.planner import plan_step
+from flextrain.elastic.statecodec import decode, encode
+from flextrain.job import JobSpec
+from flextrain.proto import flextrain_pb2 as pb
+from flextrain.worker.client import MasterClient
+from flextrain.worker.collective import Collective
+from flextrain.worker.module import FeedMetadata, Mode, ModelDef, ModelDefError
+
+END_ROUND, FAILED = 0, 1
+_CONTROL_SLOTS = 2
+
+
+@dataclass
+class WorkerState:
+    """What the heartbeat thread reports; written by the training thread."""
+
+    round_id: int = -1
+    task_index: int = 0
+    steps_done: int = 0
+    version: int = 0
+    loss_sum: float = 0.0
+    loss_samples: int = 0
+    end_round: threading.Event = field(default_factory=threading.Event)
+    stop: threading.Event = field(default_factory=threading.Event)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def position(self) -> pb.Position:
+        return pb.Position(round_id=self.round_id, task_index=self.task_index,
+                           steps_done=self.steps_done, version=self.version)
+
+    def add_loss(self, loss_sum: float, samples: int) -> None:
+        with self.lock:
+            self.loss_sum += loss_sum
+            self.loss_samples += samples
+
+    def take_loss(self) -> tuple[float, int]:
+        with self.lock:
+            n, s = self.loss_samples, self.loss_sum
+            self.loss_sum, self.loss_samples = 0.0, 0
+        return (s / n if n else math.nan), n
+
+
+def feed_tensors(model_def: ModelDef, records: list[bytes], mode: Mode, meta: FeedMetadata):
+    """Call the module's ``feed`` and check what it returned."""
+    out = model_def.feed(records, mode.value, meta)
+    if mode is Mode.PREDICTION:
+        features, labels = out, None
+    else:
+        if not isinstance(out, tuple) or len(out) != 2:
+            raise ModelDefError(
+                f"{model_def.path}: feed(records, {mode.value!r}, metadata) must return "
+                f"(features, labels), got {type(out).__name__}"
+            )
+        features, labels = out
+    n = len(records)
+    for what, value in (("features", features), ("labels", labels)):
+        tensors = value.values() if isinstance(value, dict) else [] if value is None else [value]
+        for t in tensors:
+            if not isinstance(t, torch.Tensor) or t.shape[:1] != (n,):
+                raise ModelDefError(
+                    f"{model_def.path}: feed returned {what} "
+                    f"{type(t).__name__}{tuple(getattr(t, 'shape', ()))}; expected tensors whose "
+                    f"first dimension is the number of records ({n})"
+                )
+    return features, labels
+
+
+def take(value, index: slice):
+    if isinstance(value, dict):
+        return {k: v[index] for k, v in value.items()}
+    return value[index]
+
+
+class AllReduceTrainer:
+    def __init__(self, *, spec: JobSpec, model_def: ModelDef, model: torch.nn.Module,
+                 optimizer: torch.optim.Optimizer, client: MasterClient, collective: Collective,
+                 state: WorkerState) -> None:
+        self.spec = spec
+        self.model_def = model_def
+        self.model = model
+        self.optimizer = optimizer
+        self.client = client
+        self.collective = collective
+        self.state = state
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        total = sum(p.numel() for p in self.params)
+        self.flat = torch.zeros(total + _CONTROL_SLOTS, dtype=torch.float32)
+        self.control = self.flat[total:]
+        self._bind_grads()
+
+    # ---- gradient buffer ------------------------------------------------------
+    def _bind_grads(self) -> None:
+        """Make every ``p.grad`` a view into the flat buffer (no copy per step)."""
+        offset = 0
+        self._views = []
+        for p in self.params:
+            view = self.flat[offset : offset + p.numel()].view_as(p)
+            if p.dtype != self.flat.dtype:
+                raise ModelDefError(f"{self.model_def.path}: parameters must be float32, got {p.dtype}")
+            p.grad = view
+            self._views.append(view)
+            offset += p.numel()
+
+    def _zero(self) -> None:
+        self.flat.zero_()
+        for p, view in zip(self.params, self._views):
+            if p.grad is None or p.grad.data_ptr() != view.data_ptr():
+                p.grad = view  # someone replaced the grad tensor: re-bind it
+
+    def _gather_grads(self) -> None:
+        for p, view in zip(self.params, self._views):
+            if p.grad is not None and p.grad.data_ptr() != view.data_ptr():
+                view.copy_(p.grad)
+                p.grad = view
+
+    # ---- state transfer ---------------------------------------------------------
+    def state_blob(self) -> bytes:
+        return encode({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                       "version": self.state.version})
+
+    def load_blob(self, blob: bytes) -> None:
+        tree = decode(blob)
+        self.model.load_state_dict(tree["model"])
+        self.optimizer.load_state_dict(tree["optimizer"])
+        self.state.version = int(tree["version"])
+        self._zero()
+
+    def sync_state(self, *, restore_from: str = "") -> None:
+        """Rank 0 (the most advanced member) sends model + optimizer to the round."""
+        if restore_from and self.collective.rank == 0:
+            with open(restore_from, "rb") as f:
+                self.load_blob(f.read())
+        if self.collective.world_size == 1:
+            return
+        blob = self.collective.broadcast_bytes(self.state_blob() if self.collective.rank == 0 else None)
+        if self.collective.rank != 0:
+            self.load_blob(blob)
+
+    # ---- training -------------------------------------------------------------
+    def run_round(self) -> int:
+        """Train until the round ends; returns the GetTask action that ended it."""
+        index = 0
+        while True:
+            if self.state.stop.is_set():
+                return pb.GetTaskResponse.STOP
+            self.state.task_index, self.state.steps_done = index, 0
+            resp = self.client.get_task(round_id=self.state.round_id, task_index=index,
+                                        position=self.state.position())
+            if resp.action != pb.GetTaskResponse.RUN:
+                return resp.action
+            if not self.run_task(resp.task):
+                return pb.GetTaskResponse.END_ROUND
+            index += 1
+
+    def run_task(self, task: pb.Task) -> bool:
+        """Run every step of ``task``; False when the round must end at a step boundary."""
+        G = task.global_batch_size
+        meta = FeedMetadata(task.source, task.start, task.end, task.epoch)
+        steps = -(-(task.end - task.start) // G)
+        for j in range(steps):
+            step_start = task.start + j * G
+            step_size = min(G, task.end - step_start)
+            plan = plan_step(step_size, self.collective.world_size, self.spec.effective_max_micro_batch)
+            self._zero()
+            try:
+                loss_sum, n = self._compute(task, meta, step_start, plan)
+            except Exception as exc:  # bad data or a failing feed: the task fails, the round goes on
+                self._zero()
+                self.client.report_task(task.task_id, ok=False, steps_done=j, error=describe(exc))
+                self.control[FAILED] = 1.0
+                loss_sum, n = 0.0, 0
+            if self.state.end_round.is_set():
+                self.control[END_ROUND] = 1.0
+            self._gather_grads()
+            self.collective.all_reduce_sum(self.flat)
+            if self.control[FAILED].item() > 0:
+                return not self.control[END_ROUND].item() > 0  # skip the rest of the task
+            self.optimizer.step()
+            with self.state.lock:
+                self.state.version += 1
+                self.state.steps_done = j + 1
+            self.state.add_loss(loss_sum, n)
+            if self.control[END_ROUND].item() > 0:
+                return False
+        return True
+
+    def _compute(self, task: pb.Task, meta: FeedMetadata, step_start: int, plan) -> tuple[float, int]:
+        rank = self.collective.rank
+        lo, hi = plan.span(rank)
+        if hi == lo:
+            return 0.0, 0
+        records = read_shard_range(task.source, step_start + lo, step_start + hi)
+        features, labels = feed_tensors(self.model_def, records, Mode.TRAINING, meta)
+        self.model.train()
+        loss_sum = 0.0
+        for offset, size in plan.slices(rank):
+            if size == 0:
+                continue
+            sl = slice(offset - lo, offset - lo + size)
+            loss = self.model_def.loss(take(labels, sl), self.model(take(features, sl)))
+            (loss * (size / plan.global_batch)).backward()
+            loss_sum += float(loss.detach()) * size
+        return loss_sum, hi - lo
+
+
+def describe(exc: BaseException) -> str:
+    """An error message for the master: the exception's own text, its type if it has none."""
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else repr(exc)

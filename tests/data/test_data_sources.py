@@ -1,0 +1,145 @@
+"""flextrain.data.sources: file discovery, sharding, cached readers."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+
+import pytest
+from rio_refdata import MULTI_RECORDS, TESTDATA
+
+from flextrain.data import (
+    SUPPORTED_EXTENSIONS,
+    CSVReader,
+    DataError,
+    RecordIOReader,
+    Shard,
+    list_data_files,
+    make_shards,
+    open_reader,
+    read_shard_range,
+    write_records,
+)
+
+
+@pytest.fixture
+def data_dir(tmp_path):
+    d = tmp_path / "train"
+    d.mkdir()
+    write_records(d / "b-part.rio", MULTI_RECORDS[:30], max_chunk_size=500)
+    write_records(d / "a-part.recordio", MULTI_RECORDS[30:40])
+    (d / "c.csv").write_bytes(b"1,2\n3,4\n5,6\n")
+    shutil.copyfile(TESTDATA / "zero_records.rio", d / "d-empty.rio")
+    (d / ".hidden.rio").write_bytes(b"garbage")
+    (d / "notes.txt").write_text("ignored")
+    (d / "sub.rio").mkdir()  # a directory, even with a data extension, is skipped
+    return d
+
+
+def test_shard():
+    shard = Shard("/d/a.rio", 3, 10)
+    assert shard.size == 7
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        shard.start = 0
+    with pytest.raises(ValueError):
+        Shard("/d/a.rio", 5, 4)
+    with pytest.raises(ValueError):
+        Shard("/d/a.rio", -1, 4)
+
+
+def test_list_data_files(data_dir):
+    names = [os.path.basename(p) for p in list_data_files(data_dir)]
+    assert names == ["a-part.recordio", "b-part.rio", "c.csv", "d-empty.rio"]
+    assert all(os.path.dirname(p) == str(data_dir) for p in list_data_files(data_dir))
+    single = data_dir / "c.csv"
+    assert list_data_files(single) == [str(single)]
+
+
+def test_missing_directory(tmp_path):
+    missing = tmp_path / "nope"
+    with pytest.raises(DataError) as info:
+        list_data_files(missing, what="training data")
+    assert str(info.value) == f"training data directory not found: {missing}"
+    with pytest.raises(DataError, match=r"^data file not found: .*x\.rio$"):
+        make_shards(tmp_path / "x.rio")
+
+
+def test_empty_directory(tmp_path):
+    (tmp_path / "readme.md").write_text("no data here")
+    with pytest.raises(DataError) as info:
+        make_shards(tmp_path, what="validation data")
+    msg = str(info.value)
+    assert msg.startswith(f"validation data directory {tmp_path} contains no data files")
+    assert all(ext in msg for ext in SUPPORTED_EXTENSIONS)
+
+
+def test_only_zero_record_files(tmp_path):
+    shutil.copyfile(TESTDATA / "zero_records.rio", tmp_path / "a.rio")
+    (tmp_path / "b.csv").write_bytes(b"")
+    with pytest.raises(DataError) as info:
+        make_shards(tmp_path, what="training data")
+    assert f"the file set under {tmp_path} holds no records" in str(info.value)
+    assert str(info.value).startswith("training data")
+
+
+def test_unsupported_extension(tmp_path):
+    path = tmp_path / "data.parquet"
+    path.write_bytes(b"PAR1")
+    for call in (lambda: list_data_files(path), lambda: open_reader(path)):
+        with pytest.raises(DataError) as info:
+            call()
+        assert str(path) in str(info.value)
+        assert all(ext in str(info.value) for ext in SUPPORTED_EXTENSIONS)
+
+
+def test_make_shards_skips_empty_files(data_dir):
+    shards = make_shards(data_dir)
+    assert [(os.path.basename(s.source), s.start, s.end) for s in shards] == [
+        ("a-part.recordio", 0, 10),
+        ("b-part.rio", 0, 30),
+        ("c.csv", 0, 3),
+    ]
+    assert sum(s.size for s in shards) == 43
+
+
+def test_read_shard_range(data_dir):
+    assert read_shard_range(str(data_dir / "b-part.rio"), 4, 9) == MULTI_RECORDS[4:9]
+    assert read_shard_range(data_dir / "a-part.recordio", 0, 10) == MULTI_RECORDS[30:40]
+    assert read_shard_range(data_dir / "c.csv", 1, 3) == [b"3,4", b"5,6"]
+    with pytest.raises(ValueError, match="out of bounds"):
+        read_shard_range(data_dir / "c.csv", 0, 4)
+
+
+def test_open_reader_types_and_cache(data_dir):
+    rio = open_reader(data_dir / "b-part.rio")
+    assert isinstance(rio, RecordIOReader)
+    assert isinstance(open_reader(data_dir / "c.csv"), CSVReader)
+    assert isinstance(open_reader(data_dir / "a-part.recordio"), RecordIOReader)
+    assert open_reader(str(data_dir / "b-part.rio")) is rio  # cached
+    with pytest.raises(DataError, match="found a directory"):
+        open_reader(data_dir / "sub.rio")
+
+
+def test_cache_notices_rewritten_file(tmp_path):
+    path = tmp_path / "x.rio"
+    write_records(path, [b"a"])
+    first = open_reader(path)
+    write_records(path, [b"a", b"b", b"c"])
+    os.utime(path, ns=(1, 1))  # guarantee a different mtime even on coarse clocks
+    assert open_reader(path) is not first and open_reader(path).num_records == 3
+
+
+def test_corrupt_file_surfaces_through_make_shards(tmp_path):
+    from flextrain.data import CorruptRecordIOError
+
+    (tmp_path / "bad.rio").write_bytes(b"\x00" * 25)
+    with pytest.raises(CorruptRecordIOError) as info:
+        make_shards(tmp_path)
+    assert str(tmp_path / "bad.rio") in str(info.value) and info.value.offset == 0
+
+
+def test_upper_case_extension_supported(tmp_path):
+    path = tmp_path / "X.RIO"
+    write_records(path, [b"z"])
+    assert make_shards(path) == [Shard(str(path), 0, 1)]
