@@ -75,6 +75,7 @@ class JobMaster:
         self.store_host = "127.0.0.1"
         self.store_port = 0
         self.restore_checkpoint = ""
+        self.final_checkpoint: str | None = None
         self.started = time.time()
         self.finished: float | None = None
 
@@ -96,8 +97,10 @@ class JobMaster:
             return
         if self.ledger.error:
             self.finish(Phase.FAILED, self.ledger.error)
-        elif self.ledger.training_finished() and (
-            not self.ledger.evaluation_shards or self.ledger.evaluation_finished()
+        elif (
+            self.ledger.training_finished()
+            and self.final_checkpoint is not None
+            and (not self.ledger.evaluation_shards or self.ledger.evaluation_finished())
         ):
             if self.metric_samples:
                 self.metrics.update(
@@ -113,6 +116,11 @@ class JobMaster:
 
     def worker_exited(self, worker_id: str) -> None:
         with self.cond:
+            rnd = self.rendezvous.current
+            if (self.final_checkpoint is None and self.ledger.training_finished() and rnd is not None
+                    and rnd.members[0] == worker_id):
+                self.finish(Phase.FAILED, f"{worker_id} (rank 0 of the last round) exited before "
+                            "saving the final checkpoint")
             self.alive.discard(worker_id)
             self.ledger.release_owner(worker_id)
             self.rendezvous.drop(worker_id)
@@ -187,17 +195,21 @@ class JobMaster:
     def get_task(self, req: pb.GetTaskRequest) -> pb.GetTaskResponse:
         with self.cond:
             self._touch(req.worker_id, req.position)
-            if self.over:
-                return pb.GetTaskResponse(action=pb.GetTaskResponse.STOP, message=self.message)
             if req.kind == pb.Task.EVALUATION:
+                if self.over:
+                    return pb.GetTaskResponse(action=pb.GetTaskResponse.STOP, message=self.message)
                 return self._evaluation_task(req.worker_id)
             return self._training_task(req)
 
     def _training_task(self, req: pb.GetTaskRequest) -> pb.GetTaskResponse:
         rnd = self.assigned.get(req.worker_id)
-        if rnd is None or rnd.round_id != req.round_id or rnd.state is RoundState.CLOSED:
-            return pb.GetTaskResponse(action=pb.GetTaskResponse.END_ROUND)
         index = req.task_index
+        if rnd is not None and rnd.round_id == req.round_id and index < len(rnd.answers):
+            pass  # answered before: every member gets the same answer, even after the job ended
+        elif self.over:
+            return pb.GetTaskResponse(action=pb.GetTaskResponse.STOP, message=self.message)
+        elif rnd is None or rnd.round_id != req.round_id or rnd.state is RoundState.CLOSED:
+            return pb.GetTaskResponse(action=pb.GetTaskResponse.END_ROUND)
         if index > len(rnd.answers):
             raise ValueError(f"{req.worker_id} asked for task {index} of round {rnd.round_id} out of order")
         if index == len(rnd.answers):
@@ -252,6 +264,14 @@ class JobMaster:
                 self.metric_samples += req.samples
             else:
                 self.ledger.complete(req.task_id)
+            self._check_outcome()
+            self.cond.notify_all()
+
+    def report_checkpoint(self, req: pb.ReportCheckpointRequest) -> None:
+        with self.cond:
+            self._touch(req.worker_id, req.position)
+            if req.final:
+                self.final_checkpoint = req.path
             self._check_outcome()
             self.cond.notify_all()
 

@@ -54,6 +54,10 @@ class MasterServicer(pb_grpc.MasterServicer):
     def Heartbeat(self, request, context):
         return self.job.heartbeat(request)
 
+    def ReportCheckpoint(self, request, context):
+        self.job.report_checkpoint(request)
+        return pb.ReportCheckpointResponse()
+
     def GetStatus(self, request, context):
         return pb.GetStatusResponse(status_json=self._status_json())
 

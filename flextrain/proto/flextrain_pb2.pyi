@@ -202,6 +202,22 @@ class HeartbeatResponse(_message.Message):
     stop: bool
     def __init__(self, end_round: _Optional[bool] = ..., stop: _Optional[bool] = ...) -> None: ...
 
+class ReportCheckpointRequest(_message.Message):
+    __slots__ = ("worker_id", "path", "position", "final")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    FINAL_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    path: str
+    position: Position
+    final: bool
+    def __init__(self, worker_id: _Optional[str] = ..., path: _Optional[str] = ..., position: _Optional[_Union[Position, _Mapping]] = ..., final: _Optional[bool] = ...) -> None: ...
+
+class ReportCheckpointResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
 class GetStatusRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

@@ -59,6 +59,11 @@ class MasterStub:
                 request_serializer=flextrain_dot_proto_dot_flextrain__pb2.HeartbeatRequest.SerializeToString,
                 response_deserializer=flextrain_dot_proto_dot_flextrain__pb2.HeartbeatResponse.FromString,
                 _registered_method=True)
+        self.ReportCheckpoint = channel.unary_unary(
+                '/flextrain.v1.Master/ReportCheckpoint',
+                request_serializer=flextrain_dot_proto_dot_flextrain__pb2.ReportCheckpointRequest.SerializeToString,
+                response_deserializer=flextrain_dot_proto_dot_flextrain__pb2.ReportCheckpointResponse.FromString,
+                _registered_method=True)
         self.GetStatus = channel.unary_unary(
                 '/flextrain.v1.Master/GetStatus',
                 request_serializer=flextrain_dot_proto_dot_flextrain__pb2.GetStatusRequest.SerializeToString,
@@ -109,6 +114,12 @@ class MasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportCheckpoint(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetStatus(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -154,6 +165,11 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.Heartbeat,
                     request_deserializer=flextrain_dot_proto_dot_flextrain__pb2.HeartbeatRequest.FromString,
                     response_serializer=flextrain_dot_proto_dot_flextrain__pb2.HeartbeatResponse.SerializeToString,
+            ),
+            'ReportCheckpoint': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportCheckpoint,
+                    request_deserializer=flextrain_dot_proto_dot_flextrain__pb2.ReportCheckpointRequest.FromString,
+                    response_serializer=flextrain_dot_proto_dot_flextrain__pb2.ReportCheckpointResponse.SerializeToString,
             ),
             'GetStatus': grpc.unary_unary_rpc_method_handler(
                     servicer.GetStatus,
@@ -306,6 +322,33 @@ class Master:
             '/flextrain.v1.Master/Heartbeat',
             flextrain_dot_proto_dot_flextrain__pb2.HeartbeatRequest.SerializeToString,
             flextrain_dot_proto_dot_flextrain__pb2.HeartbeatResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportCheckpoint(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/flextrain.v1.Master/ReportCheckpoint',
+            flextrain_dot_proto_dot_flextrain__pb2.ReportCheckpointRequest.SerializeToString,
+            flextrain_dot_proto_dot_flextrain__pb2.ReportCheckpointResponse.FromString,
             options,
             channel_credentials,
             insecure,

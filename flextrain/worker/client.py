@@ -81,6 +81,10 @@ class MasterClient:
                                  error=error, metric_sums=metric_sums or {}, samples=samples),
         )
 
+    def report_checkpoint(self, path: str, position: pb.Position, *, final: bool) -> None:
+        self._call("ReportCheckpoint", pb.ReportCheckpointRequest(
+            worker_id=self.worker_id, path=path, position=position, final=final))
+
     def heartbeat(self, position: pb.Position, loss: float, samples: int) -> pb.HeartbeatResponse:
         return self._call(
             "Heartbeat",

@@ -69,6 +69,9 @@ def run_worker(master: str, worker_id: str) -> int:
     beat.start()
     try:
         finished = _train(spec, client, collective, trainer, state)
+        loss, samples = state.take_loss()
+        if samples:  # the losses since the last heartbeat: the job's final training loss
+            client.heartbeat(state.position(), loss, samples)
         if finished:
             _evaluate(spec, client, model_def, model)
     finally:
@@ -102,19 +105,21 @@ def _train(spec, client, collective, trainer, state) -> bool:
             continue
         if outcome == pb.GetTaskResponse.NO_MORE:
             if collective.rank == 0:
-                _save_final(spec, trainer)
+                path = _save_final(spec, trainer)
+                client.report_checkpoint(str(path), state.position(), final=True)
             return True
         if outcome == pb.GetTaskResponse.STOP:
             return False
         reason, detail = "round_changed", ""
 
 
-def _save_final(spec: JobSpec, trainer: AllReduceTrainer) -> None:
+def _save_final(spec: JobSpec, trainer: AllReduceTrainer) -> Path:
     ckpt_dir = Path(spec.job_dir) / "checkpoints"
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     tmp = ckpt_dir / ".final.ckpt.tmp"
     tmp.write_bytes(trainer.state_blob())
     os.replace(tmp, ckpt_dir / "final.ckpt")
+    return ckpt_dir / "final.ckpt"
 
 
 def _evaluate(spec, client, model_def, model) -> None:

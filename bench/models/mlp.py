@@ -1,0 +1,68 @@
+"""Benchmark model: an MLP classifier over synthetic dense features.
+
+Follows the model-zoo module contract (see ``model_zoo/digits_torch.py``) so
+the very same file is used by ``bench/overhead.py``'s plain PyTorch loop and
+by ``flextrain train --model-def bench/models/mlp.py:Model``.
+
+RECORD FORMAT (written by ``bench/overhead.py``): ``RECORD_BYTES`` = 1028
+bytes = ``FEATURES`` (256) little-endian float32 features followed by the
+label as a little-endian int32 (0..CLASSES-1).
+"""
+
+import numpy as np
+import torch
+from torch import nn
+
+FEATURES = 256
+HIDDEN = 1024
+CLASSES = 10
+RECORD_DTYPE = np.dtype([("x", "<f4", (FEATURES,)), ("y", "<i4")])
+RECORD_BYTES = RECORD_DTYPE.itemsize  # 1028
+
+
+class Model(nn.Module):
+    def __init__(self, features: int = FEATURES, hidden: int = HIDDEN, classes: int = CLASSES):
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Linear(features, hidden), nn.ReLU(),
+            nn.Linear(hidden, hidden), nn.ReLU(),
+            nn.Linear(hidden, classes),
+        )
+
+    def forward(self, x):
+        return self.net(x)
+
+
+def loss(labels, predictions):
+    return nn.functional.cross_entropy(predictions, labels)
+
+
+def optimizer(params, lr=0.05):
+    return torch.optim.SGD(params, lr=lr, momentum=0.9)
+
+
+def encode(features: np.ndarray, labels: np.ndarray) -> list[bytes]:
+    """(n, FEATURES) float32 features and (n,) int labels -> n records."""
+    rows = np.empty(len(labels), dtype=RECORD_DTYPE)
+    rows["x"], rows["y"] = features, labels
+    return [row.tobytes() for row in rows]
+
+
+def decode(records) -> tuple[np.ndarray, np.ndarray]:
+    """One ``np.frombuffer`` over all records -> (x float32 (n, FEATURES), y int64 (n,))."""
+    rows = np.frombuffer(b"".join(records), dtype=RECORD_DTYPE)
+    if len(rows) != len(records):
+        raise ValueError(f"expected {len(records)} records of {RECORD_BYTES} bytes, got {sum(map(len, records))} bytes")
+    return np.ascontiguousarray(rows["x"]), rows["y"].astype(np.int64)
+
+
+def feed(records, mode, metadata):
+    x, y = decode(records)
+    features = torch.from_numpy(x)
+    if mode == "prediction":
+        return features
+    return features, torch.from_numpy(y)
+
+
+def eval_metrics_fn():
+    return {"accuracy": lambda labels, predictions: (predictions.argmax(dim=1) == labels).float()}

@@ -1,0 +1,94 @@
+"""`flextrain train` rejects bad input before any process starts, naming the problem."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from conftest import DIGITS_MODEL, REPO
+from flextrain.cli import main
+
+
+def train(capsys, *extra, data=None, model=DIGITS_MODEL, tmp=None):
+    args = ["train", "--model-def", model, "--training-data", str(data), "--job-dir", str(tmp / "job"), *extra]
+    code = main(args)
+    return code, capsys.readouterr().err
+
+
+@pytest.fixture
+def data(digits_data):
+    return digits_data / "train"
+
+
+def test_missing_data_directory(capsys, tmp_path):
+    code, err = train(capsys, data=tmp_path / "nope", tmp=tmp_path)
+    assert code == 2
+    assert "training data directory not found" in err and str(tmp_path / "nope") in err
+    assert not (tmp_path / "job").exists()  # nothing started
+
+
+def test_empty_recordio_file_set(capsys, tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    shutil.copy(REPO / "tests/testdata/recordio/zero_records.rio", empty / "part-0.rio")
+    code, err = train(capsys, data=empty, tmp=tmp_path)
+    assert code == 2
+    assert "no records" in err and str(empty) in err
+
+
+def test_module_without_loss(capsys, tmp_path, data):
+    module = tmp_path / "noloss.py"
+    source = (REPO / "model_zoo/digits_torch.py").read_text().replace("def loss(", "def not_loss(")
+    module.write_text(source)
+    code, err = train(capsys, data=data, model=f"{module}:Model", tmp=tmp_path)
+    assert code == 2
+    assert str(module) in err and "no `loss`" in err and "loss(labels, predictions)" in err
+
+
+def test_model_def_naming_no_callable(capsys, tmp_path, data):
+    code, err = train(capsys, data=data, model=str(REPO / "model_zoo/digits_torch.py"), tmp=tmp_path)
+    assert code == 2
+    assert "names no callable" in err
+
+
+def test_model_def_naming_missing_callable(capsys, tmp_path, data):
+    code, err = train(capsys, data=data, model=f"{REPO / 'model_zoo/digits_torch.py'}:Nope", tmp=tmp_path)
+    assert code == 2
+    assert "no `Nope`" in err
+
+
+@pytest.mark.parametrize("flag,value,expected", [
+    ("--workers", "0", "--workers must be a positive integer, got 0"),
+    ("--global-batch-size", "0", "--global-batch-size must be a positive integer, got 0"),
+    ("--global-batch-size", "-8", "--global-batch-size must be a positive integer, got -8"),
+    ("--max-micro-batch", "0", "--max-micro-batch must be a positive integer"),
+    ("--epochs", "0", "--epochs must be a positive integer"),
+])
+def test_non_positive_numbers(capsys, tmp_path, data, flag, value, expected):
+    code, err = train(capsys, flag, value, data=data, tmp=tmp_path)
+    assert code == 2
+    assert expected in err
+
+
+def test_min_workers_above_max_workers(capsys, tmp_path, data):
+    code, err = train(capsys, "--workers", "2", "--min-workers", "3", "--max-workers", "2", data=data, tmp=tmp_path)
+    assert code == 2
+    assert "--min-workers (3) is greater than --max-workers (2)" in err
+
+
+def test_train_help_reads_like_torchrun(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["train", "--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    for flag in ("--model-def", "--training-data", "--workers", "--global-batch-size", "--max-micro-batch",
+                 "--lr", "--job-dir", "--epochs"):
+        assert flag in out
+
+
+def test_status_of_unknown_job(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["status", "nosuchjob"]) == 2
+    assert "no job 'nosuchjob'" in capsys.readouterr().err
