@@ -31,12 +31,12 @@ def _add_train(sub) -> None:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     g = p.add_argument_group("model and data")
-    g.add_argument("--model-def", required=True, metavar="MODULE:NAME",
+    g.add_argument("--model-def", metavar="MODULE:NAME",
                    help="model-zoo module and model callable: path/to/module.py:Name or package.module.Name")
-    g.add_argument("--training-data", required=True, metavar="DIR", help="directory (or file) of RecordIO/CSV training data")
+    g.add_argument("--training-data", metavar="DIR", help="directory (or file) of RecordIO/CSV training data")
     g.add_argument("--validation-data", metavar="DIR", help="evaluated with eval_metrics_fn at the end of training")
     g = p.add_argument_group("workers")
-    g.add_argument("--workers", type=int, default=1, help="number of workers to start")
+    g.add_argument("--workers", type=int, help="number of workers to start (default 1)")
     g.add_argument("--min-workers", type=int, help="fewest workers a round may train with (default: --workers)")
     g.add_argument("--max-workers", type=int, help="most workers the job may scale to (default: --workers)")
     g = p.add_argument_group("training")
@@ -57,7 +57,12 @@ def _add_train(sub) -> None:
     g.add_argument("--checkpoint-steps", type=int, default=0, help="checkpoint every N optimizer steps (0: at the end only)")
     g.add_argument("--rendezvous-timeout", type=float, default=10.0, help="seconds a round waits for stragglers")
     g.add_argument("--worker-timeout", type=float, default=60.0, help="seconds of silence after which a worker counts as hung")
-    g.add_argument("--relaunch-budget", type=int, default=3, help="relaunches per worker slot before the job gives up")
+    g.add_argument("--relaunch-budget", type=int, default=3, help="relaunches per worker slot before giving up relaunching")
+    g.add_argument("--min-workers-timeout", type=float, default=300.0,
+                   help="seconds the job waits with fewer than --min-workers alive before it fails")
+    g.add_argument("--resume", metavar="JOBDIR",
+                   help="continue a stopped or failed job from its latest checkpoint (model, optimizer and data "
+                        "position); --workers/--min-workers/--max-workers may be changed")
     g.add_argument("--no-progress", action="store_true", help="no live progress bar (log lines instead)")
 
 
@@ -88,14 +93,27 @@ def build_spec(args):
     job_dir = args.job_dir or str(DEFAULT_JOBS_DIR / name)
     return JobSpec(
         name=name, model_def=_model_def_abs(args.model_def), training_data=_abs(args.training_data),
-        validation_data=_abs(args.validation_data), job_dir=_abs(job_dir), workers=args.workers,
+        validation_data=_abs(args.validation_data), job_dir=_abs(job_dir), workers=1 if args.workers is None else args.workers,
         min_workers=args.min_workers, max_workers=args.max_workers, epochs=args.epochs,
         global_batch_size=args.global_batch_size, max_micro_batch=args.max_micro_batch,
         learning_rate=args.learning_rate, seed=args.seed, shuffle=args.shuffle,
         steps_per_task=args.steps_per_task, max_task_retries=args.max_task_retries,
         checkpoint_steps=args.checkpoint_steps, rendezvous_timeout=args.rendezvous_timeout,
         worker_timeout=args.worker_timeout, relaunch_budget=args.relaunch_budget,
+        min_workers_timeout=args.min_workers_timeout,
     )
+
+
+def resume_spec(args):
+    """The stored JobSpec of a job directory, with the worker counts optionally changed."""
+    from flextrain.job import JobSpec
+
+    path = Path(args.resume) / "jobspec.json"
+    if not path.is_file():
+        raise CLIError(f"--resume {args.resume}: {path} not found (not a flextrain job directory)")
+    spec = JobSpec.from_json(path.read_text())
+    changes = {k: getattr(args, k) for k in ("workers", "min_workers", "max_workers") if getattr(args, k) is not None}
+    return spec.replace(**changes) if changes else spec
 
 
 def cmd_train(args) -> int:
@@ -104,8 +122,12 @@ def cmd_train(args) -> int:
     from flextrain.master.main import run_master
     from flextrain.worker.module import ModelDefError, load_model_def
 
+    if not args.resume:
+        missing = [f for f in ("model_def", "training_data") if not getattr(args, f)]
+        if missing:
+            raise CLIError(f"--{missing[0].replace('_', '-')} is required (unless --resume JOBDIR)")
     try:
-        spec = build_spec(args).validate()
+        spec = (resume_spec(args) if args.resume else build_spec(args)).validate()
         # Everything checkable is checked before a single process starts.
         load_model_def(spec.model_def)
         make_shards(spec.training_data, what="training data")
@@ -113,8 +135,13 @@ def cmd_train(args) -> int:
             make_shards(spec.validation_data, what="validation data")
     except (JobSpecError, ModelDefError, DataError) as exc:
         raise CLIError(str(exc)) from exc
+    from flextrain.master.main import ResumeError
+
     show = sys.stderr.isatty() and not args.no_progress
-    return run_master(spec, show_progress=show)
+    try:
+        return run_master(spec, show_progress=show, resume=bool(args.resume))
+    except ResumeError as exc:
+        raise CLIError(str(exc)) from exc
 
 
 # ---- status / stop / scale ----------------------------------------------------

@@ -62,6 +62,8 @@ class JobSpec:
     rendezvous_timeout: float = 10.0
     # Seconds without a heartbeat after which a worker counts as hung.
     worker_timeout: float = 60.0
+    # Seconds a job waits with fewer than min_workers alive before it fails.
+    min_workers_timeout: float = 300.0
     # Times a crashed worker is relaunched before the job gives up on it.
     relaunch_budget: int = 3
 

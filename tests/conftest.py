@@ -1,19 +1,10 @@
-"""Shared fixtures: demo data written once per session, and a runner for the CLI."""
+"""Shared fixtures: the digits demo data, written once per session."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[1]
-MODEL_ZOO = REPO / "model_zoo"
-DIGITS_MODEL = f"{MODEL_ZOO / 'digits_torch.py'}:Model"
 
 
 @pytest.fixture(scope="session")
@@ -23,29 +14,3 @@ def digits_data(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("digits")
     write_digits(out)
     return out
-
-
-def flextrain_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "flextrain", *args]
-
-
-def run_flextrain(*args: str, timeout: float = 240, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    """Run the real CLI in a child process (which launches real worker processes)."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.run(flextrain_cmd(*args), capture_output=True, text=True, timeout=timeout,
-                          cwd=cwd, env=env)
-
-
-def read_status(job_dir: Path) -> dict:
-    return json.loads((job_dir / "status.json").read_text())
-
-
-def wait_for(predicate, *, timeout: float, what: str, interval: float = 0.1):
-    """Poll ``predicate`` until it returns a truthy value (observing another process's state)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")

@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 
 from flextrain.job import JobSpec
+from flextrain.master.checkpoints import CheckpointStore
 from flextrain.master.ledger import Task, TaskKind, TaskLedger
 from flextrain.master.rendezvous import Rendezvous, Round, RoundState
 from flextrain.proto import flextrain_pb2 as pb
@@ -38,6 +39,8 @@ class WorkerInfo:
     position: pb.Position
     loss: float = math.nan
     samples: int = 0
+    in_collective: bool = False
+    stalled_seconds: float = 0.0
 
 
 _KIND = {TaskKind.TRAINING: pb.Task.TRAINING, TaskKind.EVALUATION: pb.Task.EVALUATION}
@@ -51,7 +54,8 @@ def task_message(task: Task) -> pb.Task:
 
 
 class JobMaster:
-    def __init__(self, spec: JobSpec, ledger: TaskLedger, *, clock=time.monotonic) -> None:
+    def __init__(self, spec: JobSpec, ledger: TaskLedger, *, checkpoints: CheckpointStore | None = None,
+                 clock=time.monotonic) -> None:
         self.spec = spec
         self.ledger = ledger
         self.clock = clock
@@ -74,8 +78,14 @@ class JobMaster:
         self.last_loss = math.nan
         self.store_host = "127.0.0.1"
         self.store_port = 0
-        self.restore_checkpoint = ""
+        self.restore_checkpoint = ""  # what the first round's rank 0 loads (resume)
         self.final_checkpoint: str | None = None
+        self.checkpoints = checkpoints
+        self.initial_ledger = ledger.to_dict()  # rollback target when no checkpoint exists
+        self.retiring: set[str] = set()  # scaled away: told to stop at the next rendezvous
+        self.stopping: str | None = None  # stop reason while waiting for the stop checkpoint
+        self.short_since: float | None = None  # since when fewer than min workers are alive
+        self.events: list[str] = []
         self.started = time.time()
         self.finished: float | None = None
 
@@ -122,10 +132,43 @@ class JobMaster:
                 self.finish(Phase.FAILED, f"{worker_id} (rank 0 of the last round) exited before "
                             "saving the final checkpoint")
             self.alive.discard(worker_id)
+            self.retiring.discard(worker_id)
             self.ledger.release_owner(worker_id)
             self.rendezvous.drop(worker_id)
             self.assigned.pop(worker_id, None)
             self.cond.notify_all()
+
+    def retire(self, worker_id: str) -> None:
+        """Scale-down: the worker leaves at the next step boundary and is told to exit."""
+        with self.cond:
+            self.retiring.add(worker_id)
+            self.alive.discard(worker_id)
+            self.rendezvous.drop_waiter(worker_id)
+            rnd = self.rendezvous.current
+            if rnd is not None and worker_id in rnd.members:
+                self.rendezvous.request_end()
+            self.cond.notify_all()
+
+    def note(self, message: str) -> None:
+        """An event worth showing the user (status message, log)."""
+        with self.cond:
+            self.events.append(message)
+            if not self.over:
+                self.message = message
+
+    def request_stop(self, reason: str) -> tuple[bool, str]:
+        """Stop at the next step boundary, after rank 0 writes a checkpoint."""
+        with self.cond:
+            if self.over:
+                return False, f"job already {self.phase.value}"
+            self.stopping = reason
+            rnd = self.rendezvous.current
+            if rnd is None or rnd.state is RoundState.CLOSED or self.ledger.training_finished():
+                self.finish(Phase.FAILED, f"stopped: {reason}")
+            else:
+                self.message = f"stopping: {reason}"
+            self.cond.notify_all()
+            return True, "stopping at the next step boundary"
 
     # ---- RPC logic -------------------------------------------------------------
     def register(self, worker_id: str) -> None:
@@ -144,7 +187,8 @@ class JobMaster:
             self.rendezvous.join(worker_id, position, self.clock())
             deadline = self.clock() + wait
             while True:
-                if self.over:
+                if self.over or self.stopping or worker_id in self.retiring:
+                    self.rendezvous.drop_waiter(worker_id)
                     return pb.JoinRendezvousResponse(action=pb.JoinRendezvousResponse.STOP, message=self.message)
                 self._maybe_form()
                 rnd = self.assigned.get(worker_id)
@@ -165,17 +209,34 @@ class JobMaster:
         if not self.rendezvous.ready(self.alive, self.clock()):
             return
         previous = self.rendezvous.current
-        rnd, waiters = self.rendezvous.form(restore_checkpoint=self.restore_checkpoint)
-        if previous is not None:
-            self._settle(previous, waiters)
-        if rnd.version == 0 and self.restore_checkpoint:
+        rnd, waiters = self.rendezvous.form(previous_round=previous.round_id if previous else None)
+        if previous is None:
             rnd.restore_checkpoint = self.restore_checkpoint
+        elif any(w.position.round_id == previous.round_id for w in waiters):
+            self._settle(previous, waiters)
+        else:
+            self._rollback(rnd)
+        self.short_since = None
         for wid in rnd.members:
             self.assigned[wid] = rnd
         self.rounds_formed += 1
         if self.phase is Phase.PENDING:
             self.phase = Phase.RUNNING
         self.cond.notify_all()
+
+    def _rollback(self, rnd: Round) -> None:
+        """No member of the last round survived: its model state is gone.
+
+        Go back to the latest checkpoint (or the very start) for both the model
+        and the ledger, so what was applied since is applied again exactly once.
+        """
+        latest = self.checkpoints.latest() if self.checkpoints else None
+        self.ledger.restore(latest["ledger"] if latest else self.initial_ledger)
+        rnd.restore_checkpoint = latest["checkpoint"] if latest else ""
+        rnd.version = latest["version"] if latest else 0
+        where = f"checkpoint {latest['checkpoint']}" if latest else "the start (no checkpoint yet)"
+        self.events.append(f"round {rnd.round_id}: no worker of the last round survived; resuming from {where}")
+        self.message = self.events[-1]
 
     def _settle(self, old: Round, waiters) -> None:
         """Account the closed round's tasks by its most advanced survivor."""
@@ -196,7 +257,7 @@ class JobMaster:
         with self.cond:
             self._touch(req.worker_id, req.position)
             if req.kind == pb.Task.EVALUATION:
-                if self.over:
+                if self.over or self.stopping or req.worker_id in self.retiring:
                     return pb.GetTaskResponse(action=pb.GetTaskResponse.STOP, message=self.message)
                 return self._evaluation_task(req.worker_id)
             return self._training_task(req)
@@ -228,7 +289,7 @@ class JobMaster:
         return pb.GetTaskResponse(action=action, message=self.message)
 
     def _decide(self, rnd: Round) -> tuple[int, int]:
-        if self.over:
+        if self.over or self.stopping:
             return pb.GetTaskResponse.STOP, -1
         if rnd.state is RoundState.CLOSING:
             return pb.GetTaskResponse.END_ROUND, -1
@@ -270,22 +331,43 @@ class JobMaster:
     def report_checkpoint(self, req: pb.ReportCheckpointRequest) -> None:
         with self.cond:
             self._touch(req.worker_id, req.position)
+            if self.checkpoints is not None:
+                self.checkpoints.record(checkpoint=req.path, version=req.position.version,
+                                        ledger=self._ledger_at(req.position), final=req.final)
             if req.final:
                 self.final_checkpoint = req.path
+            if req.stop and self.stopping:
+                self.finish(Phase.FAILED, f"stopped: {self.stopping}; checkpoint at step "
+                            f"{req.position.version}: resume with `flextrain train --resume {self.spec.job_dir}`")
             self._check_outcome()
             self.cond.notify_all()
+
+    def _ledger_at(self, pos: pb.Position) -> dict:
+        """Ledger snapshot matching a model that committed exactly up to ``pos``."""
+        rnd = self.rendezvous.current
+        if rnd is None or rnd.round_id != pos.round_id or pos.task_index >= len(rnd.answers):
+            return self.ledger.snapshot()
+        action, task_id = rnd.answers[pos.task_index]
+        task = self.ledger.doing.get(task_id)
+        if action != pb.GetTaskResponse.RUN or task is None:
+            return self.ledger.snapshot()
+        if pos.steps_done >= task.steps:
+            return self.ledger.snapshot(done_task=task_id)
+        return self.ledger.snapshot(partial=(task_id, pos.steps_done))
 
     def heartbeat(self, req: pb.HeartbeatRequest) -> pb.HeartbeatResponse:
         with self.cond:
             info = self._touch(req.worker_id, req.position)
-            if info is not None and req.samples:
-                info.loss, info.samples = req.loss, info.samples + req.samples
-                self.last_loss = req.loss
+            if info is not None:
+                info.in_collective, info.stalled_seconds = req.in_collective, req.stalled_seconds
+                if req.samples:
+                    info.loss, info.samples = req.loss, info.samples + req.samples
+                    self.last_loss = req.loss
             rnd = self.assigned.get(req.worker_id)
             end = rnd is not None and (
                 rnd.round_id != req.position.round_id or rnd.state is not RoundState.ACTIVE
             )
-            return pb.HeartbeatResponse(end_round=end, stop=self.over)
+            return pb.HeartbeatResponse(end_round=end, stop=self.over or bool(self.stopping))
 
     def _touch(self, worker_id: str, position: pb.Position) -> WorkerInfo | None:
         info = self.workers.get(worker_id)
@@ -298,6 +380,37 @@ class JobMaster:
             info.position.CopyFrom(position)
             self.step = max(self.step, position.version)
         return info
+
+    # ---- time-driven checks (the master's main loop calls this) ---------------
+    def tick(self) -> list[tuple[str, str]]:
+        """Check deadlines; returns ``(worker_id, why)`` for members that hang."""
+        with self.cond:
+            now = self.clock()
+            self._maybe_form()
+            if self.over or self.ledger.training_finished():
+                return []
+            rnd = self.rendezvous.current
+            if rnd is None or rnd.state is RoundState.CLOSED:
+                if len(self.alive) < self.spec.effective_min_workers:
+                    self.short_since = self.short_since or now
+                    if now - self.short_since > self.spec.min_workers_timeout:
+                        latest = self.checkpoints.latest() if self.checkpoints else None
+                        kept = f"; latest checkpoint: {latest['checkpoint']}" if latest else ""
+                        self.finish(Phase.FAILED, (
+                            f"only {len(self.alive)} worker(s) alive, fewer than --min-workers "
+                            f"{self.spec.effective_min_workers}, for {self.spec.min_workers_timeout:.0f}s{kept}"))
+                return []
+            limit, hung = self.spec.worker_timeout, []
+            for wid in rnd.members:
+                info = self.workers.get(wid)
+                if wid not in self.alive or info is None:
+                    continue
+                silent = now - info.last_seen
+                if silent > limit:
+                    hung.append((wid, f"no heartbeat for {silent:.0f}s"))
+                elif not info.in_collective and info.stalled_seconds + silent > limit:
+                    hung.append((wid, f"no training progress for {info.stalled_seconds + silent:.0f}s"))
+            return hung
 
     # ---- observation ---------------------------------------------------------
     def records_done(self) -> int:

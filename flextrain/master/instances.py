@@ -29,6 +29,8 @@ class InstanceManager:
         on_launch: Callable[[str], None],
         on_exit: Callable[[str, int], None],
         on_budget_exhausted: Callable[[str], None],
+        on_retire: Callable[[str], None],
+        retire_grace: float = 30.0,
     ) -> None:
         self.backend = backend
         self.desired = desired
@@ -38,6 +40,9 @@ class InstanceManager:
         self._on_launch = on_launch
         self._on_exit = on_exit
         self._on_budget_exhausted = on_budget_exhausted
+        self._on_retire = on_retire
+        self.retire_grace = retire_grace
+        self.budget_exhausted = False
         self._lock = threading.Lock()
         self._next_index = 0
         self._stopping: set[str] = set()  # asked to stop by us: not a failure
@@ -64,11 +69,21 @@ class InstanceManager:
             if self.closed:
                 return
             running = sorted(self.backend.running() - self._stopping, key=_index)
-            for _ in range(self.desired - len(running)):
-                self._launch_one()
+            if not self.budget_exhausted:
+                for _ in range(self.desired - len(running)):
+                    self._launch_one()
             for worker_id in running[self.desired :][::-1]:
+                # Graceful: the worker leaves at a step boundary and exits by itself;
+                # it is terminated only if it has not done so after a grace period.
                 self._stopping.add(worker_id)
-                self.backend.terminate(worker_id)
+                self._on_retire(worker_id)
+                timer = threading.Timer(self.retire_grace, self.backend.terminate, args=(worker_id,))
+                timer.daemon = True
+                timer.start()
+
+    def kill(self, worker_id: str) -> None:
+        """Kill a worker that hangs; its exit counts as a failure and it is replaced."""
+        self.backend.terminate(worker_id, force=True)
 
     def scale(self, desired: int) -> None:
         with self._lock:
@@ -87,9 +102,11 @@ class InstanceManager:
             return
         log.warning("%s exited with code %d", worker_id, code)
         if self.failures > self.relaunch_budget * max(1, self.desired):
+            with self._lock:
+                self.budget_exhausted = True
             self._on_budget_exhausted(
-                f"workers failed {self.failures} times (relaunch budget "
-                f"{self.relaunch_budget} per worker); last: {worker_id} exited with code {code}"
+                f"workers failed {self.failures} times, over the relaunch budget of "
+                f"{self.relaunch_budget} per worker; not relaunching (last: {worker_id} exited with code {code})"
             )
             return
         self.reconcile()

@@ -215,6 +215,31 @@ class TaskLedger:
             "todo": [task_dict(t) for t in (*self.doing.values(), *self.todo)],
         }
 
+    def snapshot(self, *, done_task: int | None = None, partial: tuple[int, int] | None = None) -> dict:
+        """The ledger as it stands for a model that applied exactly up to a position.
+
+        A checkpoint is taken at a step boundary; by the time the master hears
+        of it the round may have moved on by at most that boundary: the task
+        the checkpoint finished (``done_task``) may still be DOING, or the task
+        it is inside (``partial = (task_id, steps_done)``) is DOING. Other
+        DOING tasks were not started by that model and go back to TODO whole.
+        """
+        state = self.to_dict()
+        todo = []
+        for entry in state["todo"]:
+            if entry["task_id"] == done_task and entry["task_id"] in self.doing:
+                state["records_done"] += entry["end"] - entry["start"]
+                continue
+            if partial is not None and entry["task_id"] == partial[0] and entry["task_id"] in self.doing:
+                applied = self.doing[partial[0]].records_in_steps(partial[1])
+                state["records_done"] += applied
+                entry = {**entry, "start": entry["start"] + applied}
+                if entry["start"] >= entry["end"]:
+                    continue
+            todo.append(entry)
+        state["todo"] = todo
+        return state
+
     def restore(self, state: dict) -> None:
         self.epoch = state["epoch"]
         self.records_done = state["records_done"]

@@ -19,18 +19,24 @@ from rich.console import Console
 
 from flextrain.data import make_shards
 from flextrain.job import JobSpec
+from flextrain.master.checkpoints import CheckpointStore
 from flextrain.master.coordinator import JobMaster, Phase
 from flextrain.master.instances import InstanceManager
 from flextrain.master.launcher import LaunchBackend, LocalProcessBackend
 from flextrain.master.ledger import TaskLedger
 from flextrain.master.servicer import MasterServicer, start_server
-from flextrain.master.status import StatusReporter, write_json_atomic
+from flextrain.master.status import StatusReporter
 
 log = logging.getLogger(__name__)
 
 HEARTBEAT_INTERVAL = 0.5
 STATUS_INTERVAL = 0.5
 EXIT_GRACE = 15.0
+STOP_GRACE = 30.0  # how long a stop waits for the workers' stop checkpoint
+
+
+class ResumeError(RuntimeError):
+    pass
 
 
 def build_ledger(spec: JobSpec) -> TaskLedger:
@@ -51,6 +57,7 @@ def run_master(
     backend: LaunchBackend | None = None,
     show_progress: bool = False,
     console: Console | None = None,
+    resume: bool = False,
 ) -> int:
     import torch.distributed as dist  # heavy import: only the master process needs it here
 
@@ -58,7 +65,19 @@ def run_master(
     job_dir = Path(spec.job_dir)
     job_dir.mkdir(parents=True, exist_ok=True)
     (job_dir / "jobspec.json").write_text(spec.to_json() + "\n")
-    job = JobMaster(spec, build_ledger(spec))
+    store_dir = CheckpointStore(job_dir / "checkpoints")
+    ledger = build_ledger(spec)
+    job = JobMaster(spec, ledger, checkpoints=store_dir)
+    if resume:
+        latest = store_dir.latest()
+        if latest is not None:
+            if latest["final"]:
+                raise ResumeError(f"{job_dir} already finished training (final checkpoint {latest['checkpoint']})")
+            ledger.restore(latest["ledger"])
+            job.restore_checkpoint, job.step = latest["checkpoint"], latest["version"]
+            job.note(f"resumed from {latest['checkpoint']} (step {latest['version']})")
+        else:
+            job.note(f"no checkpoint in {store_dir.directory}: starting from the beginning")
 
     # One long-lived TCPStore for the whole job; every round uses its own
     # key prefix over it, which is what makes re-forming gloo groups cheap.
@@ -66,14 +85,13 @@ def run_master(
     job.store_host, job.store_port = host, store.port
 
     backend = backend or LocalProcessBackend(log_dir=job_dir / "logs")
-    stop_requested = threading.Event()
+    stop_requested: list[float] = []
 
     def stop(reason: str) -> tuple[bool, str]:
-        if job.over:
-            return False, f"job already {job.phase.value}"
-        stop_requested.set()
-        job.finish(Phase.FAILED, f"stopped: {reason}")
-        return True, "stopping"
+        accepted, message = job.request_stop(reason)
+        if accepted:
+            stop_requested.append(time.monotonic())
+        return accepted, message
 
     manager: InstanceManager | None = None
 
@@ -104,7 +122,7 @@ def run_master(
         worker_args=lambda wid: ("worker", "--master", address, "--worker-id", wid),
         worker_env=lambda wid: {"FLEXTRAIN_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"},
         on_launch=job.worker_launched, on_exit=lambda wid, code: job.worker_exited(wid),
-        on_budget_exhausted=lambda msg: job.finish(Phase.FAILED, msg),
+        on_budget_exhausted=job.note, on_retire=job.retire,
     )
     previous = _install_signal_handlers(lambda: stop("interrupted"))
     try:
@@ -113,6 +131,11 @@ def run_master(
         while not job.over:
             with job.cond:
                 job.cond.wait(STATUS_INTERVAL)
+            for worker_id, why in job.tick():
+                job.note(f"{worker_id} hangs ({why}): killing it; its task is recovered")
+                manager.kill(worker_id)
+            if stop_requested and time.monotonic() - stop_requested[0] > STOP_GRACE:
+                job.finish(Phase.FAILED, f"stopped: {job.stopping} (no stop checkpoint within {STOP_GRACE:.0f}s)")
             if time.monotonic() - last >= STATUS_INTERVAL:
                 reporter.update()
                 last = time.monotonic()
@@ -158,4 +181,4 @@ def _restore_signal_handlers(previous) -> None:
         signal.signal(sig, handler)
 
 
-__all__ = ["run_master", "build_ledger", "write_json_atomic"]
+__all__ = ["run_master", "build_ledger", "ResumeError"]

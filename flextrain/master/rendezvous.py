@@ -97,6 +97,9 @@ class Rendezvous:
             return rnd
         return None
 
+    def drop_waiter(self, worker_id: str) -> None:
+        self.waiting.pop(worker_id, None)
+
     def ready(self, alive: set[str], now: float) -> bool:
         if self.current is not None and self.current.state is not RoundState.CLOSED:
             return False
@@ -108,10 +111,15 @@ class Rendezvous:
         first = min(w.since for w in self.waiting.values())
         return now - first >= self.timeout
 
-    def form(self, *, restore_checkpoint: str = "") -> tuple[Round, list[Waiter]]:
-        """Form a round of the waiting workers; returns it and the waiters used."""
+    def form(self, *, previous_round: int | None) -> tuple[Round, list[Waiter]]:
+        """Form a round of the waiting workers; returns it and the waiters used.
+
+        Survivors of ``previous_round`` rank first (highest version first): a
+        worker back from an older round holds a state the job has moved past.
+        """
         waiters = sorted(
-            self.waiting.values(), key=lambda w: (-w.position.version, w.since, w.worker_id)
+            self.waiting.values(),
+            key=lambda w: (w.position.round_id != previous_round, -w.position.version, w.since, w.worker_id),
         )[: self.max_workers]
         for w in waiters:
             del self.waiting[w.worker_id]
@@ -119,7 +127,6 @@ class Rendezvous:
             round_id=self.next_round_id,
             members=[w.worker_id for w in waiters],
             version=waiters[0].position.version,
-            restore_checkpoint=restore_checkpoint,
         )
         self.next_round_id += 1
         self.current = rnd

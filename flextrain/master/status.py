@@ -7,7 +7,6 @@ directory and status"); it is rewritten atomically (temp file + rename), so
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
@@ -18,6 +17,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from flextrain.master.checkpoints import write_json_atomic
 from flextrain.master.coordinator import JobMaster
 
 
@@ -25,12 +25,6 @@ def iso(ts: float | None) -> str | None:
     if ts is None:
         return None
     return datetime.fromtimestamp(ts, timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
-
-
-def write_json_atomic(path: Path, data: dict) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
 
 
 class StatusReporter:

@@ -183,16 +183,20 @@ class ReportTaskResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("worker_id", "position", "loss", "samples")
+    __slots__ = ("worker_id", "position", "loss", "samples", "in_collective", "stalled_seconds")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     POSITION_FIELD_NUMBER: _ClassVar[int]
     LOSS_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    IN_COLLECTIVE_FIELD_NUMBER: _ClassVar[int]
+    STALLED_SECONDS_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     position: Position
     loss: float
     samples: int
-    def __init__(self, worker_id: _Optional[str] = ..., position: _Optional[_Union[Position, _Mapping]] = ..., loss: _Optional[float] = ..., samples: _Optional[int] = ...) -> None: ...
+    in_collective: bool
+    stalled_seconds: float
+    def __init__(self, worker_id: _Optional[str] = ..., position: _Optional[_Union[Position, _Mapping]] = ..., loss: _Optional[float] = ..., samples: _Optional[int] = ..., in_collective: _Optional[bool] = ..., stalled_seconds: _Optional[float] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
     __slots__ = ("end_round", "stop")
@@ -203,16 +207,18 @@ class HeartbeatResponse(_message.Message):
     def __init__(self, end_round: _Optional[bool] = ..., stop: _Optional[bool] = ...) -> None: ...
 
 class ReportCheckpointRequest(_message.Message):
-    __slots__ = ("worker_id", "path", "position", "final")
+    __slots__ = ("worker_id", "path", "position", "final", "stop")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
     POSITION_FIELD_NUMBER: _ClassVar[int]
     FINAL_FIELD_NUMBER: _ClassVar[int]
+    STOP_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     path: str
     position: Position
     final: bool
-    def __init__(self, worker_id: _Optional[str] = ..., path: _Optional[str] = ..., position: _Optional[_Union[Position, _Mapping]] = ..., final: _Optional[bool] = ...) -> None: ...
+    stop: bool
+    def __init__(self, worker_id: _Optional[str] = ..., path: _Optional[str] = ..., position: _Optional[_Union[Position, _Mapping]] = ..., final: _Optional[bool] = ..., stop: _Optional[bool] = ...) -> None: ...
 
 class ReportCheckpointResponse(_message.Message):
     __slots__ = ()

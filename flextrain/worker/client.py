@@ -81,14 +81,16 @@ class MasterClient:
                                  error=error, metric_sums=metric_sums or {}, samples=samples),
         )
 
-    def report_checkpoint(self, path: str, position: pb.Position, *, final: bool) -> None:
+    def report_checkpoint(self, path: str, position: pb.Position, *, final: bool, stop: bool = False) -> None:
         self._call("ReportCheckpoint", pb.ReportCheckpointRequest(
-            worker_id=self.worker_id, path=path, position=position, final=final))
+            worker_id=self.worker_id, path=path, position=position, final=final, stop=stop))
 
-    def heartbeat(self, position: pb.Position, loss: float, samples: int) -> pb.HeartbeatResponse:
+    def heartbeat(self, position: pb.Position, loss: float, samples: int, *, in_collective: bool = False,
+                  stalled_seconds: float = 0.0) -> pb.HeartbeatResponse:
         return self._call(
             "Heartbeat",
-            pb.HeartbeatRequest(worker_id=self.worker_id, position=position, loss=loss, samples=samples),
+            pb.HeartbeatRequest(worker_id=self.worker_id, position=position, loss=loss, samples=samples,
+                                in_collective=in_collective, stalled_seconds=stalled_seconds),
             deadline=5.0,
         )
 

@@ -13,7 +13,6 @@ import logging
 import os
 import threading
 import time
-from pathlib import Path
 
 import torch
 
@@ -34,7 +33,8 @@ def _heartbeat_loop(client: MasterClient, state: WorkerState, interval: float, d
     while not done.wait(interval):
         loss, samples = state.take_loss()
         try:
-            resp = client.heartbeat(state.position(), loss, samples)
+            resp = client.heartbeat(state.position(), loss, samples, in_collective=state.in_collective,
+                                    stalled_seconds=time.monotonic() - state.progressed)
         except MasterUnreachable as exc:
             log.error("%s", exc)
             state.stop.set()
@@ -90,6 +90,7 @@ def _train(spec, client, collective, trainer, state) -> bool:
         if resp.action == pb.JoinRendezvousResponse.WAIT:
             continue
         state.end_round.clear()
+        state.mark_progress()
         try:
             collective.join_round(host=resp.store_host, port=resp.store_port, round_id=resp.round_id,
                                   rank=resp.rank, world_size=resp.world_size)
@@ -105,21 +106,16 @@ def _train(spec, client, collective, trainer, state) -> bool:
             continue
         if outcome == pb.GetTaskResponse.NO_MORE:
             if collective.rank == 0:
-                path = _save_final(spec, trainer)
-                client.report_checkpoint(str(path), state.position(), final=True)
+                trainer.checkpoint(final=True)
             return True
         if outcome == pb.GetTaskResponse.STOP:
+            if collective.rank == 0 and state.version > 0:
+                try:  # the job is stopping: leave a checkpoint a resumed job continues from
+                    trainer.checkpoint(stop=True)
+                except MasterUnreachable as exc:
+                    log.error("stop checkpoint not reported: %s", exc)
             return False
         reason, detail = "round_changed", ""
-
-
-def _save_final(spec: JobSpec, trainer: AllReduceTrainer) -> Path:
-    ckpt_dir = Path(spec.job_dir) / "checkpoints"
-    ckpt_dir.mkdir(parents=True, exist_ok=True)
-    tmp = ckpt_dir / ".final.ckpt.tmp"
-    tmp.write_bytes(trainer.state_blob())
-    os.replace(tmp, ckpt_dir / "final.ckpt")
-    return ckpt_dir / "final.ckpt"
 
 
 def _evaluate(spec, client, model_def, model) -> None:

@@ -13,13 +13,19 @@ two control slots that ride along in the same all-reduce:
   this step boundary; the sum makes every member agree on the same boundary.
 * ``FAILED`` - some member could not read or ``feed`` its records; nobody
   applies the step, the failing member has already reported the task.
+* ``STOP`` - the job is stopping: after this step rank 0 writes a checkpoint
+  (reported with its exact position, so a resumed job applies every record
+  once) and every member exits.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import threading
+import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -32,8 +38,8 @@ from flextrain.worker.client import MasterClient
 from flextrain.worker.collective import Collective
 from flextrain.worker.module import FeedMetadata, Mode, ModelDef, ModelDefError
 
-END_ROUND, FAILED = 0, 1
-_CONTROL_SLOTS = 2
+END_ROUND, FAILED, STOP = 0, 1, 2
+_CONTROL_SLOTS = 3
 
 
 @dataclass
@@ -46,6 +52,8 @@ class WorkerState:
     version: int = 0
     loss_sum: float = 0.0
     loss_samples: int = 0
+    in_collective: bool = False
+    progressed: float = field(default_factory=time.monotonic)
     end_round: threading.Event = field(default_factory=threading.Event)
     stop: threading.Event = field(default_factory=threading.Event)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -53,6 +61,9 @@ class WorkerState:
     def position(self) -> pb.Position:
         return pb.Position(round_id=self.round_id, task_index=self.task_index,
                            steps_done=self.steps_done, version=self.version)
+
+    def mark_progress(self) -> None:
+        self.progressed = time.monotonic()
 
     def add_loss(self, loss_sum: float, samples: int) -> None:
         with self.lock:
@@ -167,19 +178,19 @@ class AllReduceTrainer:
         """Train until the round ends; returns the GetTask action that ended it."""
         index = 0
         while True:
-            if self.state.stop.is_set():
-                return pb.GetTaskResponse.STOP
             self.state.task_index, self.state.steps_done = index, 0
             resp = self.client.get_task(round_id=self.state.round_id, task_index=index,
                                         position=self.state.position())
+            self.state.mark_progress()
             if resp.action != pb.GetTaskResponse.RUN:
                 return resp.action
-            if not self.run_task(resp.task):
-                return pb.GetTaskResponse.END_ROUND
+            outcome = self.run_task(resp.task)
+            if outcome is not None:
+                return outcome
             index += 1
 
-    def run_task(self, task: pb.Task) -> bool:
-        """Run every step of ``task``; False when the round must end at a step boundary."""
+    def run_task(self, task: pb.Task) -> int | None:
+        """Run every step of ``task``; returns END_ROUND/STOP when the round ends inside it."""
         G = task.global_batch_size
         meta = FeedMetadata(task.source, task.start, task.end, task.epoch)
         steps = -(-(task.end - task.start) // G)
@@ -197,18 +208,43 @@ class AllReduceTrainer:
                 loss_sum, n = 0.0, 0
             if self.state.end_round.is_set():
                 self.control[END_ROUND] = 1.0
+            if self.state.stop.is_set():
+                self.control[STOP] = 1.0
             self._gather_grads()
-            self.collective.all_reduce_sum(self.flat)
-            if self.control[FAILED].item() > 0:
-                return not self.control[END_ROUND].item() > 0  # skip the rest of the task
-            self.optimizer.step()
-            with self.state.lock:
-                self.state.version += 1
-                self.state.steps_done = j + 1
-            self.state.add_loss(loss_sum, n)
-            if self.control[END_ROUND].item() > 0:
-                return False
-        return True
+            self.state.in_collective = True
+            try:
+                self.collective.all_reduce_sum(self.flat)
+            finally:
+                self.state.in_collective = False
+            control = self.control.tolist()
+            if control[FAILED] == 0:
+                self.optimizer.step()
+                with self.state.lock:
+                    self.state.version += 1
+                    self.state.steps_done = j + 1
+                self.state.add_loss(loss_sum, n)
+            self.state.mark_progress()
+            every = self.spec.checkpoint_steps
+            if control[STOP] > 0:
+                return pb.GetTaskResponse.STOP  # the caller writes the stop checkpoint
+            if self.collective.rank == 0 and every and control[FAILED] == 0 and self.state.version % every == 0:
+                self.checkpoint()
+            if control[END_ROUND] > 0:
+                return pb.GetTaskResponse.END_ROUND
+            if control[FAILED] > 0:
+                return None  # skip the rest of the failed task; go on with the next one
+        return None
+
+    def checkpoint(self, *, final: bool = False, stop: bool = False) -> Path:
+        """Write model + optimizer state and tell the master where the round stands."""
+        directory = Path(self.spec.job_dir) / "checkpoints"
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / ("final.ckpt" if final else f"ckpt-{self.state.version:09d}.ckpt")
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_bytes(self.state_blob())
+        os.replace(tmp, path)  # a reader never sees half a checkpoint
+        self.client.report_checkpoint(str(path), self.state.position(), final=final, stop=stop)
+        return path
 
     def _compute(self, task: pb.Task, meta: FeedMetadata, step_start: int, plan) -> tuple[float, int]:
         rank = self.collective.rank

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import DIGITS_MODEL, REPO
+from ft_helpers import DIGITS_MODEL, REPO
 from flextrain.cli import main
 
 

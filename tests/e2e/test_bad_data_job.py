@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import DIGITS_MODEL, read_status, run_flextrain
+from ft_helpers import DIGITS_MODEL, read_status, run_flextrain
 from flextrain.data import RecordIOReader, read_records, write_records
 
 pytestmark = pytest.mark.e2e

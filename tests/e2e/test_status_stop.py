@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from conftest import DIGITS_MODEL, flextrain_cmd, read_status, run_flextrain, wait_for
+from ft_helpers import DIGITS_MODEL, flextrain_cmd, read_status, run_flextrain, wait_for
 
 pytestmark = pytest.mark.e2e
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import DIGITS_MODEL, read_status, run_flextrain
+from ft_helpers import DIGITS_MODEL, read_status, run_flextrain
 from flextrain.data import read_records
 from flextrain.elastic.statecodec import decode
 
