@@ -85,18 +85,28 @@ def decode(data: bytes | bytearray | memoryview) -> Any:
     start = _PREFIX.size + header_len
     if start > len(view):
         raise StateCodecError("state blob header truncated")
-    header = json.loads(bytes(view[_PREFIX.size : start]))
+    try:
+        header = json.loads(bytes(view[_PREFIX.size : start]))
+        tree, metas = header["tree"], header["tensors"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise StateCodecError(f"state blob header is corrupt: {exc}") from exc
     tensors = []
     offset = start
-    for meta in header["tensors"]:
-        dtype = _DTYPES.get(meta["dtype"])
+    for meta in metas:
+        dtype = _DTYPES.get(meta.get("dtype"))
         if dtype is None:
-            raise StateCodecError(f"unknown tensor dtype {meta['dtype']!r}")
+            raise StateCodecError(f"unknown tensor dtype {meta.get('dtype')!r}")
         end = offset + meta["nbytes"]
         if end > len(view):
             raise StateCodecError("state blob tensor data truncated")
-        raw = torch.frombuffer(bytearray(view[offset:end]), dtype=torch.uint8)
-        tensors.append(raw.view(dtype).reshape(meta["shape"]).clone())
+        try:
+            if meta["nbytes"] == 0:
+                tensors.append(torch.empty(meta["shape"], dtype=dtype))
+            else:
+                raw = torch.frombuffer(bytearray(view[offset:end]), dtype=torch.uint8)
+                tensors.append(raw.view(dtype).reshape(meta["shape"]).clone())
+        except RuntimeError as exc:
+            raise StateCodecError(f"tensor {len(tensors)} does not match its shape/dtype: {exc}") from exc
         offset = end
 
     def build(node: dict) -> Any:
@@ -111,4 +121,7 @@ def decode(data: bytes | bytearray | memoryview) -> Any:
             return [build(v) for v in value]
         return value
 
-    return build(header["tree"])
+    try:
+        return build(tree)
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
+        raise StateCodecError(f"state blob skeleton is corrupt: {exc}") from exc

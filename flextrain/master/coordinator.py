@@ -39,8 +39,9 @@ class WorkerInfo:
     position: pb.Position
     loss: float = math.nan
     samples: int = 0
-    in_collective: bool = False
+    waiting_for_peers: bool = False
     stalled_seconds: float = 0.0
+    pid: int = 0
 
 
 _KIND = {TaskKind.TRAINING: pb.Task.TRAINING, TaskKind.EVALUATION: pb.Task.EVALUATION}
@@ -66,7 +67,8 @@ class JobMaster:
             timeout=spec.rendezvous_timeout,
         )
         self.workers: dict[str, WorkerInfo] = {}
-        self.alive: set[str] = set()  # launched or registered, not seen exiting
+        self.launched: set[str] = set()  # started, not registered yet
+        self.alive: set[str] = set()  # registered, not seen exiting
         self.assigned: dict[str, Round] = {}  # worker -> round it was placed in
         self.phase = Phase.PENDING
         self.message = ""
@@ -121,7 +123,7 @@ class JobMaster:
     # ---- membership (launch backend side) --------------------------------------
     def worker_launched(self, worker_id: str) -> None:
         with self.cond:
-            self.alive.add(worker_id)
+            self.launched.add(worker_id)
             self.cond.notify_all()
 
     def worker_exited(self, worker_id: str) -> None:
@@ -132,6 +134,7 @@ class JobMaster:
                 self.finish(Phase.FAILED, f"{worker_id} (rank 0 of the last round) exited before "
                             "saving the final checkpoint")
             self.alive.discard(worker_id)
+            self.launched.discard(worker_id)
             self.retiring.discard(worker_id)
             self.ledger.release_owner(worker_id)
             self.rendezvous.drop(worker_id)
@@ -171,10 +174,11 @@ class JobMaster:
             return True, "stopping at the next step boundary"
 
     # ---- RPC logic -------------------------------------------------------------
-    def register(self, worker_id: str) -> None:
+    def register(self, worker_id: str, *, pid: int = 0) -> None:
         with self.cond:
             now = self.clock()
-            self.workers[worker_id] = WorkerInfo(worker_id, now, now, pb.Position(round_id=-1))
+            self.workers[worker_id] = WorkerInfo(worker_id, now, now, pb.Position(round_id=-1), pid=pid)
+            self.launched.discard(worker_id)
             self.alive.add(worker_id)
             if self.rendezvous.current is not None:
                 self.rendezvous.request_end()  # a newcomer: re-form at the next step boundary
@@ -183,8 +187,16 @@ class JobMaster:
     def join(self, worker_id: str, position: pb.Position, *, wait: float) -> pb.JoinRendezvousResponse:
         with self.cond:
             self._touch(worker_id, position)
-            self.assigned.pop(worker_id, None)
-            self.rendezvous.join(worker_id, position, self.clock())
+            rnd = self.rendezvous.current
+            placed = self.assigned.get(worker_id)
+            if placed is not None and placed is rnd and rnd.state is not RoundState.CLOSED \
+                    and position.round_id != rnd.round_id:
+                pass  # re-asking after a WAIT: the round formed meanwhile is its own
+            else:
+                self.assigned.pop(worker_id, None)
+                self.rendezvous.join(worker_id, position, self.clock())
+                if rnd is not None and rnd.state is RoundState.ACTIVE and worker_id not in rnd.members:
+                    self.rendezvous.request_end()  # a straggler: let it in at the next step boundary
             deadline = self.clock() + wait
             while True:
                 if self.over or self.stopping or worker_id in self.retiring:
@@ -206,7 +218,11 @@ class JobMaster:
                 self.cond.wait(min(left, 0.05))  # time-based readiness (straggler timeout)
 
     def _maybe_form(self) -> None:
-        if not self.rendezvous.ready(self.alive, self.clock()):
+        # The first round waits for every worker started; later ones only for
+        # registered workers: a newcomer still importing torch must not stall
+        # the survivors of a failure (it joins at a later step boundary).
+        expected = self.alive | self.launched if self.rounds_formed == 0 else self.alive
+        if not self.rendezvous.ready(expected, self.clock()):
             return
         previous = self.rendezvous.current
         rnd, waiters = self.rendezvous.form(previous_round=previous.round_id if previous else None)
@@ -359,14 +375,14 @@ class JobMaster:
         with self.cond:
             info = self._touch(req.worker_id, req.position)
             if info is not None:
-                info.in_collective, info.stalled_seconds = req.in_collective, req.stalled_seconds
+                info.waiting_for_peers, info.stalled_seconds = req.waiting_for_peers, req.stalled_seconds
                 if req.samples:
                     info.loss, info.samples = req.loss, info.samples + req.samples
                     self.last_loss = req.loss
-            rnd = self.assigned.get(req.worker_id)
-            end = rnd is not None and (
-                rnd.round_id != req.position.round_id or rnd.state is not RoundState.ACTIVE
-            )
+            rnd = self.rendezvous.current
+            # Only the round the worker is in can be ended; a worker still adopting a
+            # newer round reports its previous round id and is left alone.
+            end = rnd is not None and rnd.round_id == req.position.round_id and rnd.state is not RoundState.ACTIVE
             return pb.HeartbeatResponse(end_round=end, stop=self.over or bool(self.stopping))
 
     def _touch(self, worker_id: str, position: pb.Position) -> WorkerInfo | None:
@@ -383,33 +399,36 @@ class JobMaster:
 
     # ---- time-driven checks (the master's main loop calls this) ---------------
     def tick(self) -> list[tuple[str, str]]:
-        """Check deadlines; returns ``(worker_id, why)`` for members that hang."""
+        """Check deadlines; returns ``(worker_id, why)`` for workers that hang."""
         with self.cond:
             now = self.clock()
             self._maybe_form()
-            if self.over or self.ledger.training_finished():
+            if self.over:
                 return []
             rnd = self.rendezvous.current
-            if rnd is None or rnd.state is RoundState.CLOSED:
-                if len(self.alive) < self.spec.effective_min_workers:
+            training = not self.ledger.training_finished()
+            if training and (rnd is None or rnd.state is RoundState.CLOSED):
+                present = len(self.alive | self.launched)
+                if present < self.spec.effective_min_workers:
                     self.short_since = self.short_since or now
                     if now - self.short_since > self.spec.min_workers_timeout:
                         latest = self.checkpoints.latest() if self.checkpoints else None
-                        kept = f"; latest checkpoint: {latest['checkpoint']}" if latest else ""
+                        kept = f"; latest checkpoint kept: {latest['checkpoint']}" if latest else ""
                         self.finish(Phase.FAILED, (
-                            f"only {len(self.alive)} worker(s) alive, fewer than --min-workers "
+                            f"only {present} worker(s) alive, fewer than --min-workers "
                             f"{self.spec.effective_min_workers}, for {self.spec.min_workers_timeout:.0f}s{kept}"))
-                return []
+                else:
+                    self.short_since = None
             limit, hung = self.spec.worker_timeout, []
-            for wid in rnd.members:
+            for wid in sorted(self.alive):
                 info = self.workers.get(wid)
-                if wid not in self.alive or info is None:
+                if info is None:
                     continue
                 silent = now - info.last_seen
                 if silent > limit:
                     hung.append((wid, f"no heartbeat for {silent:.0f}s"))
-                elif not info.in_collective and info.stalled_seconds + silent > limit:
-                    hung.append((wid, f"no training progress for {info.stalled_seconds + silent:.0f}s"))
+                elif not info.waiting_for_peers and info.stalled_seconds + silent > limit:
+                    hung.append((wid, f"no progress for {info.stalled_seconds + silent:.0f}s"))
             return hung
 
     # ---- observation ---------------------------------------------------------
@@ -430,6 +449,14 @@ class JobMaster:
             if action == pb.GetTaskResponse.RUN and task is not None:
                 done += task.records_in_steps(best.steps_done)
         return done
+
+    def members(self) -> list[dict]:
+        """The active round's members in rank order, with their process ids."""
+        rnd = self.rendezvous.current
+        if rnd is None or rnd.state is RoundState.CLOSED or self.over:
+            return []
+        return [{"id": m, "rank": r, "pid": self.workers[m].pid if m in self.workers else 0,
+                 "round": rnd.round_id} for r, m in enumerate(rnd.members)]
 
     def active_workers(self) -> int:
         rnd = self.rendezvous.current

@@ -120,7 +120,8 @@ def run_master(
     manager = InstanceManager(
         backend, desired=spec.workers, relaunch_budget=spec.relaunch_budget,
         worker_args=lambda wid: ("worker", "--master", address, "--worker-id", wid),
-        worker_env=lambda wid: {"FLEXTRAIN_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"},
+        worker_env=lambda wid: {"FLEXTRAIN_NUM_THREADS": str(threads), "FLEXTRAIN_WORKER_ID": wid,
+                                "PYTHONUNBUFFERED": "1"},
         on_launch=job.worker_launched, on_exit=lambda wid, code: job.worker_exited(wid),
         on_budget_exhausted=job.note, on_retire=job.retire,
     )

@@ -33,7 +33,7 @@ class MasterServicer(pb_grpc.MasterServicer):
         self.heartbeat_interval = heartbeat_interval
 
     def RegisterWorker(self, request, context):
-        self.job.register(request.worker_id)
+        self.job.register(request.worker_id, pid=request.pid)
         return pb.RegisterWorkerResponse(
             job_spec_json=self.job.spec.to_json(), heartbeat_interval=self.heartbeat_interval
         )

@@ -69,6 +69,7 @@ class StatusReporter:
                 "phase": job.phase.value,
                 "message": job.message,
                 "workers": {"desired": self._desired(), "active": job.active_workers()},
+                "members": job.members(),
                 "epoch": min(job.spec.epochs, done // per_epoch + 1) if per_epoch else 0,
                 "epochs": job.spec.epochs,
                 "step": job.step,

@@ -183,20 +183,20 @@ class ReportTaskResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("worker_id", "position", "loss", "samples", "in_collective", "stalled_seconds")
+    __slots__ = ("worker_id", "position", "loss", "samples", "waiting_for_peers", "stalled_seconds")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     POSITION_FIELD_NUMBER: _ClassVar[int]
     LOSS_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
-    IN_COLLECTIVE_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FOR_PEERS_FIELD_NUMBER: _ClassVar[int]
     STALLED_SECONDS_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     position: Position
     loss: float
     samples: int
-    in_collective: bool
+    waiting_for_peers: bool
     stalled_seconds: float
-    def __init__(self, worker_id: _Optional[str] = ..., position: _Optional[_Union[Position, _Mapping]] = ..., loss: _Optional[float] = ..., samples: _Optional[int] = ..., in_collective: _Optional[bool] = ..., stalled_seconds: _Optional[float] = ...) -> None: ...
+    def __init__(self, worker_id: _Optional[str] = ..., position: _Optional[_Union[Position, _Mapping]] = ..., loss: _Optional[float] = ..., samples: _Optional[int] = ..., waiting_for_peers: _Optional[bool] = ..., stalled_seconds: _Optional[float] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
     __slots__ = ("end_round", "stop")

@@ -49,13 +49,12 @@ class MasterClient:
                 time.sleep(delay)  # backoff between retries of a failed call
                 delay = min(delay * 2, 2.0)
 
-    def register(self) -> pb.RegisterWorkerResponse:
-        import os
+    def register(self, *, pid: int) -> pb.RegisterWorkerResponse:
         import socket
 
         return self._call(
             "RegisterWorker",
-            pb.RegisterWorkerRequest(worker_id=self.worker_id, host=socket.gethostname(), pid=os.getpid()),
+            pb.RegisterWorkerRequest(worker_id=self.worker_id, host=socket.gethostname(), pid=pid),
         )
 
     def join(self, position: pb.Position, reason: str, detail: str = "") -> pb.JoinRendezvousResponse:
@@ -85,12 +84,12 @@ class MasterClient:
         self._call("ReportCheckpoint", pb.ReportCheckpointRequest(
             worker_id=self.worker_id, path=path, position=position, final=final, stop=stop))
 
-    def heartbeat(self, position: pb.Position, loss: float, samples: int, *, in_collective: bool = False,
+    def heartbeat(self, position: pb.Position, loss: float, samples: int, *, waiting_for_peers: bool = False,
                   stalled_seconds: float = 0.0) -> pb.HeartbeatResponse:
         return self._call(
             "Heartbeat",
             pb.HeartbeatRequest(worker_id=self.worker_id, position=position, loss=loss, samples=samples,
-                                in_collective=in_collective, stalled_seconds=stalled_seconds),
+                                waiting_for_peers=waiting_for_peers, stalled_seconds=stalled_seconds),
             deadline=5.0,
         )
 

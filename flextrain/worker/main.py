@@ -33,7 +33,7 @@ def _heartbeat_loop(client: MasterClient, state: WorkerState, interval: float, d
     while not done.wait(interval):
         loss, samples = state.take_loss()
         try:
-            resp = client.heartbeat(state.position(), loss, samples, in_collective=state.in_collective,
+            resp = client.heartbeat(state.position(), loss, samples, waiting_for_peers=state.waiting,
                                     stalled_seconds=time.monotonic() - state.progressed)
         except MasterUnreachable as exc:
             log.error("%s", exc)
@@ -53,7 +53,7 @@ def run_worker(master: str, worker_id: str) -> int:
     if threads > 0:
         torch.set_num_threads(threads)
     client = MasterClient(master, worker_id)
-    reg = client.register()
+    reg = client.register(pid=os.getpid())
     spec = JobSpec.from_json(reg.job_spec_json)
     model_def = load_model_def(spec.model_def)
     torch.manual_seed(spec.seed)
@@ -73,7 +73,7 @@ def run_worker(master: str, worker_id: str) -> int:
         if samples:  # the losses since the last heartbeat: the job's final training loss
             client.heartbeat(state.position(), loss, samples)
         if finished:
-            _evaluate(spec, client, model_def, model)
+            _evaluate(spec, client, model_def, model, state)
     finally:
         done.set()
         collective.leave()
@@ -84,19 +84,23 @@ def _train(spec, client, collective, trainer, state) -> bool:
     """Rounds until training is over; True when it finished, False when told to stop."""
     reason, detail = "start", ""
     while True:
-        resp = client.join(state.position(), reason, detail)
+        state.waiting = True
+        try:
+            resp = client.join(state.position(), reason, detail)
+        finally:
+            state.waiting = False
+            state.mark_progress()
         if resp.action == pb.JoinRendezvousResponse.STOP:
             return False
         if resp.action == pb.JoinRendezvousResponse.WAIT:
             continue
         state.end_round.clear()
-        state.mark_progress()
+        with state.lock:  # adopt the round before anything can report a position
+            state.round_id, state.task_index, state.steps_done = resp.round_id, 0, 0
         try:
             collective.join_round(host=resp.store_host, port=resp.store_port, round_id=resp.round_id,
                                   rank=resp.rank, world_size=resp.world_size)
             trainer.sync_state(restore_from=resp.restore_checkpoint)
-            with state.lock:
-                state.round_id, state.task_index, state.steps_done = resp.round_id, 0, 0
             log.info("round %d: rank %d of %d at version %d", resp.round_id, resp.rank,
                      resp.world_size, state.version)
             outcome = trainer.run_round()
@@ -118,10 +122,12 @@ def _train(spec, client, collective, trainer, state) -> bool:
         reason, detail = "round_changed", ""
 
 
-def _evaluate(spec, client, model_def, model) -> None:
+def _evaluate(spec, client, model_def, model, state) -> None:
     batch = spec.effective_max_micro_batch
     while True:
-        resp = client.get_task(round_id=-1, task_index=0, position=pb.Position(), kind=pb.Task.EVALUATION)
+        state.mark_progress()
+        resp = client.get_task(round_id=-1, task_index=0, position=pb.Position(round_id=-1),
+                               kind=pb.Task.EVALUATION)
         if resp.action == pb.GetTaskResponse.RUN:
             try:
                 sums, n = evaluate_task(model_def, model, resp.task, batch_size=batch)

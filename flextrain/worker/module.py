@@ -98,6 +98,27 @@ class ModelDef:
         return metrics
 
 
+_ELASTICDL_CONSTANTS = "elasticdl.python.common.constants"
+
+
+def _install_elasticdl_shim() -> None:
+    """Make ``from elasticdl.python.common.constants import Mode`` give flextrain's Mode.
+
+    ElasticDL modules import it; they must run unchanged without an
+    ``elasticdl`` package installed. A real installed package is left alone.
+    """
+    if _ELASTICDL_CONSTANTS in sys.modules or importlib.util.find_spec("elasticdl") is not None:
+        return
+    parts = _ELASTICDL_CONSTANTS.split(".")
+    for i in range(1, len(parts) + 1):
+        name = ".".join(parts[:i])
+        module = sys.modules.setdefault(name, ModuleType(name))
+        module.__path__ = []  # a package, so the next level can be imported
+        if i > 1:
+            setattr(sys.modules[".".join(parts[: i - 1])], parts[i - 1], module)
+    sys.modules[_ELASTICDL_CONSTANTS].Mode = Mode
+
+
 def _split_spec(spec: str) -> tuple[str, str]:
     if ":" in spec:
         target, name = spec.rsplit(":", 1)
@@ -182,6 +203,7 @@ def _require(module: ModuleType, where: str, name: str, usage: str, nargs: int, 
 def load_model_def(spec: str) -> ModelDef:
     """Import the module named by ``--model-def`` and check the contract."""
     target, name = _split_spec(spec)
+    _install_elasticdl_shim()
     module = _import(target, spec)
     where = getattr(module, "__file__", target)
     model_fn = getattr(module, name, None)

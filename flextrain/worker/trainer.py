@@ -52,7 +52,7 @@ class WorkerState:
     version: int = 0
     loss_sum: float = 0.0
     loss_samples: int = 0
-    in_collective: bool = False
+    waiting: bool = False  # blocked on peers: a collective or the rendezvous
     progressed: float = field(default_factory=time.monotonic)
     end_round: threading.Event = field(default_factory=threading.Event)
     stop: threading.Event = field(default_factory=threading.Event)
@@ -192,7 +192,6 @@ class AllReduceTrainer:
     def run_task(self, task: pb.Task) -> int | None:
         """Run every step of ``task``; returns END_ROUND/STOP when the round ends inside it."""
         G = task.global_batch_size
-        meta = FeedMetadata(task.source, task.start, task.end, task.epoch)
         steps = -(-(task.end - task.start) // G)
         for j in range(steps):
             step_start = task.start + j * G
@@ -200,7 +199,7 @@ class AllReduceTrainer:
             plan = plan_step(step_size, self.collective.world_size, self.spec.effective_max_micro_batch)
             self._zero()
             try:
-                loss_sum, n = self._compute(task, meta, step_start, plan)
+                loss_sum, n = self._compute(task, step_start, plan)
             except Exception as exc:  # bad data or a failing feed: the task fails, the round goes on
                 self._zero()
                 self.client.report_task(task.task_id, ok=False, steps_done=j, error=describe(exc))
@@ -211,11 +210,11 @@ class AllReduceTrainer:
             if self.state.stop.is_set():
                 self.control[STOP] = 1.0
             self._gather_grads()
-            self.state.in_collective = True
+            self.state.waiting = True
             try:
                 self.collective.all_reduce_sum(self.flat)
             finally:
-                self.state.in_collective = False
+                self.state.waiting = False
             control = self.control.tolist()
             if control[FAILED] == 0:
                 self.optimizer.step()
@@ -246,12 +245,13 @@ class AllReduceTrainer:
         self.client.report_checkpoint(str(path), self.state.position(), final=final, stop=stop)
         return path
 
-    def _compute(self, task: pb.Task, meta: FeedMetadata, step_start: int, plan) -> tuple[float, int]:
+    def _compute(self, task: pb.Task, step_start: int, plan) -> tuple[float, int]:
         rank = self.collective.rank
         lo, hi = plan.span(rank)
         if hi == lo:
             return 0.0, 0
         records = read_shard_range(task.source, step_start + lo, step_start + hi)
+        meta = FeedMetadata(task.source, step_start + lo, step_start + hi, task.epoch)
         features, labels = feed_tensors(self.model_def, records, Mode.TRAINING, meta)
         self.model.train()
         loss_sum = 0.0

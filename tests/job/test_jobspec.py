@@ -1,0 +1,121 @@
+"""JobSpec validation and JSON round-trip."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from flextrain.job import Backend, JobSpec, JobSpecError, Strategy
+
+
+def spec(**changes) -> JobSpec:
+    base = JobSpec(name="digits", model_def="model_zoo/digits_torch.py:Model",
+                   training_data="/data/train", job_dir="/tmp/jobs/digits")
+    return base.replace(**changes)
+
+
+def test_defaults_validate_and_validate_returns_self():
+    s = spec()
+    assert s.validate() is s
+    assert (s.effective_min_workers, s.effective_max_workers) == (1, 1)
+    assert s.effective_max_micro_batch == s.global_batch_size == 64
+    assert s.checkpoint_dir.as_posix() == "/tmp/jobs/digits/checkpoints"
+
+
+@pytest.mark.parametrize(
+    "changes, needle",
+    [
+        (dict(workers=0), "--workers must be a positive integer, got 0"),
+        (dict(workers=-2), "--workers must be a positive integer"),
+        (dict(workers=True), "--workers must be a positive integer"),
+        (dict(workers=1.5), "--workers must be a positive integer"),
+        (dict(epochs=0), "--epochs must be a positive integer"),
+        (dict(global_batch_size=0), "--global-batch-size must be a positive integer"),
+        (dict(global_batch_size=-64), "--global-batch-size must be a positive integer"),
+        (dict(steps_per_task=0), "--steps-per-task must be a positive integer"),
+        (dict(max_micro_batch=0), "--max-micro-batch must be a positive integer"),
+        (dict(min_workers=0), "--min-workers must be a positive integer"),
+        (dict(max_workers=-1), "--max-workers must be a positive integer"),
+        (dict(workers=2, min_workers=3, max_workers=2), "--min-workers (3) is greater than --max-workers (2)"),
+        (dict(min_workers=2), "--min-workers (2) is greater than --max-workers (1)"),
+        (dict(workers=5, min_workers=1, max_workers=4), "--workers (5) must lie between --min-workers (1)"),
+        (dict(workers=1, min_workers=2, max_workers=4), "--workers (1) must lie between"),
+        (dict(learning_rate=0.0), "--lr must be positive"),
+        (dict(learning_rate=-0.1), "--lr must be positive"),
+        (dict(learning_rate=float("nan")), "--lr must be positive"),
+        (dict(max_task_retries=-1), "--max-task-retries"),
+        (dict(checkpoint_steps=-1), "--checkpoint-steps"),
+        (dict(model_def=""), "--model-def is required"),
+        (dict(training_data=""), "--training-data is required"),
+    ],
+)
+def test_bad_field_names_the_flag(changes, needle):
+    with pytest.raises(JobSpecError) as info:
+        spec(**changes).validate()
+    assert needle in str(info.value)
+
+
+@pytest.mark.parametrize("name", ["", "Digits", "my_job", "-job", "job-", "job.one", "a" * 54, "jöb"])
+def test_bad_job_name(name):
+    with pytest.raises(JobSpecError, match="job name"):
+        spec(name=name).validate()
+
+
+@pytest.mark.parametrize("name", ["a", "job-1", "0abc", "a" * 53])
+def test_good_job_names(name):
+    assert spec(name=name).validate().name == name
+
+
+def test_valid_elastic_range():
+    s = spec(workers=3, min_workers=1, max_workers=8, max_micro_batch=16, learning_rate=0.1).validate()
+    assert (s.effective_min_workers, s.effective_max_workers, s.effective_max_micro_batch) == (1, 8, 16)
+
+
+def test_job_spec_error_is_value_error():
+    assert issubclass(JobSpecError, ValueError)
+
+
+def test_json_round_trip_all_fields():
+    s = spec(
+        validation_data="/data/val", strategy=Strategy.PARAMETER_SERVER, backend=Backend.KUBERNETES,
+        workers=3, min_workers=2, max_workers=5, epochs=4, global_batch_size=100, max_micro_batch=16,
+        learning_rate=0.05, seed=9, shuffle=True, steps_per_task=3, max_task_retries=0,
+        checkpoint_steps=50, rendezvous_timeout=2.5, worker_timeout=30.0, relaunch_budget=7,
+    )
+    text = s.to_json()
+    data = json.loads(text)
+    assert data["strategy"] == "ParameterServer" and data["backend"] == "kubernetes"
+    assert set(data) == {f.name for f in dataclasses.fields(JobSpec)}
+    back = JobSpec.from_json(text)
+    assert back == s
+    assert back.strategy is Strategy.PARAMETER_SERVER and back.backend is Backend.KUBERNETES
+    assert back.to_json() == text
+
+
+def test_json_round_trip_defaults_and_nones():
+    s = spec()
+    back = JobSpec.from_json(s.to_json())
+    assert back == s
+    assert back.min_workers is None and back.learning_rate is None and back.validation_data is None
+
+
+def test_from_json_defaults_missing_optional_fields():
+    back = JobSpec.from_json(json.dumps({"name": "x", "model_def": "m.py:M", "training_data": "d", "job_dir": "j"}))
+    assert back.strategy is Strategy.ALLREDUCE and back.backend is Backend.LOCAL and back.workers == 1
+
+
+def test_from_json_rejects_unknown_fields():
+    data = json.loads(spec().to_json())
+    data["gpus"] = 2
+    data["zeta"] = 1
+    with pytest.raises(JobSpecError, match="unknown JobSpec fields: gpus, zeta"):
+        JobSpec.from_json(json.dumps(data))
+
+
+def test_from_json_rejects_unknown_strategy():
+    data = json.loads(spec().to_json())
+    data["strategy"] = "Horovod"
+    with pytest.raises(ValueError):
+        JobSpec.from_json(json.dumps(data))
