@@ -38,3 +38,24 @@ def wait_for(predicate, *, timeout: float, what: str, interval: float = 0.1):
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+COUNTING_MODEL = f"{Path(__file__).resolve().parent / 'e2e' / 'zoo' / 'counting_digits.py'}:Model"
+
+
+def counting_data(digits_dir: Path, out: Path, *, records: int = 1408) -> Path:
+    """One training file of the first ``records`` digits (a multiple of the global batch)."""
+    from flextrain.data import read_records, write_records
+
+    out.mkdir(parents=True, exist_ok=True)
+    source = sorted((digits_dir / "train").glob("*.rio"))[0]
+    write_records(out / "part-0.rio", read_records(source)[:records], max_chunk_size=64 * 1024)
+    return out
+
+
+def seen_counts(job_dir: Path, name: str = "final.ckpt"):
+    """The per-record application counts held in a checkpoint of the counting model."""
+    from flextrain.elastic.statecodec import decode
+
+    state = decode((job_dir / "checkpoints" / name).read_bytes())
+    return state["model"]["seen"], state["version"]

@@ -88,6 +88,7 @@ class JobMaster:
         self.stopping: str | None = None  # stop reason while waiting for the stop checkpoint
         self.short_since: float | None = None  # since when fewer than min workers are alive
         self.events: list[str] = []
+        self.round_history: list[dict] = []  # every round formed: who, from which version
         self.started = time.time()
         self.finished: float | None = None
 
@@ -233,6 +234,10 @@ class JobMaster:
         else:
             self._rollback(rnd)
         self.short_since = None
+        self.round_history.append({
+            "round": rnd.round_id, "version": rnd.version, "time": round(time.time(), 3),
+            "members": [{"id": m, "pid": self.workers[m].pid if m in self.workers else 0} for m in rnd.members],
+        })
         for wid in rnd.members:
             self.assigned[wid] = rnd
         self.rounds_formed += 1

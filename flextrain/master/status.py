@@ -80,6 +80,8 @@ class StatusReporter:
                 "metrics": metrics,
                 "samplesPerSecond": round(rate, 1),
                 "rounds": job.rounds_formed,
+                "roundHistory": job.round_history[-50:],
+                "events": job.events[-20:],
                 "startTime": iso(job.started),
                 "completionTime": iso(job.finished),
                 "masterAddress": self.master_address,

@@ -7,7 +7,9 @@ with live ones. gloo on CPU; nccl when CUDA is present.
 
 Any failure inside a collective (a peer died, a timeout) surfaces as
 :class:`CollectiveError`: the caller leaves the round and re-joins the
-rendezvous; the process itself carries on.
+rendezvous; the process itself carries on. The group is torn down *before*
+the error is raised: closing our connections makes every peer still blocked
+on us fail at once too, instead of waiting out the collective timeout.
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ class Collective:
         try:
             dist.all_reduce(flat, op=dist.ReduceOp.SUM)
         except Exception as exc:
+            self.leave()
             raise CollectiveError(f"all_reduce in round {self.round_id} failed: {exc}") from exc
 
     def broadcast_bytes(self, data: bytes | None, *, src: int = 0) -> bytes:
@@ -77,5 +80,6 @@ class Collective:
                 buf = torch.empty(int(size.item()), dtype=torch.uint8)
             dist.broadcast(buf, src=src)
         except Exception as exc:
+            self.leave()
             raise CollectiveError(f"broadcast in round {self.round_id} failed: {exc}") from exc
         return data if self.rank == src else buf.numpy().tobytes()

@@ -1,0 +1,238 @@
+"""Workers die, hang and join while a job runs: training carries on in-process,
+the global batch stays fixed, and every record is applied exactly once per epoch.
+
+The counting model (tests/e2e/zoo/counting_digits.py) keeps, in its own state,
+how often each training record reached a committed optimizer step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+
+import pytest
+
+from ft_helpers import (COUNTING_MODEL, counting_data, flextrain_cmd, read_status, run_flextrain,
+                        seen_counts, wait_for)
+
+pytestmark = pytest.mark.e2e
+
+G = 32
+
+
+def start_job(data, digits_data, job_dir, *extra, env=None):
+    cmd = flextrain_cmd(
+        "train", "--model-def", COUNTING_MODEL, "--training-data", str(data),
+        "--global-batch-size", str(G), "--max-micro-batch", "8", "--lr", "0.05", "--job-dir", str(job_dir), *extra,
+    )
+    env = {**os.environ, "FT_COUNT_G": str(G), **(env or {})}
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def status(job_dir):
+    return read_status(job_dir) if (job_dir / "status.json").exists() else None
+
+
+def last_round(job_dir):
+    s = status(job_dir)
+    return s["roundHistory"][-1] if s and s["roundHistory"] and s["phase"] == "Running" else None
+
+
+def alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def finish(proc, timeout=300):
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        proc.kill()
+    return proc.returncode, err
+
+
+def test_kill_one_of_three_survivors_continue_in_process_then_a_new_worker_joins(digits_data, tmp_path):
+    data = counting_data(digits_data, tmp_path / "data")
+    job_dir = tmp_path / "job"
+    epochs = 60
+    proc = start_job(data, digits_data, job_dir, "--validation-data", str(digits_data / "validation"),
+                     "--workers", "3", "--min-workers", "1", "--max-workers", "4", "--epochs", str(epochs))
+    try:
+        first = wait_for(lambda: (r := last_round(job_dir)) and len(r["members"]) == 3 and
+                         status(job_dir)["step"] > 20 and r, timeout=120, what="3 workers training")
+        victim = first["members"][1]
+        survivors = {m["id"]: m["pid"] for m in first["members"] if m is not victim}
+        os.kill(victim["pid"], signal.SIGKILL)
+
+        def rounds_after():
+            s = status(job_dir)
+            return [r for r in s["roundHistory"] if r["round"] > first["round"]] if s else []
+
+        # survivors re-form a round of two, same processes (no restart) ...
+        two = wait_for(lambda: [r for r in rounds_after() if len(r["members"]) == 2], timeout=60,
+                       what="a round of the two survivors")[0]
+        assert {m["id"]: m["pid"] for m in two["members"]} == survivors
+        assert all(alive(pid) for pid in survivors.values())
+        assert two["version"] > first["version"]  # training went on from where it was
+        # ... then the replacement joins and the job is back to three
+        three = wait_for(lambda: [r for r in rounds_after() if len(r["members"]) == 3], timeout=60,
+                         what="the replacement joining")[0]
+        ids = {m["id"] for m in three["members"]}
+        assert set(survivors) < ids and victim["id"] not in ids
+        assert {m["pid"] for m in three["members"] if m["id"] in survivors} == set(survivors.values())
+        code, err = finish(proc)
+    finally:
+        proc.kill()
+    assert code == 0, err
+    final = read_status(job_dir)
+    assert final["phase"] == "Succeeded"
+    assert final["metrics"]["accuracy"] > 0.90
+    seen, version = seen_counts(job_dir)
+    assert version == epochs * 1408 // G
+    assert seen.min().item() == seen.max().item() == epochs  # each record once per epoch
+
+
+def applied_at_checkpoint(job_dir):
+    """Per-record counts of the latest checkpoint and the records its ledger still owes."""
+    meta = json.loads((job_dir / "checkpoints" / "latest.json").read_text())
+    seen, version = seen_counts(job_dir, os.path.basename(meta["checkpoint"]))
+    ledger = json.loads(open(meta["ledger"]).read())
+    return seen, version, ledger
+
+
+def test_exactly_once_across_many_kills_joins_and_scaling(digits_data, tmp_path):
+    data = counting_data(digits_data, tmp_path / "data")
+    job_dir = tmp_path / "job"
+    proc = start_job(data, digits_data, job_dir, "--workers", "3", "--min-workers", "1", "--max-workers", "4",
+                     "--epochs", "1000", "--relaunch-budget", "20", "--steps-per-task", "4")
+    rng = random.Random(1)
+    events = 0
+    try:
+        seen_round = -1
+        for kill in range(6):
+            rnd = wait_for(lambda: (r := last_round(job_dir)) and r["round"] >= seen_round and
+                           len(r["members"]) >= 2 and all(alive(m["pid"]) for m in r["members"]) and
+                           status(job_dir)["step"] > r["version"] + 5 and r,
+                           timeout=120, what=f"a fresh round training before kill {kill}")
+            victim = rnd["members"][rng.randrange(len(rnd["members"]))] if kill != 2 else rnd["members"][0]
+            os.kill(victim["pid"], signal.SIGKILL)  # kill 2 takes rank 0, the state broadcaster
+            events += 1
+            # the replacement must join before the next kill
+            joined = wait_for(lambda: (r := last_round(job_dir)) and r["round"] > rnd["round"] and
+                              any(m["id"] not in {x["id"] for x in rnd["members"]} for m in r["members"]) and r,
+                              timeout=120, what=f"a replacement after kill {kill}")
+            events += 1
+            seen_round = joined["round"]
+            if kill == 2:
+                refused = run_flextrain("scale", str(job_dir), "9")
+                assert refused.returncode == 2 and "cannot scale to 9 workers" in refused.stderr
+                assert run_flextrain("scale", str(job_dir), "4").returncode == 0
+                seen_round = wait_for(lambda: (r := last_round(job_dir)) and len(r["members"]) == 4 and r,
+                                      timeout=120, what="scale up to 4")["round"]
+                events += 1
+            if kill == 4:
+                assert run_flextrain("scale", str(job_dir), "2").returncode == 0
+                seen_round = wait_for(lambda: (r := last_round(job_dir)) and len(r["members"]) == 2 and r,
+                                      timeout=120, what="scale down to 2")["round"]
+                events += 1
+        assert status(job_dir)["phase"] == "Running", "the job must still run after all the churn"
+        assert run_flextrain("stop", str(job_dir)).returncode == 0
+        code, err = finish(proc)
+    finally:
+        proc.kill()
+    assert events >= 10
+    assert code == 1 and "resume with" in read_status(job_dir)["message"], err
+    assert read_status(job_dir)["rounds"] >= 12
+    # Exactly once, checked at the stop checkpoint: the model saw `version` full steps
+    # of G records; every record was applied `epoch` or `epoch + 1` times, and the ones
+    # applied only `epoch` times are exactly the ones the ledger still owes this epoch.
+    seen, version, ledger = applied_at_checkpoint(job_dir)
+    assert int(seen.sum().item()) == version * G
+    epoch, done_in_epoch = divmod(version * G, 1408)
+    assert ledger["epoch"] == epoch and ledger["records_done"] == version * G
+    owed = {i for t in ledger["todo"] if t["epoch"] == epoch for i in range(t["start"], t["end"])}
+    assert len(owed) == 1408 - done_in_epoch
+    counts = seen.tolist()
+    assert {i for i, c in enumerate(counts) if c == epoch} == owed
+    assert all(c == epoch + 1 for i, c in enumerate(counts) if i not in owed)
+
+
+def test_hung_worker_is_replaced_and_its_task_recovered(digits_data, tmp_path):
+    data = counting_data(digits_data, tmp_path / "data")
+    job_dir = tmp_path / "job"
+    trigger = tmp_path / "hang-now"
+    epochs = 60
+    proc = start_job(data, digits_data, job_dir, "--workers", "3", "--epochs", str(epochs),
+                     "--worker-timeout", "3", "--min-workers", "2", "--max-workers", "3",
+                     env={"FT_HANG_WORKER": "worker-1", "FT_HANG_FILE": str(trigger)})
+    try:
+        wait_for(lambda: (s := status(job_dir)) and s["step"] > 20, timeout=120, what="training progress")
+        trigger.touch()  # worker-1 now blocks inside feed, its heartbeat thread still alive
+        code, err = finish(proc)
+    finally:
+        proc.kill()
+    assert code == 0, err
+    final = read_status(job_dir)
+    assert any("worker-1 hangs" in e for e in final["events"]), final["events"]
+    assert any(m["id"] == "worker-3" for r in final["roundHistory"] for m in r["members"])  # its replacement
+    seen, _ = seen_counts(job_dir)
+    assert seen.min().item() == seen.max().item() == epochs
+
+
+def test_resume_after_stop_trains_each_remaining_record_once(digits_data, tmp_path):
+    data = counting_data(digits_data, tmp_path / "data")
+    job_dir = tmp_path / "job"
+    epochs = 40
+    proc = start_job(data, digits_data, job_dir, "--workers", "2", "--epochs", str(epochs), "--checkpoint-steps", "10")
+    try:
+        wait_for(lambda: (s := status(job_dir)) and s["progress"]["percent"] > 10, timeout=120, what="10% progress")
+        stop = run_flextrain("stop", str(job_dir))
+        assert stop.returncode == 0, stop.stderr
+        code, err = finish(proc)
+    finally:
+        proc.kill()
+    assert code == 1
+    stopped = read_status(job_dir)
+    assert stopped["phase"] == "Failed" and "resume with" in stopped["message"]
+    ckpt = (job_dir / "checkpoints" / "latest.json")
+    assert ckpt.exists()
+    name = os.path.basename(json.loads(ckpt.read_text())["checkpoint"])
+    mid, step = seen_counts(job_dir, name)
+    assert 0 < step < epochs * 1408 // G
+    assert set(mid.unique().tolist()) <= {step * G // 1408, step * G // 1408 + 1}  # stopped mid-epoch
+
+    resumed = subprocess.run(
+        flextrain_cmd("train", "--resume", str(job_dir)), capture_output=True, text=True, timeout=300,
+        env={**os.environ, "FT_COUNT_G": str(G)})
+    assert resumed.returncode == 0, resumed.stderr
+    seen, version = seen_counts(job_dir)
+    assert version == epochs * 1408 // G
+    assert seen.min().item() == seen.max().item() == epochs
+
+
+def test_every_worker_lost_job_waits_for_min_then_fails_keeping_checkpoint(digits_data, tmp_path):
+    data = counting_data(digits_data, tmp_path / "data")
+    job_dir = tmp_path / "job"
+    proc = start_job(data, digits_data, job_dir, "--workers", "2", "--min-workers", "1", "--max-workers", "2",
+                     "--epochs", "100", "--checkpoint-steps", "5", "--relaunch-budget", "0",
+                     "--min-workers-timeout", "2")
+    try:
+        rnd = wait_for(lambda: (job_dir / "checkpoints" / "latest.json").exists() and last_round(job_dir),
+                       timeout=120, what="a checkpoint")
+        for m in rnd["members"]:
+            os.kill(m["pid"], signal.SIGKILL)
+        code, err = finish(proc, timeout=120)
+    finally:
+        proc.kill()
+    assert code == 1
+    final = read_status(job_dir)
+    assert final["phase"] == "Failed"
+    assert "fewer than --min-workers 1" in final["message"] and "latest checkpoint kept" in final["message"]
+    latest = json.loads((job_dir / "checkpoints" / "latest.json").read_text())
+    assert os.path.exists(latest["checkpoint"])
