@@ -55,6 +55,7 @@ def run_worker(master: str, worker_id: str) -> int:
     client = MasterClient(master, worker_id)
     reg = client.register(pid=os.getpid())
     spec = JobSpec.from_json(reg.job_spec_json)
+    log.info("%s registered with master %s (pid %d)", worker_id, master, os.getpid())
     model_def = load_model_def(spec.model_def)
     torch.manual_seed(spec.seed)
     model = model_def.build_model()
