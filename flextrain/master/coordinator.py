@@ -18,7 +18,9 @@ import time
 from dataclasses import dataclass
 
 from flextrain.job import JobSpec
+from flextrain.master.accounting import ledger_at, most_advanced, settle_round
 from flextrain.master.checkpoints import CheckpointStore
+from flextrain.master.health import Liveness, find_hung
 from flextrain.master.ledger import Task, TaskKind, TaskLedger
 from flextrain.master.rendezvous import Rendezvous, Round, RoundState
 from flextrain.proto import flextrain_pb2 as pb
@@ -229,8 +231,9 @@ class JobMaster:
         rnd, waiters = self.rendezvous.form(previous_round=previous.round_id if previous else None)
         if previous is None:
             rnd.restore_checkpoint = self.restore_checkpoint
-        elif any(w.position.round_id == previous.round_id for w in waiters):
-            self._settle(previous, waiters)
+        elif (best := most_advanced((w.position for w in waiters), previous.round_id)) is not None:
+            settle_round(self.ledger, previous, best)
+            self._check_outcome()
         else:
             self._rollback(rnd)
         self.short_since = None
@@ -258,21 +261,6 @@ class JobMaster:
         where = f"checkpoint {latest['checkpoint']}" if latest else "the start (no checkpoint yet)"
         self.events.append(f"round {rnd.round_id}: no worker of the last round survived; resuming from {where}")
         self.message = self.events[-1]
-
-    def _settle(self, old: Round, waiters) -> None:
-        """Account the closed round's tasks by its most advanced survivor."""
-        positions = [w.position for w in waiters if w.position.round_id == old.round_id]
-        best = max(positions, key=lambda p: p.version, default=None)
-        for index, (action, task_id) in enumerate(old.answers):
-            if action != pb.GetTaskResponse.RUN or task_id not in self.ledger.doing:
-                continue
-            if best is None or index > best.task_index:
-                self.ledger.interrupt(task_id, 0)
-            elif index < best.task_index:
-                self.ledger.complete(task_id)
-            else:
-                self.ledger.interrupt(task_id, best.steps_done)
-        self._check_outcome()
 
     def get_task(self, req: pb.GetTaskRequest) -> pb.GetTaskResponse:
         with self.cond:
@@ -354,7 +342,8 @@ class JobMaster:
             self._touch(req.worker_id, req.position)
             if self.checkpoints is not None:
                 self.checkpoints.record(checkpoint=req.path, version=req.position.version,
-                                        ledger=self._ledger_at(req.position), final=req.final)
+                                        ledger=ledger_at(self.ledger, self.rendezvous.current, req.position),
+                                        final=req.final)
             if req.final:
                 self.final_checkpoint = req.path
             if req.stop and self.stopping:
@@ -362,19 +351,6 @@ class JobMaster:
                             f"{req.position.version}: resume with `flextrain train --resume {self.spec.job_dir}`")
             self._check_outcome()
             self.cond.notify_all()
-
-    def _ledger_at(self, pos: pb.Position) -> dict:
-        """Ledger snapshot matching a model that committed exactly up to ``pos``."""
-        rnd = self.rendezvous.current
-        if rnd is None or rnd.round_id != pos.round_id or pos.task_index >= len(rnd.answers):
-            return self.ledger.snapshot()
-        action, task_id = rnd.answers[pos.task_index]
-        task = self.ledger.doing.get(task_id)
-        if action != pb.GetTaskResponse.RUN or task is None:
-            return self.ledger.snapshot()
-        if pos.steps_done >= task.steps:
-            return self.ledger.snapshot(done_task=task_id)
-        return self.ledger.snapshot(partial=(task_id, pos.steps_done))
 
     def heartbeat(self, req: pb.HeartbeatRequest) -> pb.HeartbeatResponse:
         with self.cond:
@@ -424,52 +400,8 @@ class JobMaster:
                             f"{self.spec.effective_min_workers}, for {self.spec.min_workers_timeout:.0f}s{kept}"))
                 else:
                     self.short_since = None
-            limit, hung = self.spec.worker_timeout, []
-            for wid in sorted(self.alive):
-                info = self.workers.get(wid)
-                if info is None:
-                    continue
-                silent = now - info.last_seen
-                if silent > limit:
-                    hung.append((wid, f"no heartbeat for {silent:.0f}s"))
-                elif not info.waiting_for_peers and info.stalled_seconds + silent > limit:
-                    hung.append((wid, f"no progress for {info.stalled_seconds + silent:.0f}s"))
-            return hung
-
-    # ---- observation ---------------------------------------------------------
-    def records_done(self) -> int:
-        """Training records applied: finished tasks plus the active round's progress."""
-        done = self.ledger.records_done
-        rnd = self.rendezvous.current
-        if rnd is None or rnd.state is RoundState.CLOSED:
-            return done
-        best = max(
-            (self.workers[m].position for m in rnd.members if m in self.workers
-             and self.workers[m].position.round_id == rnd.round_id),
-            key=lambda p: p.version, default=None,
-        )
-        if best is not None and best.task_index < len(rnd.answers):
-            action, task_id = rnd.answers[best.task_index]
-            task = self.ledger.doing.get(task_id)
-            if action == pb.GetTaskResponse.RUN and task is not None:
-                done += task.records_in_steps(best.steps_done)
-        return done
-
-    def members(self) -> list[dict]:
-        """The active round's members in rank order, with their process ids."""
-        rnd = self.rendezvous.current
-        if rnd is None or rnd.state is RoundState.CLOSED or self.over:
-            return []
-        return [{"id": m, "rank": r, "pid": self.workers[m].pid if m in self.workers else 0,
-                 "round": rnd.round_id} for r, m in enumerate(rnd.members)]
-
-    def active_workers(self) -> int:
-        rnd = self.rendezvous.current
-        if rnd is None or rnd.state is RoundState.CLOSED or self.over:
-            return 0
-        return sum(1 for m in rnd.members if m in self.alive)
-
-    def training_loss(self) -> float:
-        """Mean of the live workers' latest reported losses (else the last one seen)."""
-        losses = [w.loss for w in self.workers.values() if w.worker_id in self.alive and not math.isnan(w.loss)]
-        return sum(losses) / len(losses) if losses else self.last_loss
+            return find_hung(
+                [Liveness(w.worker_id, now - w.last_seen, w.stalled_seconds, w.waiting_for_peers)
+                 for wid in sorted(self.alive) if (w := self.workers.get(wid)) is not None],
+                limit=self.spec.worker_timeout,
+            )

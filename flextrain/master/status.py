@@ -19,12 +19,53 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from flextrain.master.checkpoints import write_json_atomic
 from flextrain.master.coordinator import JobMaster
+from flextrain.master.rendezvous import RoundState
+from flextrain.proto import flextrain_pb2 as pb
 
 
 def iso(ts: float | None) -> str | None:
     if ts is None:
         return None
     return datetime.fromtimestamp(ts, timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+# ---- views of the job's state (call with job.cond held) ---------------------
+def records_done(job: JobMaster) -> int:
+    """Training records applied: finished tasks plus the active round's progress."""
+    done = job.ledger.records_done
+    rnd = job.rendezvous.current
+    if rnd is None or rnd.state is RoundState.CLOSED:
+        return done
+    best = max(
+        (job.workers[m].position for m in rnd.members if m in job.workers
+         and job.workers[m].position.round_id == rnd.round_id),
+        key=lambda p: p.version, default=None,
+    )
+    if best is not None and best.task_index < len(rnd.answers):
+        action, task_id = rnd.answers[best.task_index]
+        task = job.ledger.doing.get(task_id)
+        if action == pb.GetTaskResponse.RUN and task is not None:
+            done += task.records_in_steps(best.steps_done)
+    return done
+
+def members(job: JobMaster) -> list[dict]:
+    """The active round's members in rank order, with their process ids."""
+    rnd = job.rendezvous.current
+    if rnd is None or rnd.state is RoundState.CLOSED or job.over:
+        return []
+    return [{"id": m, "rank": r, "pid": job.workers[m].pid if m in job.workers else 0,
+             "round": rnd.round_id} for r, m in enumerate(rnd.members)]
+
+def active_workers(job: JobMaster) -> int:
+    rnd = job.rendezvous.current
+    if rnd is None or rnd.state is RoundState.CLOSED or job.over:
+        return 0
+    return sum(1 for m in rnd.members if m in job.alive)
+
+def training_loss(job: JobMaster) -> float:
+    """Mean of the live workers' latest reported losses (else the last one seen)."""
+    losses = [w.loss for w in job.workers.values() if w.worker_id in job.alive and not math.isnan(w.loss)]
+    return sum(losses) / len(losses) if losses else job.last_loss
 
 
 class StatusReporter:
@@ -54,9 +95,9 @@ class StatusReporter:
     def snapshot(self) -> dict:
         job = self.job
         with job.cond:
-            done = job.records_done()
+            done = records_done(job)
             total = job.ledger.records_total
-            loss = job.training_loss()
+            loss = training_loss(job)
             metrics = {"loss": loss} if not math.isnan(loss) else {}
             metrics.update(job.metrics)
             now = time.monotonic()
@@ -68,8 +109,8 @@ class StatusReporter:
                 "name": job.spec.name,
                 "phase": job.phase.value,
                 "message": job.message,
-                "workers": {"desired": self._desired(), "active": job.active_workers()},
-                "members": job.members(),
+                "workers": {"desired": self._desired(), "active": active_workers(job)},
+                "members": members(job),
                 "epoch": min(job.spec.epochs, done // per_epoch + 1) if per_epoch else 0,
                 "epochs": job.spec.epochs,
                 "step": job.step,

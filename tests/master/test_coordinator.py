@@ -8,6 +8,7 @@ import pytest
 
 from flextrain.data import Shard
 from flextrain.job import JobSpec
+from flextrain.master.status import active_workers, records_done, training_loss
 from flextrain.master.coordinator import JobMaster, Phase
 from flextrain.master.ledger import TaskLedger
 from flextrain.master.rendezvous import RoundState
@@ -103,7 +104,7 @@ def test_round_forms_only_when_every_alive_worker_joined(tmp_path):
     assert rnd.members == ["A", "B", "C"]
     assert master.assigned["A"] is rnd and master.assigned["B"] is rnd
     assert master.rounds_formed == 1 and master.phase is Phase.RUNNING
-    assert master.active_workers() == 3
+    assert active_workers(master) == 3
 
 
 def test_launched_but_silent_worker_holds_the_round_until_timeout(tmp_path):
@@ -189,10 +190,10 @@ def test_records_done_includes_active_round_progress(tmp_path):
     r = form(master, clock, ["A", "B"]).round_id
     get(master, "A", r, 0), get(master, "B", r, 0)
     heartbeat(master, "A", pos(r, 0, 2, 2), loss=0.5, samples=20)
-    assert master.records_done() == 20
+    assert records_done(master) == 20
     assert master.ledger.records_done == 0
     assert master.step == 2
-    assert master.training_loss() == 0.5
+    assert training_loss(master) == 0.5
 
 
 # ---- membership changes ----------------------------------------------------------------
@@ -361,7 +362,7 @@ def test_training_and_evaluation_complete_job_with_mean_metrics(tmp_path):
     assert master.ledger.records_done == 40  # evaluation is not training progress
     assert get_eval(master, "A").action == TASK.STOP
     assert heartbeat(master, "A", pos(r, 2)).stop
-    assert master.training_loss() == 0.25
+    assert training_loss(master) == 0.25
 
 
 def test_training_only_job_succeeds_without_metrics(tmp_path):

@@ -1,0 +1,54 @@
+"""Exactly-once accounting: from where workers stand to what the ledger records.
+
+A round's members report positions (round, task index, steps committed in
+that task, model version). These functions turn positions into ledger
+outcomes: which tasks of a closed round are done, which are applied in part
+(the remainder is requeued), and which ledger state matches a checkpoint.
+They are pure with respect to the master: the caller holds its lock.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from flextrain.master.ledger import TaskLedger
+from flextrain.master.rendezvous import Round
+from flextrain.proto import flextrain_pb2 as pb
+
+RUN = pb.GetTaskResponse.RUN
+
+
+def most_advanced(positions: Iterable[pb.Position], round_id: int) -> pb.Position | None:
+    """The position, among those inside ``round_id``, with the highest model version."""
+    inside = [p for p in positions if p.round_id == round_id]
+    return max(inside, key=lambda p: p.version, default=None)
+
+
+def settle_round(ledger: TaskLedger, old: Round, best: pb.Position | None) -> None:
+    """Account the tasks a closed round took by its most advanced survivor.
+
+    Tasks before the survivor's task are done; its task is applied up to its
+    committed steps; later ones (and all, without a survivor) go back whole.
+    """
+    for index, (action, task_id) in enumerate(old.answers):
+        if action != RUN or task_id not in ledger.doing:
+            continue
+        if best is None or index > best.task_index:
+            ledger.interrupt(task_id, 0)
+        elif index < best.task_index:
+            ledger.complete(task_id)
+        else:
+            ledger.interrupt(task_id, best.steps_done)
+
+
+def ledger_at(ledger: TaskLedger, current: Round | None, pos: pb.Position) -> dict:
+    """The ledger snapshot matching a model that committed exactly up to ``pos``."""
+    if current is None or current.round_id != pos.round_id or pos.task_index >= len(current.answers):
+        return ledger.snapshot()
+    action, task_id = current.answers[pos.task_index]
+    task = ledger.doing.get(task_id)
+    if action != RUN or task is None:
+        return ledger.snapshot()
+    if pos.steps_done >= task.steps:
+        return ledger.snapshot(done_task=task_id)
+    return ledger.snapshot(partial=(task_id, pos.steps_done))
