@@ -2,31 +2,35 @@
 
 Runs the same model (``bench/models/mlp.py``: 256 -> 1024 -> 1024 -> 10 MLP,
 SGD with momentum) on the same synthetic RecordIO data, with the same global
-batch, the same number of optimizer steps and the same number of torch threads
-as
+batch, data order, seed, number of optimizer steps and number of torch
+threads as
 
   (a) a plain PyTorch loop, in this process: the records are read once with
       flextrain's RecordIO reader and turned into tensors with the module's
       ``feed`` (what a user with an in-memory data set writes), then
-      ``zero_grad / forward / loss / backward / step`` per batch;
+      ``zero_grad / forward / loss / backward / step / loss.item()`` per batch;
   (b) ``flextrain train --workers 1 --no-progress ...`` as a subprocess.
 
-Throughput is measured by difference (see METHOD below): each side runs at two
-step counts (``--epochs-short`` and ``--epochs-long``) and the rate is
-``(samples_long - samples_short) / (time_long - time_short)`` over its training
-window -- for flextrain from the worker's "round 0" log line to the mtime of
-its final checkpoint, so process start-up, torch import and rendezvous are
-outside, and first-step warm-up and the checkpoint write cancel. Everything
-per step (for flextrain also reading and decoding each step's records, the
-task RPCs, heartbeats) stays in. Each measurement is repeated ``--repeats``
-times, plain and flextrain alternating, and the medians are reported. The
-final weights of both long runs are compared as a check that both did the
-same work (``runs.final_weights_max_abs_diff``).
+Both sides time the same thing: the bench module's optimizer carries a
+post-step hook that records ``time.perf_counter()`` after every optimizer
+step (``FLEXTRAIN_BENCH_STEP_TIMES``; the flextrain worker writes its list to
+a file when it exits). Throughput is the samples of steps 2..N divided by the
+time from the end of step 1 to the end of step N: process start-up, torch
+import, module loading, rendezvous, the first (warm-up) step and the final
+checkpoint are outside; everything flextrain does per step (reading and
+decoding the step's records, ``feed``, task RPCs, heartbeats, the master's
+work) is inside. Each side runs ``--repeats`` times, alternating; medians are
+reported. The final weights of the last runs are compared as a check that both
+did the same work (``runs.final_weights_max_abs_diff``).
+
+On a 2-core machine any other busy process slows 2-thread training several-
+fold, so the CPU other processes use during each run is measured; disturbed
+runs are discarded and repeated (``--max-other-cpu``, ``--retries``).
 
 Usage (from the repository root):
 
-    .venv/bin/python bench/overhead.py            # ~2.5 min on 2 cores
-    .venv/bin/python bench/overhead.py --repeats 1 --epochs-long 2   # quick
+    .venv/bin/python bench/overhead.py            # ~2 min on an idle 2-core box
+    .venv/bin/python bench/overhead.py --repeats 1 --records 4096   # smoke test
 
 stdout: exactly one JSON object; progress goes to stderr.
 """
@@ -37,7 +41,6 @@ import argparse
 import importlib.util
 import json
 import os
-import re
 import shutil
 import statistics
 import subprocess
@@ -54,21 +57,19 @@ MODEL_FILE = HERE / "models" / "mlp.py"
 TARGET_RATIO = 0.97
 
 METHOD = (
-    "difference of two step counts: each side runs epochs_short and epochs_long and "
-    "samples/s = (samples_long - samples_short) / (train_seconds_long - train_seconds_short), so fixed "
-    "costs (first-step warm-up, final checkpoint) cancel and only per-step costs remain. "
-    "flextrain train_seconds: from the worker's 'round 0' log line (process started, torch imported, "
-    "module loaded, model built, rendezvous done) to the mtime of checkpoints/final.ckpt (written after "
-    "the last step): per-step record reads + feed, task RPCs, heartbeats and the master's work are "
-    "inside. plain train_seconds: in-process, from model+optimizer built to the last step of a "
-    "straightforward zero_grad/forward/loss/backward/step/loss.item() loop over tensors pre-loaded "
-    "once (before the window) with flextrain's RecordIO reader and the module's feed, as a user with an "
-    "in-memory data set would; so flextrain's per-step data reading counts as overhead. "
-    "Same module, data order (files in name order, sequential batches, no shuffle), global batch "
-    "(no accumulation), seed, step count and torch threads (flextrain gives a lone worker cpu_count "
-    "threads). Repeated with plain and flextrain alternating; medians reported, ratio = median "
-    "flextrain / median plain. runs.wall_*: the same difference over whole-process wall times "
-    "(noisier: start-up varies by seconds). other_cpu_cores: CPU used by other processes during a run."
+    "per-step clock: the bench module's optimizer has a post-step hook recording time.perf_counter() "
+    "after every optimizer step, identical in both runs (flextrain's worker dumps the list at exit, "
+    "env FLEXTRAIN_BENCH_STEP_TIMES). samples/s = samples of steps 2..N / (t_N - t_1): start-up, torch "
+    "import, module load, rendezvous, the first step's warm-up and the final checkpoint are excluded; "
+    "everything per step is included -- for flextrain reading + decoding each step's records via "
+    "read_shard_range and feed, task RPCs, heartbeats and the master's work on the shared cores. "
+    "plain: in-process loop (zero_grad, forward, loss, backward, step, loss.item()) over tensors "
+    "pre-loaded once with flextrain's RecordIO reader and the module's feed, as a user with an in-memory "
+    "data set would, so flextrain's per-step data reading counts as its overhead. Same module, data "
+    "order (files in name order, sequential batches, no shuffle), global batch (no accumulation), seed, "
+    "step count and torch threads (flextrain gives a lone worker cpu_count threads). Repeated with "
+    "plain and flextrain alternating; ratio = median flextrain / median plain. A run during which other "
+    "processes used more than max_other_cpu cores is discarded and repeated."
 )
 
 
@@ -103,33 +104,30 @@ def write_data(out_dir: Path, mlp, *, records: int, files: int, seed: int) -> li
     return paths
 
 
-def samples_for(file_sizes: list[int], batch: int, epochs: int) -> int:
-    return epochs * sum(file_sizes)
-
-
-def steps_for(file_sizes: list[int], batch: int, epochs: int) -> int:
-    """Optimizer steps flextrain takes: tasks never cross files, a file's last batch may be short."""
-    return epochs * sum(-(-n // batch) for n in file_sizes)
+def step_sizes(file_sizes: list[int], batch: int, epochs: int) -> list[int]:
+    """Samples of every optimizer step flextrain takes: tasks never cross files, a file's last
+    batch may be short."""
+    one = [min(batch, n - i) for n in file_sizes for i in range(0, n, batch)]
+    return one * epochs
 
 
 # ---- (a) the plain PyTorch loop --------------------------------------------------
-def plain_run(mlp, files: list[str], *, batch: int, epochs: int, seed: int, lr: float | None):
-    """A user's loop. ``seconds``: data load + training; ``train_seconds``: model built .. last step."""
+def plain_run(mlp, files: list[str], *, batch: int, epochs: int, seed: int, lr: float | None) -> dict:
+    """A user's loop over pre-loaded tensors."""
     from flextrain.data import open_reader
 
-    t0 = time.perf_counter()
     features, labels = [], []
     for path in files:  # the same files, in the same order, as flextrain's shards
-        records = list(open_reader(path).read())
-        x, y = mlp.feed(records, "training", None)
+        x, y = mlp.feed(list(open_reader(path).read()), "training", None)
         features.append(x)
         labels.append(y)
     torch.manual_seed(seed)
     model = mlp.Model()
     optimizer = mlp.optimizer(model.parameters()) if lr is None else mlp.optimizer(model.parameters(), lr=lr)
+    mlp.STEP_TIMES.clear()
+    mlp.track_steps(optimizer)
     model.train()
-    t_train = time.perf_counter()  # the counterpart of the worker's "round 0" log line
-    steps = samples = 0
+    samples = 0
     loss_sum = 0.0
     for _ in range(epochs):
         for x, y in zip(features, labels):
@@ -138,16 +136,14 @@ def plain_run(mlp, files: list[str], *, batch: int, epochs: int, seed: int, lr: 
                 optimizer.zero_grad()
                 loss = mlp.loss(yb, model(xb))
                 loss.backward()
-                optimizer.step()
                 loss_sum += loss.item() * len(yb)
-                steps += 1
+                optimizer.step()
                 samples += len(yb)
-    t1 = time.perf_counter()
-    return {"seconds": t1 - t0, "train_seconds": t1 - t_train, "steps": steps, "samples": samples,
-            "model": model, "mean_loss": loss_sum / max(samples, 1)}
+    return {"step_times": list(mlp.STEP_TIMES), "model": model,
+            "extra": {"mean_loss": round(loss_sum / max(samples, 1), 5)}}
 
 
-# ---- (b) flextrain------------------------------------------------------------------
+# ---- (b) flextrain ------------------------------------------------------------------
 def flextrain_cmd() -> list[str]:
     exe = Path(sys.executable).parent / "flextrain"
     if exe.exists():
@@ -156,28 +152,12 @@ def flextrain_cmd() -> list[str]:
     return [found] if found else [sys.executable, "-m", "flextrain"]
 
 
-_ROUND_LINE = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) flextrain\.worker INFO round 0: rank 0 of 1 ")
-
-
-def worker_train_window(job_dir: Path) -> float | None:
-    """Seconds from the worker's "round 0" log line (model built, rendezvous done, about to ask
-    for its first task) to the mtime of checkpoints/final.ckpt (written right after the last
-    step). None if either is missing (e.g. the log format changed)."""
-    ckpt = job_dir / "checkpoints" / "final.ckpt"
-    logs = sorted((job_dir / "logs").glob("worker-*.log"))
-    if not ckpt.exists() or len(logs) != 1:
-        return None
-    for line in logs[0].read_text(errors="replace").splitlines():
-        m = _ROUND_LINE.match(line)
-        if m:
-            start = time.mktime(time.strptime(m.group(1), "%Y-%m-%d %H:%M:%S")) + int(m.group(2)) / 1000
-            return ckpt.stat().st_mtime_ns / 1e9 - start
-    return None
-
-
-def flextrain_run(data_dir: Path, job_dir: Path, *, batch: int, epochs: int, seed: int, lr: float | None):
+def flextrain_run(mlp, data_dir: Path, job_dir: Path, *, batch: int, epochs: int, seed: int,
+                  lr: float | None) -> dict:
     if job_dir.exists():
         shutil.rmtree(job_dir)
+    job_dir.mkdir(parents=True)
+    times_file = job_dir / "step-times.json"
     cmd = flextrain_cmd() + [
         "train", "--model-def", f"{MODEL_FILE}:Model", "--training-data", str(data_dir),
         "--workers", "1", "--epochs", str(epochs), "--global-batch-size", str(batch),
@@ -185,21 +165,22 @@ def flextrain_run(data_dir: Path, job_dir: Path, *, batch: int, epochs: int, see
     ]
     if lr is not None:
         cmd += ["--lr", str(lr)]
-    # INFO lets the worker log its round start (one line per round): the start of the train window.
-    env = {**os.environ, "FLEXTRAIN_LOG_LEVEL": "INFO"}
+    env = {**os.environ, mlp.STEP_TIMES_ENV: str(times_file)}  # the worker inherits it
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True, env=env)
     seconds = time.perf_counter() - t0
     status_path = job_dir / "status.json"
     status = json.loads(status_path.read_text()) if status_path.exists() else {}
-    if proc.returncode != 0 or status.get("phase") != "Succeeded":
+    if proc.returncode != 0 or status.get("phase") != "Succeeded" or not times_file.exists():
         logs = "".join(p.read_text(errors="replace")[-2000:] for p in sorted((job_dir / "logs").glob("*")))
         raise SystemExit(
-            f"flextrain run failed (exit {proc.returncode}, phase {status.get('phase')}): "
-            f"{' '.join(cmd)}\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}\n{logs}"
+            f"flextrain run failed (exit {proc.returncode}, phase {status.get('phase')}, step times "
+            f"{'written' if times_file.exists() else 'missing'}): {' '.join(cmd)}\n"
+            f"{proc.stdout[-2000:]}{proc.stderr[-2000:]}\n{logs}"
         )
-    return {"seconds": seconds, "train_seconds": worker_train_window(job_dir), "steps": int(status.get("step", -1)),
-            "status": status}
+    return {"step_times": json.loads(times_file.read_text()), "status": status,
+            "extra": {"job_seconds": round(seconds, 3), "job_steps": status.get("step"),
+                      "last_loss": status.get("metrics", {}).get("loss")}}
 
 
 def final_weights(job_dir: Path) -> dict:
@@ -210,13 +191,12 @@ def final_weights(job_dir: Path) -> dict:
 
 # ---- interference ---------------------------------------------------------------------------
 class CPUMeter:
-    """CPU seconds the rest of the machine burned while we measured (other users' tests...).
-
-    busy time from /proc/stat minus this process's and its waited-for children's CPU time.
-    """
+    """Average CPU cores the rest of the machine (other processes, hypervisor steal) used
+    meanwhile: busy time from /proc/stat minus this process's and its waited-for children's."""
 
     def __init__(self) -> None:
-        self.tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+        self.tick = os.sysconf("SC_CLK_TCK")
+        self.other_cores: float | None = None
 
     def _sample(self):
         try:
@@ -224,7 +204,8 @@ class CPUMeter:
                 fields = [int(v) for v in f.readline().split()[1:]]
         except OSError:
             return None
-        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+        fields = fields[:8]  # user nice system idle iowait irq softirq steal (guest is inside user)
+        idle = fields[3] + fields[4]
         t = os.times()
         return (sum(fields) - idle) / self.tick, t.user + t.system + t.children_user + t.children_system
 
@@ -236,11 +217,9 @@ class CPUMeter:
     def __exit__(self, *exc) -> None:
         end = self._sample()
         wall = time.perf_counter() - self.t0
-        if self.start is None or end is None or wall <= 0:
-            self.other_cores = None
-            return
-        other = (end[0] - self.start[0]) - (end[1] - self.start[1])
-        self.other_cores = max(0.0, other / wall)  # average cores busy with other processes
+        if self.start is not None and end is not None and wall > 0:
+            other = (end[0] - self.start[0]) - (end[1] - self.start[1])
+            self.other_cores = max(0.0, other / wall)
 
 
 def wait_until_quiet(max_other: float, timeout: float, interval: float = 0.5) -> float:
@@ -259,10 +238,23 @@ def wait_until_quiet(max_other: float, timeout: float, interval: float = 0.5) ->
 
 
 # ---- main -------------------------------------------------------------------------------
-def rate(short: dict, long: dict, key: str) -> float | None:
-    if short.get(key) is None or long.get(key) is None or long[key] <= short[key]:
-        return None
-    return (long["samples"] - short["samples"]) / (long[key] - short[key])
+def summarize(step_times: list[float], sizes: list[int]) -> dict:
+    """Throughput over steps 2..N from post-step timestamps, plus per-step interval stats."""
+    if len(step_times) != len(sizes):
+        raise SystemExit(f"recorded {len(step_times)} optimizer steps, expected {len(sizes)}")
+    t = np.asarray(step_times)
+    dt = np.diff(t)
+    window = float(t[-1] - t[0])
+    samples = int(sum(sizes[1:]))
+    return {
+        "samples_per_s": samples / window,
+        "window_seconds": round(window, 4),
+        "window_samples": samples,
+        "step_ms_mean": round(1e3 * float(dt.mean()), 3),
+        "step_ms_median": round(1e3 * float(np.median(dt)), 3),
+        "step_ms_p90": round(1e3 * float(np.percentile(dt, 90)), 3),
+        "step_ms_max": round(1e3 * float(dt.max()), 3),
+    }
 
 
 def median(values):
@@ -275,9 +267,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--records", type=int, default=32768, help="training records (1028 bytes each)")
     p.add_argument("--files", type=int, default=4, help="RecordIO files (shards) the records are spread over")
     p.add_argument("--global-batch-size", type=int, default=256)
-    p.add_argument("--epochs-short", type=int, default=1)
-    p.add_argument("--epochs-long", type=int, default=3)
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--lr", type=float, default=None, help="learning rate (default: the module's)")
     p.add_argument("--max-other-cpu", type=float, default=0.1,
@@ -287,8 +278,6 @@ def main(argv: list[str] | None = None) -> int:
                    help="seconds to wait at most, before each run, for other processes to leave the CPU idle")
     p.add_argument("--workdir", help="keep data and job dirs here instead of a temp dir")
     args = p.parse_args(argv)
-    if not 0 < args.epochs_short < args.epochs_long:
-        p.error("need 0 < --epochs-short < --epochs-long")
 
     # flextrain's local backend gives its workers cpu_count // max_workers threads
     # (flextrain/master/main.py); with one worker that is every core. Match it.
@@ -305,109 +294,71 @@ def main(argv: list[str] | None = None) -> int:
         tmp = tempfile.TemporaryDirectory(prefix="flextrain-bench-")
         root = Path(tmp.name)
     try:
+        from flextrain.data import make_shards
+
         data_dir = root / "train"
         t0 = time.perf_counter()
         files = write_data(data_dir, mlp, records=args.records, files=args.files, seed=args.seed)
-        from flextrain.data import make_shards
+        sizes = step_sizes([s.size for s in make_shards(data_dir)], G, args.epochs)
+        log(f"wrote {args.records} records in {len(files)} files to {data_dir} ({time.perf_counter() - t0:.1f}s); "
+            f"G={G}, threads={threads}, {len(sizes)} steps per run, {args.repeats} repeats")
+        plain_run(mlp, files, batch=G, epochs=1, seed=args.seed, lr=args.lr)  # warm-up, discarded
 
-        sizes = [s.size for s in make_shards(data_dir)]
-        short_steps = steps_for(sizes, G, args.epochs_short)
-        long_steps = steps_for(sizes, G, args.epochs_long)
-        log(f"wrote {sum(sizes)} records in {len(files)} files to {data_dir} ({time.perf_counter() - t0:.1f}s); "
-            f"G={G}, threads={threads}, steps {short_steps}/{long_steps}, repeats {args.repeats}")
-        # Warm-up (discarded): first-call costs of torch and of the reader in this process.
-        plain_run(mlp, files, batch=G, epochs=1, seed=args.seed, lr=args.lr)
+        def run_plain():
+            return plain_run(mlp, files, batch=G, epochs=args.epochs, seed=args.seed, lr=args.lr)
 
-        runs = {"plain": [], "flextrain": [], "per_repeat": [], "discarded": []}
-        plain_model = None
-        busy_runs = 0
+        def run_flextrain():
+            return flextrain_run(mlp, data_dir, root / "job", batch=G, epochs=args.epochs, seed=args.seed,
+                                 lr=args.lr)
+
+        runs = {"plain": [], "flextrain": [], "discarded": []}
+        kept_busy = 0
+        last = {}
         for r in range(args.repeats):
-            order = (args.epochs_short, args.epochs_long) if r % 2 == 0 else (args.epochs_long, args.epochs_short)
-            got = {"plain": {}, "flextrain": {}}
-            for epochs in order:
-                expected = steps_for(sizes, G, epochs)
+            order = (("plain", run_plain), ("flextrain", run_flextrain))
+            for name, fn in order if r % 2 == 0 else order[::-1]:
+                for attempt in range(args.retries + 1):
+                    waited = wait_until_quiet(args.max_other_cpu, args.quiet_wait)
+                    with CPUMeter() as meter:
+                        res = fn()
+                    rec = {"repeat": r, **summarize(res["step_times"], sizes), **res["extra"],
+                           "other_cpu_cores": None if meter.other_cores is None else round(meter.other_cores, 3),
+                           "attempt": attempt, "waited_for_quiet_s": round(waited, 1)}
+                    busy = meter.other_cores is not None and meter.other_cores > args.max_other_cpu
+                    log(f"repeat {r} {name:<9} {rec['samples_per_s']:8.0f} samples/s  step ms: mean "
+                        f"{rec['step_ms_mean']:.2f} median {rec['step_ms_median']:.2f} p90 {rec['step_ms_p90']:.2f} "
+                        f"max {rec['step_ms_max']:.1f}"
+                        + (f"  [other processes used {meter.other_cores:.2f} cores]" if busy else ""))
+                    if not busy:
+                        break
+                    if attempt < args.retries:
+                        runs["discarded"].append({"side": name, **rec})
+                        log("  ... disturbed: discarding and repeating this run")
+                    else:
+                        kept_busy += 1
+                        rec["disturbed"] = True
+                rec["samples_per_s"] = round(rec["samples_per_s"], 1)
+                runs[name].append(rec)
+                last[name] = res
 
-                def run_plain():
-                    res = plain_run(mlp, files, batch=G, epochs=epochs, seed=args.seed, lr=args.lr)
-                    return res, {"seconds": round(res["seconds"], 4), "train_seconds": round(res["train_seconds"], 4),
-                                 "mean_loss": round(res["mean_loss"], 5)}
-
-                def run_flextrain():
-                    res = flextrain_run(root / "train", root / f"job-e{epochs}", batch=G, epochs=epochs,
-                                        seed=args.seed, lr=args.lr)
-                    train = res["train_seconds"]
-                    return res, {"seconds": round(res["seconds"], 4),
-                                 "train_seconds": None if train is None else round(train, 4),
-                                 "last_loss": res["status"].get("metrics", {}).get("loss")}
-
-                for name, fn in (("plain", run_plain), ("flextrain", run_flextrain)):
-                    for attempt in range(args.retries + 1):
-                        waited = wait_until_quiet(args.max_other_cpu, args.quiet_wait)
-                        with CPUMeter() as meter:
-                            res, rec = fn()
-                        if res["steps"] != expected:
-                            raise SystemExit(f"{name} took {res['steps']} steps, expected {expected}")
-                        rec = {"repeat": r, "epochs": epochs, "steps": res["steps"],
-                               "samples": samples_for(sizes, G, epochs), **rec,
-                               "other_cpu_cores": None if meter.other_cores is None else round(meter.other_cores, 3),
-                               "attempt": attempt,
-                               "waited_for_quiet_s": round(waited, 1)}
-                        busy = meter.other_cores is not None and meter.other_cores > args.max_other_cpu
-                        train = rec["train_seconds"] if rec["train_seconds"] is not None else float("nan")
-                        log(f"repeat {r} {name:<9} steps={rec['steps']:4d} wall {rec['seconds']:7.2f}s "
-                            f"train {train:7.2f}s"
-                            + (f"  other processes used {meter.other_cores:.2f} cores meanwhile" if busy else ""))
-                        if not busy:
-                            break
-                        if attempt < args.retries:
-                            runs["discarded"].append({"name": name, **rec})
-                            log("  ... interference: discarding and repeating this run")
-                        else:
-                            busy_runs += 1
-                            rec["interference"] = True
-                    runs[name].append(rec)
-                    got[name][epochs] = rec
-                    if name == "plain" and epochs == args.epochs_long:
-                        plain_model = res["model"]
-            s_, l_ = args.epochs_short, args.epochs_long
-            per = {"repeat": r}
-            for name in ("plain", "flextrain"):
-                per[f"{name}_samples_per_s"] = rate(got[name][s_], got[name][l_], "train_seconds")
-                per[f"{name}_wall_samples_per_s"] = rate(got[name][s_], got[name][l_], "seconds")
-            pr, fr = per["plain_samples_per_s"], per["flextrain_samples_per_s"]
-            per["ratio"] = fr / pr if pr and fr else None
-            pw, fw = per["plain_wall_samples_per_s"], per["flextrain_wall_samples_per_s"]
-            per["wall_ratio"] = fw / pw if pw and fw else None
-            runs["per_repeat"].append({k: (round(v, 4) if isinstance(v, float) else v) for k, v in per.items()})
-            log(f"repeat {r}: plain {pr or float('nan'):.0f} samples/s, flextrain {fr or float('nan'):.0f} samples/s, "
-                f"ratio {per['ratio'] or float('nan'):.4f} (by wall time: {per['wall_ratio'] or float('nan'):.4f})")
-
-        per = runs["per_repeat"]
-        plain = median(x["plain_samples_per_s"] for x in per)
-        flex = median(x["flextrain_samples_per_s"] for x in per)
-        method = METHOD
-        if flex is None:  # no train windows (worker log format changed?): fall back to wall times
-            plain = median(x["plain_wall_samples_per_s"] for x in per)
-            flex = median(x["flextrain_wall_samples_per_s"] for x in per)
-            method = "FALLBACK (no worker train window found): wall-time difference only. " + METHOD
+        plain = median(x["samples_per_s"] for x in runs["plain"])
+        flex = median(x["samples_per_s"] for x in runs["flextrain"])
+        pairs = [f["samples_per_s"] / p_["samples_per_s"] for p_, f in zip(runs["plain"], runs["flextrain"])]
+        ft = final_weights(root / "job")
         summary = {
-            "median_of_per_repeat_ratios": median(x["ratio"] for x in per),
-            "wall_plain_samples_per_s": median(x["plain_wall_samples_per_s"] for x in per),
-            "wall_flextrain_samples_per_s": median(x["flextrain_wall_samples_per_s"] for x in per),
-            "wall_ratio": median(x["wall_ratio"] for x in per),
-            # Fixed cost of a flextrain job outside its per-step work (start-up, rendezvous, shutdown).
-            "flextrain_fixed_seconds": median(
-                x["seconds"] - x["samples"] / flex for x in runs["flextrain"]) if flex else None,
-            "runs_with_interference": busy_runs,  # kept although others used the CPU (retries exhausted)
+            "per_repeat_ratios": [round(x, 4) for x in pairs],
+            "median_of_per_repeat_ratios": round(median(pairs), 4),
+            "best_plain_samples_per_s": max(x["samples_per_s"] for x in runs["plain"]),
+            "best_flextrain_samples_per_s": max(x["samples_per_s"] for x in runs["flextrain"]),
+            "median_step_ms_plain": median(x["step_ms_median"] for x in runs["plain"]),
+            "median_step_ms_flextrain": median(x["step_ms_median"] for x in runs["flextrain"]),
+            "kept_disturbed_runs": kept_busy,
+            # Same model, data, order, seed and step count: the final weights should agree.
+            "final_weights_max_abs_diff": max(
+                float((ft[k] - v).abs().max()) for k, v in last["plain"]["model"].state_dict().items()),
         }
-        # Same model, data, order, seed and step count: the final weights should agree.
-        ft = final_weights(root / f"job-e{args.epochs_long}")
-        summary["final_weights_max_abs_diff"] = max(
-            float((ft[k] - v).abs().max()) for k, v in plain_model.state_dict().items())
-        runs = {**summary, **runs}
-        if busy_runs:
-            log(f"WARNING: {busy_runs} kept runs shared the CPU with other processes; numbers are noisy")
-
+        if kept_busy:
+            log(f"WARNING: {kept_busy} kept runs shared the CPU with other processes; numbers are noisy")
         result = {
             "bench": "overhead",
             "plain_samples_per_s": round(plain, 1),
@@ -415,17 +366,17 @@ def main(argv: list[str] | None = None) -> int:
             "ratio": round(flex / plain, 4),
             "target_ratio": TARGET_RATIO,
             "meets_target": flex / plain >= TARGET_RATIO,
-            "steps": long_steps - short_steps,
-            "steps_short": short_steps,
-            "steps_long": long_steps,
+            "steps": len(sizes),
+            "timed_steps": len(sizes) - 1,
             "global_batch_size": G,
             "threads": threads,
-            "records": sum(sizes),
+            "records": args.records,
             "files": len(files),
+            "epochs": args.epochs,
             "model": "bench/models/mlp.py:Model (256-1024-1024-10 MLP, SGD momentum 0.9)",
             "repeats": args.repeats,
-            "method": method,
-            "runs": runs,
+            "method": METHOD,
+            "runs": {**summary, **runs},
         }
         print(json.dumps(result))
         return 0

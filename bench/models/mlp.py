@@ -7,7 +7,18 @@ by ``flextrain train --model-def bench/models/mlp.py:Model``.
 RECORD FORMAT (written by ``bench/overhead.py``): ``RECORD_BYTES`` = 1028
 bytes = ``FEATURES`` (256) little-endian float32 features followed by the
 label as a little-endian int32 (0..CLASSES-1).
+
+Benchmark instrumentation: with ``FLEXTRAIN_BENCH_STEP_TIMES=path`` in the
+environment, ``optimizer`` registers a post-step hook that records
+``time.perf_counter()`` after every optimizer step (in ``STEP_TIMES``), and the
+list is written to ``path`` as JSON when the process exits. It costs one clock
+read per step and works the same in flextrain's worker and in a plain loop.
 """
+
+import atexit
+import json
+import os
+import time
 
 import numpy as np
 import torch
@@ -38,7 +49,35 @@ def loss(labels, predictions):
 
 
 def optimizer(params, lr=0.05):
-    return torch.optim.SGD(params, lr=lr, momentum=0.9)
+    opt = torch.optim.SGD(params, lr=lr, momentum=0.9)
+    path = os.environ.get(STEP_TIMES_ENV)
+    if path:
+        track_steps(opt)
+        _dump_at_exit(path)
+    return opt
+
+
+STEP_TIMES_ENV = "FLEXTRAIN_BENCH_STEP_TIMES"
+STEP_TIMES: list[float] = []  # time.perf_counter() after each tracked optimizer step
+_dump_path: str | None = None
+
+
+def track_steps(opt) -> None:
+    """Append ``time.perf_counter()`` to ``STEP_TIMES`` after every ``opt.step()``."""
+    opt.register_step_post_hook(lambda *_: STEP_TIMES.append(time.perf_counter()))
+
+
+def _dump_at_exit(path: str) -> None:
+    global _dump_path
+    if _dump_path is None:
+        atexit.register(_dump_step_times)
+    _dump_path = path
+
+
+def _dump_step_times() -> None:
+    if STEP_TIMES and _dump_path:  # processes that never stepped (e.g. the master) write nothing
+        with open(_dump_path, "w") as f:
+            json.dump(STEP_TIMES, f)
 
 
 def encode(features: np.ndarray, labels: np.ndarray) -> list[bytes]:
