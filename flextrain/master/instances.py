@@ -30,6 +30,7 @@ class InstanceManager:
         on_exit: Callable[[str, int], None],
         on_budget_exhausted: Callable[[str], None],
         on_retire: Callable[[str], None],
+        on_failure: Callable[[str], None] = lambda message: None,
         retire_grace: float = 30.0,
     ) -> None:
         self.backend = backend
@@ -41,6 +42,7 @@ class InstanceManager:
         self._on_exit = on_exit
         self._on_budget_exhausted = on_budget_exhausted
         self._on_retire = on_retire
+        self._on_failure = on_failure
         self.retire_grace = retire_grace
         self.budget_exhausted = False
         self._lock = threading.Lock()
@@ -101,6 +103,7 @@ class InstanceManager:
         if expected or code == 0:
             return
         log.warning("%s exited with code %d", worker_id, code)
+        self._on_failure(f"{worker_id} exited with code {code}")
         if self.failures > self.relaunch_budget * max(1, self.desired):
             with self._lock:
                 self.budget_exhausted = True

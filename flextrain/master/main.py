@@ -123,7 +123,7 @@ def run_master(
         worker_env=lambda wid: {"FLEXTRAIN_NUM_THREADS": str(threads), "FLEXTRAIN_WORKER_ID": wid,
                                 "PYTHONUNBUFFERED": "1"},
         on_launch=job.worker_launched, on_exit=lambda wid, code: job.worker_exited(wid),
-        on_budget_exhausted=job.note, on_retire=job.retire,
+        on_budget_exhausted=job.note, on_retire=job.retire, on_failure=job.note,
     )
     previous = _install_signal_handlers(lambda: stop("interrupted"))
     try:

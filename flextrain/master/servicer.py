@@ -32,11 +32,13 @@ class MasterServicer(pb_grpc.MasterServicer):
         self._scale = scale
         self.heartbeat_interval = heartbeat_interval
 
+    def GetJobSpec(self, request, context):
+        return pb.GetJobSpecResponse(job_spec_json=self.job.spec.to_json(),
+                                     heartbeat_interval=self.heartbeat_interval)
+
     def RegisterWorker(self, request, context):
         self.job.register(request.worker_id, pid=request.pid)
-        return pb.RegisterWorkerResponse(
-            job_spec_json=self.job.spec.to_json(), heartbeat_interval=self.heartbeat_interval
-        )
+        return pb.RegisterWorkerResponse()
 
     def JoinRendezvous(self, request, context):
         return self.job.join(request.worker_id, request.position, wait=JOIN_LONG_POLL)

@@ -14,7 +14,10 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PROTO_DIR = REPO_ROOT / "proto"
-GENERATED = ("flextrain_pb2.py", "flextrain_pb2.pyi", "flextrain_pb2_grpc.py")
+GENERATED = (
+    "flextrain_pb2.py", "flextrain_pb2.pyi", "flextrain_pb2_grpc.py",
+    "ps_pb2.py", "ps_pb2.pyi", "ps_pb2_grpc.py",
+)
 
 
 def generate(out_root: Path) -> list[Path]:

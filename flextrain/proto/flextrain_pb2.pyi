@@ -29,6 +29,20 @@ class Position(_message.Message):
     version: int
     def __init__(self, round_id: _Optional[int] = ..., task_index: _Optional[int] = ..., steps_done: _Optional[int] = ..., version: _Optional[int] = ...) -> None: ...
 
+class GetJobSpecRequest(_message.Message):
+    __slots__ = ("worker_id",)
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    def __init__(self, worker_id: _Optional[str] = ...) -> None: ...
+
+class GetJobSpecResponse(_message.Message):
+    __slots__ = ("job_spec_json", "heartbeat_interval")
+    JOB_SPEC_JSON_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_INTERVAL_FIELD_NUMBER: _ClassVar[int]
+    job_spec_json: str
+    heartbeat_interval: float
+    def __init__(self, job_spec_json: _Optional[str] = ..., heartbeat_interval: _Optional[float] = ...) -> None: ...
+
 class RegisterWorkerRequest(_message.Message):
     __slots__ = ("worker_id", "host", "pid")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
@@ -40,12 +54,8 @@ class RegisterWorkerRequest(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ...) -> None: ...
 
 class RegisterWorkerResponse(_message.Message):
-    __slots__ = ("job_spec_json", "heartbeat_interval")
-    JOB_SPEC_JSON_FIELD_NUMBER: _ClassVar[int]
-    HEARTBEAT_INTERVAL_FIELD_NUMBER: _ClassVar[int]
-    job_spec_json: str
-    heartbeat_interval: float
-    def __init__(self, job_spec_json: _Optional[str] = ..., heartbeat_interval: _Optional[float] = ...) -> None: ...
+    __slots__ = ()
+    def __init__(self) -> None: ...
 
 class JoinRendezvousRequest(_message.Message):
     __slots__ = ("worker_id", "position", "reason", "detail")

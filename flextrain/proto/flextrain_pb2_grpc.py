@@ -34,6 +34,11 @@ class MasterStub:
         Args:
             channel: A grpc.Channel.
         """
+        self.GetJobSpec = channel.unary_unary(
+                '/flextrain.v1.Master/GetJobSpec',
+                request_serializer=flextrain_dot_proto_dot_flextrain__pb2.GetJobSpecRequest.SerializeToString,
+                response_deserializer=flextrain_dot_proto_dot_flextrain__pb2.GetJobSpecResponse.FromString,
+                _registered_method=True)
         self.RegisterWorker = channel.unary_unary(
                 '/flextrain.v1.Master/RegisterWorker',
                 request_serializer=flextrain_dot_proto_dot_flextrain__pb2.RegisterWorkerRequest.SerializeToString,
@@ -83,6 +88,12 @@ class MasterStub:
 
 class MasterServicer:
     """Missing associated documentation comment in .proto file."""
+
+    def GetJobSpec(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
 
     def RegisterWorker(self, request, context):
         """Missing associated documentation comment in .proto file."""
@@ -141,6 +152,11 @@ class MasterServicer:
 
 def add_MasterServicer_to_server(servicer, server):
     rpc_method_handlers = {
+            'GetJobSpec': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetJobSpec,
+                    request_deserializer=flextrain_dot_proto_dot_flextrain__pb2.GetJobSpecRequest.FromString,
+                    response_serializer=flextrain_dot_proto_dot_flextrain__pb2.GetJobSpecResponse.SerializeToString,
+            ),
             'RegisterWorker': grpc.unary_unary_rpc_method_handler(
                     servicer.RegisterWorker,
                     request_deserializer=flextrain_dot_proto_dot_flextrain__pb2.RegisterWorkerRequest.FromString,
@@ -196,6 +212,33 @@ def add_MasterServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class Master:
     """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def GetJobSpec(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/flextrain.v1.Master/GetJobSpec',
+            flextrain_dot_proto_dot_flextrain__pb2.GetJobSpecRequest.SerializeToString,
+            flextrain_dot_proto_dot_flextrain__pb2.GetJobSpecResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
 
     @staticmethod
     def RegisterWorker(request,

@@ -49,6 +49,9 @@ class MasterClient:
                 time.sleep(delay)  # backoff between retries of a failed call
                 delay = min(delay * 2, 2.0)
 
+    def job_spec(self) -> pb.GetJobSpecResponse:
+        return self._call("GetJobSpec", pb.GetJobSpecRequest(worker_id=self.worker_id))
+
     def register(self, *, pid: int) -> pb.RegisterWorkerResponse:
         import socket
 

@@ -53,9 +53,8 @@ def run_worker(master: str, worker_id: str) -> int:
     if threads > 0:
         torch.set_num_threads(threads)
     client = MasterClient(master, worker_id)
-    reg = client.register(pid=os.getpid())
+    reg = client.job_spec()
     spec = JobSpec.from_json(reg.job_spec_json)
-    log.info("%s registered with master %s (pid %d)", worker_id, master, os.getpid())
     model_def = load_model_def(spec.model_def)
     torch.manual_seed(spec.seed)
     model = model_def.build_model()
@@ -64,6 +63,9 @@ def run_worker(master: str, worker_id: str) -> int:
     collective = Collective(timeout=spec.worker_timeout)
     trainer = AllReduceTrainer(spec=spec, model_def=model_def, model=model, optimizer=optimizer,
                                client=client, collective=collective, state=state)
+    # Ready: only now may the master end the running round to let us in.
+    client.register(pid=os.getpid())
+    log.info("%s registered with master %s (pid %d)", worker_id, master, os.getpid())
     done = threading.Event()
     beat = threading.Thread(target=_heartbeat_loop, args=(client, state, reg.heartbeat_interval, done),
                             daemon=True, name="heartbeat")

@@ -1,0 +1,142 @@
+"""PS shard checkpoints: ``<dir>/ps-<index>/version-<v>.ckpt``, atomic, last 2 kept.
+
+A checkpoint holds what a relaunched PS needs to carry on: dense parameters
+and their optimizer state, every embedding row with its optimizer state and
+step count, the optimizer and sync settings, and the version. It is written
+with :mod:`flextrain.elastic.statecodec` (JSON skeleton + raw tensors, no
+pickle), to a temporary file that is fsynced and then renamed, so a PS killed
+mid-write leaves the previous checkpoint intact.
+
+Periodic checkpoints (every ``every`` versions) are taken on the thread that
+bumped the version — serialising under the shard lock so the state is one
+consistent version — and written to disk by a background thread, so training
+pushes do not wait for the disk. If the writer is still busy, only the newest
+pending snapshot is kept. Gradients collected in SYNC mode but not yet applied
+are not saved: after a restore the PS continues from the checkpointed version.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import threading
+from pathlib import Path
+
+from flextrain.elastic import statecodec
+from flextrain.ps.state import ShardState, SyncSettings
+
+log = logging.getLogger(__name__)
+_NAME = re.compile(r"^version-(\d+)\.ckpt$")
+
+
+class Checkpointer:
+    def __init__(self, directory: str | os.PathLike, shard_index: int, *, every: int = 0, keep: int = 2) -> None:
+        if every < 0 or keep < 1:
+            raise ValueError(f"checkpoint every must be >= 0 and keep >= 1 (got {every}, {keep})")
+        self.dir = Path(directory) / f"ps-{shard_index}"
+        self.every, self.keep = every, keep
+        self._shard: ShardState | None = None
+        self._cond = threading.Condition()
+        self._pending: tuple[int, bytes] | None = None
+        self._busy = False
+        self._write_lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------------ files
+
+    def checkpoints(self) -> list[tuple[int, Path]]:
+        """(version, path) of the checkpoints on disk, oldest first."""
+        if not self.dir.is_dir():
+            return []
+        found = [(int(m.group(1)), p) for p in self.dir.iterdir() if (m := _NAME.match(p.name))]
+        return sorted(found)
+
+    def _write(self, version: int, blob: bytes) -> Path:
+        with self._write_lock:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            final = self.dir / f"version-{version}.ckpt"
+            tmp = self.dir / f".version-{version}.ckpt.tmp-{os.getpid()}-{threading.get_ident()}"
+            with open(tmp, "wb") as f:
+                f.write(blob)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, final)
+            fd = os.open(self.dir, os.O_RDONLY)
+            try:
+                os.fsync(fd)  # make the rename itself durable
+            finally:
+                os.close(fd)
+            for _, old in self.checkpoints()[: -self.keep]:
+                old.unlink(missing_ok=True)
+            log.info("PS checkpoint written: %s (%d bytes)", final, len(blob))
+            return final
+
+    # ------------------------------------------------------------------ saving
+
+    @staticmethod
+    def snapshot(shard: ShardState) -> tuple[int, bytes]:
+        """(version, encoded state), consistent: serialised while holding every shard lock."""
+        with shard.locked():
+            return shard.version, statecodec.encode(shard.export_state())
+
+    def save(self, shard: ShardState) -> tuple[Path, int]:
+        """Write a checkpoint now (after any background write); returns (path, version)."""
+        version, blob = self.snapshot(shard)
+        self.flush()
+        return self._write(version, blob), version
+
+    def attach(self, shard: ShardState) -> None:
+        """Checkpoint ``shard`` every ``every`` versions (no-op when every == 0)."""
+        self._shard = shard
+        if self.every:
+            shard.on_version = self._on_version
+
+    def _on_version(self, version: int) -> None:
+        if version % self.every:
+            return
+        snap = self.snapshot(self._shard)
+        if snap[0] % self.every:  # another update slipped in; the next multiple will be saved
+            return
+        with self._cond:
+            self._pending = snap  # a newer snapshot replaces one still waiting for the disk
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._writer, name="ps-checkpoint", daemon=True)
+                self._thread.start()
+            self._cond.notify_all()
+
+    def _writer(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._pending is not None)
+                (version, blob), self._pending = self._pending, None
+                self._busy = True
+            try:
+                self._write(version, blob)
+            except OSError as exc:  # keep serving; the next checkpoint may succeed
+                log.error("PS checkpoint of version %d failed: %s", version, exc)
+            finally:
+                with self._cond:
+                    self._busy = False
+                    self._cond.notify_all()
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait for the background writer to finish what it has; False on timeout."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._pending is None and not self._busy, timeout=timeout)
+
+    # ------------------------------------------------------------------ restoring
+
+    def restore(self, shard: ShardState, *, keep_sync: SyncSettings | None = None) -> int | None:
+        """Load the newest readable checkpoint into ``shard``; its version, or None if there is none."""
+        for tmp in self.dir.glob(".version-*.tmp-*") if self.dir.is_dir() else ():
+            tmp.unlink(missing_ok=True)  # left by a PS killed mid-write
+        for version, path in reversed(self.checkpoints()):
+            try:
+                shard.load_state(statecodec.decode(path.read_bytes()), keep_sync=keep_sync)
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                log.warning("skipping unreadable PS checkpoint %s: %s", path, exc)
+                continue
+            log.info("PS %d restored version %d from %s", shard.shard_index, version, path)
+            return shard.version
+        return None

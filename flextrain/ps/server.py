@@ -1,0 +1,256 @@
+"""The gRPC face of a PS shard: message <-> ShardState translation, nothing more.
+
+Errors map to status codes clients can act on: bad input (unknown optimizer,
+bad ids, mismatched shapes...) is INVALID_ARGUMENT with a message that names
+the culprit; a request the PS cannot serve yet (no optimizer, parameters not
+initialised, optimizer already set differently) is FAILED_PRECONDITION.
+Nothing received is unpickled or evaluated: tensors are parsed from dtype,
+shape and raw bytes, with sizes checked before any allocation.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+from concurrent import futures
+from itertools import chain
+
+import grpc
+import numpy as np
+import torch
+
+from flextrain.proto import flextrain_pb2 as fpb
+from flextrain.proto import ps_pb2 as pb
+from flextrain.proto import ps_pb2_grpc as pb_grpc
+from flextrain.ps.checkpoint import Checkpointer
+from flextrain.ps.dense import DTYPES, Spec, check_specs
+from flextrain.ps.embedding import TableSpec
+from flextrain.ps.state import PreconditionError, ShardState, SparseGrad, SyncSettings
+
+log = logging.getLogger(__name__)
+MIN_CHUNK, MAX_CHUNK = 4 << 10, 3 << 20  # stay well under gRPC's default 4 MiB message limit
+MAX_WAIT = 60.0                           # longest long-poll a PullDense may ask for
+_MODES = {pb.SyncConfig.SYNC: "sync", pb.SyncConfig.ASYNC: "async"}
+
+
+def _rpc(method):
+    """Turn ValueError/PreconditionError into INVALID_ARGUMENT/FAILED_PRECONDITION."""
+    def code_for(exc):
+        return grpc.StatusCode.FAILED_PRECONDITION if isinstance(exc, PreconditionError) \
+            else grpc.StatusCode.INVALID_ARGUMENT
+
+    if inspect.isgeneratorfunction(method):
+        @functools.wraps(method)
+        def stream(self, request, context):
+            try:
+                yield from method(self, request, context)
+            except (ValueError, PreconditionError) as exc:
+                context.abort(code_for(exc), str(exc))
+        return stream
+
+    @functools.wraps(method)
+    def unary(self, request, context):
+        try:
+            return method(self, request, context)
+        except (ValueError, PreconditionError) as exc:
+            context.abort(code_for(exc), str(exc))
+    return unary
+
+
+# ---------------------------------------------------------------- conversions
+
+def sync_to_proto(s: SyncSettings) -> pb.SyncConfig:
+    return pb.SyncConfig(mode=pb.SyncConfig.ASYNC if s.mode == "async" else pb.SyncConfig.SYNC,
+                         grads_to_wait=s.grads_to_wait, version_tolerance=s.version_tolerance,
+                         staleness_lr=s.staleness_lr, max_staleness=s.max_staleness)
+
+
+def sync_from_proto(m: pb.SyncConfig) -> SyncSettings:
+    if m.mode not in _MODES:
+        raise ValueError(f"unknown sync mode {m.mode}")
+    return SyncSettings(_MODES[m.mode], m.grads_to_wait, m.version_tolerance, m.staleness_lr, m.max_staleness)
+
+
+def layout_to_proto(store) -> pb.DenseLayout:
+    if store is None:
+        return pb.DenseLayout()
+    return pb.DenseLayout(
+        tensors=[pb.TensorSpec(name=s.name, dtype=s.dtype, shape=s.shape, offset=s.offset) for s in store.layout],
+        total_bytes=store.total_bytes, layout_id=store.layout_id)
+
+
+def table_to_proto(spec: TableSpec) -> pb.TableSpec:
+    return pb.TableSpec(name=spec.name, dim=spec.dim, dtype=spec.dtype, initializer=spec.initializer,
+                        init_args=spec.init_args, seed=spec.seed)
+
+
+def table_from_proto(m: pb.TableSpec) -> TableSpec:
+    return TableSpec(m.name, m.dim, m.dtype or "float32", m.initializer or "normal", dict(m.init_args), m.seed)
+
+
+def ids_from_proto(t: fpb.Tensor, table: str) -> np.ndarray:
+    if t.dtype != "int64" or len(t.shape) != 1 or len(t.data) != 8 * t.shape[0]:
+        raise ValueError(f"embedding table {table!r}: ids must be an int64 vector, got dtype {t.dtype!r} "
+                         f"shape {list(t.shape)} with {len(t.data)} bytes")
+    return np.frombuffer(t.data, dtype=np.int64)
+
+
+def rows_from_proto(t: fpb.Tensor, table: str) -> torch.Tensor:
+    dtype = DTYPES.get(t.dtype)
+    if dtype is None or len(t.shape) != 2 or min(t.shape) < 0 \
+            or len(t.data) != t.shape[0] * t.shape[1] * dtype.itemsize:
+        raise ValueError(f"embedding table {table!r}: gradient rows must be a 2-D float tensor, got dtype "
+                         f"{t.dtype!r} shape {list(t.shape)} with {len(t.data)} bytes")
+    if not t.data:
+        return torch.zeros(tuple(t.shape), dtype=dtype)
+    return torch.frombuffer(bytearray(t.data), dtype=dtype).view(tuple(t.shape))
+
+
+class PSServicer(pb_grpc.ParameterServerServicer):
+    def __init__(self, shard: ShardState, *, checkpointer: Checkpointer | None = None,
+                 chunk_bytes: int = 1 << 20) -> None:
+        self.shard = shard
+        self.checkpointer = checkpointer
+        self.chunk_bytes = min(max(chunk_bytes, MIN_CHUNK), MAX_CHUNK)
+
+    def _chunk(self, asked: int) -> int:
+        return min(max(asked, MIN_CHUNK), MAX_CHUNK) if asked > 0 else self.chunk_bytes
+
+    @_rpc
+    def Configure(self, request, context):
+        opt = None
+        if request.HasField("optimizer") and request.optimizer.name:
+            opt = (request.optimizer.name, dict(request.optimizer.hyper))
+        sync = sync_from_proto(request.sync) if request.HasField("sync") else None
+        optimizer, sync, version = self.shard.configure(optimizer=opt, sync=sync, num_ps=request.num_ps)
+        resp = pb.ConfigureResponse(sync=sync_to_proto(sync), version=version)
+        if optimizer is not None:
+            resp.optimizer.CopyFrom(pb.OptimizerConfig(name=optimizer.name, hyper=optimizer.hyper))
+        return resp
+
+    @_rpc
+    def Describe(self, request, context):
+        info = self.shard.info()
+        resp = pb.DescribeResponse(
+            shard_index=info["shard_index"], num_ps=info["num_ps"], version=info["version"],
+            incarnation=info["incarnation"], dense_initialized=info["dense"] is not None,
+            layout=layout_to_proto(info["dense"]), tables=[table_to_proto(t) for t in info["tables"]],
+            table_rows=info["table_rows"], sync=sync_to_proto(info["sync"]), pending_pushes=info["pending"])
+        if info["optimizer"] is not None:
+            resp.optimizer.CopyFrom(pb.OptimizerConfig(name=info["optimizer"].name, hyper=info["optimizer"].hyper))
+        return resp
+
+    @_rpc
+    def InitDense(self, request_iterator, context):
+        it = iter(request_iterator)
+        first = next(it, None)
+        if first is None or not first.HasField("layout"):
+            raise ValueError("InitDense must start with the layout")
+        specs = [Spec(t.name, t.dtype, tuple(t.shape)) for t in first.layout.tensors]
+        check_specs(specs)  # before allocating: dtypes and shapes decide the size
+        data = bytearray(sum(s.nbytes for s in specs))
+        pos = 0
+        for msg in chain([first], it):
+            piece = msg.data
+            if pos + len(piece) > len(data):
+                raise ValueError(f"InitDense sent more than the {len(data)} bytes its layout needs")
+            data[pos: pos + len(piece)] = piece
+            pos += len(piece)
+        if pos != len(data):
+            raise ValueError(f"InitDense ended after {pos} of {len(data)} bytes")
+        initialized, version, store = self.shard.init_dense(specs, data)
+        return pb.InitDenseResponse(initialized=initialized, version=version, layout=layout_to_proto(store),
+                                    incarnation=self.shard.incarnation)
+
+    @_rpc
+    def DeclareTables(self, request, context):
+        specs = self.shard.declare_tables([table_from_proto(t) for t in request.tables])
+        return pb.DeclareTablesResponse(tables=[table_to_proto(s) for s in specs])
+
+    @_rpc
+    def PullDense(self, request, context):
+        wait = min(max(request.wait_seconds, 0.0), MAX_WAIT)
+        unchanged, version, store, chunks = self.shard.pull_dense(
+            request.known_version, request.known_incarnation, wait, self._chunk(request.chunk_bytes))
+        head = pb.PullDenseChunk(unchanged=unchanged, version=version, incarnation=self.shard.incarnation)
+        if not unchanged:
+            head.layout.CopyFrom(layout_to_proto(store))
+        yield head
+        for piece in chunks:
+            yield pb.PullDenseChunk(data=piece)
+
+    @_rpc
+    def PullEmbedding(self, request, context):
+        ids = ids_from_proto(request.ids, request.table)
+        rows, version = self.shard.pull_rows(request.table, ids)
+        n, dim = rows.shape
+        dtype = str(rows.dtype).removeprefix("torch.")
+        raw = rows.view(torch.uint8).numpy() if n else None  # [n, dim * itemsize], no copy
+        per = max(1, self._chunk(request.chunk_bytes) // max(1, dim * rows.element_size()))
+        if n == 0:
+            yield pb.PullEmbeddingChunk(rows=fpb.Tensor(dtype=dtype, shape=[0, dim]), version=version)
+        for a in range(0, n, per):
+            block = raw[a: a + per]
+            yield pb.PullEmbeddingChunk(rows=fpb.Tensor(dtype=dtype, shape=[len(block), dim], data=block.tobytes()),
+                                        version=version)
+
+    @_rpc
+    def PushGradients(self, request_iterator, context):
+        it = iter(request_iterator)
+        first = next(it, None)
+        if first is None or not first.HasField("header"):
+            raise ValueError("PushGradients must start with a header")
+        h = first.header
+        dense = None
+        if h.dense_bytes:
+            store = self.shard.dense
+            if store is None or h.dense_bytes != store.total_bytes:  # checked before allocating
+                raise ValueError(f"push announces {h.dense_bytes} dense bytes; PS {self.shard.shard_index} "
+                                 f"holds {store.total_bytes if store else 0}")
+            dense = bytearray(h.dense_bytes)
+        pos, sparse = 0, []
+        for msg in chain([first], it):
+            piece = msg.dense
+            if piece:
+                if dense is None or pos + len(piece) > len(dense):
+                    raise ValueError(f"push sent more dense bytes than the {h.dense_bytes} announced")
+                dense[pos: pos + len(piece)] = piece
+                pos += len(piece)
+            if msg.HasField("sparse"):
+                b = msg.sparse
+                sparse.append(SparseGrad(b.table, ids_from_proto(b.ids, b.table), rows_from_proto(b.values, b.table)))
+        if dense is not None and pos != len(dense):
+            raise ValueError(f"push ended after {pos} of {len(dense)} dense bytes")
+        result = self.shard.push(client_id=h.client_id, seq=h.seq, base_version=h.base_version,
+                                 layout_id=h.layout_id, dense=dense, absent=list(h.absent), sparse=sparse)
+        return pb.PushResponse(accepted=result.accepted, version=result.version, message=result.message,
+                               incarnation=self.shard.incarnation, applied=result.applied)
+
+    @_rpc
+    def Checkpoint(self, request, context):
+        if self.checkpointer is None:
+            return pb.CheckpointResponse(path="", version=self.shard.version)
+        path, version = self.checkpointer.save(self.shard)
+        return pb.CheckpointResponse(path=str(path), version=version)
+
+
+def start_server(servicer: PSServicer, *, host: str = "0.0.0.0", port: int = 0,
+                 threads: int = 32) -> tuple[grpc.Server, int]:
+    """Start serving; returns the server and its bound port (``port=0``: any free port).
+
+    SO_REUSEPORT is off so a second PS on the same port fails loudly instead of
+    silently sharing the traffic. Message size limits stay at gRPC's defaults:
+    every stream is chunked well below them.
+    """
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ps-rpc"),
+                         options=[("grpc.so_reuseport", 0)])
+    pb_grpc.add_ParameterServerServicer_to_server(servicer, server)
+    try:
+        bound = server.add_insecure_port(f"{host}:{port}")
+    except RuntimeError as exc:  # grpc raises rather than returning 0 in recent versions
+        raise OSError(f"parameter server could not listen on {host}:{port}: {exc}") from exc
+    if bound == 0:
+        raise OSError(f"parameter server could not listen on {host}:{port}")
+    server.start()
+    return server, bound
