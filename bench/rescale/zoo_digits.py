@@ -1,7 +1,6 @@
 """Model-zoo module for bench/rescale.py: the digits MLP with a step-recording optimizer.
 
-Same model as ``model_zoo/digits_torch.py`` (64 -> 64 -> 10 MLP, SGD with
-momentum, cross-entropy), plus timing probes for the rescale benchmark:
+The model, loss and feed of ``model_zoo/digits_torch.py`` (SGD with momentum), plus timing probes for the rescale benchmark:
 
 * every committed optimizer step appends ``"<time.time()> <n>"`` (``n`` counts
   this process's steps from 1) to ``$RESCALE_DIR/steps-$FLEXTRAIN_WORKER_ID.txt``;
@@ -20,13 +19,12 @@ Without both environment variables (e.g. in the master, which imports the
 module only to check the contract) nothing is recorded.
 """
 
+import importlib.util
 import os
 import time
+from pathlib import Path
 
 import torch
-from torch import nn
-
-from flextrain.data.digits import decode_digits
 
 IMPORTED_AT = time.time()
 _DIR = os.environ.get("RESCALE_DIR")
@@ -37,17 +35,17 @@ if _DIR and _WORKER:
         _f.write(f"{IMPORTED_AT:.6f}\n")
 
 
-class Model(nn.Module):
-    def __init__(self, hidden: int = 64):
-        super().__init__()
-        self.net = nn.Sequential(nn.Linear(64, hidden), nn.ReLU(), nn.Linear(hidden, 10))
+def _load_zoo():
+    """The model, loss and feed of model_zoo/digits_torch.py, so both benchmarks train the same thing."""
+    path = Path(__file__).resolve().parents[2] / "model_zoo" / "digits_torch.py"
+    spec = importlib.util.spec_from_file_location("_bench_digits_zoo", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
-    def forward(self, x):
-        return self.net(x)
 
-
-def loss(labels, predictions):
-    return nn.functional.cross_entropy(predictions, labels)
+_zoo = _load_zoo()
+Model, loss, feed = _zoo.Model, _zoo.loss, _zoo.feed
 
 
 class StepRecordingSGD(torch.optim.SGD):
@@ -75,10 +73,3 @@ class StepRecordingSGD(torch.optim.SGD):
 def optimizer(params, lr=0.1):
     return StepRecordingSGD(params, lr=lr)
 
-
-def feed(records, mode, metadata):
-    pixels, labels = decode_digits(records)
-    features = torch.from_numpy(pixels)
-    if mode == "prediction":
-        return features
-    return features, torch.from_numpy(labels)
