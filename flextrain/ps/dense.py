@@ -22,9 +22,11 @@ from dataclasses import dataclass
 
 import torch
 
+from flextrain.ps.codec import FLOAT_DTYPES
 from flextrain.ps.optimizers import Optimizer
+from flextrain.ps.wire import PULL_DATA_TAG, gather_chunks
 
-DTYPES = {name: getattr(torch, name) for name in ("float16", "bfloat16", "float32", "float64")}
+DTYPES = FLOAT_DTYPES
 _ALIGN = 64
 
 
@@ -82,8 +84,9 @@ def canonical_layout(specs: list[Spec]) -> tuple[list[Spec], int, int]:
 class DenseArena:
     """Typed views into one flat uint8 buffer laid out by ``layout``."""
 
-    def __init__(self, layout: list[Spec], buffer: torch.Tensor) -> None:
+    def __init__(self, layout: list[Spec], buffer: torch.Tensor, owner: bytearray | None = None) -> None:
         self.buffer = buffer
+        self.owner = owner  # the bytearray behind ``buffer``, if any (recycled by the shard)
         self.views = {s.name: self._view(s.offset, s.numel, s.dtype).view(s.shape) for s in layout}
         self.groups: list[torch.Tensor] = []
         start = None
@@ -130,9 +133,11 @@ class DenseStore:
 
     def wrap(self, buffer: bytearray | torch.Tensor) -> DenseArena:
         """Typed views over a received gradient buffer of ``total_bytes``."""
+        owner = None
         if not isinstance(buffer, torch.Tensor):
+            owner = buffer
             buffer = torch.frombuffer(buffer, dtype=torch.uint8) if len(buffer) else torch.zeros(0, dtype=torch.uint8)
-        return DenseArena(self.layout, buffer)
+        return DenseArena(self.layout, buffer, owner)
 
     def zero(self, grads: DenseArena, names) -> None:
         """Zero the gradient bytes of ``names`` (absent gradients must add nothing when summed)."""
@@ -168,10 +173,10 @@ class DenseStore:
             optimizer.update(self.params.views[s.name], grads.views[s.name], state, step, lr_scale)
             self.steps[s.name] = step
 
-    def chunks(self, chunk_bytes: int) -> list[bytes]:
-        """The parameter arena as ``bytes`` pieces of at most ``chunk_bytes`` (one copy)."""
+    def encoded_chunks(self, chunk_bytes: int) -> list[bytes]:
+        """The parameter arena as serialised ``PullDenseChunk{data}`` messages of ``chunk_bytes`` (one copy)."""
         view = memoryview(self.params.buffer.numpy())
-        return [bytes(view[o: o + chunk_bytes]) for o in range(0, self.total_bytes, chunk_bytes)]
+        return list(gather_chunks([(0, view)], self.total_bytes, chunk_bytes, PULL_DATA_TAG))
 
     # ------------------------------------------------------------------ checkpoint
 

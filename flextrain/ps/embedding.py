@@ -1,10 +1,12 @@
 """One embedding table of a PS shard: id -> row, created lazily, updated sparsely.
 
-Storage is built for many rows: a dict maps id -> slot index, and rows,
-optimizer slots and per-row step counts live in growable 2-D tensors (the
-capacity doubles, so appends are amortised O(1)). Lookups, lazy creation,
-gathers and updates are vectorised over the batch of ids; the only per-id
-work is the C-level dict probe inside ``map``.
+Storage is built for many rows: a vectorised hash index (idindex.py) maps
+id -> row number, and rows, optimizer slots and per-row step counts live in
+growable 2-D tensors (the capacity doubles, so appends are amortised O(1)).
+Lookups, lazy creation, gathers and updates are vectorised over the batch of
+ids: no Python-level work per id. Gathers and scatters go through numpy
+views of the tensors (bit-exact integer views, so bfloat16 works too), which
+are several times faster than torch's index_select/index_copy_ on one thread.
 
 Every method takes the table's own lock, so PS threads may pull rows from one
 table while another table (or the dense shard) is being updated.
@@ -14,16 +16,16 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from itertools import repeat
 
 import numpy as np
 import torch
 
+from flextrain.ps.codec import FLOAT_DTYPES
+from flextrain.ps.idindex import IdIndex
 from flextrain.ps.initializers import check_initializer, initial_rows
 from flextrain.ps.optimizers import Optimizer
 from flextrain.ps.shard import as_row_ids
 
-FLOAT_DTYPES = {name: getattr(torch, name) for name in ("float16", "bfloat16", "float32", "float64")}
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,22 @@ class TableSpec:
                 "init_args": dict(self.init_args), "seed": self.seed}
 
 
+_SAME_SIZE_INT = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _np(t: torch.Tensor) -> np.ndarray:
+    """A numpy view of ``t`` with an integer dtype of the same width (bit-exact copies, any float dtype)."""
+    return t.view(_SAME_SIZE_INT[t.element_size()]).numpy()
+
+
+def _take(t: torch.Tensor, idx: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(np.take(_np(t), idx, axis=0)).view(t.dtype)
+
+
+def _put(t: torch.Tensor, idx: np.ndarray, values: torch.Tensor) -> None:
+    _np(t)[idx] = _np(values.contiguous())
+
+
 class EmbeddingTable:
     """Rows of one table held by this PS (see the module docstring)."""
 
@@ -61,7 +79,7 @@ class EmbeddingTable:
         self.spec = spec.validated()
         self.dtype = FLOAT_DTYPES[self.spec.dtype]
         self.lock = threading.Lock()
-        self._index: dict[int, int] = {}
+        self._index = IdIndex(capacity)
         self._n = 0
         cap = max(int(capacity), 1)
         self._ids = np.zeros(cap, dtype=np.int64)
@@ -93,9 +111,9 @@ class EmbeddingTable:
         self._ids, self._rows, self._steps = ids, grown(self._rows), grown(self._steps)
         self._slots = {name: grown(t) for name, t in self._slots.items()}
 
-    def _indices(self, ids: np.ndarray) -> torch.Tensor:
-        """Slot indices of ``ids`` (validated int64), creating unseen rows with the initializer."""
-        idx = np.fromiter(map(self._index.get, ids.tolist(), repeat(-1)), dtype=np.int64, count=len(ids))
+    def _indices(self, ids: np.ndarray) -> np.ndarray:
+        """Row numbers of ``ids`` (validated int64), creating unseen rows with the initializer."""
+        idx = self._index.lookup(ids)
         missing = idx < 0
         if missing.any():
             new_ids = np.unique(ids[missing])  # sorted, and an id asked twice is created once
@@ -108,10 +126,10 @@ class EmbeddingTable:
                 slot[start:start + m] = self._slot_init[name]
             self._steps[start:start + m] = 0
             self._ids[start:start + m] = new_ids
-            self._index.update(zip(new_ids.tolist(), range(start, start + m)))
+            self._index.insert(new_ids, np.arange(start, start + m, dtype=np.int64))
             self._n += m
             idx[missing] = start + np.searchsorted(new_ids, ids[missing])
-        return torch.from_numpy(idx)
+        return idx
 
     def _ensure_slots(self, optimizer: Optimizer) -> None:
         for name, init in optimizer.slots().items():
@@ -129,7 +147,7 @@ class EmbeddingTable:
         ids = as_row_ids(ids, self.spec.name)
         with self.lock:
             idx = self._indices(ids)  # first: it may reallocate self._rows
-            return self._rows.index_select(0, idx)
+            return _take(self._rows, idx)
 
     def apply(self, optimizer: Optimizer, ids, grads: torch.Tensor, lr_scale: float = 1.0) -> None:
         """One optimizer step on the rows ``ids`` (unique) with gradient rows ``grads``.
@@ -145,14 +163,14 @@ class EmbeddingTable:
         with self.lock:
             self._ensure_slots(optimizer)
             idx = self._indices(ids)
-            param = self._rows.index_select(0, idx)
-            state = {name: slot.index_select(0, idx) for name, slot in self._slots.items()}
-            steps = self._steps.index_select(0, idx) + 1
+            param = _take(self._rows, idx)
+            state = {name: _take(slot, idx) for name, slot in self._slots.items()}
+            steps = _take(self._steps, idx) + 1
             optimizer.update(param, grads.to(self.dtype), state, steps.to(torch.float64).unsqueeze(1), lr_scale)
-            self._rows.index_copy_(0, idx, param)
+            _put(self._rows, idx, param)
             for name, value in state.items():
-                self._slots[name].index_copy_(0, idx, value)
-            self._steps.index_copy_(0, idx, steps)
+                _put(self._slots[name], idx, value)
+            _put(self._steps, idx, steps)
 
     # ------------------------------------------------------------------ checkpoint
 
@@ -174,6 +192,6 @@ class EmbeddingTable:
             table._slots[name] = torch.empty((len(table._ids), table.spec.dim), dtype=table.dtype)
             table._slots[name][:n] = value
             table._slot_init[name] = float(state["slot_init"][name])
-        table._index = dict(zip(table._ids[:n].tolist(), range(n)))
+        table._index.insert(table._ids[:n].copy(), np.arange(n, dtype=np.int64))
         table._n = n
         return table

@@ -17,16 +17,17 @@ from concurrent import futures
 from itertools import chain
 
 import grpc
-import numpy as np
 import torch
 
 from flextrain.proto import flextrain_pb2 as fpb
 from flextrain.proto import ps_pb2 as pb
 from flextrain.proto import ps_pb2_grpc as pb_grpc
 from flextrain.ps.checkpoint import Checkpointer
-from flextrain.ps.dense import DTYPES, Spec, check_specs
+from flextrain.ps.codec import ids_from_proto, rows_from_proto
+from flextrain.ps.dense import Spec, check_specs
 from flextrain.ps.embedding import TableSpec
 from flextrain.ps.state import PreconditionError, ShardState, SparseGrad, SyncSettings
+from flextrain.ps.wire import PUSH_DENSE_TAG, Scatter, only_bytes_field
 
 log = logging.getLogger(__name__)
 MIN_CHUNK, MAX_CHUNK = 4 << 10, 3 << 20  # stay well under gRPC's default 4 MiB message limit
@@ -89,22 +90,11 @@ def table_from_proto(m: pb.TableSpec) -> TableSpec:
     return TableSpec(m.name, m.dim, m.dtype or "float32", m.initializer or "normal", dict(m.init_args), m.seed)
 
 
-def ids_from_proto(t: fpb.Tensor, table: str) -> np.ndarray:
-    if t.dtype != "int64" or len(t.shape) != 1 or len(t.data) != 8 * t.shape[0]:
-        raise ValueError(f"embedding table {table!r}: ids must be an int64 vector, got dtype {t.dtype!r} "
-                         f"shape {list(t.shape)} with {len(t.data)} bytes")
-    return np.frombuffer(t.data, dtype=np.int64)
-
-
-def rows_from_proto(t: fpb.Tensor, table: str) -> torch.Tensor:
-    dtype = DTYPES.get(t.dtype)
-    if dtype is None or len(t.shape) != 2 or min(t.shape) < 0 \
-            or len(t.data) != t.shape[0] * t.shape[1] * dtype.itemsize:
-        raise ValueError(f"embedding table {table!r}: gradient rows must be a 2-D float tensor, got dtype "
-                         f"{t.dtype!r} shape {list(t.shape)} with {len(t.data)} bytes")
-    if not t.data:
-        return torch.zeros(tuple(t.shape), dtype=dtype)
-    return torch.frombuffer(bytearray(t.data), dtype=dtype).view(tuple(t.shape))
+def _push_items(raw_messages):
+    """Raw PushChunk messages as dense payload views (fast path) or parsed messages."""
+    for raw in raw_messages:
+        piece = only_bytes_field(raw, PUSH_DENSE_TAG)
+        yield piece if piece is not None else pb.PushChunk.FromString(raw)
 
 
 class PSServicer(pb_grpc.ParameterServerServicer):
@@ -177,8 +167,7 @@ class PSServicer(pb_grpc.ParameterServerServicer):
         if not unchanged:
             head.layout.CopyFrom(layout_to_proto(store))
         yield head
-        for piece in chunks:
-            yield pb.PullDenseChunk(data=piece)
+        yield from chunks  # PullDenseChunk{data} messages, serialised once per version and shared
 
     @_rpc
     def PullEmbedding(self, request, context):
@@ -197,8 +186,11 @@ class PSServicer(pb_grpc.ParameterServerServicer):
 
     @_rpc
     def PushGradients(self, request_iterator, context):
+        # Requests arrive as raw bytes (see add_to_server): dense pieces are copied
+        # straight from the received message into a recycled buffer.
         it = iter(request_iterator)
-        first = next(it, None)
+        raw = next(it, None)
+        first = pb.PushChunk.FromString(raw) if raw is not None else None
         if first is None or not first.HasField("header"):
             raise ValueError("PushGradients must start with a header")
         h = first.header
@@ -208,20 +200,20 @@ class PSServicer(pb_grpc.ParameterServerServicer):
             if store is None or h.dense_bytes != store.total_bytes:  # checked before allocating
                 raise ValueError(f"push announces {h.dense_bytes} dense bytes; PS {self.shard.shard_index} "
                                  f"holds {store.total_bytes if store else 0}")
-            dense = bytearray(h.dense_bytes)
-        pos, sparse = 0, []
-        for msg in chain([first], it):
-            piece = msg.dense
-            if piece:
-                if dense is None or pos + len(piece) > len(dense):
-                    raise ValueError(f"push sent more dense bytes than the {h.dense_bytes} announced")
-                dense[pos: pos + len(piece)] = piece
-                pos += len(piece)
-            if msg.HasField("sparse"):
-                b = msg.sparse
+            dense = self.shard.receive_buffer(h.dense_bytes)
+        sink = Scatter([(0, memoryview(dense))] if dense is not None else [], len(dense) if dense else 0)
+        sparse = []
+        for item in chain([first], _push_items(it)):
+            if isinstance(item, memoryview):  # the common case: a bare dense piece
+                sink.write(item)  # ValueError beyond the announced size
+                continue
+            if item.dense:
+                sink.write(item.dense)
+            if item.HasField("sparse"):
+                b = item.sparse
                 sparse.append(SparseGrad(b.table, ids_from_proto(b.ids, b.table), rows_from_proto(b.values, b.table)))
-        if dense is not None and pos != len(dense):
-            raise ValueError(f"push ended after {pos} of {len(dense)} dense bytes")
+        if not sink.complete:
+            raise ValueError(f"push ended after {sink.pos} of {sink.total} dense bytes")
         result = self.shard.push(client_id=h.client_id, seq=h.seq, base_version=h.base_version,
                                  layout_id=h.layout_id, dense=dense, absent=list(h.absent), sparse=sparse)
         return pb.PushResponse(accepted=result.accepted, version=result.version, message=result.message,
@@ -235,6 +227,31 @@ class PSServicer(pb_grpc.ParameterServerServicer):
         return pb.CheckpointResponse(path=str(path), version=version)
 
 
+def _serialize(message) -> bytes:
+    return message if isinstance(message, bytes) else message.SerializeToString()
+
+
+def add_to_server(servicer: PSServicer, server: grpc.Server) -> None:
+    """Register every RPC of ``proto/ps.proto``'s ParameterServer with its protobuf (de)serialisers,
+    except the two bulk streams: PushGradients gets raw request bytes and PullDense may
+    yield pre-serialised messages (flextrain.ps.wire). The wire format is unchanged."""
+    service = pb.DESCRIPTOR.services_by_name["ParameterServer"]
+    handlers = {}
+    for method in service.methods:
+        request_cls = getattr(pb, method.input_type.name)
+        response_cls = getattr(pb, method.output_type.name)
+        deserialize = None if method.name == "PushGradients" else request_cls.FromString
+        serialize = _serialize if method.name == "PullDense" else response_cls.SerializeToString
+        kind = {(False, False): grpc.unary_unary_rpc_method_handler,
+                (True, False): grpc.stream_unary_rpc_method_handler,
+                (False, True): grpc.unary_stream_rpc_method_handler,
+                (True, True): grpc.stream_stream_rpc_method_handler}[(method.client_streaming,
+                                                                       method.server_streaming)]
+        handlers[method.name] = kind(getattr(servicer, method.name), request_deserializer=deserialize,
+                                     response_serializer=serialize)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
+
+
 def start_server(servicer: PSServicer, *, host: str = "0.0.0.0", port: int = 0,
                  threads: int = 32) -> tuple[grpc.Server, int]:
     """Start serving; returns the server and its bound port (``port=0``: any free port).
@@ -245,7 +262,7 @@ def start_server(servicer: PSServicer, *, host: str = "0.0.0.0", port: int = 0,
     """
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ps-rpc"),
                          options=[("grpc.so_reuseport", 0)])
-    pb_grpc.add_ParameterServerServicer_to_server(servicer, server)
+    add_to_server(servicer, server)
     try:
         bound = server.add_insecure_port(f"{host}:{port}")
     except RuntimeError as exc:  # grpc raises rather than returning 0 in recent versions

@@ -33,6 +33,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from flextrain.ps.codec import merge_rows
 from flextrain.ps.dense import DenseStore, Spec
 from flextrain.ps.embedding import EmbeddingTable, TableSpec
 from flextrain.ps.optimizers import Optimizer, make_optimizer
@@ -40,6 +41,7 @@ from flextrain.ps.shard import as_row_ids
 
 STATE_FORMAT = 1
 _DEDUPE_CLIENTS = 4096  # clients remembered for push de-duplication (LRU)
+_SPARE_BUFFERS = 4      # received gradient buffers kept for reuse (fresh big buffers cost page faults)
 
 
 class PreconditionError(RuntimeError):
@@ -79,16 +81,6 @@ class SparseGrad:
     values: torch.Tensor   # [k, dim]
 
 
-def merge_rows(ids: np.ndarray, values: torch.Tensor) -> tuple[np.ndarray, torch.Tensor]:
-    """Sum the gradient rows of duplicate ids (optimizers need unique rows)."""
-    uniq, inverse = np.unique(ids, return_inverse=True)
-    if len(uniq) == len(ids):
-        return ids, values
-    out = torch.zeros((len(uniq), values.shape[1]), dtype=values.dtype)
-    out.index_add_(0, torch.from_numpy(inverse.reshape(-1)), values)
-    return uniq, out
-
-
 class ShardState:
     """Dense parameters, embedding tables, optimizer and version of one PS shard."""
 
@@ -107,6 +99,8 @@ class ShardState:
         self._cond = threading.Condition()
         self._dedupe: OrderedDict[str, tuple[int, PushResult]] = OrderedDict()
         self._pull_cache: tuple[int, int, list[bytes]] | None = None
+        self._spare: list[bytearray] = []
+        self._spare_lock = threading.Lock()
         self._reset_accumulator()
 
     def _reset_accumulator(self) -> None:
@@ -204,13 +198,27 @@ class ShardState:
             cache = self._pull_cache
             if cache is None or cache[0] != self.version or cache[1] != chunk_bytes:
                 # One copy per version, shared by every worker pulling it.
-                cache = self._pull_cache = (self.version, chunk_bytes, self.dense.chunks(chunk_bytes))
+                cache = self._pull_cache = (self.version, chunk_bytes, self.dense.encoded_chunks(chunk_bytes))
             return False, self.version, self.dense, cache[2]
 
     def pull_rows(self, table: str, ids) -> tuple[torch.Tensor, int]:
         return self.table(table).gather(ids), self.version
 
     # ------------------------------------------------------------------ push
+
+    def receive_buffer(self, nbytes: int) -> bytearray:
+        """A buffer for a push's dense bytes, recycled from earlier pushes when possible."""
+        with self._spare_lock:
+            for i, buf in enumerate(self._spare):
+                if len(buf) == nbytes:
+                    return self._spare.pop(i)
+        return bytearray(nbytes)
+
+    def _release(self, grads) -> None:
+        if grads is not None and grads.owner is not None:
+            with self._spare_lock:
+                if len(self._spare) < _SPARE_BUFFERS:
+                    self._spare.append(grads.owner)
 
     def push(self, *, client_id: str, seq: int, base_version: int, layout_id: int = 0,
              dense: bytearray | None = None, absent=(), sparse: list[SparseGrad] = ()) -> PushResult:
@@ -223,6 +231,7 @@ class ShardState:
             if client_id:
                 last = self._dedupe.get(client_id)
                 if last is not None and seq <= last[0]:
+                    self._release(grads)
                     if seq == last[0]:
                         return last[1]  # a retry of a push already handled
                     return PushResult(False, self.version, f"push {seq} of client {client_id} is older than its "
@@ -275,6 +284,7 @@ class ShardState:
         s, version = self.sync, self.version
         if s.mode == "sync":
             if base < version - s.version_tolerance:
+                self._release(grads)
                 return PushResult(False, version, f"stale gradient: computed from version {base}, PS "
                                                   f"{self.shard_index} is at {version} (tolerance {s.version_tolerance})")
             self._accumulate(grads, absent, sparse)
@@ -284,9 +294,11 @@ class ShardState:
             return PushResult(True, version, f"{self._pending}/{s.grads_to_wait} gradients collected")
         staleness = max(0, version - base)
         if s.max_staleness and staleness > s.max_staleness:
+            self._release(grads)
             return PushResult(False, version, f"stale gradient: {staleness} versions old, PS {self.shard_index} "
                                               f"accepts at most {s.max_staleness}")
         self._apply(grads, absent, sparse, 1, 1.0 / (1 + staleness) if s.staleness_lr else 1.0)
+        self._release(grads)
         return PushResult(True, self.version, applied=True)
 
     def _accumulate(self, grads, absent: set[str], sparse: dict) -> None:
@@ -296,6 +308,7 @@ class ShardState:
             else:
                 for acc, g in zip(self._acc_dense.groups, grads.groups):
                     acc.add_(g)
+                self._release(grads)
         self._acc_absent = absent if self._acc_absent is None else self._acc_absent & absent
         for name, block in sparse.items():
             self._acc_sparse.setdefault(name, []).append(block)
@@ -305,10 +318,12 @@ class ShardState:
         n = self._pending
         sparse = {}
         for name, blocks in self._acc_sparse.items():
-            ids = np.concatenate([b[0] for b in blocks])
-            values = torch.cat([b[1] for b in blocks])
-            sparse[name] = merge_rows(ids, values)
+            if len(blocks) == 1:  # already merged on arrival
+                sparse[name] = blocks[0]
+            else:
+                sparse[name] = merge_rows(np.concatenate([b[0] for b in blocks]), torch.cat([b[1] for b in blocks]))
         self._apply(self._acc_dense, self._acc_absent or set(), sparse, n, 1.0)
+        self._release(self._acc_dense)
         self._reset_accumulator()
         return True
 

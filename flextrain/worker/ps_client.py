@@ -1,7 +1,8 @@
 """PSClient: a worker's view of the parameter servers (``proto/ps.proto``).
 
-Routing follows :mod:`flextrain.ps.shard` (the routing rule is part of the wire
-contract; nothing else of ``flextrain.ps`` is imported). Calls fan out to the
+Routing follows :mod:`flextrain.ps.shard`; tensors and the bulk streams are
+encoded by :mod:`flextrain.ps.codec` and :mod:`flextrain.ps.wire`. Those three
+are the protocol, shared with the PS; no PS internals are imported. Calls fan out to the
 PS in parallel. Every attempt has a deadline (longer for big streams); a call
 failing with UNAVAILABLE / DEADLINE_EXCEEDED / RESOURCE_EXHAUSTED is retried
 with exponential backoff, so a PS that is relaunched within ``give_up``
@@ -28,10 +29,11 @@ import grpc
 import numpy as np
 import torch
 
-from flextrain.proto import flextrain_pb2 as fpb
 from flextrain.proto import ps_pb2 as pb
 from flextrain.proto import ps_pb2_grpc as pb_grpc
+from flextrain.ps.codec import LayoutView, byte_view, dtype_name, ids_to_proto, raw_bytes, sparse_blocks
 from flextrain.ps.shard import as_row_ids, dense_owner, row_owners
+from flextrain.ps.wire import PULL_DATA_TAG, PUSH_DENSE_TAG, Scatter, gather_chunks, only_bytes_field
 
 _TRANSIENT = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED}
 _CHANNEL_OPTIONS = [  # reconnect quickly to a relaunched PS instead of gRPC's default backoff of up to 2 min
@@ -58,33 +60,29 @@ class PushResult:
     messages: tuple[str, ...]      # per PS (why a push was rejected or is pending)
 
 
-@dataclass
-class _Layout:
-    specs: list        # [(name, torch dtype, shape, offset, nbytes)]
-    total: int
-    layout_id: int
-
-    @classmethod
-    def of(cls, m: pb.DenseLayout) -> "_Layout":
-        specs = []
-        for t in m.tensors:
-            dtype = getattr(torch, t.dtype)
-            numel = int(np.prod(t.shape, dtype=np.int64)) if len(t.shape) else 1
-            specs.append((t.name, dtype, tuple(t.shape), t.offset, numel * dtype.itemsize))
-        return cls(specs, m.total_bytes, m.layout_id)
+def _serialize(message) -> bytes:
+    return message if isinstance(message, bytes) else message.SerializeToString()
 
 
-def _raw(t: torch.Tensor) -> memoryview:
-    """The bytes of a tensor without copying when it is already contiguous on CPU."""
-    t = t.detach().cpu().contiguous()
-    return memoryview(t.reshape(-1).view(torch.uint8).numpy()) if t.numel() else memoryview(b"")
+class _Stub:
+    """The generated stub plus the two bulk streams with byte-level (de)serialisers (flextrain.ps.wire)."""
 
-
-def _pieces(view: memoryview, size: int) -> Iterable[bytes]:
-    return (bytes(view[o: o + size]) for o in range(0, len(view), size))
+    def __init__(self, channel: grpc.Channel) -> None:
+        self.rpc = pb_grpc.ParameterServerStub(channel)
+        prefix = "/" + pb.DESCRIPTOR.services_by_name["ParameterServer"].full_name
+        self.push = channel.stream_unary(f"{prefix}/PushGradients", request_serializer=_serialize,
+                                         response_deserializer=pb.PushResponse.FromString)
+        self.pull = channel.unary_stream(f"{prefix}/PullDense",
+                                         request_serializer=pb.PullDenseRequest.SerializeToString)
 
 
 class PSClient:
+    """Client of ``len(addresses)`` PS, address ``i`` being PS shard ``i``.
+
+    One training thread should drive a client: push/pull are not meant to be
+    called concurrently on the same instance (they update its per-PS versions).
+    """
+
     def __init__(self, addresses: Sequence[str], *, give_up: float = 60.0, deadline: float = 30.0,
                  chunk_bytes: int = 1 << 20, client_id: str | None = None) -> None:
         if not addresses:
@@ -94,12 +92,11 @@ class PSClient:
         self.give_up, self.deadline, self.chunk_bytes = give_up, deadline, chunk_bytes
         self.client_id = client_id or uuid.uuid4().hex
         self._channels = [grpc.insecure_channel(a, options=_CHANNEL_OPTIONS) for a in self.addresses]
-        self._stubs = [pb_grpc.ParameterServerStub(c) for c in self._channels]
+        self._stubs = [_Stub(c) for c in self._channels]
         self._pool = ThreadPoolExecutor(max_workers=max(2, 2 * self.num_ps), thread_name_prefix="ps-client")
-        self._layouts: list[_Layout | None] = [None] * self.num_ps
+        self._layouts: list[LayoutView | None] = [None] * self.num_ps
         self._versions = [-1] * self.num_ps
         self._incarnations = [0] * self.num_ps
-        self._push_bufs: list[torch.Tensor | None] = [None] * self.num_ps
         self._tables: dict[str, tuple[int, torch.dtype]] = {}
         self._seq = 0
 
@@ -119,9 +116,9 @@ class PSClient:
         self._channels[index].close()
         self.addresses[index] = address
         self._channels[index] = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
-        self._stubs[index] = pb_grpc.ParameterServerStub(self._channels[index])
+        self._stubs[index] = _Stub(self._channels[index])
 
-    def _call(self, i: int, what: str, attempt: Callable[[pb_grpc.ParameterServerStub, float], object],
+    def _call(self, i: int, what: str, attempt: Callable[[_Stub, float], object],
               nbytes: int = 0):
         """Run ``attempt(stub, timeout)`` against PS ``i`` with retries (see the module docstring)."""
         timeout = self.deadline + nbytes / 20e6  # big streams get time for the bytes at >= 20 MB/s
@@ -144,6 +141,9 @@ class PSClient:
                 time.sleep(delay)  # backoff, then retry on a channel that reconnects by itself
                 delay = min(delay * 2, 2.0)
 
+    def _unary(self, i: int, method: str, request):
+        return self._call(i, method, lambda s, t: getattr(s.rpc, method)(request, timeout=t))
+
     def _fanout(self, fn: Callable[[int], object], targets: Iterable[int] | None = None) -> list:
         targets = list(range(self.num_ps) if targets is None else targets)
         if len(targets) == 1:
@@ -153,8 +153,8 @@ class PSClient:
     # ------------------------------------------------------------------ setup
 
     def describe(self) -> list[pb.DescribeResponse]:
-        return self._fanout(lambda i: self._call(i, "Describe", lambda s, t: s.Describe(pb.DescribeRequest(),
-                                                                                        timeout=t)))
+        """Every PS's state (version, incarnation, layout, tables, settings), by PS index."""
+        return self._fanout(lambda i: self._unary(i, "Describe", pb.DescribeRequest()))
 
     def configure(self, optimizer: str | None = None, hyper: Mapping[str, object] | None = None, *,
                   mode: str | None = None, grads_to_wait: int | None = None, version_tolerance: int | None = None,
@@ -176,12 +176,12 @@ class PSClient:
             if optimizer:
                 req.optimizer.CopyFrom(pb.OptimizerConfig(name=optimizer, hyper=flat))
             if any(v is not None for v in sync_args.values()):
-                current = self._call(i, "Describe", lambda s, t: s.Describe(pb.DescribeRequest(), timeout=t)).sync
+                current = self._unary(i, "Describe", pb.DescribeRequest()).sync
                 req.sync.CopyFrom(current)
                 for key, value in sync_args.items():
                     if value is not None:
                         setattr(req.sync, key, _MODES[value] if key == "mode" else value)
-            return self._call(i, "Configure", lambda s, t: s.Configure(req, timeout=t))
+            return self._unary(i, "Configure", req)
 
         self._fanout(one)
 
@@ -191,7 +191,7 @@ class PSClient:
         spec = pb.TableSpec(name=name, dim=dim, dtype=dtype, initializer=initializer,
                             init_args=dict(init_args or {}), seed=seed)
         req = pb.DeclareTablesRequest(tables=[spec])
-        self._fanout(lambda i: self._call(i, "DeclareTables", lambda s, t: s.DeclareTables(req, timeout=t)))
+        self._fanout(lambda i: self._unary(i, "DeclareTables", req))
         self._tables[name] = (dim, getattr(torch, dtype))
 
     def init_dense(self, named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]) -> int:
@@ -206,18 +206,18 @@ class PSClient:
             parts[dense_owner(name, self.num_ps)].append((name, tensor))
 
         def one(i: int):
-            info = self._call(i, "Describe", lambda s, t: s.Describe(pb.DescribeRequest(), timeout=t))
+            info = self._unary(i, "Describe", pb.DescribeRequest())
             if info.dense_initialized:
                 return info.layout, info.version, info.incarnation
-            layout = pb.DenseLayout(tensors=[pb.TensorSpec(name=n, dtype=str(t.dtype).removeprefix("torch."),
-                                                           shape=list(t.shape)) for n, t in parts[i]])
-            data = memoryview(b"".join(_raw(t) for _, t in parts[i]))  # one-time copy, then sliced
+            layout = pb.DenseLayout(tensors=[pb.TensorSpec(name=n, dtype=dtype_name(t.dtype), shape=list(t.shape))
+                                             for n, t in parts[i]])
+            data = memoryview(b"".join(raw_bytes(t) for _, t in parts[i]))  # one-time copy, then sliced
 
             def requests():
                 yield pb.InitDenseChunk(layout=layout)
-                for piece in _pieces(data, self.chunk_bytes):
-                    yield pb.InitDenseChunk(data=piece)
-            r = self._call(i, "InitDense", lambda s, t: s.InitDense(requests(), timeout=t), nbytes=len(data))
+                for o in range(0, len(data), self.chunk_bytes):
+                    yield pb.InitDenseChunk(data=bytes(data[o: o + self.chunk_bytes]))
+            r = self._call(i, "InitDense", lambda s, t: s.rpc.InitDense(requests(), timeout=t), nbytes=len(data))
             return r.layout, r.version, r.incarnation
 
         for i, (layout, version, incarnation) in enumerate(self._fanout(one)):
@@ -225,21 +225,42 @@ class PSClient:
             if have != want:
                 raise ValueError(f"parameter server {i} at {self.addresses[i]} holds parameters "
                                  f"{sorted(have ^ want)[:5]}... that differ from this model's")
-            self._layouts[i] = _Layout.of(layout)
+            self._layouts[i] = LayoutView.of(layout)
             self._versions[i], self._incarnations[i] = version, incarnation
         return self.version
 
     # ------------------------------------------------------------------ pull
 
-    def pull_dense(self, version_known: int | None = None, *, wait: float = 0.0
-                   ) -> tuple[int, dict[str, torch.Tensor] | None]:
+    def pull_dense(self, version_known: int | None = None, *, wait: float = 0.0,
+                   out: Mapping[str, torch.Tensor] | None = None) -> tuple[int, dict[str, torch.Tensor] | None]:
         """(version, parameters of every shard that changed since this client's last pull, or None).
 
         ``version_known=None`` (or < 0) fetches every parameter. With ``wait > 0``
         each PS whose version is unchanged holds the answer up to ``wait`` s for
         the next update (SYNC mode: returns as soon as the step is applied).
+        ``out``: name -> contiguous CPU tensor of the right dtype and shape (e.g.
+        the model's parameters) to receive the values in place, with no extra
+        copy; the result then holds those very tensors. Without it the result
+        holds fresh tensors. If a pull fails midway, ``out`` may be half-updated.
         """
         full = version_known is None or version_known < 0
+
+        def targets(layout: LayoutView) -> tuple[dict[str, torch.Tensor], list[tuple[int, memoryview]]]:
+            tensors, segments = {}, []
+            spare = None
+            for name, dtype, shape, offset, nbytes in layout.specs:
+                t = out.get(name) if out is not None else None
+                if t is not None and (t.dtype != dtype or tuple(t.shape) != shape or not t.is_contiguous()
+                                      or t.device.type != "cpu"):
+                    raise ValueError(f"out[{name!r}] must be a contiguous CPU {dtype} tensor of shape {shape}")
+                if t is None:  # views into one fresh buffer for the tensors not given
+                    spare = spare if spare is not None else bytearray(layout.total)
+                    t = (torch.frombuffer(spare, dtype=dtype, count=nbytes // dtype.itemsize, offset=offset)
+                         .view(shape) if nbytes else torch.zeros(shape, dtype=dtype))
+                tensors[name] = t
+                if nbytes:
+                    segments.append((offset, byte_view(t)))
+            return tensors, segments
 
         def one(i: int):
             req = pb.PullDenseRequest(known_version=-1 if full else self._versions[i],
@@ -247,32 +268,29 @@ class PSClient:
                                       chunk_bytes=self.chunk_bytes)
 
             def attempt(stub, timeout):
-                stream = stub.PullDense(req, timeout=timeout + wait)
-                head = next(stream)
+                stream = stub.pull(req, timeout=timeout + wait)
+                head = pb.PullDenseChunk.FromString(next(stream))
                 if head.unchanged:
                     return head, None, None
-                layout = _Layout.of(head.layout)
-                buf, pos = bytearray(layout.total), 0
-                for msg in stream:
-                    buf[pos: pos + len(msg.data)] = msg.data
-                    pos += len(msg.data)
-                if pos != layout.total:
-                    raise ValueError(f"parameter server {i} sent {pos} of {layout.total} bytes")
-                return head, layout, buf
+                layout = LayoutView.of(head.layout)
+                tensors, segments = targets(layout)
+                sink = Scatter(segments, layout.total)
+                for raw in stream:
+                    piece = only_bytes_field(raw, PULL_DATA_TAG)
+                    sink.write(piece if piece is not None else pb.PullDenseChunk.FromString(raw).data)
+                if not sink.complete:
+                    raise ValueError(f"parameter server {i} sent {sink.pos} of {layout.total} bytes")
+                return head, layout, tensors
             layout = self._layouts[i]
             return self._call(i, "PullDense", attempt, nbytes=layout.total if layout else 0)
 
         changed: dict[str, torch.Tensor] = {}
         any_changed = False
-        for i, (head, layout, buf) in enumerate(self._fanout(one)):
+        for i, (head, layout, tensors) in enumerate(self._fanout(one)):
             self._versions[i], self._incarnations[i] = head.version, head.incarnation
-            if layout is None:
-                continue
-            any_changed, self._layouts[i] = True, layout
-            for name, dtype, shape, offset, nbytes in layout.specs:
-                # Views into the received buffer: no copy per tensor.
-                changed[name] = (torch.frombuffer(buf, dtype=dtype, count=nbytes // dtype.itemsize, offset=offset)
-                                 .view(shape) if nbytes else torch.zeros(shape, dtype=dtype))
+            if layout is not None:
+                any_changed, self._layouts[i] = True, layout
+                changed.update(tensors)
         return self.version, (changed if any_changed else None)
 
     def _table(self, table: str) -> tuple[int, torch.dtype]:
@@ -305,12 +323,11 @@ class PSClient:
             for a in range(lo, hi, _MAX_IDS_PER_REQUEST):
                 b = min(hi, a + _MAX_IDS_PER_REQUEST)
                 part = sorted_ids[a:b]
-                req = pb.PullEmbeddingRequest(table=table, chunk_bytes=self.chunk_bytes, ids=fpb.Tensor(
-                    dtype="int64", shape=[len(part)], data=part.tobytes()))
+                req = pb.PullEmbeddingRequest(table=table, chunk_bytes=self.chunk_bytes, ids=ids_to_proto(part))
 
                 def attempt(stub, timeout):
                     pos = a
-                    for msg in stub.PullEmbedding(req, timeout=timeout):
+                    for msg in stub.rpc.PullEmbedding(req, timeout=timeout):
                         n = msg.rows.shape[0]
                         if n:
                             out[pos: pos + n] = np.frombuffer(msg.rows.data, dtype=np.uint8).reshape(n, row_bytes)
@@ -327,12 +344,11 @@ class PSClient:
 
     # ------------------------------------------------------------------ push
 
-    def _pack_dense(self, i: int, grads: Mapping[str, torch.Tensor | None]) -> tuple[memoryview, list[str]]:
+    def _dense_segments(self, i: int, grads: Mapping[str, torch.Tensor | None]
+                        ) -> tuple[list[tuple[int, memoryview]], list[str], int]:
+        """(byte views of the gradients at their layout offsets, absent names, stream size or 0)."""
         layout = self._layouts[i]
-        buf = self._push_bufs[i]
-        if buf is None or buf.numel() != layout.total:
-            buf = self._push_bufs[i] = torch.zeros(layout.total, dtype=torch.uint8)  # reused by later pushes
-        absent = []
+        segments, absent = [], []
         for name, dtype, shape, offset, nbytes in layout.specs:
             g = grads.get(name)
             if g is None:
@@ -340,11 +356,11 @@ class PSClient:
                 continue
             if tuple(g.shape) != shape:
                 raise ValueError(f"gradient of {name!r} has shape {tuple(g.shape)}, the parameter {shape}")
-            if nbytes:
-                buf[offset: offset + nbytes].view(dtype).view(shape).copy_(g.detach())
+            if nbytes:  # no copy for a contiguous CPU gradient of the parameter's dtype
+                segments.append((offset, byte_view(g.detach().to("cpu", dtype).contiguous())))
         if len(absent) == len(layout.specs):
-            return memoryview(b""), absent
-        return memoryview(buf.numpy()), absent
+            return [], absent, 0
+        return segments, absent, layout.total
 
     def push(self, dense_grads: Mapping[str, torch.Tensor | None] | None = None,
              sparse_grads: Mapping[str, tuple[object, torch.Tensor]] | None = None,
@@ -365,41 +381,28 @@ class PSClient:
             raise ValueError(f"gradients for unknown dense parameter(s) {unknown[:5]}; init_dense first")
         blocks: list[list[pb.SparseBlock]] = [[] for _ in range(self.num_ps)]
         for table, (ids, values) in (sparse_grads or {}).items():
-            dim, dtype = self._table(table)
+            dim, _ = self._table(table)
             flat = as_row_ids(ids, table)
-            values = values.detach().cpu().reshape(len(flat), dim)
-            uniq, inverse = np.unique(flat, return_inverse=True)
-            if len(uniq) != len(flat):  # merge duplicates: the PS optimizer needs one gradient per row
-                values = torch.zeros((len(uniq), dim), dtype=values.dtype).index_add_(
-                    0, torch.from_numpy(inverse.reshape(-1)), values)
-                flat = uniq
-            owners = row_owners(flat, self.num_ps)
-            per = max(1, self.chunk_bytes // (dim * values.element_size()))
-            for i in range(self.num_ps):
-                sel = np.nonzero(owners == i)[0]
-                for a in range(0, len(sel), per):
-                    s = sel[a: a + per]
-                    v = values[torch.from_numpy(s)].contiguous()
-                    blocks[i].append(pb.SparseBlock(table=table, ids=fpb.Tensor(
-                        dtype="int64", shape=[len(s)], data=flat[s].tobytes()), values=fpb.Tensor(
-                        dtype=str(v.dtype).removeprefix("torch."), shape=[len(s), dim], data=_raw(v).tobytes())))
+            for i, part in enumerate(sparse_blocks(table, flat, values.detach().cpu().reshape(len(flat), dim),
+                                                   self.num_ps, self.chunk_bytes)):
+                blocks[i].extend(part)
         self._seq += 1
         seq, shift = self._seq, 0 if version is None else self.version - version
 
         def one(i: int):
-            dense, absent = self._pack_dense(i, dense_grads) if dense_grads and self._layouts[i] else (b"", [])
+            segments, absent, nbytes = (self._dense_segments(i, dense_grads) if dense_grads and self._layouts[i]
+                                        else ([], [], 0))
             header = pb.PushHeader(client_id=self.client_id, seq=seq, base_version=self._versions[i] - shift,
-                                   layout_id=self._layouts[i].layout_id if len(dense) else 0,
-                                   dense_bytes=len(dense), absent=absent)
+                                   layout_id=self._layouts[i].layout_id if nbytes else 0,
+                                   dense_bytes=nbytes, absent=absent)
 
             def requests():
                 yield pb.PushChunk(header=header)
-                for piece in _pieces(dense, self.chunk_bytes):
-                    yield pb.PushChunk(dense=piece)
+                yield from gather_chunks(segments, nbytes, self.chunk_bytes, PUSH_DENSE_TAG)
                 for block in blocks[i]:
                     yield pb.PushChunk(sparse=block)
-            return self._call(i, "PushGradients", lambda s, t: s.PushGradients(requests(), timeout=t),
-                              nbytes=len(dense) + sum(b.ByteSize() for b in blocks[i]))
+            return self._call(i, "PushGradients", lambda s, t: s.push(requests(), timeout=t),
+                              nbytes=nbytes + sum(b.ByteSize() for b in blocks[i]))
 
         results = self._fanout(one)
         versions = tuple(r.version for r in results)
@@ -409,12 +412,11 @@ class PSClient:
     def _fetch_layouts(self) -> None:
         for i, info in enumerate(self.describe()):
             if info.dense_initialized:
-                self._layouts[i] = _Layout.of(info.layout)
+                self._layouts[i] = LayoutView.of(info.layout)
 
     def checkpoint(self) -> list[tuple[str, int]]:
         """Ask every PS to write a checkpoint now; (path, version) per PS."""
-        res = self._fanout(lambda i: self._call(i, "Checkpoint", lambda s, t: s.Checkpoint(pb.CheckpointRequest(),
-                                                                                          timeout=t)))
+        res = self._fanout(lambda i: self._unary(i, "Checkpoint", pb.CheckpointRequest()))
         return [(r.path, r.version) for r in res]
 
     def close(self) -> None:

