@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from flextrain.ps.codec import FLOAT_DTYPES
+from flextrain.ps.codec import FLOAT_DTYPES, int_view, take_rows
 from flextrain.ps.idindex import IdIndex
 from flextrain.ps.initializers import check_initializer, initial_rows
 from flextrain.ps.optimizers import Optimizer
@@ -56,20 +56,8 @@ class TableSpec:
                 "init_args": dict(self.init_args), "seed": self.seed}
 
 
-_SAME_SIZE_INT = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-
-
-def _np(t: torch.Tensor) -> np.ndarray:
-    """A numpy view of ``t`` with an integer dtype of the same width (bit-exact copies, any float dtype)."""
-    return t.view(_SAME_SIZE_INT[t.element_size()]).numpy()
-
-
-def _take(t: torch.Tensor, idx: np.ndarray) -> torch.Tensor:
-    return torch.from_numpy(np.take(_np(t), idx, axis=0)).view(t.dtype)
-
-
 def _put(t: torch.Tensor, idx: np.ndarray, values: torch.Tensor) -> None:
-    _np(t)[idx] = _np(values.contiguous())
+    int_view(t)[idx] = int_view(values.contiguous())
 
 
 class EmbeddingTable:
@@ -147,7 +135,7 @@ class EmbeddingTable:
         ids = as_row_ids(ids, self.spec.name)
         with self.lock:
             idx = self._indices(ids)  # first: it may reallocate self._rows
-            return _take(self._rows, idx)
+            return take_rows(self._rows, idx)
 
     def apply(self, optimizer: Optimizer, ids, grads: torch.Tensor, lr_scale: float = 1.0) -> None:
         """One optimizer step on the rows ``ids`` (unique) with gradient rows ``grads``.
@@ -163,9 +151,9 @@ class EmbeddingTable:
         with self.lock:
             self._ensure_slots(optimizer)
             idx = self._indices(ids)
-            param = _take(self._rows, idx)
-            state = {name: _take(slot, idx) for name, slot in self._slots.items()}
-            steps = _take(self._steps, idx) + 1
+            param = take_rows(self._rows, idx)
+            state = {name: take_rows(slot, idx) for name, slot in self._slots.items()}
+            steps = take_rows(self._steps, idx) + 1
             optimizer.update(param, grads.to(self.dtype), state, steps.to(torch.float64).unsqueeze(1), lr_scale)
             _put(self._rows, idx, param)
             for name, value in state.items():

@@ -31,7 +31,8 @@ import torch
 
 from flextrain.proto import ps_pb2 as pb
 from flextrain.proto import ps_pb2_grpc as pb_grpc
-from flextrain.ps.codec import LayoutView, byte_view, dtype_name, ids_to_proto, raw_bytes, sparse_blocks
+from flextrain.ps.codec import (LayoutView, byte_view, dtype_name, ids_to_proto, raw_bytes, sparse_blocks,
+                                take_rows)
 from flextrain.ps.shard import as_row_ids, dense_owner, row_owners
 from flextrain.ps.wire import PULL_DATA_TAG, PUSH_DENSE_TAG, Scatter, gather_chunks, only_bytes_field
 
@@ -340,7 +341,7 @@ class PSClient:
         rank = np.empty(len(uniq), dtype=np.int64)
         rank[order] = np.arange(len(uniq))
         rows = torch.from_numpy(out).view(dtype)
-        return rows[torch.from_numpy(rank[inverse.reshape(-1)])].view(*shape, dim)
+        return take_rows(rows, rank[inverse.reshape(-1)]).view(*shape, dim)
 
     # ------------------------------------------------------------------ push
 
