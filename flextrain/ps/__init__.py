@@ -2,8 +2,9 @@
 
 Start one with :func:`flextrain.ps.main.run_ps` (or ``python -m flextrain.ps.main``).
 Workers reach it only over gRPC (``proto/ps.proto``) through
-``flextrain.worker.ps_client.PSClient``. The one module a worker may import from
-here is :mod:`flextrain.ps.shard`: the routing rule is part of the wire contract
-and has no dependencies. Keep this ``__init__`` free of imports so that import
-stays light.
+``flextrain.worker.ps_client.PSClient``. The modules a worker may import from
+here are the protocol ones, shared by both ends and holding no server state:
+:mod:`~flextrain.ps.shard` (routing), :mod:`~flextrain.ps.wire` (hot-path
+byte codec) and :mod:`~flextrain.ps.codec` (tensors <-> messages). Everything
+else is PS internals. Keep this ``__init__`` free of imports.
 """

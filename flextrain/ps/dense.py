@@ -87,7 +87,8 @@ class DenseArena:
     def __init__(self, layout: list[Spec], buffer: torch.Tensor, owner: bytearray | None = None) -> None:
         self.buffer = buffer
         self.owner = owner  # the bytearray behind ``buffer``, if any (recycled by the shard)
-        self.views = {s.name: self._view(s.offset, s.numel, s.dtype).view(s.shape) for s in layout}
+        self._layout = layout
+        self._views: dict[str, torch.Tensor] | None = None
         self.groups: list[torch.Tensor] = []
         start = None
         for i, s in enumerate(layout):  # contiguous runs of one dtype -> one flat tensor each
@@ -97,6 +98,13 @@ class DenseArena:
                 first, last = layout[start], s
                 numel = (last.offset + last.nbytes - first.offset) // DTYPES[s.dtype].itemsize
                 self.groups.append(self._view(first.offset, numel, s.dtype))
+
+    @property
+    def views(self) -> dict[str, torch.Tensor]:
+        """Per-tensor views, built on first use (a push of a big model only needs ``groups``)."""
+        if self._views is None:
+            self._views = {s.name: self._view(s.offset, s.numel, s.dtype).view(s.shape) for s in self._layout}
+        return self._views
 
     def _view(self, offset: int, numel: int, dtype: str) -> torch.Tensor:
         size = DTYPES[dtype].itemsize

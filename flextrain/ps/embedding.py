@@ -151,14 +151,21 @@ class EmbeddingTable:
         with self.lock:
             self._ensure_slots(optimizer)
             idx = self._indices(ids)
+            grads = grads.to(self.dtype)
+            lr = optimizer.plain_lr()
+            if lr is not None:  # plain SGD: one scatter-add, no gather
+                self._rows.index_add_(0, torch.from_numpy(idx), grads, alpha=-lr * lr_scale)
+                return
             param = take_rows(self._rows, idx)
             state = {name: take_rows(slot, idx) for name, slot in self._slots.items()}
-            steps = take_rows(self._steps, idx) + 1
-            optimizer.update(param, grads.to(self.dtype), state, steps.to(torch.float64).unsqueeze(1), lr_scale)
+            steps = take_rows(self._steps, idx) + 1 if optimizer.needs_step else None
+            optimizer.update(param, grads, state, None if steps is None else steps.to(torch.float64).unsqueeze(1),
+                             lr_scale)
             _put(self._rows, idx, param)
             for name, value in state.items():
                 _put(self._slots[name], idx, value)
-            _put(self._steps, idx, steps)
+            if steps is not None:
+                _put(self._steps, idx, steps)
 
     # ------------------------------------------------------------------ checkpoint
 

@@ -75,7 +75,8 @@ def start_ps(*, port: int = 0, host: str = "0.0.0.0", advertise_host: str | None
             log.warning("PS %d keeps the checkpointed optimizer %s (asked for %s)", shard_index,
                         shard.optimizer.describe(), opt.describe())
         checkpointer.attach(shard)
-    servicer = PSServicer(shard, checkpointer=checkpointer, chunk_bytes=chunk_bytes)
+    servicer = PSServicer(shard, checkpointer=checkpointer, chunk_bytes=chunk_bytes,
+                          max_waiters=max(1, threads // 2))
     server, bound = start_server(servicer, host=host, port=port, threads=threads)
     wildcard = host in ("", "0.0.0.0", "[::]", "::")
     address = f"{advertise_host or ('127.0.0.1' if wildcard else host)}:{bound}"

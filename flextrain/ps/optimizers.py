@@ -58,8 +58,17 @@ class Optimizer:
         """State tensors shaped like the parameter, by name, with their initial value."""
         return {}
 
+    @property
+    def needs_step(self) -> bool:
+        """Whether ``update`` depends on the step count (else sparse updates may pass ``step=None``)."""
+        return True
+
+    def plain_lr(self) -> float | None:
+        """The lr if an update is exactly ``param -= lr * grad`` (no state at all), else None."""
+        return None
+
     def update(self, param: torch.Tensor, grad: torch.Tensor, state: Mapping[str, torch.Tensor],
-               step: Step, lr_scale: float = 1.0) -> None:
+               step: Step | None, lr_scale: float = 1.0) -> None:
         """Apply one step in place to ``param`` and ``state`` (``grad`` is not modified)."""
         raise NotImplementedError
 
@@ -80,6 +89,14 @@ class SGD(Optimizer):
     def slots(self) -> dict[str, float]:
         return {"momentum_buffer": 0.0} if self.hyper["momentum"] else {}
 
+    @property
+    def needs_step(self) -> bool:
+        # torch starts the buffer at the first gradient; from a zero buffer that only differs with dampening.
+        return bool(self.hyper["momentum"] and self.hyper["dampening"])
+
+    def plain_lr(self) -> float | None:
+        return self.hyper["lr"] if not self.hyper["momentum"] and not self.hyper["weight_decay"] else None
+
     def update(self, param, grad, state, step, lr_scale=1.0):
         h = self.hyper
         if h["weight_decay"]:
@@ -87,7 +104,9 @@ class SGD(Optimizer):
         momentum = h["momentum"]
         if momentum:
             buf = state["momentum_buffer"]
-            if isinstance(step, torch.Tensor):
+            if step is None:  # see needs_step: the zero buffer makes the first step come out right
+                buf.mul_(momentum).add_(grad)
+            elif isinstance(step, torch.Tensor):
                 # torch starts the buffer at the first gradient (no dampening then).
                 later = buf * momentum + grad * (1 - h["dampening"])
                 buf.copy_(torch.where(step == 1, grad, later))

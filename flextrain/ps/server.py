@@ -13,25 +13,25 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import threading
 from concurrent import futures
 from itertools import chain
 
 import grpc
-import torch
 
-from flextrain.proto import flextrain_pb2 as fpb
 from flextrain.proto import ps_pb2 as pb
 from flextrain.proto import ps_pb2_grpc as pb_grpc
 from flextrain.ps.checkpoint import Checkpointer
-from flextrain.ps.codec import ids_from_proto, rows_from_proto
+from flextrain.ps.codec import decode_sparse_block, encode_rows, ids_from_proto
 from flextrain.ps.dense import Spec, check_specs
 from flextrain.ps.embedding import TableSpec
-from flextrain.ps.state import PreconditionError, ShardState, SparseGrad, SyncSettings
-from flextrain.ps.wire import PUSH_DENSE_TAG, Scatter, only_bytes_field
+from flextrain.ps.state import PreconditionError, ShardState, SyncSettings
+from flextrain.ps.wire import Encoder, Scatter, fields
 
 log = logging.getLogger(__name__)
 MIN_CHUNK, MAX_CHUNK = 4 << 10, 3 << 20  # stay well under gRPC's default 4 MiB message limit
 MAX_WAIT = 60.0                           # longest long-poll a PullDense may ask for
+MAX_DENSE_BYTES = 1 << 40                 # sanity bound on an announced InitDense size
 _MODES = {pb.SyncConfig.SYNC: "sync", pb.SyncConfig.ASYNC: "async"}
 
 
@@ -90,19 +90,25 @@ def table_from_proto(m: pb.TableSpec) -> TableSpec:
     return TableSpec(m.name, m.dim, m.dtype or "float32", m.initializer or "normal", dict(m.init_args), m.seed)
 
 
-def _push_items(raw_messages):
-    """Raw PushChunk messages as dense payload views (fast path) or parsed messages."""
-    for raw in raw_messages:
-        piece = only_bytes_field(raw, PUSH_DENSE_TAG)
-        yield piece if piece is not None else pb.PushChunk.FromString(raw)
-
-
 class PSServicer(pb_grpc.ParameterServerServicer):
     def __init__(self, shard: ShardState, *, checkpointer: Checkpointer | None = None,
-                 chunk_bytes: int = 1 << 20) -> None:
+                 chunk_bytes: int = 1 << 20, max_waiters: int = 16) -> None:
         self.shard = shard
         self.checkpointer = checkpointer
         self.chunk_bytes = min(max(chunk_bytes, MIN_CHUNK), MAX_CHUNK)
+        # Long polls hold a handler thread each; beyond this many at once, PullDense answers at
+        # once instead, so waiting pulls can never occupy every thread and starve the pushes
+        # they are waiting for.
+        self.max_waiters = max_waiters
+        self._waiters = 0
+        self._waiters_lock = threading.Lock()
+        self._layout: tuple[object, pb.DenseLayout] | None = None  # (store, its message): built once
+
+    def _layout_of(self, store) -> pb.DenseLayout:
+        cached = self._layout
+        if cached is None or cached[0] is not store:
+            cached = self._layout = (store, layout_to_proto(store))
+        return cached[1]
 
     def _chunk(self, asked: int) -> int:
         return min(max(asked, MIN_CHUNK), MAX_CHUNK) if asked > 0 else self.chunk_bytes
@@ -139,7 +145,10 @@ class PSServicer(pb_grpc.ParameterServerServicer):
             raise ValueError("InitDense must start with the layout")
         specs = [Spec(t.name, t.dtype, tuple(t.shape)) for t in first.layout.tensors]
         check_specs(specs)  # before allocating: dtypes and shapes decide the size
-        data = bytearray(sum(s.nbytes for s in specs))
+        total = sum(s.nbytes for s in specs)
+        if total > MAX_DENSE_BYTES:
+            raise ValueError(f"InitDense announces {total} bytes; a PS shard holds at most {MAX_DENSE_BYTES}")
+        data = bytearray(total)
         pos = 0
         for msg in chain([first], it):
             piece = msg.data
@@ -161,11 +170,19 @@ class PSServicer(pb_grpc.ParameterServerServicer):
     @_rpc
     def PullDense(self, request, context):
         wait = min(max(request.wait_seconds, 0.0), MAX_WAIT)
-        unchanged, version, store, chunks = self.shard.pull_dense(
-            request.known_version, request.known_incarnation, wait, self._chunk(request.chunk_bytes))
+        with self._waiters_lock:
+            if wait > 0 and self._waiters >= self.max_waiters:
+                wait = 0.0
+            self._waiters += wait > 0
+        try:
+            unchanged, version, store, chunks = self.shard.pull_dense(
+                request.known_version, request.known_incarnation, wait, self._chunk(request.chunk_bytes))
+        finally:
+            with self._waiters_lock:
+                self._waiters -= wait > 0
         head = pb.PullDenseChunk(unchanged=unchanged, version=version, incarnation=self.shard.incarnation)
         if not unchanged:
-            head.layout.CopyFrom(layout_to_proto(store))
+            head.layout.CopyFrom(self._layout_of(store))
         yield head
         yield from chunks  # PullDenseChunk{data} messages, serialised once per version and shared
 
@@ -174,26 +191,21 @@ class PSServicer(pb_grpc.ParameterServerServicer):
         ids = ids_from_proto(request.ids, request.table)
         rows, version = self.shard.pull_rows(request.table, ids)
         n, dim = rows.shape
-        dtype = str(rows.dtype).removeprefix("torch.")
-        raw = rows.view(torch.uint8).numpy() if n else None  # [n, dim * itemsize], no copy
         per = max(1, self._chunk(request.chunk_bytes) // max(1, dim * rows.element_size()))
-        if n == 0:
-            yield pb.PullEmbeddingChunk(rows=fpb.Tensor(dtype=dtype, shape=[0, dim]), version=version)
-        for a in range(0, n, per):
-            block = raw[a: a + per]
-            yield pb.PullEmbeddingChunk(rows=fpb.Tensor(dtype=dtype, shape=[len(block), dim], data=block.tobytes()),
-                                        version=version)
+        for a in range(0, max(n, 1), per):  # an empty answer is one message with zero rows
+            # Encoded by hand: the gathered rows are copied once, into the message.
+            yield bytes(Encoder().message_field(1, encode_rows(rows[a: a + per])).varint_field(2, version))
 
     @_rpc
     def PushGradients(self, request_iterator, context):
-        # Requests arrive as raw bytes (see add_to_server): dense pieces are copied
-        # straight from the received message into a recycled buffer.
+        # Requests arrive as raw bytes (see add_to_server) and are read in place
+        # (flextrain.ps.wire): dense pieces go straight into a recycled buffer.
         it = iter(request_iterator)
-        raw = next(it, None)
-        first = pb.PushChunk.FromString(raw) if raw is not None else None
-        if first is None or not first.HasField("header"):
+        first = list(fields(next(it, b"")))
+        header = next((v for f, wt, v in first if f == 1 and wt == 2), None)
+        if header is None:
             raise ValueError("PushGradients must start with a header")
-        h = first.header
+        h = pb.PushHeader.FromString(header)
         dense = None
         if h.dense_bytes:
             store = self.shard.dense
@@ -203,15 +215,17 @@ class PSServicer(pb_grpc.ParameterServerServicer):
             dense = self.shard.receive_buffer(h.dense_bytes)
         sink = Scatter([(0, memoryview(dense))] if dense is not None else [], len(dense) if dense else 0)
         sparse = []
-        for item in chain([first], _push_items(it)):
-            if isinstance(item, memoryview):  # the common case: a bare dense piece
-                sink.write(item)  # ValueError beyond the announced size
-                continue
-            if item.dense:
-                sink.write(item.dense)
-            if item.HasField("sparse"):
-                b = item.sparse
-                sparse.append(SparseGrad(b.table, ids_from_proto(b.ids, b.table), rows_from_proto(b.values, b.table)))
+
+        def consume(items) -> None:
+            for field, wt, value in items:
+                if field == 2 and wt == 2:      # PushChunk.dense
+                    sink.write(value)           # ValueError beyond the announced size
+                elif field == 3 and wt == 2:    # PushChunk.sparse
+                    sparse.append(decode_sparse_block(value))
+
+        consume(x for x in first if x[0] != 1)
+        for raw in it:
+            consume(fields(raw))
         if not sink.complete:
             raise ValueError(f"push ended after {sink.pos} of {sink.total} dense bytes")
         result = self.shard.push(client_id=h.client_id, seq=h.seq, base_version=h.base_version,
@@ -233,15 +247,16 @@ def _serialize(message) -> bytes:
 
 def add_to_server(servicer: PSServicer, server: grpc.Server) -> None:
     """Register every RPC of ``proto/ps.proto``'s ParameterServer with its protobuf (de)serialisers,
-    except the two bulk streams: PushGradients gets raw request bytes and PullDense may
-    yield pre-serialised messages (flextrain.ps.wire). The wire format is unchanged."""
+    except the bulk streams: PushGradients gets raw request bytes, and PullDense and
+    PullEmbedding may yield pre-encoded messages (flextrain.ps.wire). The wire format
+    is the same either way."""
     service = pb.DESCRIPTOR.services_by_name["ParameterServer"]
     handlers = {}
     for method in service.methods:
         request_cls = getattr(pb, method.input_type.name)
         response_cls = getattr(pb, method.output_type.name)
         deserialize = None if method.name == "PushGradients" else request_cls.FromString
-        serialize = _serialize if method.name == "PullDense" else response_cls.SerializeToString
+        serialize = _serialize if method.name in ("PullDense", "PullEmbedding") else response_cls.SerializeToString
         kind = {(False, False): grpc.unary_unary_rpc_method_handler,
                 (True, False): grpc.stream_unary_rpc_method_handler,
                 (False, True): grpc.unary_stream_rpc_method_handler,

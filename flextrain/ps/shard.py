@@ -58,7 +58,7 @@ def row_owner(row_id: int, num_ps: int) -> int:
     """Index of the PS holding embedding row ``row_id`` (0 <= row_id <= int64 max)."""
     _check_num_ps(num_ps)
     if not 0 <= row_id <= INT64_MAX:
-        raise ValueError(f"embedding id {row_id} is outside [0, {INT64_MAX}]")
+        raise ValueError(f"embedding id {row_id} is out of range [0, {INT64_MAX}]")
     return _mix64(row_id) % num_ps
 
 

@@ -33,7 +33,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from flextrain.ps.codec import merge_rows
+from flextrain.ps.codec import RowBlock, concat_blocks, merge_rows
 from flextrain.ps.dense import DenseStore, Spec
 from flextrain.ps.embedding import EmbeddingTable, TableSpec
 from flextrain.ps.optimizers import Optimizer, make_optimizer
@@ -72,13 +72,6 @@ class PushResult:
     version: int
     message: str = ""
     applied: bool = False
-
-
-@dataclass
-class SparseGrad:
-    table: str
-    ids: np.ndarray        # int64 [k]
-    values: torch.Tensor   # [k, dim]
 
 
 class ShardState:
@@ -221,7 +214,7 @@ class ShardState:
                     self._spare.append(grads.owner)
 
     def push(self, *, client_id: str, seq: int, base_version: int, layout_id: int = 0,
-             dense: bytearray | None = None, absent=(), sparse: list[SparseGrad] = ()) -> PushResult:
+             dense: bytearray | None = None, absent=(), sparse: list[RowBlock] = ()) -> PushResult:
         """Accept (or reject as stale) one worker's gradients; see the module docstring."""
         grads, absent_set = self._parse_dense(layout_id, dense, absent)
         merged = self._parse_sparse(sparse)
@@ -265,19 +258,19 @@ class ShardState:
         store.zero(grads, absent_set)
         return grads, absent_set
 
-    def _parse_sparse(self, sparse) -> dict[str, tuple[np.ndarray, torch.Tensor]]:
-        blocks: dict[str, list[SparseGrad]] = {}
-        for grad in sparse:
-            table = self.table(grad.table)
-            if grad.values.ndim != 2 or grad.values.shape != (len(grad.ids), table.spec.dim):
-                raise ValueError(f"embedding table {grad.table!r}: gradient of shape {tuple(grad.values.shape)} "
-                                 f"for {len(grad.ids)} ids (dim {table.spec.dim})")
-            blocks.setdefault(grad.table, []).append(grad)
+    def _parse_sparse(self, sparse: list[RowBlock]) -> dict[str, tuple[np.ndarray, torch.Tensor]]:
+        """Per table, (unique ids, summed gradient rows): validated, one copy of the received bytes."""
+        blocks: dict[str, list[RowBlock]] = {}
+        for block in sparse:
+            table = self.table(block.table)
+            if block.dim != table.spec.dim:
+                raise ValueError(f"embedding table {block.table!r}: gradient rows of width {block.dim}, "
+                                 f"the table's dim is {table.spec.dim}")
+            blocks.setdefault(block.table, []).append(block)
         merged = {}
         for name, parts in blocks.items():
-            ids = np.concatenate([p.ids for p in parts]) if len(parts) > 1 else parts[0].ids
-            values = torch.cat([p.values for p in parts]) if len(parts) > 1 else parts[0].values
-            merged[name] = merge_rows(as_row_ids(ids, name), values.to(self.tables[name].dtype))
+            ids, values = concat_blocks(parts, self.tables[name].dtype)
+            merged[name] = merge_rows(as_row_ids(ids, name), values)
         return merged
 
     def _push_locked(self, base: int, grads, absent: set[str], sparse: dict) -> PushResult:

@@ -1,9 +1,9 @@
 """PSClient: a worker's view of the parameter servers (``proto/ps.proto``).
 
 Routing follows :mod:`flextrain.ps.shard`; tensors and the bulk streams are
-encoded by :mod:`flextrain.ps.codec` and :mod:`flextrain.ps.wire`. Those three
-are the protocol, shared with the PS; no PS internals are imported. Calls fan out to the
-PS in parallel. Every attempt has a deadline (longer for big streams); a call
+encoded by :mod:`flextrain.ps.codec` and :mod:`flextrain.ps.wire`: the protocol
+modules shared with the PS (no PS internals are imported). Calls fan out to
+the PS in parallel. Every attempt has a deadline (longer for big streams); a call
 failing with UNAVAILABLE / DEADLINE_EXCEEDED / RESOURCE_EXHAUSTED is retried
 with exponential backoff, so a PS that is relaunched within ``give_up``
 seconds is simply reconnected to; beyond that :class:`PSUnavailable` names
@@ -31,10 +31,10 @@ import torch
 
 from flextrain.proto import ps_pb2 as pb
 from flextrain.proto import ps_pb2_grpc as pb_grpc
-from flextrain.ps.codec import (LayoutView, byte_view, dtype_name, ids_to_proto, raw_bytes, sparse_blocks,
-                                take_rows)
+from flextrain.ps.codec import (LayoutView, dense_sources, dense_targets, distinct, dtype_name, hyper_to_wire,
+                                ids_to_proto, raw_bytes, sparse_chunks)
 from flextrain.ps.shard import as_row_ids, dense_owner, row_owners
-from flextrain.ps.wire import PULL_DATA_TAG, PUSH_DENSE_TAG, Scatter, gather_chunks, only_bytes_field
+from flextrain.ps.wire import PUSH_DENSE_TAG, Scatter, decode_tensor, fields, gather_chunks
 
 _TRANSIENT = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED}
 _CHANNEL_OPTIONS = [  # reconnect quickly to a relaunched PS instead of gRPC's default backoff of up to 2 min
@@ -66,7 +66,7 @@ def _serialize(message) -> bytes:
 
 
 class _Stub:
-    """The generated stub plus the two bulk streams with byte-level (de)serialisers (flextrain.ps.wire)."""
+    """The generated stub, plus the bulk streams with byte-level (de)serialisers (flextrain.ps.wire)."""
 
     def __init__(self, channel: grpc.Channel) -> None:
         self.rpc = pb_grpc.ParameterServerStub(channel)
@@ -75,6 +75,8 @@ class _Stub:
                                          response_deserializer=pb.PushResponse.FromString)
         self.pull = channel.unary_stream(f"{prefix}/PullDense",
                                          request_serializer=pb.PullDenseRequest.SerializeToString)
+        self.rows = channel.unary_stream(f"{prefix}/PullEmbedding",
+                                         request_serializer=pb.PullEmbeddingRequest.SerializeToString)
 
 
 class PSClient:
@@ -96,7 +98,8 @@ class PSClient:
         self._stubs = [_Stub(c) for c in self._channels]
         self._pool = ThreadPoolExecutor(max_workers=max(2, 2 * self.num_ps), thread_name_prefix="ps-client")
         self._layouts: list[LayoutView | None] = [None] * self.num_ps
-        self._versions = [-1] * self.num_ps
+        self._versions = [-1] * self.num_ps        # of the dense parameters last pulled, per PS
+        self._row_versions = [-1] * self.num_ps    # of the embedding rows last pulled, per PS
         self._incarnations = [0] * self.num_ps
         self._tables: dict[str, tuple[int, torch.dtype]] = {}
         self._seq = 0
@@ -106,11 +109,13 @@ class PSClient:
     @property
     def version(self) -> int:
         """Highest PS version among the parameters this client last pulled (-1: none yet)."""
-        return max(self._versions)
+        return max(self.versions)
 
     @property
     def versions(self) -> tuple[int, ...]:
-        return tuple(self._versions)
+        """Per PS, the version gradients are computed from: that of the dense parameters last
+        pulled, or for a PS never pulled dense from, that of the embedding rows last pulled."""
+        return tuple(d if d >= 0 else r for d, r in zip(self._versions, self._row_versions))
 
     def set_address(self, index: int, address: str) -> None:
         """Point PS ``index`` at a new address (e.g. relaunched on another host or port)."""
@@ -140,16 +145,14 @@ class PSClient:
                     raise PSUnavailable(f"{where} did not answer {what} for {self.give_up:g}s "
                                         f"(last error: {code.name}: {details})") from exc
                 time.sleep(delay)  # backoff, then retry on a channel that reconnects by itself
-                delay = min(delay * 2, 2.0)
+                delay = min(delay * 2, 1.0)
 
     def _unary(self, i: int, method: str, request):
         return self._call(i, method, lambda s, t: getattr(s.rpc, method)(request, timeout=t))
 
     def _fanout(self, fn: Callable[[int], object], targets: Iterable[int] | None = None) -> list:
         targets = list(range(self.num_ps) if targets is None else targets)
-        if len(targets) == 1:
-            return [fn(targets[0])]
-        return list(self._pool.map(fn, targets))
+        return [fn(targets[0])] if len(targets) == 1 else list(self._pool.map(fn, targets))
 
     # ------------------------------------------------------------------ setup
 
@@ -161,37 +164,28 @@ class PSClient:
                   mode: str | None = None, grads_to_wait: int | None = None, version_tolerance: int | None = None,
                   staleness_lr: bool | None = None, max_staleness: int | None = None) -> None:
         """Set the optimizer on every PS (first writer wins) and/or change sync settings (unset: unchanged)."""
-        flat: dict[str, float] = {}
-        for key, value in (hyper or {}).items():
-            if key == "betas":  # torch spelling; the wire has no tuples
-                flat["beta1"], flat["beta2"] = (float(v) for v in value)
-            else:
-                flat[key] = float(value)
-        sync_args = dict(mode=mode, grads_to_wait=grads_to_wait, version_tolerance=version_tolerance,
-                         staleness_lr=staleness_lr, max_staleness=max_staleness)
         if mode is not None and mode not in _MODES:
             raise ValueError(f"mode must be 'sync' or 'async', got {mode!r}")
+        sync_args = dict(mode=mode, grads_to_wait=grads_to_wait, version_tolerance=version_tolerance,
+                         staleness_lr=staleness_lr, max_staleness=max_staleness)
 
         def one(i: int):
             req = pb.ConfigureRequest(num_ps=self.num_ps)
             if optimizer:
-                req.optimizer.CopyFrom(pb.OptimizerConfig(name=optimizer, hyper=flat))
+                req.optimizer.CopyFrom(pb.OptimizerConfig(name=optimizer, hyper=hyper_to_wire(hyper)))
             if any(v is not None for v in sync_args.values()):
-                current = self._unary(i, "Describe", pb.DescribeRequest()).sync
-                req.sync.CopyFrom(current)
+                req.sync.CopyFrom(self._unary(i, "Describe", pb.DescribeRequest()).sync)  # keeps unset fields
                 for key, value in sync_args.items():
                     if value is not None:
                         setattr(req.sync, key, _MODES[value] if key == "mode" else value)
             return self._unary(i, "Configure", req)
-
         self._fanout(one)
 
     def declare_table(self, name: str, dim: int, *, initializer: str = "normal",
                       init_args: Mapping[str, float] | None = None, seed: int = 0, dtype: str = "float32") -> None:
         """Declare an embedding table on every PS (idempotent; a conflicting redeclaration is a ValueError)."""
-        spec = pb.TableSpec(name=name, dim=dim, dtype=dtype, initializer=initializer,
-                            init_args=dict(init_args or {}), seed=seed)
-        req = pb.DeclareTablesRequest(tables=[spec])
+        req = pb.DeclareTablesRequest(tables=[pb.TableSpec(name=name, dim=dim, dtype=dtype, initializer=initializer,
+                                                           init_args=dict(init_args or {}), seed=seed)])
         self._fanout(lambda i: self._unary(i, "DeclareTables", req))
         self._tables[name] = (dim, getattr(torch, dtype))
 
@@ -246,23 +240,6 @@ class PSClient:
         """
         full = version_known is None or version_known < 0
 
-        def targets(layout: LayoutView) -> tuple[dict[str, torch.Tensor], list[tuple[int, memoryview]]]:
-            tensors, segments = {}, []
-            spare = None
-            for name, dtype, shape, offset, nbytes in layout.specs:
-                t = out.get(name) if out is not None else None
-                if t is not None and (t.dtype != dtype or tuple(t.shape) != shape or not t.is_contiguous()
-                                      or t.device.type != "cpu"):
-                    raise ValueError(f"out[{name!r}] must be a contiguous CPU {dtype} tensor of shape {shape}")
-                if t is None:  # views into one fresh buffer for the tensors not given
-                    spare = spare if spare is not None else bytearray(layout.total)
-                    t = (torch.frombuffer(spare, dtype=dtype, count=nbytes // dtype.itemsize, offset=offset)
-                         .view(shape) if nbytes else torch.zeros(shape, dtype=dtype))
-                tensors[name] = t
-                if nbytes:
-                    segments.append((offset, byte_view(t)))
-            return tensors, segments
-
         def one(i: int):
             req = pb.PullDenseRequest(known_version=-1 if full else self._versions[i],
                                       known_incarnation=self._incarnations[i], wait_seconds=wait,
@@ -274,11 +251,13 @@ class PSClient:
                 if head.unchanged:
                     return head, None, None
                 layout = LayoutView.of(head.layout)
-                tensors, segments = targets(layout)
+                tensors, segments = dense_targets(layout, out)
                 sink = Scatter(segments, layout.total)
-                for raw in stream:
-                    piece = only_bytes_field(raw, PULL_DATA_TAG)
-                    sink.write(piece if piece is not None else pb.PullDenseChunk.FromString(raw).data)
+                sink.write(head.data)
+                for raw in stream:  # read in place: PullDenseChunk.data = 5
+                    for field, wt, value in fields(raw):
+                        if field == 5 and wt == 2:
+                            sink.write(value)
                 if not sink.complete:
                     raise ValueError(f"parameter server {i} sent {sink.pos} of {layout.total} bytes")
                 return head, layout, tensors
@@ -311,13 +290,19 @@ class PSClient:
         shape = tuple(np.shape(ids.detach().cpu().numpy() if isinstance(ids, torch.Tensor) else ids))
         flat = as_row_ids(ids, table)
         dim, dtype = self._table(table)
-        uniq, inverse = np.unique(flat, return_inverse=True)
-        owners = row_owners(uniq, self.num_ps)
-        order = np.argsort(owners, kind="stable")        # group each PS's rows contiguously
+        if not len(flat):
+            return torch.empty((*shape, dim), dtype=dtype)
+        # One position per distinct id; requests list ids in order of those positions, so
+        # each PS's rows land in ascending places of the result (cache-friendly writes).
+        first, inverse = distinct(flat)
+        rep = np.sort(first)
+        owners = row_owners(flat[rep], self.num_ps)
+        by_ps = np.argsort(owners, kind="stable")  # group each PS's ids, positions still ascending
         bounds = np.concatenate([[0], np.cumsum(np.bincount(owners, minlength=self.num_ps))])
-        sorted_ids = uniq[order]
+        dest = rep[by_ps]  # where each requested row goes in the result
+        sorted_ids = flat[dest]
         row_bytes = dim * dtype.itemsize
-        out = np.empty((len(uniq), row_bytes), dtype=np.uint8)
+        out = np.empty((len(flat), row_bytes), dtype=np.uint8)
 
         def one(i: int):
             lo, hi = int(bounds[i]), int(bounds[i + 1])
@@ -327,41 +312,34 @@ class PSClient:
                 req = pb.PullEmbeddingRequest(table=table, chunk_bytes=self.chunk_bytes, ids=ids_to_proto(part))
 
                 def attempt(stub, timeout):
-                    pos = a
-                    for msg in stub.rpc.PullEmbedding(req, timeout=timeout):
-                        n = msg.rows.shape[0]
-                        if n:
-                            out[pos: pos + n] = np.frombuffer(msg.rows.data, dtype=np.uint8).reshape(n, row_bytes)
-                        pos += n
+                    pos, version = a, 0
+                    for raw in stub.rows(req, timeout=timeout):  # read in place: rows = 1 (a Tensor)
+                        for field, wt, value in fields(raw):
+                            if field == 2 and wt == 0:
+                                version = value
+                            elif field == 1 and wt == 2:
+                                got, shp, data = decode_tensor(value)
+                                n = shp[0] if len(shp) == 2 else -1
+                                if got != dtype_name(dtype) or n < 0 or shp[1] != dim or pos + n > b \
+                                        or len(data) != n * row_bytes:
+                                    raise ValueError(f"parameter server {i} sent rows {got} {shp} that do not fit "
+                                                     f"the request")
+                                # Straight from the message to the rows' places in the result: one copy.
+                                out[dest[pos: pos + n]] = np.frombuffer(data, np.uint8).reshape(n, row_bytes)
+                                pos += n
                     if pos != b:
                         raise ValueError(f"parameter server {i} sent {pos - a} of {b - a} rows")
-                self._call(i, "PullEmbedding", attempt, nbytes=(b - a) * row_bytes)
+                    return version
+                self._row_versions[i] = self._call(i, "PullEmbedding", attempt, nbytes=(b - a) * row_bytes)
 
         self._fanout(one, [i for i in range(self.num_ps) if bounds[i + 1] > bounds[i]])
-        rank = np.empty(len(uniq), dtype=np.int64)
-        rank[order] = np.arange(len(uniq))
-        rows = torch.from_numpy(out).view(dtype)
-        return take_rows(rows, rank[inverse.reshape(-1)]).view(*shape, dim)
+        if len(rep) < len(flat):  # repeated ids: copy the row fetched for another occurrence
+            src = first[inverse]
+            again = np.nonzero(src != np.arange(len(flat)))[0]
+            out[again] = out[src[again]]
+        return torch.from_numpy(out).view(dtype).view(*shape, dim)
 
     # ------------------------------------------------------------------ push
-
-    def _dense_segments(self, i: int, grads: Mapping[str, torch.Tensor | None]
-                        ) -> tuple[list[tuple[int, memoryview]], list[str], int]:
-        """(byte views of the gradients at their layout offsets, absent names, stream size or 0)."""
-        layout = self._layouts[i]
-        segments, absent = [], []
-        for name, dtype, shape, offset, nbytes in layout.specs:
-            g = grads.get(name)
-            if g is None:
-                absent.append(name)
-                continue
-            if tuple(g.shape) != shape:
-                raise ValueError(f"gradient of {name!r} has shape {tuple(g.shape)}, the parameter {shape}")
-            if nbytes:  # no copy for a contiguous CPU gradient of the parameter's dtype
-                segments.append((offset, byte_view(g.detach().to("cpu", dtype).contiguous())))
-        if len(absent) == len(layout.specs):
-            return [], absent, 0
-        return segments, absent, layout.total
 
     def push(self, dense_grads: Mapping[str, torch.Tensor | None] | None = None,
              sparse_grads: Mapping[str, tuple[object, torch.Tensor]] | None = None,
@@ -371,49 +349,46 @@ class PSClient:
         ``dense_grads``: name -> gradient (None or missing: no gradient, skipped
         like torch). ``sparse_grads``: table -> (ids, rows [len(ids), dim]);
         duplicate ids are summed before sending. ``version``: the version the
-        gradients were computed from (default: this client's last pull).
+        gradients were computed from (default: this client's last pull; a client
+        that never pulled sends -1, which SYNC mode rejects as stale).
         """
         dense_grads = dict(dense_grads or {})
-        if dense_grads and any(l is None for l in self._layouts):
-            self._fetch_layouts()
+        if dense_grads and any(l is None for l in self._layouts):  # pushing before any pull: ask for them
+            for i, info in enumerate(self.describe()):
+                self._layouts[i] = LayoutView.of(info.layout) if info.dense_initialized else None
         known = {s[0] for l in self._layouts if l for s in l.specs}
         unknown = sorted(set(dense_grads) - known)
         if unknown:
             raise ValueError(f"gradients for unknown dense parameter(s) {unknown[:5]}; init_dense first")
-        blocks: list[list[pb.SparseBlock]] = [[] for _ in range(self.num_ps)]
+        blocks: list[list[bytes]] = [[] for _ in range(self.num_ps)]  # encoded PushChunk{sparse}
         for table, (ids, values) in (sparse_grads or {}).items():
             dim, _ = self._table(table)
             flat = as_row_ids(ids, table)
-            for i, part in enumerate(sparse_blocks(table, flat, values.detach().cpu().reshape(len(flat), dim),
+            for i, part in enumerate(sparse_chunks(table, flat, values.detach().cpu().reshape(len(flat), dim),
                                                    self.num_ps, self.chunk_bytes)):
                 blocks[i].extend(part)
         self._seq += 1
         seq, shift = self._seq, 0 if version is None else self.version - version
+        bases = self.versions
 
         def one(i: int):
-            segments, absent, nbytes = (self._dense_segments(i, dense_grads) if dense_grads and self._layouts[i]
-                                        else ([], [], 0))
-            header = pb.PushHeader(client_id=self.client_id, seq=seq, base_version=self._versions[i] - shift,
+            segments, absent, nbytes = (dense_sources(self._layouts[i], dense_grads)
+                                        if dense_grads and self._layouts[i] else ([], [], 0))
+            header = pb.PushHeader(client_id=self.client_id, seq=seq, base_version=bases[i] - shift,
                                    layout_id=self._layouts[i].layout_id if nbytes else 0,
                                    dense_bytes=nbytes, absent=absent)
 
             def requests():
                 yield pb.PushChunk(header=header)
                 yield from gather_chunks(segments, nbytes, self.chunk_bytes, PUSH_DENSE_TAG)
-                for block in blocks[i]:
-                    yield pb.PushChunk(sparse=block)
+                yield from blocks[i]
             return self._call(i, "PushGradients", lambda s, t: s.push(requests(), timeout=t),
-                              nbytes=nbytes + sum(b.ByteSize() for b in blocks[i]))
+                              nbytes=nbytes + sum(len(b) for b in blocks[i]))
 
         results = self._fanout(one)
         versions = tuple(r.version for r in results)
         return PushResult(all(r.accepted for r in results), max(versions), versions,
                           any(r.applied for r in results), tuple(r.message for r in results))
-
-    def _fetch_layouts(self) -> None:
-        for i, info in enumerate(self.describe()):
-            if info.dense_initialized:
-                self._layouts[i] = LayoutView.of(info.layout)
 
     def checkpoint(self) -> list[tuple[str, int]]:
         """Ask every PS to write a checkpoint now; (path, version) per PS."""
