@@ -25,7 +25,8 @@ did the same work (``runs.final_weights_max_abs_diff``).
 
 On a 2-core machine any other busy process slows 2-thread training several-
 fold, so the CPU other processes use during each run is measured; disturbed
-runs are discarded and repeated (``--max-other-cpu``, ``--retries``).
+runs are discarded and repeated (``--max-other-cpu``, ``--retries``, within
+``--max-seconds``); ``runs.kept_disturbed_runs`` > 0 means: do not trust the result.
 
 Usage (from the repository root):
 
@@ -276,6 +277,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--retries", type=int, default=2, help="repeats of a run disturbed by other processes")
     p.add_argument("--quiet-wait", type=float, default=20.0,
                    help="seconds to wait at most, before each run, for other processes to leave the CPU idle")
+    p.add_argument("--max-seconds", type=float, default=300.0,
+                   help="after this long, stop waiting for a quiet CPU and stop repeating disturbed runs")
     p.add_argument("--workdir", help="keep data and job dirs here instead of a temp dir")
     args = p.parse_args(argv)
 
@@ -303,6 +306,7 @@ def main(argv: list[str] | None = None) -> int:
         log(f"wrote {args.records} records in {len(files)} files to {data_dir} ({time.perf_counter() - t0:.1f}s); "
             f"G={G}, threads={threads}, {len(sizes)} steps per run, {args.repeats} repeats")
         plain_run(mlp, files, batch=G, epochs=1, seed=args.seed, lr=args.lr)  # warm-up, discarded
+        started = time.perf_counter()
 
         def run_plain():
             return plain_run(mlp, files, batch=G, epochs=args.epochs, seed=args.seed, lr=args.lr)
@@ -318,7 +322,8 @@ def main(argv: list[str] | None = None) -> int:
             order = (("plain", run_plain), ("flextrain", run_flextrain))
             for name, fn in order if r % 2 == 0 else order[::-1]:
                 for attempt in range(args.retries + 1):
-                    waited = wait_until_quiet(args.max_other_cpu, args.quiet_wait)
+                    over_budget = time.perf_counter() - started > args.max_seconds
+                    waited = 0.0 if over_budget else wait_until_quiet(args.max_other_cpu, args.quiet_wait)
                     with CPUMeter() as meter:
                         res = fn()
                     rec = {"repeat": r, **summarize(res["step_times"], sizes), **res["extra"],
@@ -331,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
                         + (f"  [other processes used {meter.other_cores:.2f} cores]" if busy else ""))
                     if not busy:
                         break
-                    if attempt < args.retries:
+                    if attempt < args.retries and not over_budget:
                         runs["discarded"].append({"side": name, **rec})
                         log("  ... disturbed: discarding and repeating this run")
                     else:
