@@ -30,6 +30,7 @@ from collections.abc import Iterable, Iterator
 from typing import NamedTuple
 
 import cramjam
+import numpy as np
 
 from flextrain.data._ranges import check_range
 from flextrain.data.errors import CorruptRecordIOError
@@ -271,7 +272,7 @@ class RecordIOReader:
             yield from records[pos - first : stop - first]
             pos = stop
 
-    def _chunk_records(self, c: int) -> list[bytes]:
+    def _chunk_records(self, c: int) -> "_ChunkRecords":
         cached = self._cache
         if cached is not None and cached[0] == c:
             return cached[1]
@@ -279,7 +280,7 @@ class RecordIOReader:
         self._cache = (c, records)
         return records
 
-    def _decode_chunk(self, c: int) -> list[bytes]:
+    def _decode_chunk(self, c: int) -> "_ChunkRecords":
         chunk = self._chunks[c]
         with self._stats_lock:
             self._chunks_decoded += 1
@@ -297,27 +298,31 @@ class RecordIOReader:
             raise self._corrupt(chunk, f"cannot decode {chunk.compressor.name} payload: {exc}") from None
         return self._split_records(chunk, stream)
 
-    def _split_records(self, chunk: ChunkInfo, stream: bytes) -> list[bytes]:
-        records: list[bytes] = []
-        pos, size = 0, len(stream)
-        for i in range(chunk.num_records):
+    def _split_records(self, chunk: ChunkInfo, stream: bytes) -> "_ChunkRecords":
+        n, size = chunk.num_records, len(stream)
+        stride = size // n if n else 0
+        if n and stride >= 4 and stride * n == size:
+            # Fast path for fixed-size records (the common case: one vectorised
+            # check of every length field instead of a Python loop per record).
+            lengths = np.frombuffer(stream, dtype=np.uint8).reshape(n, stride)[:, :4]
+            if (np.ascontiguousarray(lengths).view("<u4").ravel() == stride - 4).all():
+                return _ChunkRecords(stream, n, stride=stride)
+        starts: list[int] = []
+        pos = 0
+        for i in range(n):
             if pos + 4 > size:
-                raise self._corrupt(
-                    chunk, f"payload holds {i} records, header says {chunk.num_records}"
-                )
-            (n,) = _LEN.unpack_from(stream, pos)
+                raise self._corrupt(chunk, f"payload holds {i} records, header says {n}")
+            (length,) = _LEN.unpack_from(stream, pos)
             pos += 4
-            if pos + n > size:
+            if pos + length > size:
                 raise self._corrupt(
-                    chunk, f"record {i} of the chunk declares {n} bytes but only {size - pos} remain"
+                    chunk, f"record {i} of the chunk declares {length} bytes but only {size - pos} remain"
                 )
-            records.append(stream[pos : pos + n])
-            pos += n
+            starts.append(pos)
+            pos += length
         if pos != size:
-            raise self._corrupt(
-                chunk, f"{size - pos} trailing bytes after the {chunk.num_records} records the header declares"
-            )
-        return records
+            raise self._corrupt(chunk, f"{size - pos} trailing bytes after the {n} records the header declares")
+        return _ChunkRecords(stream, n, starts=starts)
 
     def _corrupt(self, chunk: ChunkInfo, reason: str) -> CorruptRecordIOError:
         return CorruptRecordIOError(self._path, chunk.offset, reason)
@@ -373,3 +378,43 @@ def write_records(
 def read_records(path: str | os.PathLike[str]) -> list[bytes]:
     """Read every record of a RecordIO file into a list."""
     return list(RecordIOReader(path))
+
+
+class _ChunkRecords:
+    """The records of one decoded chunk, cut out of its stream only when asked for.
+
+    A task reads a few hundred records of a chunk that may hold many
+    thousands; copying every record out at decode time would cost more than
+    the decompression itself. Boundaries are known once: from a fixed
+    ``stride`` (each record is a 4-byte length + ``stride - 4`` bytes) or
+    from a list of record ``starts`` (lengths re-read from the stream).
+    """
+
+    __slots__ = ("_stream", "_n", "_stride", "_starts")
+
+    def __init__(self, stream: bytes, n: int, *, stride: int = 0, starts: list[int] | None = None) -> None:
+        self._stream, self._n, self._stride, self._starts = stream, n, stride, starts
+
+    def __len__(self) -> int:
+        return self._n
+
+    def _one(self, i: int) -> bytes:
+        if self._starts is None:
+            begin = i * self._stride + 4
+            return self._stream[begin : begin + self._stride - 4]
+        begin = self._starts[i]
+        (length,) = _LEN.unpack_from(self._stream, begin - 4)
+        return self._stream[begin : begin + length]
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return [self._one(i) for i in range(*index.indices(self._n))]
+        if index < 0:
+            index += self._n
+        if not 0 <= index < self._n:
+            raise IndexError(index)
+        return self._one(index)
+
+    def __iter__(self):
+        return (self._one(i) for i in range(self._n))
+
