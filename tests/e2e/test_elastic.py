@@ -240,5 +240,8 @@ def test_every_worker_lost_job_waits_for_min_then_fails_keeping_checkpoint(digit
     final = read_status(job_dir)
     assert final["phase"] == "Failed"
     assert "fewer than --min-workers 1" in final["message"] and "latest checkpoint kept" in final["message"]
+    # with --relaunch-budget 0 the first crash exhausts the budget: a clear event, no relaunch loop
+    assert any("over the relaunch budget" in e for e in final["events"]), final["events"]
+    assert not any(m["id"] not in {"worker-0", "worker-1"} for r in final["roundHistory"] for m in r["members"])
     latest = json.loads((job_dir / "checkpoints" / "latest.json").read_text())
     assert os.path.exists(latest["checkpoint"])
