@@ -1,4 +1,4 @@
-"""``flextrain`` command line: train, status, scale, stop, data, worker."""
+"""``flextrain`` command line: train, status, scale, stop, data, worker, ps."""
 
 from __future__ import annotations
 
@@ -39,6 +39,16 @@ def _add_train(sub) -> None:
     g.add_argument("--workers", type=int, help="number of workers to start (default 1)")
     g.add_argument("--min-workers", type=int, help="fewest workers a round may train with (default: --workers)")
     g.add_argument("--max-workers", type=int, help="most workers the job may scale to (default: --workers)")
+    g = p.add_argument_group("distribution")
+    g.add_argument("--distribution-strategy", choices=("AllReduce", "ParameterServer"), default="AllReduce",
+                   help="AllReduce: lockstep workers; ParameterServer: workers push gradients to --ps servers")
+    g.add_argument("--ps", type=int, default=0, help="parameter servers to start (ParameterServer only)")
+    g.add_argument("--ps-mode", choices=("sync", "async"), default="sync",
+                   help="sync: stale pushes are rejected and recomputed; async: every push is applied")
+    g.add_argument("--grads-to-wait", type=int,
+                   help="pushes a sync PS averages into one update (default 1)")
+    g.add_argument("--ps-checkpoint-steps", type=int, default=20,
+                   help="each PS checkpoints every N of its versions (0: only when it stops)")
     g = p.add_argument_group("training")
     g.add_argument("--epochs", type=int, default=1)
     g.add_argument("--global-batch-size", type=int, default=64,
@@ -87,7 +97,7 @@ def _model_def_abs(spec: str) -> str:
 
 
 def build_spec(args):
-    from flextrain.job import JobSpec
+    from flextrain.job import JobSpec, Strategy
 
     name = _job_name(args)
     job_dir = args.job_dir or str(DEFAULT_JOBS_DIR / name)
@@ -101,6 +111,8 @@ def build_spec(args):
         checkpoint_steps=args.checkpoint_steps, rendezvous_timeout=args.rendezvous_timeout,
         worker_timeout=args.worker_timeout, relaunch_budget=args.relaunch_budget,
         min_workers_timeout=args.min_workers_timeout,
+        strategy=Strategy(args.distribution_strategy), ps=args.ps, ps_mode=args.ps_mode,
+        grads_to_wait=args.grads_to_wait, ps_checkpoint_steps=args.ps_checkpoint_steps,
     )
 
 
@@ -229,6 +241,21 @@ def cmd_data_digits(args) -> int:
     return 0
 
 
+def cmd_data_ctr(args) -> int:
+    from flextrain.data.ctr import write_ctr
+
+    info = write_ctr(args.out, rows=args.rows, validation_fraction=args.validation_fraction, seed=args.seed)
+    print(f"wrote {info['train']} training and {info['validation']} validation click records to {args.out} "
+          f"(click rate {info['positive_rate']:.3f})")
+    return 0
+
+
+def cmd_ps(args) -> int:
+    from flextrain.ps.main import main as ps_main
+
+    return ps_main(args.ps_args)
+
+
 def cmd_worker(args) -> int:
     from flextrain.worker.main import run_worker
 
@@ -259,6 +286,16 @@ def make_parser() -> argparse.ArgumentParser:
     d.add_argument("--validation-fraction", type=float, default=0.2)
     d.add_argument("--seed", type=int, default=0)
     d.set_defaults(fn=cmd_data_digits)
+    d = data.add_parser("ctr", help="a synthetic click log (categorical ids + dense features) as RecordIO")
+    d.add_argument("--out", required=True, metavar="DIR")
+    d.add_argument("--rows", type=int, default=20000)
+    d.add_argument("--validation-fraction", type=float, default=0.2)
+    d.add_argument("--seed", type=int, default=0)
+    d.set_defaults(fn=cmd_data_ctr)
+    ps = sub.add_parser("ps", help="(internal) run one parameter-server shard (see `flextrain ps -- --help`)",
+                        add_help=False)
+    ps.add_argument("ps_args", nargs=argparse.REMAINDER)
+    ps.set_defaults(fn=cmd_ps)
     w = sub.add_parser("worker", help="(internal) run a worker process")
     w.add_argument("--master", required=True, metavar="HOST:PORT")
     w.add_argument("--worker-id", required=True)
@@ -268,7 +305,11 @@ def make_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = make_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if args.command == "ps":  # its flags belong to flextrain.ps.main's own parser
+        args.ps_args = [*extra, *args.ps_args]
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         return args.fn(args)

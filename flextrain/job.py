@@ -66,6 +66,17 @@ class JobSpec:
     min_workers_timeout: float = 300.0
     # Times a crashed worker is relaunched before the job gives up on it.
     relaunch_budget: int = 3
+    # ---- ParameterServer strategy (ignored by AllReduce) ----------------------
+    # Number of parameter-server processes; must be >= 1 with ParameterServer.
+    ps: int = 0
+    # "sync": a PS applies one update per `grads_to_wait` pushes and rejects stale
+    # ones (the worker recomputes them); "async": every push is applied at once.
+    ps_mode: str = "sync"
+    # Pushes a sync PS averages into one update. None means 1: with more, the
+    # last minibatches of a job can wait for pushes that never come.
+    grads_to_wait: int | None = None
+    # A PS checkpoints every this many of its versions (0: only when it stops).
+    ps_checkpoint_steps: int = 20
 
     # ---- derived -----------------------------------------------------------
     @property
@@ -79,6 +90,14 @@ class JobSpec:
     @property
     def effective_max_micro_batch(self) -> int:
         return self.max_micro_batch or self.global_batch_size
+
+    @property
+    def effective_grads_to_wait(self) -> int:
+        return self.grads_to_wait or 1
+
+    @property
+    def ps_checkpoint_dir(self) -> Path:
+        return Path(self.job_dir) / "ps-checkpoints"
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -123,6 +142,24 @@ class JobSpec:
             raise JobSpecError(f"--max-task-retries must be >= 0, got {self.max_task_retries}")
         if self.checkpoint_steps < 0:
             raise JobSpecError(f"--checkpoint-steps must be >= 0, got {self.checkpoint_steps}")
+        self._validate_ps()
+        return self
+
+    def _validate_ps(self) -> None:
+        if self.strategy is Strategy.PARAMETER_SERVER:
+            if isinstance(self.ps, bool) or not isinstance(self.ps, int) or self.ps < 1:
+                raise JobSpecError(
+                    f"--distribution-strategy ParameterServer needs --ps N (N >= 1 parameter servers), "
+                    f"got {self.ps!r}")
+        elif self.ps:
+            raise JobSpecError(f"--ps {self.ps} needs --distribution-strategy ParameterServer "
+                               f"(the strategy is {self.strategy.value})")
+        if self.ps_mode not in ("sync", "async"):
+            raise JobSpecError(f"--ps-mode must be 'sync' or 'async', got {self.ps_mode!r}")
+        if self.grads_to_wait is not None and (not isinstance(self.grads_to_wait, int) or self.grads_to_wait < 1):
+            raise JobSpecError(f"--grads-to-wait must be a positive integer, got {self.grads_to_wait!r}")
+        if self.ps_checkpoint_steps < 0:
+            raise JobSpecError(f"--ps-checkpoint-steps must be >= 0, got {self.ps_checkpoint_steps}")
         return self
 
     # ---- (de)serialisation -------------------------------------------------

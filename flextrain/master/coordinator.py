@@ -17,11 +17,12 @@ import threading
 import time
 from dataclasses import dataclass
 
-from flextrain.job import JobSpec
+from flextrain.job import JobSpec, Strategy
 from flextrain.master.accounting import ledger_at, most_advanced, settle_round
 from flextrain.master.checkpoints import CheckpointStore
 from flextrain.master.health import Liveness, find_hung
 from flextrain.master.ledger import Task, TaskKind, TaskLedger
+from flextrain.master.ps_tasks import ps_training_task, release_worker
 from flextrain.master.rendezvous import Rendezvous, Round, RoundState
 from flextrain.proto import flextrain_pb2 as pb
 
@@ -93,6 +94,16 @@ class JobMaster:
         self.round_history: list[dict] = []  # every round formed: who, from which version
         self.started = time.time()
         self.finished: float | None = None
+        self.ps_addresses: list[str] = []  # ParameterServer strategy: PS i's host:port at index i
+
+    @property
+    def ps_mode(self) -> bool:
+        """ParameterServer strategy: no rendezvous, one training task per worker (ps_tasks.py)."""
+        return self.spec.strategy is Strategy.PARAMETER_SERVER
+
+    def mark_running(self) -> None:
+        if self.phase is Phase.PENDING:
+            self.phase = Phase.RUNNING
 
     # ---- lifecycle ------------------------------------------------------------
     @property
@@ -139,7 +150,10 @@ class JobMaster:
             self.alive.discard(worker_id)
             self.launched.discard(worker_id)
             self.retiring.discard(worker_id)
-            self.ledger.release_owner(worker_id)
+            if self.ps_mode:
+                release_worker(self, worker_id)
+            else:
+                self.ledger.release_owner(worker_id)
             self.rendezvous.drop(worker_id)
             self.assigned.pop(worker_id, None)
             self.cond.notify_all()
@@ -269,6 +283,10 @@ class JobMaster:
                 if self.over or self.stopping or req.worker_id in self.retiring:
                     return pb.GetTaskResponse(action=pb.GetTaskResponse.STOP, message=self.message)
                 return self._evaluation_task(req.worker_id)
+            if self.ps_mode:
+                response = ps_training_task(self, req.worker_id)
+                self._check_outcome()
+                return response
             return self._training_task(req)
 
     def _training_task(self, req: pb.GetTaskRequest) -> pb.GetTaskResponse:
@@ -383,7 +401,8 @@ class JobMaster:
         """Check deadlines; returns ``(worker_id, why)`` for workers that hang."""
         with self.cond:
             now = self.clock()
-            self._maybe_form()
+            if not self.ps_mode:
+                self._maybe_form()
             if self.over:
                 return []
             rnd = self.rendezvous.current

@@ -70,7 +70,9 @@ class InstanceManager:
         with self._lock:
             if self.closed:
                 return
-            running = sorted(self.backend.running() - self._stopping, key=_index)
+            # Only workers count: the same backend may run the job's parameter servers.
+            running = sorted((i for i in self.backend.running() - self._stopping if i.startswith("worker-")),
+                             key=_index)
             if not self.budget_exhausted:
                 for _ in range(self.desired - len(running)):
                     self._launch_one()
@@ -91,6 +93,10 @@ class InstanceManager:
         with self._lock:
             self.desired = desired
         self.reconcile()
+
+    def exited(self, worker_id: str, code: int) -> None:
+        """The backend's exit callback (public so a master can route exits of other roles elsewhere)."""
+        self._exited(worker_id, code)
 
     def _exited(self, worker_id: str, code: int) -> None:
         with self._lock:

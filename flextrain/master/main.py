@@ -18,12 +18,13 @@ from pathlib import Path
 from rich.console import Console
 
 from flextrain.data import make_shards
-from flextrain.job import JobSpec
+from flextrain.job import JobSpec, Strategy
 from flextrain.master.checkpoints import CheckpointStore
 from flextrain.master.coordinator import JobMaster, Phase
 from flextrain.master.instances import InstanceManager
 from flextrain.master.launcher import LaunchBackend, LocalProcessBackend
 from flextrain.master.ledger import TaskLedger
+from flextrain.master.ps_fleet import PSFleet, PSStartError, is_ps
 from flextrain.master.servicer import MasterServicer, start_server
 from flextrain.master.status import StatusReporter
 
@@ -62,6 +63,10 @@ def run_master(
     import torch.distributed as dist  # heavy import: only the master process needs it here
 
     console = console or Console(stderr=True)
+    if resume and spec.strategy is Strategy.PARAMETER_SERVER:
+        # The model lives in the PS checkpoints but the master keeps no ledger for them yet:
+        # resuming would apply records twice.
+        raise ResumeError("--resume is not supported for ParameterServer jobs yet")
     job_dir = Path(spec.job_dir)
     job_dir.mkdir(parents=True, exist_ok=True)
     (job_dir / "jobspec.json").write_text(spec.to_json() + "\n")
@@ -125,9 +130,21 @@ def run_master(
         on_launch=job.worker_launched, on_exit=lambda wid, code: job.worker_exited(wid),
         on_budget_exhausted=job.note, on_retire=job.retire, on_failure=job.note,
     )
+    fleet: PSFleet | None = None
+    if job.ps_mode:
+        fleet = PSFleet(backend, spec, relaunch_budget=spec.relaunch_budget, on_note=job.note,
+                        on_failure=lambda message: job.finish(Phase.FAILED, message))
+        backend.on_exit(lambda iid, code: fleet.exited(iid, code) if is_ps(iid) else manager.exited(iid, code))
     previous = _install_signal_handlers(lambda: stop("interrupted"))
     try:
-        manager.reconcile()
+        if fleet is not None:  # parameter servers first: workers get their addresses with the JobSpec
+            try:
+                job.ps_addresses = fleet.start()
+                job.note(f"{spec.ps} parameter server(s) at {', '.join(job.ps_addresses)}")
+            except PSStartError as exc:
+                job.finish(Phase.FAILED, str(exc))
+        if not job.over:
+            manager.reconcile()
         last = 0.0
         while not job.over:
             with job.cond:
@@ -142,10 +159,12 @@ def run_master(
                 last = time.monotonic()
         # Workers learn the outcome from their next RPC or heartbeat and exit.
         deadline = time.monotonic() + EXIT_GRACE
-        while backend.running() and time.monotonic() < deadline:
+        while (backend.running() - (fleet.ids if fleet else set())) and time.monotonic() < deadline:
             with job.cond:
                 job.cond.wait(0.1)
     finally:
+        if fleet is not None:
+            fleet.close()
         manager.close(grace=5.0)
         snap = reporter.update()
         reporter.close()

@@ -34,7 +34,8 @@ class MasterServicer(pb_grpc.MasterServicer):
 
     def GetJobSpec(self, request, context):
         return pb.GetJobSpecResponse(job_spec_json=self.job.spec.to_json(),
-                                     heartbeat_interval=self.heartbeat_interval)
+                                     heartbeat_interval=self.heartbeat_interval,
+                                     ps_addresses=list(self.job.ps_addresses))
 
     def RegisterWorker(self, request, context):
         self.job.register(request.worker_id, pid=request.pid)

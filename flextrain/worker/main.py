@@ -5,6 +5,8 @@ The worker gets the JobSpec from the master, loads the model-zoo module,
 then loops: join the rendezvous -> form the round's process group -> take the
 round's state from rank 0 -> train until the round ends. A failed collective
 (a peer died) only ends the round; the process never restarts for it.
+With the ParameterServer strategy there are no rounds: ``PSTrainer``
+(``ps_trainer.py``) takes tasks on its own and pulls/pushes parameters.
 """
 
 from __future__ import annotations
@@ -16,12 +18,13 @@ import time
 
 import torch
 
-from flextrain.job import JobSpec
+from flextrain.job import JobSpec, Strategy
 from flextrain.proto import flextrain_pb2 as pb
 from flextrain.worker.client import MasterClient, MasterUnreachable
 from flextrain.worker.collective import Collective, CollectiveError
 from flextrain.worker.evaluation import evaluate_task
 from flextrain.worker.module import load_model_def
+from flextrain.worker.ps_trainer import PSTrainer
 from flextrain.worker.trainer import AllReduceTrainer, WorkerState, describe
 
 log = logging.getLogger("flextrain.worker")
@@ -60,9 +63,14 @@ def run_worker(master: str, worker_id: str) -> int:
     model = model_def.build_model()
     optimizer = model_def.build_optimizer(model, spec.learning_rate)
     state = WorkerState()
-    collective = Collective(timeout=spec.worker_timeout)
-    trainer = AllReduceTrainer(spec=spec, model_def=model_def, model=model, optimizer=optimizer,
-                               client=client, collective=collective, state=state)
+    collective: Collective | None = None
+    if spec.strategy is Strategy.PARAMETER_SERVER:
+        trainer = PSTrainer(spec=spec, model_def=model_def, model=model, optimizer=optimizer, client=client,
+                            state=state, ps_addresses=list(reg.ps_addresses))
+    else:
+        collective = Collective(timeout=spec.worker_timeout)
+        trainer = AllReduceTrainer(spec=spec, model_def=model_def, model=model, optimizer=optimizer,
+                                   client=client, collective=collective, state=state)
     # Ready: only now may the master end the running round to let us in.
     client.register(pid=os.getpid())
     log.info("%s registered with master %s (pid %d)", worker_id, master, os.getpid())
@@ -71,7 +79,10 @@ def run_worker(master: str, worker_id: str) -> int:
                             daemon=True, name="heartbeat")
     beat.start()
     try:
-        finished = _train(spec, client, collective, trainer, state)
+        if collective is None:  # ParameterServer: independent tasks, no rounds
+            finished = trainer.train()
+        else:
+            finished = _train(spec, client, collective, trainer, state)
         loss, samples = state.take_loss()
         if samples:  # the losses since the last heartbeat: the job's final training loss
             client.heartbeat(state.position(), loss, samples)
@@ -79,7 +90,10 @@ def run_worker(master: str, worker_id: str) -> int:
             _evaluate(spec, client, model_def, model, state)
     finally:
         done.set()
-        collective.leave()
+        if collective is not None:
+            collective.leave()
+        else:
+            trainer.close()
     return 0
 
 

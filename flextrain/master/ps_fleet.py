@@ -1,0 +1,125 @@
+"""PSFleet: the job's parameter servers, launched and kept alive by the master.
+
+ParameterServer strategy only. :meth:`PSFleet.start` launches ``spec.ps``
+processes (``flextrain --log-level INFO ps --shard-index I --num-ps N ...``, instance ids
+``ps-I``, :class:`~flextrain.master.launcher.Role.PS`) through the job's
+launch backend, each writing its ``host:port`` to
+``<job_dir>/ps/ps-I.addr`` and checkpointing to ``<job_dir>/ps-checkpoints``
+every ``spec.ps_checkpoint_steps`` versions; it returns the addresses once
+every file exists (workers get them with the JobSpec).
+
+A PS that exits while the job runs is relaunched on the same port, so its
+address stays valid: workers' PS clients retry and reconnect by themselves,
+and the new process restores the shard's newest checkpoint before it listens.
+Exits are reported by the backend through :meth:`exited` (the master routes
+``ps-*`` instance ids here). Each PS slot has ``relaunch_budget`` relaunches;
+past it ``on_failure`` is called with the reason (the master fails the job).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+from flextrain.job import JobSpec
+from flextrain.master.launcher import InstanceSpec, LaunchBackend, Role
+
+log = logging.getLogger(__name__)
+
+PS_PREFIX = "ps-"
+
+
+class PSStartError(RuntimeError):
+    """A parameter server did not come up (its log file is named)."""
+
+
+def is_ps(instance_id: str) -> bool:
+    return instance_id.startswith(PS_PREFIX)
+
+
+class PSFleet:
+    def __init__(self, backend: LaunchBackend, spec: JobSpec, *, relaunch_budget: int,
+                 on_note: Callable[[str], None] = lambda message: None,
+                 on_failure: Callable[[str], None] = lambda message: None,
+                 start_timeout: float = 60.0) -> None:
+        self.backend = backend
+        self.spec = spec
+        self.relaunch_budget = relaunch_budget
+        self.start_timeout = start_timeout
+        self._on_note, self._on_failure = on_note, on_failure
+        self.address_dir = Path(spec.job_dir) / "ps"
+        self.addresses: list[str] = []
+        self.relaunches = [0] * spec.ps
+        self.closed = False
+        self._lock = threading.Lock()
+
+    @property
+    def ids(self) -> set[str]:
+        return {f"{PS_PREFIX}{i}" for i in range(self.spec.ps)}
+
+    def _address_file(self, index: int) -> Path:
+        return self.address_dir / f"{PS_PREFIX}{index}.addr"
+
+    def _launch(self, index: int, port: int) -> None:
+        spec = self.spec
+        args = ("--log-level", "INFO", "ps", "--shard-index", str(index), "--num-ps", str(spec.ps), "--port", str(port),
+                "--host", "127.0.0.1", "--address-file", str(self._address_file(index)),
+                "--checkpoint-dir", str(spec.ps_checkpoint_dir),
+                "--checkpoint-every", str(spec.ps_checkpoint_steps),
+                "--mode", spec.ps_mode, "--grads-to-wait", str(spec.effective_grads_to_wait),
+                "--torch-threads", "1", "--threads", str(16 + 4 * spec.effective_max_workers))
+        self.backend.launch(InstanceSpec(f"{PS_PREFIX}{index}", Role.PS, index, args,
+                                         {"PYTHONUNBUFFERED": "1"}))
+
+    def start(self) -> list[str]:
+        """Launch every PS and wait for its address file; returns the addresses by shard index."""
+        self.address_dir.mkdir(parents=True, exist_ok=True)
+        for i in range(self.spec.ps):
+            self._address_file(i).unlink(missing_ok=True)
+            self._launch(i, 0)
+        deadline = time.monotonic() + self.start_timeout
+        pending = set(range(self.spec.ps))
+        while pending:
+            for i in sorted(pending):
+                path = self._address_file(i)
+                if path.is_file() and path.read_text().strip():
+                    pending.discard(i)
+            if not pending:
+                break
+            gone = [i for i in pending if f"{PS_PREFIX}{i}" not in self.backend.running()]
+            if gone or time.monotonic() > deadline:
+                why = "exited" if gone else f"did not listen within {self.start_timeout:.0f}s"
+                i = (gone or sorted(pending))[0]
+                raise PSStartError(f"parameter server {i} {why}; see {Path(self.spec.job_dir) / 'logs'}/"
+                                   f"{PS_PREFIX}{i}.log")
+            time.sleep(0.05)
+        self.addresses = [self._address_file(i).read_text().strip() for i in range(self.spec.ps)]
+        return list(self.addresses)
+
+    def exited(self, instance_id: str, code: int) -> None:
+        """Backend callback for a ``ps-*`` instance: relaunch it on its port while the job runs."""
+        index = int(instance_id[len(PS_PREFIX):])
+        with self._lock:
+            if self.closed or not self.addresses:
+                return
+            self.relaunches[index] += 1
+            over = self.relaunches[index] > self.relaunch_budget
+        if over:
+            self._on_failure(f"parameter server {index} exited with code {code} "
+                             f"{self.relaunches[index]} times, over the relaunch budget of {self.relaunch_budget}")
+            return
+        port = int(self.addresses[index].rsplit(":", 1)[1])
+        self._on_note(f"parameter server {index} exited with code {code}: relaunching it on port {port} "
+                      "from its latest checkpoint")
+        log.warning("ps-%d exited with code %d; relaunching on port %d", index, code, port)
+        self._launch(index, port)
+
+    def close(self) -> None:
+        """Stop relaunching; SIGTERM every PS (each writes a final checkpoint before it exits)."""
+        with self._lock:
+            self.closed = True
+        for instance_id in self.ids:
+            self.backend.terminate(instance_id)

@@ -1,0 +1,62 @@
+"""Training-task hand-out for the ParameterServer strategy.
+
+There is no rendezvous: every worker asks for training tasks on its own, like
+evaluation tasks. A task is owned by the worker id that took it. A worker
+reports a task done only after every gradient push of it was accepted by the
+parameter servers; the master then completes it.
+
+A worker's position (heartbeats, GetTask) carries, in PS mode, the id of the
+task it is on as ``task_index`` and the minibatches of it whose pushes were
+accepted as ``steps_done``. When the worker dies, :func:`release_worker` keeps
+those minibatches as applied and requeues only the rest; minibatches pushed
+after its last report are applied again (at most one heartbeat period's worth).
+
+Once every training task is done the model lives on the parameter servers,
+which checkpoint themselves: the PS checkpoint directory stands for the
+"final checkpoint" the job's outcome waits for.
+"""
+
+from __future__ import annotations
+
+from flextrain.master.ledger import Task, TaskKind
+from flextrain.proto import flextrain_pb2 as pb
+
+
+def task_message(task: Task) -> pb.Task:
+    kind = pb.Task.TRAINING if task.kind is TaskKind.TRAINING else pb.Task.EVALUATION
+    return pb.Task(task_id=task.task_id, kind=kind, source=task.source, start=task.start, end=task.end,
+                   epoch=task.epoch, global_batch_size=task.global_batch_size)
+
+
+def ps_training_task(job, worker_id: str) -> pb.GetTaskResponse:
+    """Answer one worker's GetTask(TRAINING) in PS mode; the caller holds ``job.cond``.
+
+    RUN (a task now owned by ``worker_id``), WAIT (other workers still hold the
+    last tasks: one of them may fail and be requeued), NO_MORE (training is over
+    for good: go on to evaluation) or STOP (the job is over or stopping).
+    """
+    if job.over or job.stopping or worker_id in job.retiring:
+        return pb.GetTaskResponse(action=pb.GetTaskResponse.STOP, message=job.message)
+    task = job.ledger.next_training_task(owner=worker_id)
+    if task is not None:
+        job.mark_running()
+        return pb.GetTaskResponse(action=pb.GetTaskResponse.RUN, task=task_message(task))
+    if job.ledger.training_finished():
+        if job.final_checkpoint is None:
+            job.final_checkpoint = str(job.spec.ps_checkpoint_dir)
+        return pb.GetTaskResponse(action=pb.GetTaskResponse.NO_MORE, message=job.message)
+    return pb.GetTaskResponse(action=pb.GetTaskResponse.WAIT)
+
+
+def release_worker(job, worker_id: str) -> None:
+    """Requeue what ``worker_id`` (gone) held, keeping the minibatches it reported as pushed.
+
+    The caller holds ``job.cond``. A task whose id is not the one in the worker's
+    last position goes back whole (nothing of it is known to be applied).
+    """
+    info = job.workers.get(worker_id)
+    for task in [t for t in job.ledger.doing.values() if t.owner == worker_id]:
+        pushed = 0
+        if info is not None and task.kind is TaskKind.TRAINING and info.position.task_index == task.task_id:
+            pushed = int(info.position.steps_done)
+        job.ledger.interrupt(task.task_id, pushed)

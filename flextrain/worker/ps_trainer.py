@@ -1,0 +1,219 @@
+"""The ParameterServer trainer: independent workers that pull parameters and push gradients.
+
+Set-up (:meth:`PSTrainer.setup`, idempotent, so it is also the recovery from
+a PS that was relaunched with no checkpoint): the PS optimizer is configured
+from the module's ``torch.optim`` optimizer (``torch_optimizer_config``);
+every ``nn.Embedding`` of the model is replaced by a :class:`PSEmbedding`
+whose table (named by the module path, e.g. ``embeddings.0``, with the
+embedding's dim and an initializer that matches its initial weights) is
+declared on the PS; the remaining parameters are given to ``init_dense``
+(the first worker's values win; all workers build the model from the same
+seed anyway).
+
+Training: the worker asks the master for TRAINING tasks on its own (no
+rendezvous). Minibatch ``j`` of a task is records ``[start + j*G, start +
+(j+1)*G)`` with ``G = task.global_batch_size``; per minibatch it pulls the
+dense parameters (a no-op answer when unchanged), runs forward/backward in
+micro-batches of at most ``--max-micro-batch`` records (each contributing
+``loss * size / G``, so the gradient is that of the minibatch's mean loss)
+and pushes the dense gradients and the embedding rows' gradients quoting the
+versions it pulled. A push a sync PS rejects as stale is recomputed after a
+fresh pull. The worker's position says which task it is on (``task_index`` =
+task id) and how many of its minibatches were accepted (``steps_done``), so a
+worker that dies mid-task loses only what it pushed since its last
+heartbeat. A task is reported done only once every one of its pushes was
+accepted; a failure (bad records) reports the minibatches pushed so far as
+``steps_done``, so the master requeues only the rest.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from flextrain.data import read_shard_range
+from flextrain.job import JobSpec
+from flextrain.proto import flextrain_pb2 as pb
+from flextrain.ps.codec import torch_optimizer_config
+from flextrain.worker.client import MasterClient
+from flextrain.worker.module import FeedMetadata, Mode, ModelDef
+from flextrain.worker.ps_client import PSClient, PSError
+from flextrain.worker.trainer import WorkerState, describe, feed_tensors, take
+
+log = logging.getLogger("flextrain.worker.ps")
+
+TASK_POLL = 0.2        # seconds between asks while other workers hold the last tasks
+MAX_RESETUPS = 5       # PS set-ups redone in a row (a PS lost its state) before giving up
+MAX_STALE_RETRIES = 1000  # recomputations of one minibatch after stale pushes
+
+
+class PSEmbedding(nn.Module):
+    """Stands in for an ``nn.Embedding`` whose rows live on the parameter servers.
+
+    ``forward(ids)`` pulls the distinct ids' rows once, as a leaf tensor; in
+    training mode with grad enabled that tensor requires grad and is recorded
+    on ``tape`` as ``(table, ids, rows)``, so after backward the trainer pushes
+    ``rows.grad`` as the table's sparse gradient.
+    """
+
+    def __init__(self, *, client: PSClient, table: str, dim: int, tape: list) -> None:
+        super().__init__()
+        self.client, self.table, self.dim, self.tape = client, table, dim, tape
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        distinct, inverse = torch.unique(ids.reshape(-1), return_inverse=True)
+        rows = self.client.pull_embedding(self.table, distinct)
+        if self.training and torch.is_grad_enabled():
+            rows.requires_grad_(True)
+            self.tape.append((self.table, distinct, rows))
+        return F.embedding(inverse, rows).reshape(*ids.shape, self.dim)
+
+
+def _initializer(weight: torch.Tensor) -> tuple[str, dict[str, float]]:
+    """The PS initializer closest to how ``weight`` was initialised (zeros, or a normal fit)."""
+    if not torch.any(weight):
+        return "zeros", {}
+    return "normal", {"mean": float(weight.mean()), "std": float(weight.std())}
+
+
+def replace_embeddings(model: nn.Module, *, client: PSClient, tape: list) -> dict[str, tuple[int, str, dict]]:
+    """Swap every ``nn.Embedding`` of ``model`` for a :class:`PSEmbedding`; returns table -> (dim, init, args)."""
+    tables = {}
+    for name, module in list(model.named_modules()):
+        if not isinstance(module, nn.Embedding):
+            continue
+        parent_name, _, attr = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        init, args = _initializer(module.weight.detach())
+        tables[name] = (module.embedding_dim, init, args)
+        setattr(parent, attr, PSEmbedding(client=client, table=name, dim=module.embedding_dim, tape=tape))
+    return tables
+
+
+class PSTrainer:
+    def __init__(self, *, spec: JobSpec, model_def: ModelDef, model: nn.Module, optimizer: torch.optim.Optimizer,
+                 client: MasterClient, state: WorkerState, ps_addresses: list[str]) -> None:
+        if not ps_addresses:
+            raise RuntimeError("the master sent no parameter-server addresses (ParameterServer strategy)")
+        self.spec, self.model_def, self.model, self.client, self.state = spec, model_def, model, client, state
+        self.ps = PSClient(ps_addresses, client_id=client.worker_id)
+        self.opt_name, self.opt_hyper = torch_optimizer_config(optimizer)
+        self.tape: list = []
+        self.tables = replace_embeddings(model, client=self.ps, tape=self.tape)
+        self.dense = {n: p for n, p in model.named_parameters() if p.requires_grad}
+        self.pulled = False
+
+    # ---- parameter servers ----------------------------------------------------
+    def setup(self) -> None:
+        """Configure the optimizer, declare the tables, give the dense parameters (all idempotent)."""
+        self.ps.configure(self.opt_name, self.opt_hyper)
+        for table, (dim, init, args) in self.tables.items():
+            self.ps.declare_table(table, dim, initializer=init, init_args=args, seed=self.spec.seed)
+        if self.dense:
+            self.ps.init_dense({n: p.detach() for n, p in self.dense.items()})
+        self.pulled = False
+
+    def pull(self) -> None:
+        """Bring the dense parameters up to date in place (only shards that changed travel)."""
+        if not self.dense:
+            return
+        with torch.no_grad():  # written in place into the parameters: the result is not needed
+            self.ps.pull_dense(0 if self.pulled else None, out={n: p.data for n, p in self.dense.items()})
+        self.pulled = True
+
+    def _with_ps(self, fn):
+        """Run ``fn``; when a PS lost its state (relaunched without a checkpoint), set it up again."""
+        for attempt in range(MAX_RESETUPS + 1):
+            try:
+                return fn()
+            except PSError as exc:
+                if attempt == MAX_RESETUPS:
+                    raise
+                log.warning("parameter server refused (%s): setting it up again", exc)
+                time.sleep(0.2 * (attempt + 1))
+                self.setup()
+
+    # ---- training -------------------------------------------------------------
+    def train(self) -> bool:
+        """Run training tasks until none is left; True when training finished, False when told to stop."""
+        self._with_ps(self.setup)
+        with self.state.lock:
+            self.state.round_id = 0  # PS mode has no rounds; >= 0 marks a training position
+        while True:
+            if self.state.stop.is_set():
+                return False
+            self.state.mark_progress()
+            resp = self.client.get_task(round_id=0, task_index=0, position=self.state.position(),
+                                        kind=pb.Task.TRAINING)
+            if resp.action == pb.GetTaskResponse.RUN:
+                self.run_task(resp.task)
+            elif resp.action == pb.GetTaskResponse.WAIT:
+                time.sleep(TASK_POLL)
+            elif resp.action == pb.GetTaskResponse.NO_MORE:
+                self._with_ps(self.pull)  # evaluation uses the final dense parameters
+                return True
+            else:
+                return False
+
+    def run_task(self, task: pb.Task) -> None:
+        G = task.global_batch_size
+        with self.state.lock:  # steps_done first: a racing heartbeat may under-report, never over-report
+            self.state.steps_done = 0
+            self.state.task_index = task.task_id  # PS mode: the task's id (see master/ps_tasks.py)
+        for j, start in enumerate(range(task.start, task.end, G)):
+            if self.state.stop.is_set():
+                return  # the job is over; the master no longer counts this task
+            end = min(start + G, task.end)
+            try:
+                records = read_shard_range(task.source, start, end)
+                features, labels = feed_tensors(self.model_def, records, Mode.TRAINING,
+                                                FeedMetadata(task.source, start, end, task.epoch))
+            except Exception as exc:  # bad data or a failing feed: the rest of the task is retried
+                self.client.report_task(task.task_id, ok=False, steps_done=j, error=describe(exc))
+                return
+            loss_sum, version = self._with_ps(lambda: self._step(features, labels, end - start))
+            with self.state.lock:
+                self.state.version, self.state.steps_done = version, j + 1
+            self.state.add_loss(loss_sum, end - start)
+            self.state.mark_progress()
+        self.client.report_task(task.task_id, ok=True)
+
+    def _step(self, features, labels, n: int) -> tuple[float, int]:
+        """Pull, compute and push one minibatch until a push is accepted; (loss sum, PS version)."""
+        for _ in range(MAX_STALE_RETRIES):
+            self.pull()
+            loss_sum, sparse = self._compute(features, labels, n)
+            result = self.ps.push({name: p.grad for name, p in self.dense.items()}, sparse)
+            if result.accepted:
+                return loss_sum, result.version
+            log.debug("push rejected (%s): recomputing after a fresh pull", "; ".join(result.messages))
+        raise RuntimeError(f"a minibatch was rejected as stale {MAX_STALE_RETRIES} times")
+
+    def _compute(self, features, labels, n: int) -> tuple[float, dict]:
+        for p in self.dense.values():
+            p.grad = None
+        self.tape.clear()
+        self.model.train()
+        micro = self.spec.effective_max_micro_batch
+        loss_sum = 0.0
+        for lo in range(0, n, micro):
+            sl = slice(lo, min(lo + micro, n))
+            size = sl.stop - sl.start
+            loss = self.model_def.loss(take(labels, sl), self.model(take(features, sl)))
+            (loss * (size / n)).backward()
+            loss_sum += float(loss.detach()) * size
+        sparse: dict[str, tuple[list, list]] = {}
+        for table, ids, rows in self.tape:
+            if rows.grad is not None:
+                entry = sparse.setdefault(table, ([], []))
+                entry[0].append(ids)
+                entry[1].append(rows.grad)
+        self.tape.clear()
+        return loss_sum, {t: (torch.cat(i), torch.cat(g)) for t, (i, g) in sparse.items()}
+
+    def close(self) -> None:
+        self.ps.close()
