@@ -33,6 +33,7 @@ import cramjam
 import numpy as np
 
 from flextrain.data._ranges import check_range
+from flextrain.data.chunkrecords import ChunkRecords
 from flextrain.data.errors import CorruptRecordIOError
 
 __all__ = [
@@ -272,7 +273,7 @@ class RecordIOReader:
             yield from records[pos - first : stop - first]
             pos = stop
 
-    def _chunk_records(self, c: int) -> "_ChunkRecords":
+    def _chunk_records(self, c: int) -> ChunkRecords:
         cached = self._cache
         if cached is not None and cached[0] == c:
             return cached[1]
@@ -280,7 +281,7 @@ class RecordIOReader:
         self._cache = (c, records)
         return records
 
-    def _decode_chunk(self, c: int) -> "_ChunkRecords":
+    def _decode_chunk(self, c: int) -> ChunkRecords:
         chunk = self._chunks[c]
         with self._stats_lock:
             self._chunks_decoded += 1
@@ -298,7 +299,7 @@ class RecordIOReader:
             raise self._corrupt(chunk, f"cannot decode {chunk.compressor.name} payload: {exc}") from None
         return self._split_records(chunk, stream)
 
-    def _split_records(self, chunk: ChunkInfo, stream: bytes) -> "_ChunkRecords":
+    def _split_records(self, chunk: ChunkInfo, stream: bytes) -> ChunkRecords:
         n, size = chunk.num_records, len(stream)
         stride = size // n if n else 0
         if n and stride >= 4 and stride * n == size:
@@ -306,7 +307,7 @@ class RecordIOReader:
             # check of every length field instead of a Python loop per record).
             lengths = np.frombuffer(stream, dtype=np.uint8).reshape(n, stride)[:, :4]
             if (np.ascontiguousarray(lengths).view("<u4").ravel() == stride - 4).all():
-                return _ChunkRecords(stream, n, stride=stride)
+                return ChunkRecords(stream, n, stride=stride)
         starts: list[int] = []
         pos = 0
         for i in range(n):
@@ -322,7 +323,7 @@ class RecordIOReader:
             pos += length
         if pos != size:
             raise self._corrupt(chunk, f"{size - pos} trailing bytes after the {n} records the header declares")
-        return _ChunkRecords(stream, n, starts=starts)
+        return ChunkRecords(stream, n, starts=starts)
 
     def _corrupt(self, chunk: ChunkInfo, reason: str) -> CorruptRecordIOError:
         return CorruptRecordIOError(self._path, chunk.offset, reason)
@@ -378,43 +379,3 @@ def write_records(
 def read_records(path: str | os.PathLike[str]) -> list[bytes]:
     """Read every record of a RecordIO file into a list."""
     return list(RecordIOReader(path))
-
-
-class _ChunkRecords:
-    """The records of one decoded chunk, cut out of its stream only when asked for.
-
-    A task reads a few hundred records of a chunk that may hold many
-    thousands; copying every record out at decode time would cost more than
-    the decompression itself. Boundaries are known once: from a fixed
-    ``stride`` (each record is a 4-byte length + ``stride - 4`` bytes) or
-    from a list of record ``starts`` (lengths re-read from the stream).
-    """
-
-    __slots__ = ("_stream", "_n", "_stride", "_starts")
-
-    def __init__(self, stream: bytes, n: int, *, stride: int = 0, starts: list[int] | None = None) -> None:
-        self._stream, self._n, self._stride, self._starts = stream, n, stride, starts
-
-    def __len__(self) -> int:
-        return self._n
-
-    def _one(self, i: int) -> bytes:
-        if self._starts is None:
-            begin = i * self._stride + 4
-            return self._stream[begin : begin + self._stride - 4]
-        begin = self._starts[i]
-        (length,) = _LEN.unpack_from(self._stream, begin - 4)
-        return self._stream[begin : begin + length]
-
-    def __getitem__(self, index):
-        if isinstance(index, slice):
-            return [self._one(i) for i in range(*index.indices(self._n))]
-        if index < 0:
-            index += self._n
-        if not 0 <= index < self._n:
-            raise IndexError(index)
-        return self._one(index)
-
-    def __iter__(self):
-        return (self._one(i) for i in range(self._n))
-
