@@ -79,7 +79,11 @@ def _add_train(sub) -> None:
 def _job_name(args) -> str:
     if args.job_name:
         return args.job_name
-    base = Path(args.job_dir).name if args.job_dir else re.split(r"[.:/]", args.model_def.removesuffix(".py"))[-2]
+    if args.job_dir:
+        base = Path(args.job_dir).name
+    else:  # the module's name: path/to/deepfm_torch.py:Model or pkg.deepfm_torch.Model -> deepfm_torch
+        target = args.model_def.rsplit(":", 1)[0] if ":" in args.model_def else args.model_def.rsplit(".", 1)[0]
+        base = Path(target).stem if target.endswith(".py") else target.rsplit(".", 1)[-1]
     name = re.sub(r"[^a-z0-9-]+", "-", base.lower()).strip("-")
     return name[:53] or "job"
 

@@ -91,3 +91,15 @@ def test_status_of_unknown_job(capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert main(["status", "nosuchjob"]) == 2
     assert "no job 'nosuchjob'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("model_def,expected", [
+    ("model_zoo/deepfm_torch.py:Model", "deepfm-torch"),
+    ("model_zoo.digits_torch.Model", "digits-torch"),
+    ("pkg.mod:Model", "mod"),
+])
+def test_default_job_name_is_the_module_name(model_def, expected):
+    from flextrain.cli import _job_name, make_parser
+
+    args = make_parser().parse_args(["train", "--model-def", model_def, "--training-data", "d"])
+    assert _job_name(args) == expected
