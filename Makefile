@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q --upgrade pip
 	# torch first and pinned: the CPU wheel; never let a resolver pick a CUDA build.
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[dev]'
+	$(PIP) install -q -e '.[dev,tensorflow]'
 	touch $(STAMP)
 
 demo: $(STAMP)
