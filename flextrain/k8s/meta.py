@@ -1,0 +1,104 @@
+"""Names, labels and owner references: the one vocabulary of flextrain's Kubernetes objects.
+
+Everything flextrain creates carries the same labels (so ``kubectl get pods
+-l flextrain.dev/job=NAME`` finds a job's pods) and an ownerReference to its
+ElasticJob (so deleting the job garbage-collects them).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping
+
+GROUP = "flextrain.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "ElasticJob"
+PLURAL = "elasticjobs"
+SINGULAR = "elasticjob"
+SHORT_NAME = "ej"
+
+LABEL_JOB = f"{GROUP}/job"
+LABEL_ROLE = f"{GROUP}/role"  # master | worker | ps
+LABEL_INDEX = f"{GROUP}/index"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+
+MASTER_PORT = 50051
+PS_PORT = 50061
+
+# Environment of every pod flextrain creates: who it is and where its master is.
+ENV_NAMESPACE = "FLEXTRAIN_NAMESPACE"
+ENV_JOB_NAME = "FLEXTRAIN_JOB_NAME"
+ENV_MASTER_ADDR = "FLEXTRAIN_MASTER_ADDR"
+ENV_ROLE = "FLEXTRAIN_ROLE"
+ENV_INSTANCE_ID = "FLEXTRAIN_INSTANCE_ID"
+
+
+def labels(job: str, role: str, index: int | None = None) -> dict[str, str]:
+    out = {LABEL_JOB: job, LABEL_ROLE: role, LABEL_MANAGED_BY: "flextrain"}
+    if index is not None:
+        out[LABEL_INDEX] = str(index)
+    return out
+
+
+def selector(job: str, role: str | None = None) -> str:
+    """A label selector string for a job's objects (optionally one role)."""
+    parts = [f"{LABEL_JOB}={job}"]
+    if role:
+        parts.append(f"{LABEL_ROLE}={role}")
+    return ",".join(parts)
+
+
+def owner_reference(job: Mapping[str, Any]) -> dict[str, Any]:
+    """An ownerReference to the ElasticJob ``job`` (a dict with ``metadata``).
+
+    ``controller`` is set so that exactly one owner manages the object and
+    ``blockOwnerDeletion`` so that foreground deletion of the job waits for it.
+    """
+    meta = job["metadata"]
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "name": meta["name"],
+        "uid": meta["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def master_service_name(job: str) -> str:
+    return f"{job}-master"
+
+
+def master_address(job: str, namespace: str) -> str:
+    """The in-cluster gRPC address of a job's master (its Service)."""
+    return f"{master_service_name(job)}.{namespace}.svc:{MASTER_PORT}"
+
+
+def pod_name(job: str, role: str, index: int) -> str:
+    return f"{job}-{role}-{index}"
+
+
+def ps_service_name(job: str, index: int) -> str:
+    return f"{job}-ps-{index}"
+
+
+def current_namespace(default: str = "default") -> str:
+    """The namespace this process runs in: env, then the service-account file, then ``default``."""
+    if ns := os.environ.get(ENV_NAMESPACE):
+        return ns
+    try:
+        with open("/var/run/secrets/kubernetes.io/serviceaccount/namespace") as f:
+            return f.read().strip() or default
+    except OSError:
+        return default
+
+
+def load_client_config() -> None:
+    """Configure the ``kubernetes`` client: in-cluster when in a pod, else kubeconfig."""
+    from kubernetes import config
+
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()

@@ -1,0 +1,1 @@
+"""The ElasticJob operator (kopf): one master pod per job, relaunched when it dies."""
