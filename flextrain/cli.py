@@ -238,10 +238,13 @@ def cmd_scale(args) -> int:
 
 # ---- data / worker --------------------------------------------------------------
 def cmd_data_digits(args) -> int:
-    from flextrain.data.digits import write_digits
+    if args.format == "example":  # tf.train.Example records, as ElasticDL modules parse them
+        from flextrain.data.example import write_digits_examples as write_digits
+    else:
+        from flextrain.data.digits import write_digits
 
     info = write_digits(args.out, validation_fraction=args.validation_fraction, seed=args.seed)
-    print(f"wrote {info['train']} training and {info['validation']} validation digits to {args.out}")
+    print(f"wrote {info['train']} training and {info['validation']} validation digits ({args.format}) to {args.out}")
     return 0
 
 
@@ -289,6 +292,9 @@ def make_parser() -> argparse.ArgumentParser:
     d.add_argument("--out", required=True, metavar="DIR")
     d.add_argument("--validation-fraction", type=float, default=0.2)
     d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--format", choices=("raw", "example"), default="raw",
+                   help="raw: 65-byte records (64 pixels + label); example: serialized tf.train.Example "
+                        "with features image (64 floats) and label (int64)")
     d.set_defaults(fn=cmd_data_digits)
     d = data.add_parser("ctr", help="a synthetic click log (categorical ids + dense features) as RecordIO")
     d.add_argument("--out", required=True, metavar="DIR")
