@@ -1,39 +1,155 @@
-"""Evaluation tasks: per-sample metric sums over a record range.
+"""Evaluation on the worker: the framework-neutral ``Predictor`` and metric sums.
 
-``eval_metrics_fn()`` maps names to ``fn(labels, predictions)`` returning
-per-sample values; a worker reports, per metric, the sum of those values and
-the number of samples, and the master divides the totals: the metric is the
-mean over every evaluated sample however the tasks were spread.
+A :class:`Predictor` runs the user's model over raw records in inference
+mode; everything above it (evaluation tasks, prediction output) is
+framework-neutral. ``TorchPredictor`` implements it for PyTorch; the Keras
+implementation lives in ``flextrain/worker/tf/``.
+
+Metrics: ``eval_metrics_fn()`` maps names to ``fn(labels, predictions)``
+returning per-sample values; a worker reports, per metric, the sum of those
+values (float64) and the number of samples, and the master divides the
+totals: the metric is the mean over every evaluated sample however the tasks
+were spread over workers.
 """
 
 from __future__ import annotations
 
-import torch
+import abc
+from typing import Any, Iterator
+
+import numpy as np
 
 from flextrain.data import read_shard_range
 from flextrain.proto import flextrain_pb2 as pb
 from flextrain.worker.module import FeedMetadata, Mode, ModelDef, ModelDefError
-from flextrain.worker.trainer import feed_tensors, take
 
 
-def evaluate_task(model_def: ModelDef, model: torch.nn.Module, task: pb.Task, *,
+class Predictor(abc.ABC):
+    """Runs a model-zoo model over raw records without training it.
+
+    Contract (every framework implements exactly this):
+
+    ``batches(records, mode=, metadata=, batch_size=)``
+        ``feed`` the raw ``records`` (a list of ``bytes``) for ``mode``
+        (``Mode.EVALUATION`` or ``Mode.PREDICTION``) and run the model in
+        inference mode (no gradients, dropout/batch-norm in eval behaviour).
+        Yields ``(predictions, labels)`` per batch of at most ``batch_size``
+        consecutive records, in record order, covering every record once.
+        ``predictions`` is the model's output for the batch and ``labels``
+        the labels ``feed`` returned for the same records (``None`` in
+        PREDICTION mode). Both are framework-native (torch tensors, TF
+        tensors, or a dict/tuple of them) whose first dimension is the batch
+        size; ``eval_metrics_fn``'s functions receive them unchanged, and
+        :func:`to_numpy` turns them into numpy for output.
+        A ``feed`` that returns the wrong structure raises ``ModelDefError``
+        naming ``feed`` and what it returned.
+
+    ``load_checkpoint(path)``
+        Load the model weights from a flextrain checkpoint file written by
+        this framework's trainer (``checkpoints/*.ckpt``). Raises
+        ``ModelDefError`` naming the file when it does not fit the model.
+
+    ``checkpoint_version``
+        The model version (optimizer steps) of the last checkpoint loaded,
+        0 before any.
+    """
+
+    checkpoint_version: int = 0
+
+    @abc.abstractmethod
+    def batches(self, records: list[bytes], *, mode: Mode, metadata: FeedMetadata,
+                batch_size: int) -> Iterator[tuple[Any, Any]]:
+        ...
+
+    @abc.abstractmethod
+    def load_checkpoint(self, path: str) -> None:
+        ...
+
+
+def to_numpy(value: Any) -> Any:
+    """A framework-native tensor (or dict/tuple/list of them) as numpy arrays."""
+    if isinstance(value, dict):
+        return {k: to_numpy(v) for k, v in value.items()}
+    if isinstance(value, (tuple, list)):
+        return type(value)(to_numpy(v) for v in value)
+    if hasattr(value, "detach"):  # torch
+        return value.detach().cpu().numpy()
+    if hasattr(value, "numpy"):  # tf eager tensors
+        return np.asarray(value.numpy())
+    return np.asarray(value)
+
+
+def metric_sums(model_def: ModelDef, predictor: Predictor, records: list[bytes], *,
+                metadata: FeedMetadata, batch_size: int) -> tuple[dict[str, float], int]:
+    """Per-metric sums of per-sample values over ``records``, and the sample count."""
+    metrics = model_def.metric_fns()  # none: the samples are still counted
+    sums = {name: 0.0 for name in metrics}
+    seen = 0
+    for predictions, labels in predictor.batches(records, mode=Mode.EVALUATION, metadata=metadata,
+                                                 batch_size=batch_size):
+        n = _batch_len(predictions)
+        for name, fn in metrics.items():
+            values = np.asarray(to_numpy(fn(labels, predictions)), dtype=np.float64)
+            if values.size != n:
+                raise ModelDefError(
+                    f"{model_def.path}: metric {name!r} returned {values.size} values for "
+                    f"{n} samples; it must return one value per sample"
+                )
+            sums[name] += float(values.sum())
+        seen += n
+    if seen != len(records):
+        raise ModelDefError(f"{model_def.path}: the model produced {seen} predictions for "
+                            f"{len(records)} records")
+    return sums, seen
+
+
+def evaluate_task(model_def: ModelDef, predictor: Predictor, task: pb.Task, *,
                   batch_size: int) -> tuple[dict[str, float], int]:
+    """Read an evaluation task's records and return its metric sums and sample count."""
     records = read_shard_range(task.source, task.start, task.end)
     meta = FeedMetadata(task.source, task.start, task.end, task.epoch)
-    features, labels = feed_tensors(model_def, records, Mode.EVALUATION, meta)
-    metrics = model_def.metric_fns()
-    sums = {name: 0.0 for name in metrics}
-    model.eval()
-    with torch.no_grad():
-        for lo in range(0, len(records), batch_size):
-            sl = slice(lo, min(lo + batch_size, len(records)))
-            predictions = model(take(features, sl))
-            for name, fn in metrics.items():
-                values = torch.as_tensor(fn(take(labels, sl), predictions))
-                if values.numel() != sl.stop - sl.start:
-                    raise ModelDefError(
-                        f"{model_def.path}: metric {name!r} returned {values.numel()} values for "
-                        f"{sl.stop - sl.start} samples; it must return one value per sample"
-                    )
-                sums[name] += float(values.double().sum())
-    return sums, len(records)
+    return metric_sums(model_def, predictor, records, metadata=meta, batch_size=batch_size)
+
+
+def _batch_len(value: Any) -> int:
+    if isinstance(value, dict):
+        value = next(iter(value.values()))
+    elif isinstance(value, (tuple, list)):
+        value = value[0]
+    return int(value.shape[0])
+
+
+class TorchPredictor(Predictor):
+    """:class:`Predictor` for a ``torch.nn.Module`` (also a PS-backed one: its rows are pulled)."""
+
+    def __init__(self, model_def: ModelDef, model) -> None:
+        self.model_def = model_def
+        self.model = model
+
+    def batches(self, records, *, mode, metadata, batch_size):
+        import torch
+
+        from flextrain.worker.trainer import feed_tensors, take
+
+        features, labels = feed_tensors(self.model_def, records, mode, metadata)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                for lo in range(0, len(records), batch_size):
+                    sl = slice(lo, min(lo + batch_size, len(records)))
+                    yield self.model(take(features, sl)), (None if labels is None else take(labels, sl))
+        finally:
+            self.model.train(was_training)
+
+    def load_checkpoint(self, path: str) -> None:
+        from flextrain.elastic.statecodec import StateCodecError, decode
+
+        try:
+            with open(path, "rb") as f:
+                tree = decode(f.read())
+            self.model.load_state_dict(tree["model"])
+        except (OSError, StateCodecError, KeyError, TypeError, RuntimeError) as exc:
+            raise ModelDefError(f"checkpoint {path} does not fit the model of {self.model_def.spec}: "
+                                f"{type(exc).__name__}: {exc}") from exc
+        self.checkpoint_version = int(tree.get("version", 0))

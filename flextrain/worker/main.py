@@ -22,7 +22,7 @@ from flextrain.job import JobSpec, Strategy
 from flextrain.proto import flextrain_pb2 as pb
 from flextrain.worker.client import MasterClient, MasterUnreachable
 from flextrain.worker.collective import Collective, CollectiveError
-from flextrain.worker.evaluation import evaluate_task
+from flextrain.worker.evaluation import TorchPredictor, evaluate_task
 from flextrain.worker.module import load_model_def
 from flextrain.worker.ps_trainer import PSTrainer
 from flextrain.worker.trainer import AllReduceTrainer, WorkerState, describe
@@ -87,7 +87,7 @@ def run_worker(master: str, worker_id: str) -> int:
         if samples:  # the losses since the last heartbeat: the job's final training loss
             client.heartbeat(state.position(), loss, samples)
         if finished:
-            _evaluate(spec, client, model_def, model, state)
+            _evaluate(spec, client, model_def, TorchPredictor(model_def, model), state)
     finally:
         done.set()
         if collective is not None:
@@ -139,7 +139,7 @@ def _train(spec, client, collective, trainer, state) -> bool:
         reason, detail = "round_changed", ""
 
 
-def _evaluate(spec, client, model_def, model, state) -> None:
+def _evaluate(spec, client, model_def, predictor, state) -> None:
     batch = spec.effective_max_micro_batch
     while True:
         state.mark_progress()
@@ -147,7 +147,7 @@ def _evaluate(spec, client, model_def, model, state) -> None:
                                kind=pb.Task.EVALUATION)
         if resp.action == pb.GetTaskResponse.RUN:
             try:
-                sums, n = evaluate_task(model_def, model, resp.task, batch_size=batch)
+                sums, n = evaluate_task(model_def, predictor, resp.task, batch_size=batch)
             except Exception as exc:  # noqa: BLE001 - reported; the master retries or fails the job
                 client.report_task(resp.task.task_id, ok=False, error=describe(exc))
                 continue
