@@ -26,12 +26,20 @@ LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MASTER_PORT = 50051
 PS_PORT = 50061
 
+# The ServiceAccount of every job pod (master, worker, ps): it may manage pods and
+# services of its namespace and patch its own ElasticJob's status.
+JOB_SERVICE_ACCOUNT = "flextrain-job"
+# An ElasticJob annotation choosing its master's port (default MASTER_PORT): for
+# clusters with port policies, and for tests where every "pod" shares one host.
+ANNOTATION_MASTER_PORT = f"{GROUP}/master-port"
+
 # Environment of every pod flextrain creates: who it is and where its master is.
 ENV_NAMESPACE = "FLEXTRAIN_NAMESPACE"
 ENV_JOB_NAME = "FLEXTRAIN_JOB_NAME"
 ENV_MASTER_ADDR = "FLEXTRAIN_MASTER_ADDR"
 ENV_ROLE = "FLEXTRAIN_ROLE"
 ENV_INSTANCE_ID = "FLEXTRAIN_INSTANCE_ID"
+ENV_POD_IP = "FLEXTRAIN_POD_IP"  # from the downward API (status.podIP): where a pod's servers listen
 
 
 def labels(job: str, role: str, index: int | None = None) -> dict[str, str]:
@@ -70,9 +78,9 @@ def master_service_name(job: str) -> str:
     return f"{job}-master"
 
 
-def master_address(job: str, namespace: str) -> str:
+def master_address(job: str, namespace: str, port: int = MASTER_PORT) -> str:
     """The in-cluster gRPC address of a job's master (its Service)."""
-    return f"{master_service_name(job)}.{namespace}.svc:{MASTER_PORT}"
+    return f"{master_service_name(job)}.{namespace}.svc:{port}"
 
 
 def pod_name(job: str, role: str, index: int) -> str:
