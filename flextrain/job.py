@@ -26,6 +26,14 @@ class Strategy(str, enum.Enum):
     PARAMETER_SERVER = "ParameterServer"
 
 
+class JobType(str, enum.Enum):
+    """What a job does: ``flextrain train``, ``flextrain evaluate`` or ``flextrain predict``."""
+
+    TRAINING = "training"
+    EVALUATION = "evaluation"
+    PREDICTION = "prediction"
+
+
 class Backend(str, enum.Enum):
     LOCAL = "local"
     KUBERNETES = "kubernetes"
@@ -38,9 +46,18 @@ _NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 class JobSpec:
     name: str
     model_def: str
-    training_data: str
+    # Required for training jobs; evaluation/prediction jobs read no training data.
+    training_data: str | None
     job_dir: str
     validation_data: str | None = None
+    job_type: JobType = JobType.TRAINING
+    # Evaluate on validation_data every this many optimizer steps (0: only at the end).
+    evaluation_steps: int = 0
+    # Evaluation/prediction jobs: the flextrain checkpoint file whose model they run.
+    checkpoint: str | None = None
+    # Prediction jobs: records to predict on, and the directory predictions go to.
+    prediction_data: str | None = None
+    output: str | None = None
     strategy: Strategy = Strategy.ALLREDUCE
     backend: Backend = Backend.LOCAL
     workers: int = 1
@@ -119,8 +136,7 @@ class JobSpec:
             )
         if not self.model_def:
             raise JobSpecError("--model-def is required (e.g. model_zoo/digits_torch.py:Model)")
-        if not self.training_data:
-            raise JobSpecError("--training-data is required")
+        self._validate_job_type()
         for field in ("workers", "epochs", "global_batch_size", "steps_per_task"):
             positive(field, getattr(self, field))
         if self.max_micro_batch is not None:
@@ -145,6 +161,32 @@ class JobSpec:
         self._validate_ps()
         return self
 
+    def _validate_job_type(self) -> None:
+        if self.job_type is JobType.TRAINING:
+            if not self.training_data:
+                raise JobSpecError("--training-data is required")
+        else:
+            if self.strategy is not Strategy.ALLREDUCE:
+                raise JobSpecError(f"{self.job_type.value} jobs run without --distribution-strategy "
+                                   f"(got {self.strategy.value})")
+            if not self.checkpoint:
+                raise JobSpecError(f"--checkpoint is required for an {self.job_type.value} job "
+                                   "(a checkpoint file or a training job's directory)")
+        if self.job_type is JobType.EVALUATION and not self.validation_data:
+            raise JobSpecError("--validation-data is required for an evaluation job")
+        if self.job_type is JobType.PREDICTION:
+            if not self.prediction_data:
+                raise JobSpecError("--prediction-data is required for a prediction job")
+            if not self.output:
+                raise JobSpecError("--output is required for a prediction job (directory for the predictions)")
+        if isinstance(self.evaluation_steps, bool) or not isinstance(self.evaluation_steps, int) \
+                or self.evaluation_steps < 0:
+            raise JobSpecError(f"--evaluation-steps must be >= 0, got {self.evaluation_steps!r}")
+        if self.evaluation_steps and not self.validation_data:
+            raise JobSpecError(f"--evaluation-steps {self.evaluation_steps} needs --validation-data")
+        if self.evaluation_steps and self.job_type is not JobType.TRAINING:
+            raise JobSpecError("--evaluation-steps applies to training jobs only")
+
     def _validate_ps(self) -> None:
         if self.strategy is Strategy.PARAMETER_SERVER:
             if isinstance(self.ps, bool) or not isinstance(self.ps, int) or self.ps < 1:
@@ -167,6 +209,7 @@ class JobSpec:
         data = dataclasses.asdict(self)
         data["strategy"] = self.strategy.value
         data["backend"] = self.backend.value
+        data["job_type"] = self.job_type.value
         return json.dumps(data, sort_keys=True)
 
     @classmethod
@@ -178,6 +221,7 @@ class JobSpec:
             raise JobSpecError(f"unknown JobSpec fields: {', '.join(unknown)}")
         data["strategy"] = Strategy(data.get("strategy", Strategy.ALLREDUCE.value))
         data["backend"] = Backend(data.get("backend", Backend.LOCAL.value))
+        data["job_type"] = JobType(data.get("job_type", JobType.TRAINING.value))
         return cls(**data)
 
     def replace(self, **changes) -> "JobSpec":
