@@ -104,7 +104,7 @@ class JoinRendezvousResponse(_message.Message):
     def __init__(self, action: _Optional[_Union[JoinRendezvousResponse.Action, str]] = ..., round_id: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., store_host: _Optional[str] = ..., store_port: _Optional[int] = ..., version: _Optional[int] = ..., restore_checkpoint: _Optional[str] = ..., message: _Optional[str] = ..., max_micro_batch: _Optional[int] = ...) -> None: ...
 
 class Task(_message.Message):
-    __slots__ = ("task_id", "kind", "source", "start", "end", "epoch", "global_batch_size")
+    __slots__ = ("task_id", "kind", "source", "start", "end", "epoch", "global_batch_size", "model_version")
     class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         TRAINING: _ClassVar[Task.Kind]
@@ -120,6 +120,7 @@ class Task(_message.Message):
     END_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     GLOBAL_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
     task_id: int
     kind: Task.Kind
     source: str
@@ -127,21 +128,24 @@ class Task(_message.Message):
     end: int
     epoch: int
     global_batch_size: int
-    def __init__(self, task_id: _Optional[int] = ..., kind: _Optional[_Union[Task.Kind, str]] = ..., source: _Optional[str] = ..., start: _Optional[int] = ..., end: _Optional[int] = ..., epoch: _Optional[int] = ..., global_batch_size: _Optional[int] = ...) -> None: ...
+    model_version: int
+    def __init__(self, task_id: _Optional[int] = ..., kind: _Optional[_Union[Task.Kind, str]] = ..., source: _Optional[str] = ..., start: _Optional[int] = ..., end: _Optional[int] = ..., epoch: _Optional[int] = ..., global_batch_size: _Optional[int] = ..., model_version: _Optional[int] = ...) -> None: ...
 
 class GetTaskRequest(_message.Message):
-    __slots__ = ("worker_id", "round_id", "task_index", "position", "kind")
+    __slots__ = ("worker_id", "round_id", "task_index", "position", "kind", "model_version")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ROUND_ID_FIELD_NUMBER: _ClassVar[int]
     TASK_INDEX_FIELD_NUMBER: _ClassVar[int]
     POSITION_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
+    MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     round_id: int
     task_index: int
     position: Position
     kind: Task.Kind
-    def __init__(self, worker_id: _Optional[str] = ..., round_id: _Optional[int] = ..., task_index: _Optional[int] = ..., position: _Optional[_Union[Position, _Mapping]] = ..., kind: _Optional[_Union[Task.Kind, str]] = ...) -> None: ...
+    model_version: int
+    def __init__(self, worker_id: _Optional[str] = ..., round_id: _Optional[int] = ..., task_index: _Optional[int] = ..., position: _Optional[_Union[Position, _Mapping]] = ..., kind: _Optional[_Union[Task.Kind, str]] = ..., model_version: _Optional[int] = ...) -> None: ...
 
 class GetTaskResponse(_message.Message):
     __slots__ = ("action", "task", "message")
