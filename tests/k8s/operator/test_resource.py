@@ -1,0 +1,152 @@
+"""ElasticJob <-> JobSpec: valid specs round-trip; every bad spec names its CRD field path."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+
+from flextrain.job import Backend, JobSpec, Strategy
+from flextrain.k8s import meta
+from flextrain.k8s.resource import (
+    DEFAULT_JOBS_ROOT, ResourceError, jobspec_from_resource, master_relaunch_budget, pod_settings,
+    resource_from_jobspec,
+)
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def job(**spec_changes) -> dict:
+    spec = {
+        "image": "flextrain:test",
+        "modelDef": "/opt/zoo/digits_torch.py:Model",
+        "data": {"training": "/data/train", "validation": "/data/validation"},
+        "training": {"epochs": 2, "globalBatchSize": 64, "maxMicroBatch": 32, "learningRate": 0.1},
+        "replicaSpecs": {"worker": {"replicas": 2, "minReplicas": 1, "maxReplicas": 4}},
+    }
+    for dotted, value in spec_changes.items():
+        node = spec
+        *parents, last = dotted.split("__")
+        for part in parents:
+            node = node.setdefault(part, {})
+        if value is ...:
+            node.pop(last, None)
+        else:
+            node[last] = value
+    return {"apiVersion": meta.API_VERSION, "kind": meta.KIND,
+            "metadata": {"name": "digits", "namespace": "default"}, "spec": spec}
+
+
+def error_of(obj) -> ResourceError:
+    with pytest.raises(ResourceError) as info:
+        jobspec_from_resource(obj)
+    return info.value
+
+
+def test_valid_spec_maps_every_field():
+    spec = jobspec_from_resource(job(training__checkpointSteps=50, training__shuffle=True,
+                                     replicaSpecs__worker__relaunchBudget=5,
+                                     replicaSpecs__worker__workerTimeout=30))
+    assert spec.name == "digits" and spec.backend is Backend.KUBERNETES
+    assert (spec.workers, spec.min_workers, spec.max_workers) == (2, 1, 4)
+    assert (spec.epochs, spec.global_batch_size, spec.max_micro_batch) == (2, 64, 32)
+    assert spec.learning_rate == 0.1 and spec.checkpoint_steps == 50 and spec.shuffle is True
+    assert spec.relaunch_budget == 5 and spec.worker_timeout == 30.0
+    assert spec.validation_data == "/data/validation"
+    assert spec.job_dir == f"{DEFAULT_JOBS_ROOT}/digits"  # a relaunched master finds its ledger here
+
+
+@pytest.mark.parametrize("example", sorted((REPO / "manifests" / "examples").glob("*.yaml")))
+def test_shipped_examples_are_valid(example):
+    jobs = [d for d in yaml.safe_load_all(example.read_text()) if d and d.get("kind") == meta.KIND]
+    for obj in jobs:
+        spec = jobspec_from_resource(obj)
+        assert spec.name == obj["metadata"]["name"]
+
+
+def test_round_trip_through_the_resource():
+    spec = JobSpec(name="ctr", model_def="/zoo/deepfm.py:Model", training_data="/d/train",
+                   validation_data="/d/val", job_dir="/vol/jobs/ctr", strategy=Strategy.PARAMETER_SERVER,
+                   ps=2, ps_mode="async", workers=3, min_workers=2, max_workers=5, epochs=3,
+                   global_batch_size=256, learning_rate=0.01, shuffle=True, checkpoint_steps=10,
+                   backend=Backend.KUBERNETES).validate()
+    obj = resource_from_jobspec(spec, image="img:1", namespace="team-a")
+    assert obj["metadata"] == {"name": "ctr", "namespace": "team-a"}
+    assert obj["spec"]["replicaSpecs"]["ps"] == {"replicas": 2, "psMode": "async"}
+    assert obj["spec"]["strategy"] == "ParameterServer"
+    assert jobspec_from_resource(yaml.safe_load(yaml.safe_dump(obj))) == spec
+
+
+def test_pod_fields_are_carried_and_split():
+    volumes = [{"name": "data", "mountPath": "/data", "readOnly": True,
+                "persistentVolumeClaim": {"claimName": "flextrain-data"}}]
+    obj = job(volumes=volumes, replicaSpecs__worker__priorityClassName="low",
+              replicaSpecs__worker__env=[{"name": "OMP_NUM_THREADS", "value": "1"}])
+    jobspec_from_resource(obj)
+    worker = pod_settings(obj, "worker")
+    assert worker.volumes == ({"name": "data", "persistentVolumeClaim": {"claimName": "flextrain-data"}},)
+    assert worker.volume_mounts == ({"name": "data", "mountPath": "/data", "readOnly": True},)
+    assert worker.priority_class_name == "low" and worker.env[0]["name"] == "OMP_NUM_THREADS"
+    assert pod_settings(obj, "master").priority_class_name is None
+
+
+@pytest.mark.parametrize("changes, path, words", [
+    ({"replicaSpecs__worker__minReplicas": 5, "replicaSpecs__worker__replicas": 3},
+     "spec.replicaSpecs.worker.minReplicas", "(5) > replicas (3)"),
+    ({"replicaSpecs__worker__maxReplicas": 2, "replicaSpecs__worker__replicas": 3},
+     "spec.replicaSpecs.worker.maxReplicas", "(2) < replicas (3)"),
+    ({"replicaSpecs__worker__replicas": 0}, "spec.replicaSpecs.worker.replicas", ">= 1"),
+    ({"replicaSpecs__worker__replicas": "two"}, "spec.replicaSpecs.worker.replicas", "must be an integer"),
+    ({"training__epochs": 0}, "spec.training.epochs", "positive integer"),
+    ({"training__globalBatchSize": True}, "spec.training.globalBatchSize", "must be an integer"),
+    ({"training__learningRate": -1}, "spec.training.learningRate", "must be positive"),
+    ({"training__checkpointSteps": -2}, "spec.training.checkpointSteps", ">= 0"),
+    ({"training__epoch": 3}, "spec.training.epoch", "unknown field"),
+    ({"strategy": "Horovod"}, "spec.strategy", "AllReduce | ParameterServer"),
+    ({"strategy": "ParameterServer"}, "spec.strategy", "needs spec.replicaSpecs.ps.replicas"),
+    ({"replicaSpecs__ps__replicas": 2}, "spec.replicaSpecs.ps.replicas", "needs spec.strategy"),
+    ({"replicaSpecs__ps__psMode": "eventually"}, "spec.replicaSpecs.ps.psMode", "'sync' or 'async'"),
+    ({"modelDef": ...}, "spec.modelDef", "is required"),
+    ({"image": ""}, "spec.image", "is required"),
+    ({"data__training": ...}, "spec.data.training", "is required"),
+    ({"replicaSpecs__master__relaunchBudget": -1}, "spec.replicaSpecs.master.relaunchBudget", ">= 0"),
+    ({"volumes": [{"name": "data"}]}, "spec.volumes[0].mountPath", "is required"),
+    ({"training__checkpointDir": "/elsewhere"}, "spec.training.checkpointDir", "not supported yet"),
+])
+def test_bad_spec_names_the_field(changes, path, words):
+    err = error_of(job(**changes))
+    assert err.path == path
+    assert str(err).startswith(path) and words in str(err), str(err)
+
+
+def test_bad_name_names_metadata():
+    obj = job()
+    obj["metadata"]["name"] = "Digits_Job"
+    err = error_of(obj)
+    assert err.path == "metadata.name" and "DNS label" in str(err)
+
+
+def test_wrong_kind_is_rejected():
+    obj = job()
+    obj["kind"] = "TFJob"
+    assert "expected flextrain.dev/v1alpha1 ElasticJob" in str(error_of(obj))
+
+
+def test_checkpoint_dir_inside_the_job_dir_is_accepted():
+    spec = jobspec_from_resource(job(jobDir="/vol/j", training__checkpointDir="/vol/j/checkpoints/"))
+    assert spec.job_dir == "/vol/j"
+
+
+def test_relaunch_budget_default_and_override():
+    assert master_relaunch_budget(job()) == 3
+    assert master_relaunch_budget(job(replicaSpecs__master__relaunchBudget=0)) == 0
+
+
+def test_the_input_object_is_not_modified():
+    obj = job(volumes=[{"name": "v", "mountPath": "/v", "emptyDir": {}}])
+    before = copy.deepcopy(obj)
+    jobspec_from_resource(obj)
+    pod_settings(obj, "master")
+    assert obj == before
