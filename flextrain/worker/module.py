@@ -6,6 +6,16 @@ callable named by ``--model-def``, ``loss(labels, predictions)``,
 ``feed(records, mode, metadata)`` (alias ``dataset_fn``), and optionally
 ``eval_metrics_fn()`` and ``callbacks()``.
 
+Framework: a module that imports ``tensorflow`` or ``keras`` (and not
+``torch``) is a TensorFlow module; one that imports ``torch`` (and not TF) is a
+PyTorch module; otherwise the optimizer decides (``optimizer(lr=...)`` with no
+positional parameter: TensorFlow). TensorFlow modules follow the ElasticDL
+contract: the model callable returns a ``tf.keras.Model``, ``optimizer(lr=...)``
+returns a Keras optimizer, and ``feed(dataset, mode, metadata)`` maps a
+``tf.data.Dataset`` of raw records to per-record ``(features, labels)``
+(``flextrain.worker.tf``). TensorFlow is an optional extra: a TensorFlow module
+loaded without it is a :class:`ModelDefError` saying how to install it.
+
 ``load_model_def`` runs at submission (``flextrain train`` checks before any
 process starts) and again in every worker; a missing or mis-shaped piece is a
 :class:`ModelDefError` that names the module and the piece.
@@ -40,6 +50,15 @@ class ModelDefError(ValueError):
     """The model-zoo module does not satisfy the contract."""
 
 
+class Framework(str, enum.Enum):
+    PYTORCH = "pytorch"
+    TENSORFLOW = "tensorflow"
+
+
+TF_INSTALL_HINT = "pip install 'flextrain[tensorflow]'"
+_TF_PACKAGES = ("tensorflow", "keras", "tf_keras")
+
+
 @dataclass(frozen=True)
 class FeedMetadata:
     """What ``feed`` is told about the records it gets."""
@@ -60,6 +79,7 @@ class ModelDef:
     feed: Callable
     eval_metrics_fn: Callable | None
     callbacks: Callable | None
+    framework: Framework = Framework.PYTORCH
 
     @property
     def path(self) -> str:
@@ -70,6 +90,10 @@ class ModelDef:
             model = self.model_fn()
         except Exception as exc:
             raise ModelDefError(f"{self.spec}: calling the model callable failed: {exc!r}") from exc
+        if self.framework is Framework.TENSORFLOW:
+            from flextrain.worker.tf.checks import check_keras_model
+
+            return check_keras_model(model, where=self.spec)
         import torch
 
         if not isinstance(model, torch.nn.Module):
@@ -81,6 +105,10 @@ class ModelDef:
 
     def build_optimizer(self, model, lr: float | None):
         kwargs = {} if lr is None else {"lr": lr}
+        if self.framework is Framework.TENSORFLOW:
+            from flextrain.worker.tf.checks import build_keras_optimizer
+
+            return build_keras_optimizer(self.optimizer, model, kwargs, where=self.path)
         try:
             return self.optimizer(model.parameters(), **kwargs)
         except Exception as exc:
@@ -145,7 +173,30 @@ def _import(target: str, spec: str) -> ModuleType:
     try:
         return importlib.import_module(target)
     except ImportError as exc:
+        _raise_if_tf_missing(exc, target)
         raise ModelDefError(f"--model-def {spec!r}: cannot import module {target!r}: {exc}") from exc
+
+
+def _raise_if_tf_missing(exc: BaseException, where: str) -> None:
+    missing = getattr(exc, "name", None) or ""
+    if isinstance(exc, ImportError) and missing.split(".")[0] in _TF_PACKAGES:
+        raise ModelDefError(
+            f"{where} is a TensorFlow module but TensorFlow is not installed "
+            f"(import of {missing!r} failed); install it with: {TF_INSTALL_HINT}"
+        ) from exc
+
+
+def _framework(module: ModuleType, optimizer: Callable) -> Framework:
+    """TensorFlow if the module imported TF/Keras and not torch; torch conversely; else by signature."""
+    roots = set()
+    for value in vars(module).values():
+        name = value.__name__ if isinstance(value, ModuleType) else getattr(value, "__module__", None)
+        if isinstance(name, str):
+            roots.add(name.split(".")[0])
+    uses_tf, uses_torch = bool(roots & set(_TF_PACKAGES)), "torch" in roots
+    if uses_tf != uses_torch:
+        return Framework.TENSORFLOW if uses_tf else Framework.PYTORCH
+    return Framework.TENSORFLOW if _positional_arity(optimizer)[0] == 0 else Framework.PYTORCH
 
 
 def _import_file(path: Path) -> ModuleType:
@@ -160,6 +211,7 @@ def _import_file(path: Path) -> ModuleType:
         loader_spec.loader.exec_module(module)
     except Exception as exc:
         del sys.modules[name]
+        _raise_if_tf_missing(exc, str(path))
         raise ModelDefError(f"{path}: importing the module failed: {exc!r}") from exc
     finally:
         sys.path.remove(str(path.parent))
@@ -182,7 +234,8 @@ def _positional_arity(fn: Callable) -> tuple[int, int, bool]:
     return required, maximum, var_kw
 
 
-def _require(module: ModuleType, where: str, name: str, usage: str, nargs: int, *aliases: str) -> Callable:
+def _require(module: ModuleType, where: str, name: str, usage: str, nargs: int | None, *aliases: str) -> Callable:
+    """The module's callable ``name`` (or an alias); with ``nargs``, it must take that many positionals."""
     for candidate in (name, *aliases):
         fn = getattr(module, candidate, None)
         if fn is not None:
@@ -192,7 +245,7 @@ def _require(module: ModuleType, where: str, name: str, usage: str, nargs: int, 
     if not callable(fn):
         raise ModelDefError(f"{where}: `{candidate}` must be a function {usage}, got {type(fn).__name__}")
     required, maximum, _ = _positional_arity(fn)
-    if not required <= nargs <= maximum:
+    if nargs is not None and not required <= nargs <= maximum:
         raise ModelDefError(
             f"{where}: `{candidate}` has the wrong signature {candidate}{inspect.signature(fn)}; "
             f"expected {usage}"
@@ -212,14 +265,21 @@ def load_model_def(spec: str) -> ModelDef:
     if not callable(model_fn):
         raise ModelDefError(f"--model-def {spec!r}: `{name}` is a {type(model_fn).__name__}, not a callable")
     loss = _require(module, where, "loss", "loss(labels, predictions)", 2)
-    optimizer = _require(module, where, "optimizer", "optimizer(params, lr=...)", 1)
+    optimizer = _require(module, where, "optimizer", "optimizer(params, lr=...)", None)
+    framework = _framework(module, optimizer)
+    if framework is Framework.TENSORFLOW:
+        usage, feed_usage = "optimizer(lr=...)", "feed(dataset, mode, metadata)"
+        _require(module, where, "optimizer", f"{usage} (TensorFlow module)", 0)
+    else:
+        usage, feed_usage = "optimizer(params, lr=...)", "feed(records, mode, metadata)"
+        _require(module, where, "optimizer", f"{usage} (PyTorch module)", 1)
     if "lr" not in inspect.signature(optimizer).parameters and not _positional_arity(optimizer)[2]:
-        raise ModelDefError(f"{where}: `optimizer` must accept an `lr` keyword: optimizer(params, lr=...)")
-    feed = _require(module, where, "feed", "feed(records, mode, metadata)", 3, "dataset_fn")
+        raise ModelDefError(f"{where}: `optimizer` must accept an `lr` keyword: {usage}")
+    feed = _require(module, where, "feed", feed_usage, 3, "dataset_fn")
     eval_metrics_fn = getattr(module, "eval_metrics_fn", None)
     if eval_metrics_fn is not None:
         _require(module, where, "eval_metrics_fn", "eval_metrics_fn()", 0)
     callbacks = getattr(module, "callbacks", None)
     if callbacks is not None:
         _require(module, where, "callbacks", "callbacks()", 0)
-    return ModelDef(spec, module, model_fn, loss, optimizer, feed, eval_metrics_fn, callbacks)
+    return ModelDef(spec, module, model_fn, loss, optimizer, feed, eval_metrics_fn, callbacks, framework)

@@ -1,0 +1,59 @@
+"""The ElasticDL ``feed(dataset, mode, metadata)`` contract over ``tf.data``.
+
+The worker hands ``feed`` a ``tf.data.Dataset`` of the span's raw records
+(``tf.string`` scalars, in order) and expects back a dataset with one element
+per record: ``(features, labels)``, or in PREDICTION mode ``features`` alone.
+The framework batches it (one batch of the whole span) and slices micro-batches
+from the tensors. Anything else (not a dataset, not a pair, a dataset that
+batches, drops or repeats records) is a :class:`ModelDefError` naming ``feed``
+and what it returned: exactly-once accounting needs one element per record.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from flextrain.worker.module import FeedMetadata, Mode, ModelDef, ModelDefError
+from flextrain.worker.tf.checks import require_tf
+
+
+def _describe_spec(spec: Any) -> str:
+    tf = require_tf()
+    return repr(tf.nest.map_structure(lambda s: f"{s.dtype.name}{s.shape}", spec))
+
+
+def feed_dataset(model_def: ModelDef, records: Sequence[bytes], mode: Mode, meta: FeedMetadata):
+    """``(features, labels)`` tensors (nested structures allowed) whose first dimension is ``len(records)``."""
+    tf = require_tf()
+    dataset = tf.data.Dataset.from_tensor_slices(tf.constant(list(records), dtype=tf.string, shape=[len(records)]))
+    name = getattr(model_def.feed, "__name__", "feed")
+    usage = f"{name}(dataset, {mode.value!r}, metadata)"
+    out = model_def.feed(dataset, mode.value, meta)
+    if not isinstance(out, tf.data.Dataset):
+        raise ModelDefError(f"{model_def.path}: {usage} must return a tf.data.Dataset of per-record "
+                            f"{'features' if mode is Mode.PREDICTION else '(features, labels)'}, "
+                            f"got {type(out).__name__}")
+    spec = out.element_spec
+    if mode is not Mode.PREDICTION and not (isinstance(spec, tuple) and len(spec) == 2):
+        raise ModelDefError(f"{model_def.path}: {usage} must return a dataset of (features, labels) pairs, "
+                            f"got a dataset of {_describe_spec(spec)}")
+    n = len(records)
+    batches = list(out.batch(max(n, 1)).take(2))
+    got = batches[0] if len(batches) == 1 else None
+    sizes = sorted({int(t.shape[0]) if t.shape.rank else -1 for t in tf.nest.flatten(got)}) if got is not None else []
+    if len(batches) > 1 or (n and sizes != [n]) or (not n and batches):
+        count = sum(int(tf.nest.flatten(b)[0].shape[0]) for b in out.batch(1 << 20))
+        raise ModelDefError(f"{model_def.path}: {usage} returned a dataset of {count} elements "
+                            f"({_describe_spec(spec)}) for {n} records; it must yield exactly one element per "
+                            "record, in order (the framework batches; do not batch, filter or repeat)")
+    if got is None:
+        return None, None
+    if mode is Mode.PREDICTION:
+        return got, None
+    return got
+
+
+def take(value, index: slice):
+    """Rows ``index`` of every tensor in a (nested) structure."""
+    tf = require_tf()
+    return tf.nest.map_structure(lambda t: t[index], value)

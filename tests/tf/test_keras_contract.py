@@ -1,0 +1,144 @@
+"""The TensorFlow half of the module contract: detection, ElasticDL spelling, feed checks, bad input."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from ft_helpers import MODEL_ZOO, REPO
+from flextrain.data.example import encode_example
+from flextrain.worker.module import FeedMetadata, Framework, Mode, ModelDefError, load_model_def
+
+tf = pytest.importorskip("tensorflow")
+
+from flextrain.worker.backend import make_backend  # noqa: E402  (after TF is known to be there)
+from flextrain.worker.tf.feed import feed_dataset  # noqa: E402
+
+META = FeedMetadata("mem", 0, 4, 0)
+RECORDS = [encode_example({"image": np.full(64, i, np.float32), "label": [i]}) for i in range(4)]
+
+KERAS_MODULE = """
+import tensorflow as tf
+
+def custom_model():
+    inputs = tf.keras.Input(shape=(2,))
+    return tf.keras.Model(inputs, tf.keras.layers.Dense(1)(inputs))
+
+def loss(labels, predictions):
+    return tf.reduce_mean(tf.square(predictions - labels))
+
+def optimizer(lr=0.1):
+    return tf.keras.optimizers.SGD(learning_rate=lr)
+
+def feed(dataset, mode, metadata):
+    return dataset.map(lambda r: (tf.ones([2]), tf.zeros([1])))
+"""
+
+
+def keras_module(tmp_path, name: str, replace: dict[str, str] | None = None) -> str:
+    text = textwrap.dedent(KERAS_MODULE)
+    for old, new in (replace or {}).items():
+        assert old in text
+        text = text.replace(old, new)
+    path = tmp_path / f"{name}.py"
+    path.write_text(text)
+    return f"{path}:custom_model"
+
+
+def test_elasticdl_module_loads_unchanged_in_dotted_spelling(monkeypatch):
+    monkeypatch.chdir(REPO)
+    md = load_model_def("model_zoo.digits_keras.custom_model")
+    assert md.framework is Framework.TENSORFLOW
+    assert md.feed is md.module.dataset_fn  # the older name, accepted as the alias of feed
+    assert md.module.Mode is Mode  # `from elasticdl.python.common.constants import Mode` resolved to ours
+    model = md.build_model()
+    assert isinstance(model, tf.keras.Model)
+    opt = md.build_optimizer(model, 0.05)
+    assert isinstance(opt, tf.keras.optimizers.SGD) and float(opt.learning_rate) == pytest.approx(0.05)
+    features, labels = feed_dataset(md, RECORDS, Mode.TRAINING, META)
+    assert features.shape == (4, 64) and labels.shape == (4, 1)
+    # training mode shuffles within the span; every record is there once
+    assert sorted(labels.numpy().ravel().tolist()) == [0, 1, 2, 3]
+    assert sorted((features.numpy()[:, 0] * 16).round().tolist()) == [0, 1, 2, 3]
+    features, labels = feed_dataset(md, RECORDS, Mode.PREDICTION, META)
+    assert labels is None and features.shape == (4, 64)
+
+
+def test_torch_modules_stay_torch():
+    assert load_model_def(f"{MODEL_ZOO / 'digits_torch.py'}:Model").framework is Framework.PYTORCH
+
+
+@pytest.mark.parametrize("feed_body, expected", [
+    ("return dataset.map(lambda r: (r, r, r))",
+     r"feed\(dataset, 'training', metadata\) must return a dataset of \(features, labels\) pairs, "
+     r"got a dataset of \('string\(\)', 'string\(\)', 'string\(\)'\)"),
+    ("return [1, 2]", r"feed\(dataset, 'training', metadata\) must return a tf.data.Dataset .*got list"),
+    ("return dataset.map(lambda r: (tf.ones([2]), tf.zeros([1]))).batch(2)",
+     r"returned a dataset of 2 elements .* for 4 records; it must yield exactly one element per record"),
+    ("return dataset.map(lambda r: (tf.ones([2]), tf.zeros([1]))).take(3)",
+     r"returned a dataset of 3 elements"),
+])
+def test_feed_returning_the_wrong_structure_is_named(tmp_path, feed_body, expected):
+    spec = keras_module(tmp_path, f"badfeed{abs(hash(feed_body)) % 10000}",
+                        {"return dataset.map(lambda r: (tf.ones([2]), tf.zeros([1])))": feed_body})
+    md = load_model_def(spec)
+    with pytest.raises(ModelDefError, match=expected) as info:
+        feed_dataset(md, RECORDS, Mode.TRAINING, META)
+    assert md.path in str(info.value)
+
+
+def test_torch_style_optimizer_in_a_tf_module_is_rejected_at_load(tmp_path):
+    spec = keras_module(tmp_path, "torchopt", {"def optimizer(lr=0.1):": "def optimizer(params, lr=0.1):"})
+    with pytest.raises(ModelDefError, match=r"`optimizer` has the wrong signature .*expected optimizer\(lr=...\) "
+                                            r"\(TensorFlow module\)"):
+        load_model_def(spec)
+
+
+def test_model_that_is_not_keras_is_rejected(tmp_path):
+    spec = keras_module(tmp_path, "notkeras", {"    inputs = tf.keras.Input(shape=(2,))\n": "",
+                                               "return tf.keras.Model(inputs, tf.keras.layers.Dense(1)(inputs))":
+                                               "return object()"})
+    with pytest.raises(ModelDefError, match="returned object, expected a tf.keras.Model"):
+        load_model_def(spec).build_model()
+
+
+def test_per_sample_loss_is_rejected(tmp_path):
+    spec = keras_module(tmp_path, "persample", {"tf.reduce_mean(tf.square(predictions - labels))":
+                                                "tf.square(predictions - labels)"})
+    md = load_model_def(spec)
+    model = md.build_model()
+    backend = make_backend(model_def=md, model=model, optimizer=md.build_optimizer(model, None), extra=0)
+    features, labels = backend.feed(RECORDS, Mode.TRAINING, META)
+    with pytest.raises(ModelDefError, match=r"loss\(labels, predictions\) must return the mean .*\(4, 1\)"):
+        backend.accumulate(features, labels, slice(0, 4), scale=1.0)
+
+
+_BLOCK_TF = """
+import sys
+class _NoTensorFlow:  # simulates an environment where the tensorflow extra is not installed
+    def find_spec(self, name, path=None, target=None):
+        if name.split('.')[0] in ('tensorflow', 'keras'):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+sys.meta_path.insert(0, _NoTensorFlow())
+from flextrain.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_tf_module_without_tensorflow_says_how_to_install_before_any_process_starts(tmp_path):
+    from flextrain.data.example import write_digits_examples
+
+    write_digits_examples(tmp_path / "data")
+    job_dir = tmp_path / "job"
+    proc = subprocess.run(
+        [sys.executable, "-c", _BLOCK_TF, "train", "--model-def", str(MODEL_ZOO / "digits_keras.py") + ":custom_model",
+         "--training-data", str(tmp_path / "data" / "train"), "--job-dir", str(job_dir)],
+        capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert proc.returncode == 2, proc.stderr
+    assert "digits_keras.py is a TensorFlow module but TensorFlow is not installed" in proc.stderr
+    assert "pip install 'flextrain[tensorflow]'" in proc.stderr
+    assert not job_dir.exists()  # nothing was started
