@@ -37,6 +37,7 @@ from flextrain.proto import flextrain_pb2 as pb
 from flextrain.worker.client import MasterClient
 from flextrain.worker.collective import Collective
 from flextrain.worker.module import FeedMetadata, Mode, ModelDef, ModelDefError
+from flextrain.worker.prefetch import StepLoader
 
 END_ROUND, FAILED, STOP = 0, 1, 2
 _CONTROL_SLOTS = 3
@@ -124,6 +125,7 @@ class AllReduceTrainer:
         self.flat = torch.zeros(total + _CONTROL_SLOTS, dtype=torch.float32)
         self.control = self.flat[total:]
         self._bind_grads()
+        self.loader = StepLoader(self._load_span)
 
     # ---- gradient buffer ------------------------------------------------------
     def _bind_grads(self) -> None:
@@ -194,9 +196,11 @@ class AllReduceTrainer:
         G = task.global_batch_size
         steps = -(-(task.end - task.start) // G)
         for j in range(steps):
-            step_start = task.start + j * G
-            step_size = min(G, task.end - step_start)
-            plan = plan_step(step_size, self.collective.world_size, self.spec.effective_max_micro_batch)
+            step_start, plan = self._plan(task, j)
+            if j + 1 < steps:
+                next_start, next_plan = self._plan(task, j + 1)
+                lo, hi = next_plan.span(self.collective.rank)
+                self.loader.prefetch(task, next_start + lo, next_start + hi)
             self._zero()
             try:
                 loss_sum, n = self._compute(task, step_start, plan)
@@ -245,14 +249,22 @@ class AllReduceTrainer:
         self.client.report_checkpoint(str(path), self.state.position(), final=final, stop=stop)
         return path
 
+    def _plan(self, task: pb.Task, j: int):
+        step_start = task.start + j * task.global_batch_size
+        step_size = min(task.global_batch_size, task.end - step_start)
+        return step_start, plan_step(step_size, self.collective.world_size, self.spec.effective_max_micro_batch)
+
+    def _load_span(self, task: pb.Task, start: int, end: int):
+        records = read_shard_range(task.source, start, end)
+        meta = FeedMetadata(task.source, start, end, task.epoch)
+        return feed_tensors(self.model_def, records, Mode.TRAINING, meta)
+
     def _compute(self, task: pb.Task, step_start: int, plan) -> tuple[float, int]:
         rank = self.collective.rank
         lo, hi = plan.span(rank)
         if hi == lo:
             return 0.0, 0
-        records = read_shard_range(task.source, step_start + lo, step_start + hi)
-        meta = FeedMetadata(task.source, step_start + lo, step_start + hi, task.epoch)
-        features, labels = feed_tensors(self.model_def, records, Mode.TRAINING, meta)
+        features, labels = self.loader.get(task, step_start + lo, step_start + hi)
         self.model.train()
         loss_sum = 0.0
         for offset, size in plan.slices(rank):

@@ -1,0 +1,51 @@
+"""Read and ``feed`` the next step's records while the current step computes.
+
+Within a round the world size is fixed, so a rank knows every step's record
+span of a task in advance. :class:`StepLoader` loads step ``j+1`` in one
+background thread while step ``j`` runs forward/backward/all-reduce: RecordIO
+decoding (cramjam) and most of ``feed`` (numpy/torch) release the GIL, so on a
+multi-core machine the load is hidden behind compute instead of adding to it.
+
+Results are keyed by ``(task_id, start, end)``: a prefetch for a span nobody
+asks for (the round ended, the world size changed, the task failed) is simply
+dropped. An error raised while loading surfaces when that span is consumed, in
+the training thread, exactly as if it had been loaded there.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Callable
+
+Key = tuple[int, int, int]  # task_id, first record, end record
+
+
+class StepLoader:
+    def __init__(self, load: Callable[..., Any]) -> None:
+        """``load(task, start, end)`` returns whatever the trainer needs for that span."""
+        self._load = load
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flextrain-prefetch")
+        self._pending: tuple[Key, Future] | None = None
+
+    def get(self, task, start: int, end: int):
+        """The loaded span: the prefetched result if it matches, else loaded now."""
+        key = (task.task_id, start, end)
+        pending, self._pending = self._pending, None
+        if pending is not None and pending[0] == key:
+            return pending[1].result()
+        if pending is not None:
+            pending[1].cancel()
+        return self._load(task, start, end)
+
+    def prefetch(self, task, start: int, end: int) -> None:
+        """Start loading a span the next :meth:`get` will probably ask for."""
+        if self._pending is not None:
+            self._pending[1].cancel()
+        if end <= start:
+            self._pending = None
+            return
+        self._pending = ((task.task_id, start, end), self._pool.submit(self._load, task, start, end))
+
+    def close(self) -> None:
+        self._pending = None
+        self._pool.shutdown(wait=False, cancel_futures=True)
