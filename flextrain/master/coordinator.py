@@ -5,8 +5,10 @@ handlers and the launch backend's exit callbacks take it, and long-polling
 handlers wait on its condition. The gRPC servicer is a thin translation
 layer on top (``servicer.py``); nothing here knows about gRPC transport.
 
-Stages: TRAINING (rounds of lockstep AllReduce workers) -> EVALUATING
-(independent evaluation tasks over the validation data) -> done.
+Stages: TRAINING (rounds of lockstep AllReduce workers, pausing for an
+evaluation every ``--evaluation-steps``) -> EVALUATING (the final evaluation,
+independent tasks over the validation data) -> done. Evaluation-only and
+prediction jobs have no training stage (``evaluation.py``).
 """
 
 from __future__ import annotations
@@ -17,11 +19,12 @@ import threading
 import time
 from dataclasses import dataclass
 
-from flextrain.job import JobSpec, Strategy
+from flextrain.job import JobSpec, JobType, Strategy
 from flextrain.master.accounting import ledger_at, most_advanced, settle_round
 from flextrain.master.checkpoints import CheckpointStore
+from flextrain.master.evaluation import Evaluations, evaluation_task, outcome, prediction_task, record_task, task_message
 from flextrain.master.health import Liveness, find_hung
-from flextrain.master.ledger import Task, TaskKind, TaskLedger
+from flextrain.master.ledger import TaskKind, TaskLedger
 from flextrain.master.ps_tasks import ps_training_task, release_worker
 from flextrain.master.rendezvous import Rendezvous, Round, RoundState
 from flextrain.proto import flextrain_pb2 as pb
@@ -47,14 +50,7 @@ class WorkerInfo:
     pid: int = 0
 
 
-_KIND = {TaskKind.TRAINING: pb.Task.TRAINING, TaskKind.EVALUATION: pb.Task.EVALUATION}
-
-
-def task_message(task: Task) -> pb.Task:
-    return pb.Task(
-        task_id=task.task_id, kind=_KIND[task.kind], source=task.source, start=task.start,
-        end=task.end, epoch=task.epoch, global_batch_size=task.global_batch_size,
-    )
+__all__ = ["JobMaster", "Phase", "WorkerInfo", "task_message"]
 
 
 class JobMaster:
@@ -75,9 +71,8 @@ class JobMaster:
         self.assigned: dict[str, Round] = {}  # worker -> round it was placed in
         self.phase = Phase.PENDING
         self.message = ""
-        self.metric_sums: dict[str, float] = {}
-        self.metric_samples = 0
-        self.metrics: dict[str, float] = {}
+        self.evaluations = Evaluations(ledger, every=spec.evaluation_steps)
+        self.metrics: dict[str, float] = {}  # the latest evaluation's metrics
         self.rounds_formed = 0
         self.step = 0  # highest model version any worker reported
         self.last_loss = math.nan
@@ -123,15 +118,14 @@ class JobMaster:
             return
         if self.ledger.error:
             self.finish(Phase.FAILED, self.ledger.error)
+        elif self.spec.job_type is not JobType.TRAINING:
+            if (result := outcome(self)) is not None:
+                self.finish(Phase.SUCCEEDED if result[0] else Phase.FAILED, result[1])
         elif (
             self.ledger.training_finished()
             and self.final_checkpoint is not None
             and (not self.ledger.evaluation_shards or self.ledger.evaluation_finished())
         ):
-            if self.metric_samples:
-                self.metrics.update(
-                    {k: v / self.metric_samples for k, v in self.metric_sums.items()}
-                )
             self.finish(Phase.SUCCEEDED, "training finished")
 
     # ---- membership (launch backend side) --------------------------------------
@@ -270,6 +264,7 @@ class JobMaster:
         """
         latest = self.checkpoints.latest() if self.checkpoints else None
         self.ledger.restore(latest["ledger"] if latest else self.initial_ledger)
+        self.evaluations.forget_unfinished()  # the restore dropped their tasks
         rnd.restore_checkpoint = latest["checkpoint"] if latest else ""
         rnd.version = latest["version"] if latest else 0
         where = f"checkpoint {latest['checkpoint']}" if latest else "the start (no checkpoint yet)"
@@ -279,10 +274,15 @@ class JobMaster:
     def get_task(self, req: pb.GetTaskRequest) -> pb.GetTaskResponse:
         with self.cond:
             self._touch(req.worker_id, req.position)
-            if req.kind == pb.Task.EVALUATION:
+            if req.kind in (pb.Task.EVALUATION, pb.Task.PREDICTION):
                 if self.over or self.stopping or req.worker_id in self.retiring:
                     return pb.GetTaskResponse(action=pb.GetTaskResponse.STOP, message=self.message)
-                return self._evaluation_task(req.worker_id)
+                hand_out = evaluation_task if req.kind == pb.Task.EVALUATION else prediction_task
+                response = hand_out(self, req)
+                self._check_outcome()
+                if self.over and response.action != pb.GetTaskResponse.RUN:
+                    return pb.GetTaskResponse(action=pb.GetTaskResponse.STOP, message=self.message)
+                return response
             if self.ps_mode:
                 response = ps_training_task(self, req.worker_id)
                 self._check_outcome()
@@ -327,17 +327,6 @@ class JobMaster:
             return pb.GetTaskResponse.NO_MORE, -1
         return pb.GetTaskResponse.END_ROUND, -1
 
-    def _evaluation_task(self, worker_id: str) -> pb.GetTaskResponse:
-        if not self.ledger.training_finished():
-            return pb.GetTaskResponse(action=pb.GetTaskResponse.WAIT)
-        task = self.ledger.next_evaluation_task(owner=worker_id)
-        if task is not None:
-            return pb.GetTaskResponse(action=pb.GetTaskResponse.RUN, task=task_message(task))
-        self._check_outcome()
-        if self.over:
-            return pb.GetTaskResponse(action=pb.GetTaskResponse.STOP, message=self.message)
-        return pb.GetTaskResponse(action=pb.GetTaskResponse.WAIT)
-
     def report_task(self, req: pb.ReportTaskRequest) -> None:
         with self.cond:
             task = self.ledger.doing.get(req.task_id)
@@ -345,11 +334,8 @@ class JobMaster:
                 return  # already settled (e.g. its round closed first)
             if not req.ok:
                 self.ledger.fail(req.task_id, req.steps_done, f"{req.worker_id}: {req.error}")
-            elif task.kind is TaskKind.EVALUATION:
-                self.ledger.complete(req.task_id)
-                for name, value in req.metric_sums.items():
-                    self.metric_sums[name] = self.metric_sums.get(name, 0.0) + value
-                self.metric_samples += req.samples
+            elif task.kind is not TaskKind.TRAINING:
+                record_task(self, task, req)
             else:
                 self.ledger.complete(req.task_id)
             self._check_outcome()

@@ -14,6 +14,14 @@ that failed by its own fault (bad data) carries a retry count; past
 Epochs are created lazily: when nothing is TODO or DOING the next epoch's
 tasks are cut (shuffled by ``seed + epoch`` when asked). The whole state is
 plain data (``to_dict``/``from_dict``) so the master can persist and resume it.
+
+Evaluation tasks cover the validation data for one model version each
+(``cut_evaluation``), during training (``--evaluation-steps``) and at its end;
+they carry no training progress and are not persisted: their partial metric
+sums live in the master (``master/evaluation.py``), so after a restore an
+unfinished evaluation is cut again. Prediction tasks cover the prediction
+data once, in input order (task ids increase with the position of the
+records), and are never split.
 """
 
 from __future__ import annotations
@@ -43,6 +51,7 @@ class Task:
     global_batch_size: int
     retries: int = 0
     owner: str = ""  # worker id (evaluation) or "round-N" (training) while DOING
+    model_version: int = 0  # EVALUATION: the model version (optimizer steps) evaluated
 
     @property
     def size(self) -> int:
@@ -72,6 +81,7 @@ class TaskLedger:
         seed: int = 0,
         max_retries: int = 3,
         evaluation_shards: list[Shard] | None = None,
+        prediction_shards: list[Shard] | None = None,
     ) -> None:
         self.shards = list(shards)
         self.epochs = epochs
@@ -81,14 +91,18 @@ class TaskLedger:
         self.seed = seed
         self.max_retries = max_retries
         self.evaluation_shards = list(evaluation_shards or [])
+        self.prediction_shards = list(prediction_shards or [])
         self.records_per_epoch = sum(s.size for s in self.shards)
         self.epoch = -1  # the epoch whose tasks were cut last
         self.todo: deque[Task] = deque()
         self.doing: dict[int, Task] = {}
         self.records_done = 0  # training records applied, over all epochs
-        self.evaluation_cut = False
+        self.evaluation_cut = False  # the final evaluation (after training) was cut
         self.error: str | None = None
         self._next_id = 0
+        self.todo.extend(self._cut(TaskKind.PREDICTION, self.prediction_shards, 0))
+        # (task id, source, start, end) of every prediction task, in input order
+        self.prediction_plan = [(t.task_id, t.source, t.start, t.end) for t in self.todo]
 
     # ---- sizes and progress -------------------------------------------------
     @property
@@ -143,22 +157,50 @@ class TaskLedger:
                 return task
         return None
 
-    def next_evaluation_task(self, owner: str) -> Task | None:
-        if not self.evaluation_cut:
+    def cut_evaluation(self, model_version: int) -> int:
+        """Queue tasks evaluating the model at ``model_version`` on the validation data; how many."""
+        tasks = self._cut(TaskKind.EVALUATION, self.evaluation_shards, self.epoch)
+        for task in tasks:
+            task.model_version = model_version
+        self.todo.extend(tasks)
+        return len(tasks)
+
+    def next_evaluation_task(self, owner: str, model_version: int | None = None) -> Task | None:
+        """The next evaluation task of ``model_version``; without one, of the final evaluation.
+
+        The final evaluation is cut on the first such call (at ``model_version`` 0
+        unless :meth:`cut_evaluation` cut it and set ``evaluation_cut``).
+        """
+        if model_version is None and not self.evaluation_cut:
             self.evaluation_cut = True
-            self.todo.extend(self._cut(TaskKind.EVALUATION, self.evaluation_shards, self.epoch))
+            self.cut_evaluation(0)
+        return self._take(TaskKind.EVALUATION, owner,
+                          lambda t: model_version is None or t.model_version == model_version)
+
+    def next_prediction_task(self, owner: str) -> Task | None:
+        return self._take(TaskKind.PREDICTION, owner, lambda t: True)
+
+    def _take(self, kind: TaskKind, owner: str, accept) -> Task | None:
+        if self.error:
+            return None
         for i, task in enumerate(self.todo):
-            if task.kind is TaskKind.EVALUATION:
+            if task.kind is kind and accept(task):
                 del self.todo[i]
                 task.owner = owner
                 self.doing[task.task_id] = task
                 return task
         return None
 
+    def pending(self, kind: TaskKind, model_version: int | None = None) -> list[Task]:
+        """TODO and DOING tasks of ``kind`` (evaluation: of ``model_version`` when given)."""
+        return [t for t in (*self.todo, *self.doing.values())
+                if t.kind is kind and (model_version is None or t.model_version == model_version)]
+
     def evaluation_finished(self) -> bool:
-        return self.evaluation_cut and not any(
-            t.kind is TaskKind.EVALUATION for t in (*self.todo, *self.doing.values())
-        )
+        return self.evaluation_cut and not self.pending(TaskKind.EVALUATION)
+
+    def prediction_finished(self) -> bool:
+        return not self.pending(TaskKind.PREDICTION)
 
     # ---- outcomes -----------------------------------------------------------
     def complete(self, task_id: int) -> Task:
@@ -210,9 +252,11 @@ class TaskLedger:
             "epoch": self.epoch,
             "records_done": self.records_done,
             "next_id": self._next_id,
-            "evaluation_cut": self.evaluation_cut,
+            # Evaluations are not persisted (see the module docstring): cut again after a restore.
+            "evaluation_cut": False,
             # DOING tasks go back to TODO on restore: a resumed job re-runs them.
-            "todo": [task_dict(t) for t in (*self.doing.values(), *self.todo)],
+            "todo": [task_dict(t) for t in (*self.doing.values(), *self.todo)
+                     if t.kind is not TaskKind.EVALUATION],
         }
 
     def snapshot(self, *, done_task: int | None = None, partial: tuple[int, int] | None = None) -> dict:
@@ -244,8 +288,9 @@ class TaskLedger:
         self.epoch = state["epoch"]
         self.records_done = state["records_done"]
         self._next_id = state["next_id"]
-        self.evaluation_cut = state["evaluation_cut"]
+        self.evaluation_cut = False
         self.doing.clear()
         self.todo = deque(
             Task(**{**t, "kind": TaskKind(t["kind"]), "owner": ""}) for t in state["todo"]
+            if t["kind"] != TaskKind.EVALUATION.value
         )

@@ -18,7 +18,7 @@ from pathlib import Path
 from rich.console import Console
 
 from flextrain.data import make_shards
-from flextrain.job import JobSpec, Strategy
+from flextrain.job import JobSpec, JobType, Strategy
 from flextrain.master.checkpoints import CheckpointStore
 from flextrain.master.coordinator import JobMaster, Phase
 from flextrain.master.instances import InstanceManager
@@ -41,12 +41,17 @@ class ResumeError(RuntimeError):
 
 
 def build_ledger(spec: JobSpec) -> TaskLedger:
-    shards = make_shards(spec.training_data, what="training data")
-    eval_shards = make_shards(spec.validation_data, what="validation data") if spec.validation_data else []
+    """The job's tasks: training epochs, evaluations of the validation data, or prediction tasks."""
+    training = spec.job_type is JobType.TRAINING
+    shards = make_shards(spec.training_data, what="training data") if training else []
+    evaluate = spec.validation_data and spec.job_type is not JobType.PREDICTION
+    eval_shards = make_shards(spec.validation_data, what="validation data") if evaluate else []
+    predict = spec.job_type is JobType.PREDICTION
+    pred_shards = make_shards(spec.prediction_data, what="prediction data") if predict else []
     return TaskLedger(
-        shards=shards, epochs=spec.epochs, global_batch_size=spec.global_batch_size,
+        shards=shards, epochs=spec.epochs if training else 0, global_batch_size=spec.global_batch_size,
         steps_per_task=spec.steps_per_task, shuffle=spec.shuffle, seed=spec.seed,
-        max_retries=spec.max_task_retries, evaluation_shards=eval_shards,
+        max_retries=spec.max_task_retries, evaluation_shards=eval_shards, prediction_shards=pred_shards,
     )
 
 
@@ -73,6 +78,10 @@ def run_master(
     store_dir = CheckpointStore(job_dir / "checkpoints")
     ledger = build_ledger(spec)
     job = JobMaster(spec, ledger, checkpoints=store_dir)
+    if spec.job_type is not JobType.TRAINING:  # no training: the model is the given checkpoint's
+        job.final_checkpoint = spec.checkpoint
+        if spec.output:
+            Path(spec.output).mkdir(parents=True, exist_ok=True)
     if resume:
         latest = store_dir.latest()
         if latest is not None:

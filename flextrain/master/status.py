@@ -79,6 +79,7 @@ class StatusReporter:
         self.console = console or Console(stderr=True)
         self._progress = None
         self._bar = None
+        self._evaluations_shown: set[int] = set()  # steps whose evaluation was printed
         if show_progress:
             self._progress = Progress(
                 TextColumn("[bold]{task.fields[epoch]}"), BarColumn(),
@@ -119,6 +120,8 @@ class StatusReporter:
                     "percent": round(100.0 * done / total, 1) if total else 0.0,
                 },
                 "metrics": metrics,
+                # every finished evaluation, oldest first: {step, metrics, samples, time}
+                "evaluations": [dict(e) for e in job.evaluations.history[-100:]],
                 "samplesPerSecond": round(rate, 1),
                 "rounds": job.rounds_formed,
                 "roundHistory": job.round_history[-50:],
@@ -133,6 +136,12 @@ class StatusReporter:
     def update(self) -> dict:
         snap = self.snapshot()
         write_json_atomic(self.path, snap)
+        for entry in snap["evaluations"]:  # each finished evaluation once, as a line above the bar
+            if entry["step"] not in self._evaluations_shown:
+                self._evaluations_shown.add(entry["step"])
+                values = "  ".join(f"{k} {v:.4f}" for k, v in sorted(entry["metrics"].items()))
+                self.console.print(f"evaluation at step {entry['step']}: {values or 'no metrics'} "
+                                   f"({entry['samples']} samples)")
         if self._progress is not None:
             loss = snap["metrics"].get("loss")
             self._progress.update(

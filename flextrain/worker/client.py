@@ -68,11 +68,11 @@ class MasterClient:
         )
 
     def get_task(self, *, round_id: int, task_index: int, position: pb.Position,
-                 kind: int = pb.Task.TRAINING) -> pb.GetTaskResponse:
+                 kind: int = pb.Task.TRAINING, model_version: int = 0) -> pb.GetTaskResponse:
         return self._call(
             "GetTask",
             pb.GetTaskRequest(worker_id=self.worker_id, round_id=round_id, task_index=task_index,
-                              position=position, kind=kind),
+                              position=position, kind=kind, model_version=model_version),
         )
 
     def report_task(self, task_id: int, *, ok: bool, steps_done: int = 0, error: str = "",

@@ -87,7 +87,7 @@ def metric_sums(model_def: ModelDef, predictor: Predictor, records: list[bytes],
     seen = 0
     for predictions, labels in predictor.batches(records, mode=Mode.EVALUATION, metadata=metadata,
                                                  batch_size=batch_size):
-        n = _batch_len(predictions)
+        n = batch_len(predictions)
         for name, fn in metrics.items():
             values = np.asarray(to_numpy(fn(labels, predictions)), dtype=np.float64)
             if values.size != n:
@@ -103,6 +103,15 @@ def metric_sums(model_def: ModelDef, predictor: Predictor, records: list[bytes],
     return sums, seen
 
 
+def make_predictor(model_def: ModelDef, model) -> Predictor:
+    """The :class:`Predictor` for ``model``'s framework."""
+    import torch
+
+    if isinstance(model, torch.nn.Module):
+        return TorchPredictor(model_def, model)
+    raise ModelDefError(f"{model_def.spec}: no predictor for a model of type {type(model).__name__}")
+
+
 def evaluate_task(model_def: ModelDef, predictor: Predictor, task: pb.Task, *,
                   batch_size: int) -> tuple[dict[str, float], int]:
     """Read an evaluation task's records and return its metric sums and sample count."""
@@ -111,7 +120,8 @@ def evaluate_task(model_def: ModelDef, predictor: Predictor, task: pb.Task, *,
     return metric_sums(model_def, predictor, records, metadata=meta, batch_size=batch_size)
 
 
-def _batch_len(value: Any) -> int:
+def batch_len(value: Any) -> int:
+    """The first dimension of a batch (of its first tensor, for a dict/tuple)."""
     if isinstance(value, dict):
         value = next(iter(value.values()))
     elif isinstance(value, (tuple, list)):

@@ -18,12 +18,13 @@ import time
 
 import torch
 
-from flextrain.job import JobSpec, Strategy
+from flextrain.job import JobSpec, JobType, Strategy
 from flextrain.proto import flextrain_pb2 as pb
 from flextrain.worker.client import MasterClient, MasterUnreachable
 from flextrain.worker.collective import Collective, CollectiveError
-from flextrain.worker.evaluation import TorchPredictor, evaluate_task
+from flextrain.worker.evaluation import evaluate_task, make_predictor
 from flextrain.worker.module import load_model_def
+from flextrain.worker.prediction import load_outputs_processor, predict_task
 from flextrain.worker.ps_trainer import PSTrainer
 from flextrain.worker.trainer import AllReduceTrainer, WorkerState, describe
 
@@ -61,6 +62,8 @@ def run_worker(master: str, worker_id: str) -> int:
     model_def = load_model_def(spec.model_def)
     torch.manual_seed(spec.seed)
     model = model_def.build_model()
+    if spec.job_type is not JobType.TRAINING:
+        return _run_inference_job(spec, client, reg, model_def, model, worker_id)
     optimizer = model_def.build_optimizer(model, spec.learning_rate)
     state = WorkerState()
     collective: Collective | None = None
@@ -87,7 +90,7 @@ def run_worker(master: str, worker_id: str) -> int:
         if samples:  # the losses since the last heartbeat: the job's final training loss
             client.heartbeat(state.position(), loss, samples)
         if finished:
-            _evaluate(spec, client, model_def, TorchPredictor(model_def, model), state)
+            _evaluate(spec, client, model_def, make_predictor(model_def, model), state, state.version)
     finally:
         done.set()
         if collective is not None:
@@ -139,20 +142,56 @@ def _train(spec, client, collective, trainer, state) -> bool:
         reason, detail = "round_changed", ""
 
 
-def _evaluate(spec, client, model_def, predictor, state) -> None:
-    batch = spec.effective_max_micro_batch
+def _run_inference_job(spec, client, reg, model_def, model, worker_id) -> int:
+    """Evaluation-only or prediction job: load the checkpoint's model, take tasks until none is left."""
+    predictor = make_predictor(model_def, model)
+    predictor.load_checkpoint(spec.checkpoint)
+    processor = load_outputs_processor(model_def) if spec.job_type is JobType.PREDICTION else None
+    state = WorkerState()
+    client.register(pid=os.getpid())
+    done = threading.Event()
+    threading.Thread(target=_heartbeat_loop, args=(client, state, reg.heartbeat_interval, done),
+                     daemon=True, name="heartbeat").start()
+    try:
+        if spec.job_type is JobType.EVALUATION:
+            _evaluate(spec, client, model_def, predictor, state, predictor.checkpoint_version)
+        else:
+            _take_tasks(client, state, pb.Task.PREDICTION, lambda task: predict_task(
+                model_def, predictor, task, output=spec.output, batch_size=spec.effective_max_micro_batch,
+                worker_id=worker_id, processor=processor))
+    finally:
+        done.set()
+    return 0
+
+
+def _take_tasks(client, state, kind, run, *, model_version: int = 0, position=None) -> int:
+    """Ask for tasks of ``kind`` and run them until the master says NO_MORE or STOP; returns that action.
+
+    ``run(task)`` returns ``(metric_sums, samples)`` or the number of samples; a failure is
+    reported and the master retries the task (or fails the job past --max-task-retries).
+    """
     while True:
         state.mark_progress()
-        resp = client.get_task(round_id=-1, task_index=0, position=pb.Position(round_id=-1),
-                               kind=pb.Task.EVALUATION)
+        resp = client.get_task(round_id=-1, task_index=0, position=position or pb.Position(round_id=-1),
+                               kind=kind, model_version=model_version)
         if resp.action == pb.GetTaskResponse.RUN:
             try:
-                sums, n = evaluate_task(model_def, predictor, resp.task, batch_size=batch)
+                result = run(resp.task)
             except Exception as exc:  # noqa: BLE001 - reported; the master retries or fails the job
                 client.report_task(resp.task.task_id, ok=False, error=describe(exc))
                 continue
+            sums, n = result if isinstance(result, tuple) else ({}, result)
             client.report_task(resp.task.task_id, ok=True, metric_sums=sums, samples=n)
         elif resp.action == pb.GetTaskResponse.WAIT:
             time.sleep(EVAL_POLL)  # polling the master: tasks may free up when a peer fails
         else:
-            return
+            return resp.action
+
+
+def _evaluate(spec, client, model_def, predictor, state, model_version: int, position=None) -> int:
+    """Take part in the evaluation of the model at ``model_version`` until it is complete."""
+    batch = spec.effective_max_micro_batch
+    return _take_tasks(client, state, pb.Task.EVALUATION,
+                       lambda task: evaluate_task(model_def, predictor, task, batch_size=batch),
+                       model_version=model_version, position=position)
+
