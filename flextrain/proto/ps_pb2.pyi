@@ -222,20 +222,32 @@ class PullEmbeddingChunk(_message.Message):
     def __init__(self, rows: _Optional[_Union[_flextrain_pb2.Tensor, _Mapping]] = ..., version: _Optional[int] = ...) -> None: ...
 
 class PushHeader(_message.Message):
-    __slots__ = ("client_id", "seq", "base_version", "layout_id", "dense_bytes", "absent")
+    __slots__ = ("client_id", "seq", "base_version", "layout_id", "dense_bytes", "absent", "step")
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     BASE_VERSION_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_ID_FIELD_NUMBER: _ClassVar[int]
     DENSE_BYTES_FIELD_NUMBER: _ClassVar[int]
     ABSENT_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
     client_id: str
     seq: int
     base_version: int
     layout_id: int
     dense_bytes: int
     absent: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, client_id: _Optional[str] = ..., seq: _Optional[int] = ..., base_version: _Optional[int] = ..., layout_id: _Optional[int] = ..., dense_bytes: _Optional[int] = ..., absent: _Optional[_Iterable[str]] = ...) -> None: ...
+    step: TaskStep
+    def __init__(self, client_id: _Optional[str] = ..., seq: _Optional[int] = ..., base_version: _Optional[int] = ..., layout_id: _Optional[int] = ..., dense_bytes: _Optional[int] = ..., absent: _Optional[_Iterable[str]] = ..., step: _Optional[_Union[TaskStep, _Mapping]] = ...) -> None: ...
+
+class TaskStep(_message.Message):
+    __slots__ = ("task_id", "start", "end")
+    TASK_ID_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    task_id: int
+    start: int
+    end: int
+    def __init__(self, task_id: _Optional[int] = ..., start: _Optional[int] = ..., end: _Optional[int] = ...) -> None: ...
 
 class SparseBlock(_message.Message):
     __slots__ = ("table", "ids", "values")
@@ -258,18 +270,44 @@ class PushChunk(_message.Message):
     def __init__(self, header: _Optional[_Union[PushHeader, _Mapping]] = ..., dense: _Optional[bytes] = ..., sparse: _Optional[_Union[SparseBlock, _Mapping]] = ...) -> None: ...
 
 class PushResponse(_message.Message):
-    __slots__ = ("accepted", "version", "message", "incarnation", "applied")
+    __slots__ = ("accepted", "version", "message", "incarnation", "applied", "duplicate")
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     APPLIED_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATE_FIELD_NUMBER: _ClassVar[int]
     accepted: bool
     version: int
     message: str
     incarnation: int
     applied: bool
-    def __init__(self, accepted: _Optional[bool] = ..., version: _Optional[int] = ..., message: _Optional[str] = ..., incarnation: _Optional[int] = ..., applied: _Optional[bool] = ...) -> None: ...
+    duplicate: bool
+    def __init__(self, accepted: _Optional[bool] = ..., version: _Optional[int] = ..., message: _Optional[str] = ..., incarnation: _Optional[int] = ..., applied: _Optional[bool] = ..., duplicate: _Optional[bool] = ...) -> None: ...
+
+class TaskProgressRequest(_message.Message):
+    __slots__ = ("task_ids",)
+    TASK_IDS_FIELD_NUMBER: _ClassVar[int]
+    task_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, task_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class TaskProgressResponse(_message.Message):
+    __slots__ = ("accepted_until",)
+    ACCEPTED_UNTIL_FIELD_NUMBER: _ClassVar[int]
+    accepted_until: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, accepted_until: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class FlushRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class FlushResponse(_message.Message):
+    __slots__ = ("applied", "version")
+    APPLIED_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    applied: bool
+    version: int
+    def __init__(self, applied: _Optional[bool] = ..., version: _Optional[int] = ...) -> None: ...
 
 class CheckpointRequest(_message.Message):
     __slots__ = ()

@@ -74,6 +74,16 @@ class ParameterServerStub:
                 request_serializer=flextrain_dot_proto_dot_ps__pb2.CheckpointRequest.SerializeToString,
                 response_deserializer=flextrain_dot_proto_dot_ps__pb2.CheckpointResponse.FromString,
                 _registered_method=True)
+        self.TaskProgress = channel.unary_unary(
+                '/flextrain.ps.v1.ParameterServer/TaskProgress',
+                request_serializer=flextrain_dot_proto_dot_ps__pb2.TaskProgressRequest.SerializeToString,
+                response_deserializer=flextrain_dot_proto_dot_ps__pb2.TaskProgressResponse.FromString,
+                _registered_method=True)
+        self.Flush = channel.unary_unary(
+                '/flextrain.ps.v1.ParameterServer/Flush',
+                request_serializer=flextrain_dot_proto_dot_ps__pb2.FlushRequest.SerializeToString,
+                response_deserializer=flextrain_dot_proto_dot_ps__pb2.FlushResponse.FromString,
+                _registered_method=True)
 
 
 class ParameterServerServicer:
@@ -129,6 +139,18 @@ class ParameterServerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def TaskProgress(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Flush(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ParameterServerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -171,6 +193,16 @@ def add_ParameterServerServicer_to_server(servicer, server):
                     servicer.Checkpoint,
                     request_deserializer=flextrain_dot_proto_dot_ps__pb2.CheckpointRequest.FromString,
                     response_serializer=flextrain_dot_proto_dot_ps__pb2.CheckpointResponse.SerializeToString,
+            ),
+            'TaskProgress': grpc.unary_unary_rpc_method_handler(
+                    servicer.TaskProgress,
+                    request_deserializer=flextrain_dot_proto_dot_ps__pb2.TaskProgressRequest.FromString,
+                    response_serializer=flextrain_dot_proto_dot_ps__pb2.TaskProgressResponse.SerializeToString,
+            ),
+            'Flush': grpc.unary_unary_rpc_method_handler(
+                    servicer.Flush,
+                    request_deserializer=flextrain_dot_proto_dot_ps__pb2.FlushRequest.FromString,
+                    response_serializer=flextrain_dot_proto_dot_ps__pb2.FlushResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -389,6 +421,60 @@ class ParameterServer:
             '/flextrain.ps.v1.ParameterServer/Checkpoint',
             flextrain_dot_proto_dot_ps__pb2.CheckpointRequest.SerializeToString,
             flextrain_dot_proto_dot_ps__pb2.CheckpointResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TaskProgress(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/flextrain.ps.v1.ParameterServer/TaskProgress',
+            flextrain_dot_proto_dot_ps__pb2.TaskProgressRequest.SerializeToString,
+            flextrain_dot_proto_dot_ps__pb2.TaskProgressResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Flush(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/flextrain.ps.v1.ParameterServer/Flush',
+            flextrain_dot_proto_dot_ps__pb2.FlushRequest.SerializeToString,
+            flextrain_dot_proto_dot_ps__pb2.FlushResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,4 +1,4 @@
-"""PS shard checkpoints: ``<dir>/ps-<index>/version-<v>.ckpt``, atomic, last 2 kept.
+"""PS shard checkpoints: ``<dir>/ps-<index>/version-<v>.ckpt``, atomic, last 2 kept; plus the write-ahead log.
 
 A checkpoint holds what a relaunched PS needs to carry on: dense parameters
 and their optimizer state, every embedding row with its optimizer state and
@@ -11,8 +11,14 @@ Periodic checkpoints (every ``every`` versions) are taken on the thread that
 bumped the version — serialising under the shard lock so the state is one
 consistent version — and written to disk by a background thread, so training
 pushes do not wait for the disk. If the writer is still busy, only the newest
-pending snapshot is kept. Gradients collected in SYNC mode but not yet applied
-are not saved: after a restore the PS continues from the checkpointed version.
+pending snapshot is kept.
+
+With ``wal=True`` (the default) the shard also keeps a write-ahead log in the
+same directory (:mod:`flextrain.ps.wal`): each snapshot starts a new log
+segment and records its number (``wal_next``) in the checkpoint, and
+:meth:`Checkpointer.restore` replays the segments from there. So a relaunched
+PS comes back with every change it acknowledged, not just those up to its
+last checkpoint — including SYNC gradients collected but not yet applied.
 """
 
 from __future__ import annotations
@@ -25,17 +31,21 @@ from pathlib import Path
 
 from flextrain.elastic import statecodec
 from flextrain.ps.state import ShardState, SyncSettings
+from flextrain.ps.wal import WriteAheadLog, replay, segments
 
 log = logging.getLogger(__name__)
 _NAME = re.compile(r"^version-(\d+)\.ckpt$")
 
 
 class Checkpointer:
-    def __init__(self, directory: str | os.PathLike, shard_index: int, *, every: int = 0, keep: int = 2) -> None:
+    def __init__(self, directory: str | os.PathLike, shard_index: int, *, every: int = 0, keep: int = 2,
+                 wal: bool = True, wal_fsync: bool = False) -> None:
         if every < 0 or keep < 1:
             raise ValueError(f"checkpoint every must be >= 0 and keep >= 1 (got {every}, {keep})")
         self.dir = Path(directory) / f"ps-{shard_index}"
         self.every, self.keep = every, keep
+        self.wal = WriteAheadLog(self.dir, fsync=wal_fsync) if wal else None
+        self._wal_kept: list[int] = []  # wal_next of the checkpoints on disk that this process knows, oldest first
         self._shard: ShardState | None = None
         self._cond = threading.Condition()
         self._pending: tuple[int, bytes] | None = None
@@ -52,7 +62,7 @@ class Checkpointer:
         found = [(int(m.group(1)), p) for p in self.dir.iterdir() if (m := _NAME.match(p.name))]
         return sorted(found)
 
-    def _write(self, version: int, blob: bytes) -> Path:
+    def _write(self, version: int, blob: bytes, wal_next: int = -1) -> Path:
         with self._write_lock:
             self.dir.mkdir(parents=True, exist_ok=True)
             final = self.dir / f"version-{version}.ckpt"
@@ -69,22 +79,30 @@ class Checkpointer:
                 os.close(fd)
             for _, old in self.checkpoints()[: -self.keep]:
                 old.unlink(missing_ok=True)
+            if self.wal is not None and wal_next >= 0:
+                self._wal_kept = (self._wal_kept + [wal_next])[-self.keep:]
+                if len(self._wal_kept) == self.keep:  # the oldest kept checkpoint replays from there
+                    self.wal.prune(self._wal_kept[0])
             log.info("PS checkpoint written: %s (%d bytes)", final, len(blob))
             return final
 
     # ------------------------------------------------------------------ saving
 
-    @staticmethod
-    def snapshot(shard: ShardState) -> tuple[int, bytes]:
-        """(version, encoded state), consistent: serialised while holding every shard lock."""
+    def snapshot(self, shard: ShardState) -> tuple[int, bytes, int]:
+        """(version, encoded state, wal_next), consistent: serialised while holding every shard lock,
+        and the write-ahead log moves to a new segment at that very point."""
         with shard.locked():
-            return shard.version, statecodec.encode(shard.export_state())
+            tree = shard.export_state()
+            wal_next = -1
+            if self.wal is not None and shard.wal is self.wal:
+                tree["wal_next"] = wal_next = self.wal.rotate()
+            return shard.version, statecodec.encode(tree), wal_next
 
     def save(self, shard: ShardState) -> tuple[Path, int]:
         """Write a checkpoint now (after any background write); returns (path, version)."""
-        version, blob = self.snapshot(shard)
+        version, blob, wal_next = self.snapshot(shard)
         self.flush()
-        return self._write(version, blob), version
+        return self._write(version, blob, wal_next), version
 
     def attach(self, shard: ShardState) -> None:
         """Checkpoint ``shard`` every ``every`` versions (no-op when every == 0)."""
@@ -109,10 +127,10 @@ class Checkpointer:
         while True:
             with self._cond:
                 self._cond.wait_for(lambda: self._pending is not None)
-                (version, blob), self._pending = self._pending, None
+                (version, blob, wal_next), self._pending = self._pending, None
                 self._busy = True
             try:
-                self._write(version, blob)
+                self._write(version, blob, wal_next)
             except OSError as exc:  # keep serving; the next checkpoint may succeed
                 log.error("PS checkpoint of version %d failed: %s", version, exc)
             finally:
@@ -128,15 +146,41 @@ class Checkpointer:
     # ------------------------------------------------------------------ restoring
 
     def restore(self, shard: ShardState, *, keep_sync: SyncSettings | None = None) -> int | None:
-        """Load the newest readable checkpoint into ``shard``; its version, or None if there is none."""
+        """Load the newest readable checkpoint into ``shard`` and replay the write-ahead log after it;
+        then start logging to a fresh segment. Returns the version, or None if there was nothing to restore.
+
+        ``keep_sync`` (the launcher's settings) replaces the restored sync settings once replayed.
+        """
         for tmp in self.dir.glob(".version-*.tmp-*") if self.dir.is_dir() else ():
             tmp.unlink(missing_ok=True)  # left by a PS killed mid-write
+        restored, wal_next = None, 0
         for version, path in reversed(self.checkpoints()):
             try:
-                shard.load_state(statecodec.decode(path.read_bytes()), keep_sync=keep_sync)
+                tree = statecodec.decode(path.read_bytes())
+                shard.load_state(tree, keep_sync=None if self.wal is not None else keep_sync)
             except (OSError, ValueError, KeyError, TypeError) as exc:
                 log.warning("skipping unreadable PS checkpoint %s: %s", path, exc)
                 continue
             log.info("PS %d restored version %d from %s", shard.shard_index, version, path)
-            return shard.version
-        return None
+            restored, wal_next = shard.version, int(tree.get("wal_next", -1))
+            break
+        if self.wal is None:
+            return restored
+        existing = segments(self.dir)
+        last = existing[-1][0] if existing else -1
+        if restored is None and existing and existing[0][0] != 0:
+            log.error("PS %d: no readable checkpoint, and the write-ahead log does not start at segment 0: "
+                      "not replaying it", shard.shard_index)
+        elif wal_next >= 0 and existing:
+            count, _ = replay(shard, self.dir, start=wal_next)
+            if count:
+                restored = shard.version
+                log.info("PS %d replayed %d write-ahead log record(s): now at version %d",
+                         shard.shard_index, count, shard.version)
+        if restored is not None:
+            self._wal_kept = [wal_next]
+        self.wal.open_segment(last + 1)
+        shard.wal = self.wal
+        if keep_sync is not None and restored is not None and keep_sync != shard.sync:
+            shard.configure(sync=keep_sync)
+        return restored

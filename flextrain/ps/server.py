@@ -228,10 +228,21 @@ class PSServicer(pb_grpc.ParameterServerServicer):
             consume(fields(raw))
         if not sink.complete:
             raise ValueError(f"push ended after {sink.pos} of {sink.total} dense bytes")
+        step = (h.step.task_id, h.step.start, h.step.end) if h.HasField("step") else None
         result = self.shard.push(client_id=h.client_id, seq=h.seq, base_version=h.base_version,
-                                 layout_id=h.layout_id, dense=dense, absent=list(h.absent), sparse=sparse)
+                                 layout_id=h.layout_id, dense=dense, absent=list(h.absent), sparse=sparse, step=step)
         return pb.PushResponse(accepted=result.accepted, version=result.version, message=result.message,
-                               incarnation=self.shard.incarnation, applied=result.applied)
+                               incarnation=self.shard.incarnation, applied=result.applied,
+                               duplicate=result.duplicate)
+
+    @_rpc
+    def TaskProgress(self, request, context):
+        return pb.TaskProgressResponse(accepted_until=self.shard.task_progress(request.task_ids))
+
+    @_rpc
+    def Flush(self, request, context):
+        applied, version = self.shard.flush()
+        return pb.FlushResponse(applied=applied, version=version)
 
     @_rpc
     def Checkpoint(self, request, context):

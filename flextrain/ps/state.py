@@ -14,6 +14,17 @@ Contracts:
 * **exactly once per push**: ``(client_id, seq)`` of a client's latest push
   is remembered with its answer, so a retry of a push that was applied (and
   whose answer was lost) returns the same answer instead of applying twice.
+* **exactly once per minibatch**: a push may name its minibatch (``step`` =
+  task id, first and end record). Per task the shard remembers the end of
+  the records it accepted; a push whose minibatch starts before that is a
+  *duplicate*: answered accepted, nothing applied. So a task requeued after
+  its worker died, or a minibatch recomputed because another PS rejected it
+  as stale, is applied once on every shard, whichever worker pushes it.
+  Accepted means applied or (SYNC) collected towards the next update.
+* **write-ahead log**: with ``wal`` set (:mod:`flextrain.ps.wal`), every
+  state change (configure, init, tables, accepted push, flush) is appended
+  under the shard lock before it is applied and before it is answered, so a
+  restarted shard replays exactly what it acknowledged.
 * **thread safety**: one condition variable guards version, dense store,
   accumulator and config; each embedding table has its own lock (taken after
   the shard lock when both are needed), so row pulls never wait for a dense
@@ -42,6 +53,7 @@ from flextrain.ps.shard import as_row_ids
 STATE_FORMAT = 1
 _DEDUPE_CLIENTS = 4096  # clients remembered for push de-duplication (LRU)
 _SPARE_BUFFERS = 4      # received gradient buffers kept for reuse (fresh big buffers cost page faults)
+_TASKS_REMEMBERED = 1 << 17  # tasks whose accepted minibatches are remembered (LRU; only recent ones matter)
 
 
 class PreconditionError(RuntimeError):
@@ -72,6 +84,7 @@ class PushResult:
     version: int
     message: str = ""
     applied: bool = False
+    duplicate: bool = False  # the minibatch was accepted before: nothing done
 
 
 class ShardState:
@@ -94,6 +107,8 @@ class ShardState:
         self._pull_cache: tuple[int, int, list[bytes]] | None = None
         self._spare: list[bytearray] = []
         self._spare_lock = threading.Lock()
+        self._task_until: OrderedDict[int, int] = OrderedDict()  # task id -> end of the records accepted
+        self.wal = None  # flextrain.ps.wal.WriteAheadLog, when the shard is durable
         self._reset_accumulator()
 
     def _reset_accumulator(self) -> None:
@@ -118,6 +133,8 @@ class ShardState:
                 elif (new_opt.name, new_opt.hyper) != (self.optimizer.name, self.optimizer.hyper):
                     raise PreconditionError(f"PS {self.shard_index} already runs {self.optimizer.describe()}; "
                                             f"it cannot switch to {new_opt.describe()}")
+            if self.wal is not None:
+                self.wal.log_configure(optimizer, sync)
             if sync is not None:
                 self.sync = sync.validated()
                 # Fewer workers now: the pushes already collected may complete an update.
@@ -148,6 +165,8 @@ class ShardState:
         with self._cond:
             if self.dense is not None:  # another worker won the race meanwhile
                 return False, self.version, self.dense
+            if self.wal is not None:
+                self.wal.log_init_dense(specs, data)
             self.dense = store
             self._pull_cache = None
             return True, self.version, store
@@ -158,11 +177,14 @@ class ShardState:
         with self._cond:
             for spec in validated:
                 table = self.tables.get(spec.name)
-                if table is None:
-                    self.tables[spec.name] = EmbeddingTable(spec)
-                elif table.spec != spec:
+                if table is not None and table.spec != spec:
                     raise ValueError(f"embedding table {spec.name!r} is already declared as {table.spec.to_dict()}; "
                                      f"cannot redeclare it as {spec.to_dict()}")
+            new = [spec for spec in validated if spec.name not in self.tables]
+            if new and self.wal is not None:
+                self.wal.log_tables(new)
+            for spec in new:
+                self.tables[spec.name] = EmbeddingTable(spec)
             return [t.spec for t in self.tables.values()]
 
     def table(self, name: str) -> EmbeddingTable:
@@ -214,8 +236,14 @@ class ShardState:
                     self._spare.append(grads.owner)
 
     def push(self, *, client_id: str, seq: int, base_version: int, layout_id: int = 0,
-             dense: bytearray | None = None, absent=(), sparse: list[RowBlock] = ()) -> PushResult:
-        """Accept (or reject as stale) one worker's gradients; see the module docstring."""
+             dense: bytearray | None = None, absent=(), sparse: list[RowBlock] = (),
+             step: tuple[int, int, int] | None = None) -> PushResult:
+        """Accept (or reject as stale) one worker's gradients; see the module docstring.
+
+        ``step``: ``(task_id, start, end)`` of the minibatch, for exactly-once per minibatch.
+        """
+        if step is not None and not 0 <= step[1] < step[2]:
+            raise ValueError(f"push names minibatch records [{step[1]}, {step[2]}) of task {step[0]}: not a range")
         grads, absent_set = self._parse_dense(layout_id, dense, absent)
         merged = self._parse_sparse(sparse)
         with self._cond:
@@ -229,15 +257,56 @@ class ShardState:
                         return last[1]  # a retry of a push already handled
                     return PushResult(False, self.version, f"push {seq} of client {client_id} is older than its "
                                                            f"latest push {last[0]}")
-            result = self._push_locked(base_version, grads, absent_set, merged)
-            if client_id:
-                self._dedupe[client_id] = (seq, result)
-                self._dedupe.move_to_end(client_id)
-                if len(self._dedupe) > _DEDUPE_CLIENTS:
-                    self._dedupe.popitem(last=False)
+            result = self._admit(client_id, seq, base_version, step, grads, absent_set, merged, log=True)
         if result.applied:
             self._notify_version(result.version)
         return result
+
+    def _admit(self, client_id: str, seq: int, base: int, step, grads, absent: set[str], sparse: dict, *,
+               log: bool) -> PushResult:
+        """Dedupe by minibatch, judge staleness, log, apply; the caller holds the shard lock."""
+        until = self._task_until.get(step[0]) if step is not None else None
+        if until is not None and step[1] < until:
+            self._release(grads)
+            result = PushResult(True, self.version, f"records [{step[1]}, {step[2]}) of task {step[0]} were "
+                                                    f"already accepted", duplicate=True)
+        else:
+            result = self._stale(base)
+            if result is not None:
+                self._release(grads)
+            else:
+                if log and self.wal is not None:  # before applying: applying may reuse the gradient buffers
+                    self.wal.log_push(client_id, seq, base, step, grads, absent, sparse)
+                result = self._push_locked(base, grads, absent, sparse)
+                if step is not None:
+                    self._task_until[step[0]] = step[2]
+                    self._task_until.move_to_end(step[0])
+                    if len(self._task_until) > _TASKS_REMEMBERED:
+                        self._task_until.popitem(last=False)
+        if client_id:
+            self._dedupe[client_id] = (seq, result)
+            self._dedupe.move_to_end(client_id)
+            if len(self._dedupe) > _DEDUPE_CLIENTS:
+                self._dedupe.popitem(last=False)
+        return result
+
+    def task_progress(self, task_ids) -> list[int]:
+        """Per task id, the end of the records accepted for it (-1: none known)."""
+        with self._cond:
+            return [self._task_until.get(int(t), -1) for t in task_ids]
+
+    def flush(self, *, log: bool = True) -> tuple[bool, int]:
+        """SYNC: apply what was collected even if fewer than ``grads_to_wait``; (applied, version)."""
+        with self._cond:
+            applied = self._pending > 0
+            if applied:
+                if log and self.wal is not None:
+                    self.wal.log_flush()
+                self._apply_pending()
+            version = self.version
+        if applied:
+            self._notify_version(version)
+        return applied, version
 
     def _parse_dense(self, layout_id: int, dense: bytearray | None, absent) -> tuple[object, set[str]]:
         store = self.dense
@@ -273,23 +342,28 @@ class ShardState:
             merged[name] = merge_rows(as_row_ids(ids, name), values)
         return merged
 
+    def _stale(self, base: int) -> PushResult | None:
+        """The rejection of a push computed from version ``base``, or None when it is fresh enough."""
+        s, version = self.sync, self.version
+        if s.mode == "sync" and base < version - s.version_tolerance:
+            return PushResult(False, version, f"stale gradient: computed from version {base}, PS "
+                                              f"{self.shard_index} is at {version} (tolerance {s.version_tolerance})")
+        staleness = max(0, version - base)
+        if s.mode == "async" and s.max_staleness and staleness > s.max_staleness:
+            return PushResult(False, version, f"stale gradient: {staleness} versions old, PS {self.shard_index} "
+                                              f"accepts at most {s.max_staleness}")
+        return None
+
     def _push_locked(self, base: int, grads, absent: set[str], sparse: dict) -> PushResult:
+        """Collect or apply a push :meth:`_stale` accepted."""
         s, version = self.sync, self.version
         if s.mode == "sync":
-            if base < version - s.version_tolerance:
-                self._release(grads)
-                return PushResult(False, version, f"stale gradient: computed from version {base}, PS "
-                                                  f"{self.shard_index} is at {version} (tolerance {s.version_tolerance})")
             self._accumulate(grads, absent, sparse)
             if self._pending >= s.grads_to_wait:
                 self._apply_pending()
                 return PushResult(True, self.version, applied=True)
             return PushResult(True, version, f"{self._pending}/{s.grads_to_wait} gradients collected")
         staleness = max(0, version - base)
-        if s.max_staleness and staleness > s.max_staleness:
-            self._release(grads)
-            return PushResult(False, version, f"stale gradient: {staleness} versions old, PS {self.shard_index} "
-                                              f"accepts at most {s.max_staleness}")
         self._apply(grads, absent, sparse, 1, 1.0 / (1 + staleness) if s.staleness_lr else 1.0)
         self._release(grads)
         return PushResult(True, self.version, applied=True)
@@ -348,7 +422,8 @@ class ShardState:
             yield
 
     def export_state(self) -> dict:
-        """A statecodec tree of views (call inside :meth:`locked`). Pending SYNC pushes are not saved."""
+        """A statecodec tree of views (call inside :meth:`locked`). Pending SYNC pushes are not saved
+        (the write-ahead log keeps them)."""
         return {
             "format": STATE_FORMAT, "shard_index": self.shard_index, "num_ps": self.num_ps, "version": self.version,
             "optimizer": None if self.optimizer is None else {"name": self.optimizer.name,
@@ -356,6 +431,7 @@ class ShardState:
             "sync": asdict(self.sync),
             "dense": None if self.dense is None else self.dense.state(),
             "tables": {name: t.state() for name, t in self.tables.items()},
+            "tasks": torch.tensor(list(self._task_until.items()), dtype=torch.int64).reshape(-1, 2),
         }
 
     def load_state(self, tree: dict, *, keep_sync: SyncSettings | None = None) -> None:
@@ -374,5 +450,8 @@ class ShardState:
             self.version = int(tree["version"])
             self._reset_accumulator()
             self._dedupe.clear()
+            tasks = tree.get("tasks")  # absent in checkpoints written before exactly-once per minibatch
+            self._task_until = OrderedDict((int(t), int(u)) for t, u in tasks.tolist()) if tasks is not None \
+                else OrderedDict()
             self._pull_cache = None
             self._cond.notify_all()

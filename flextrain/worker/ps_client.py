@@ -15,6 +15,13 @@ others). The client remembers, per PS, the version and incarnation of the
 parameters it last pulled; ``version`` is the highest of them. Pushes quote
 each PS's own base version, and a retried push is never applied twice
 (``client_id``/``seq`` de-duplication on the PS).
+
+Exactly once per minibatch: a push may name its minibatch (``step=(task_id,
+start, end)``); each PS applies a task's records at most once, whoever
+pushes them, and answers a repeat as a duplicate. :meth:`PSClient.task_progress`
+asks every PS how far a task got, so a worker taking over a requeued task
+skips what every PS already has. :meth:`PSClient.flush` applies the gradients
+a SYNC PS collected but did not apply yet (the job's last pushes).
 """
 
 from __future__ import annotations
@@ -59,6 +66,7 @@ class PushResult:
     versions: tuple[int, ...]      # per PS
     applied: bool                  # some PS applied an update because of this push
     messages: tuple[str, ...]      # per PS (why a push was rejected or is pending)
+    duplicates: tuple[bool, ...] = ()  # per PS: the step's records were accepted there before (not applied again)
 
 
 def _serialize(message) -> bytes:
@@ -343,7 +351,7 @@ class PSClient:
 
     def push(self, dense_grads: Mapping[str, torch.Tensor | None] | None = None,
              sparse_grads: Mapping[str, tuple[object, torch.Tensor]] | None = None,
-             version: int | None = None) -> PushResult:
+             version: int | None = None, *, step: tuple[int, int, int] | None = None) -> PushResult:
         """Send gradients to every PS (an empty push too: SYNC mode counts pushes per PS).
 
         ``dense_grads``: name -> gradient (None or missing: no gradient, skipped
@@ -351,7 +359,14 @@ class PSClient:
         duplicate ids are summed before sending. ``version``: the version the
         gradients were computed from (default: this client's last pull; a client
         that never pulled sends -1, which SYNC mode rejects as stale).
+        ``step``: ``(task_id, start, end)``, the minibatch's records; a PS that
+        accepted those records of that task before answers ``duplicates[i]``
+        and applies nothing (see the module docstring).
         """
+        if step is not None:
+            task_id, start, end = (int(x) for x in step)
+            if not 0 <= start < end:
+                raise ValueError(f"push step: records [{start}, {end}) of task {task_id} are not a range")
         dense_grads = dict(dense_grads or {})
         if dense_grads and any(l is None for l in self._layouts):  # pushing before any pull: ask for them
             for i, info in enumerate(self.describe()):
@@ -377,6 +392,8 @@ class PSClient:
             header = pb.PushHeader(client_id=self.client_id, seq=seq, base_version=bases[i] - shift,
                                    layout_id=self._layouts[i].layout_id if nbytes else 0,
                                    dense_bytes=nbytes, absent=absent)
+            if step is not None:
+                header.step.CopyFrom(pb.TaskStep(task_id=task_id, start=start, end=end))
 
             def requests():
                 yield pb.PushChunk(header=header)
@@ -388,7 +405,17 @@ class PSClient:
         results = self._fanout(one)
         versions = tuple(r.version for r in results)
         return PushResult(all(r.accepted for r in results), max(versions), versions,
-                          any(r.applied for r in results), tuple(r.message for r in results))
+                          any(r.applied for r in results), tuple(r.message for r in results),
+                          tuple(r.duplicate for r in results))
+
+    def task_progress(self, task_id: int) -> tuple[int, ...]:
+        """Per PS, the end of the records of task ``task_id`` it accepted (-1: none)."""
+        req = pb.TaskProgressRequest(task_ids=[task_id])
+        return tuple(r.accepted_until[0] for r in self._fanout(lambda i: self._unary(i, "TaskProgress", req)))
+
+    def flush(self) -> int:
+        """Make every SYNC PS apply the gradients it collected so far; returns the highest version."""
+        return max(r.version for r in self._fanout(lambda i: self._unary(i, "Flush", pb.FlushRequest())))
 
     def checkpoint(self) -> list[tuple[str, int]]:
         """Ask every PS to write a checkpoint now; (path, version) per PS."""

@@ -19,11 +19,21 @@ micro-batches of at most ``--max-micro-batch`` records (each contributing
 and pushes the dense gradients and the embedding rows' gradients quoting the
 versions it pulled. A push a sync PS rejects as stale is recomputed after a
 fresh pull. The worker's position says which task it is on (``task_index`` =
-task id) and how many of its minibatches were accepted (``steps_done``), so a
-worker that dies mid-task loses only what it pushed since its last
-heartbeat. A task is reported done only once every one of its pushes was
-accepted; a failure (bad records) reports the minibatches pushed so far as
+task id) and how many of its minibatches were accepted (``steps_done``). A
+task is reported done only once every one of its pushes was accepted; a
+failure (bad records) reports the minibatches pushed so far as
 ``steps_done``, so the master requeues only the rest.
+
+Exactly once: every push names its minibatch (task id, records), and each PS
+applies a task's records at most once. A worker that dies mid-task may have
+pushed minibatches its last heartbeat did not report; the master requeues
+the task from the last reported one, and the worker taking it over first
+asks the PS how far the task got (``task_progress``): minibatches every PS
+has are skipped, and a minibatch only some PS have (the push was cut off
+between them) is pushed again and applied only where it is missing. So a
+killed worker costs the minibatch it was computing, and applies nothing
+twice. When training is over, the first worker told so flushes what SYNC
+PS collected but did not apply yet (``grads_to_wait`` > 1).
 """
 
 from __future__ import annotations
@@ -154,6 +164,8 @@ class PSTrainer:
             elif resp.action == pb.GetTaskResponse.WAIT:
                 time.sleep(TASK_POLL)
             elif resp.action == pb.GetTaskResponse.NO_MORE:
+                # Every push of the job was accepted: apply what a SYNC PS still holds back.
+                self._with_ps(self.ps.flush)
                 self._with_ps(self.pull)  # evaluation uses the final dense parameters
                 return True
             else:
@@ -164,10 +176,16 @@ class PSTrainer:
         with self.state.lock:  # steps_done first: a racing heartbeat may under-report, never over-report
             self.state.steps_done = 0
             self.state.task_index = task.task_id  # PS mode: the task's id (see master/ps_tasks.py)
+        # Records every PS accepted already (a previous owner died after pushing them).
+        accepted = min(self._with_ps(lambda: self.ps.task_progress(task.task_id)))
         for j, start in enumerate(range(task.start, task.end, G)):
             if self.state.stop.is_set():
                 return  # the job is over; the master no longer counts this task
             end = min(start + G, task.end)
+            if end <= accepted:
+                with self.state.lock:
+                    self.state.steps_done = j + 1
+                continue
             try:
                 records = read_shard_range(task.source, start, end)
                 features, labels = feed_tensors(self.model_def, records, Mode.TRAINING,
@@ -175,19 +193,24 @@ class PSTrainer:
             except Exception as exc:  # bad data or a failing feed: the rest of the task is retried
                 self.client.report_task(task.task_id, ok=False, steps_done=j, error=describe(exc))
                 return
-            loss_sum, version = self._with_ps(lambda: self._step(features, labels, end - start))
+            loss_sum, version = self._with_ps(
+                lambda: self._step(features, labels, end - start, step=(task.task_id, start, end)))
             with self.state.lock:
                 self.state.version, self.state.steps_done = version, j + 1
             self.state.add_loss(loss_sum, end - start)
             self.state.mark_progress()
         self.client.report_task(task.task_id, ok=True)
 
-    def _step(self, features, labels, n: int) -> tuple[float, int]:
-        """Pull, compute and push one minibatch until a push is accepted; (loss sum, PS version)."""
+    def _step(self, features, labels, n: int, *, step: tuple[int, int, int]) -> tuple[float, int]:
+        """Pull, compute and push one minibatch until every PS accepted it; (loss sum, PS version).
+
+        After a partial rejection the minibatch is pushed again to every PS: those that
+        accepted it already answer duplicate (``step`` names the records), so nothing is applied twice.
+        """
         for _ in range(MAX_STALE_RETRIES):
             self.pull()
             loss_sum, sparse = self._compute(features, labels, n)
-            result = self.ps.push({name: p.grad for name, p in self.dense.items()}, sparse)
+            result = self.ps.push({name: p.grad for name, p in self.dense.items()}, sparse, step=step)
             if result.accepted:
                 return loss_sum, result.version
             log.debug("push rejected (%s): recomputing after a fresh pull", "; ".join(result.messages))

@@ -19,7 +19,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_killed_ps_restarts_from_its_checkpoint_and_the_client_carries_on(tmp_path, spawn_ps):
+def test_killed_ps_restores_checkpoint_plus_log_and_the_client_carries_on(tmp_path, spawn_ps):
+    """SIGKILL after version 5, last checkpoint at 4: the write-ahead log brings back update 5."""
     ckpt = tmp_path / "ckpt"
     port = _free_port()
     args = ["--shard-index", "0", "--num-ps", "1", "--port", str(port), "--optimizer", "momentum",
@@ -44,7 +45,9 @@ def test_killed_ps_restarts_from_its_checkpoint_and_the_client_carries_on(tmp_pa
 
     proc.send_signal(signal.SIGKILL)  # no chance to write a final checkpoint
     proc.wait(10)
-    assert sorted(p.name for p in shard_dir.iterdir()) == ["version-2.ckpt", "version-4.ckpt"]
+    # checkpoints 2 and 4; log segments after each (the one before 2 is no longer needed)
+    assert sorted(p.name for p in shard_dir.iterdir()) == ["version-2.ckpt", "version-4.ckpt",
+                                                           "wal-1.log", "wal-2.log"]
 
     # The next push starts while the PS is down; its retries bridge the relaunch.
     result = {}
@@ -54,17 +57,17 @@ def test_killed_ps_restarts_from_its_checkpoint_and_the_client_carries_on(tmp_pa
     proc2, address2 = spawn_ps(*args, name="ps-again")
     assert address2 == address
     pusher.join(30)
-    assert result["r"].accepted and result["r"].version == 5  # restored at 4, then this push
+    assert result["r"].accepted and result["r"].version == 6  # restored at 4, replayed 5, then this push
 
     info = client.describe()[0]
-    assert info.incarnation != incarnation and info.version == 5
+    assert info.incarnation != incarnation and info.version == 6
     version, params = client.pull_dense(client.version)  # the restart is noticed: a full pull
-    assert version == 5 and params is not None
-    # Reference: momentum SGD over the gradients the restored PS has seen (5 was lost with the kill).
+    assert version == 6 and params is not None
+    # Reference: momentum SGD over every gradient pushed (none lost with the kill).
     p = torch.nn.Parameter(w0.clone())
     r = torch.nn.Parameter(rows0[0:1].clone())
     opt = torch.optim.SGD([p, r], lr=0.1, momentum=0.9)
-    for k in (0, 1, 2, 3, 5):
+    for k in range(6):
         p.grad, r.grad = grads[k].clone(), row_grads[k].clone()
         opt.step()
     torch.testing.assert_close(params["w"], p.detach())
@@ -74,7 +77,7 @@ def test_killed_ps_restarts_from_its_checkpoint_and_the_client_carries_on(tmp_pa
 
     proc2.send_signal(signal.SIGTERM)  # graceful stop: a final checkpoint
     assert proc2.wait(20) == 0
-    assert (shard_dir / "version-5.ckpt").exists()
+    assert (shard_dir / "version-6.ckpt").exists()
     assert not [p for p in shard_dir.iterdir() if p.name.startswith(".")]
     client.close()
 
