@@ -1,0 +1,144 @@
+"""The CRD's schema accepts the shipped examples and rejects bad ElasticJobs at the offending field.
+
+kubernetes-validate has no schema for custom resources (asserted below), so
+ElasticJobs are validated with jsonschema over the CRD's structural schema;
+conftest.elasticjob_validator explains why that is faithful and what it leaves out.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import kubernetes_validate
+import pytest
+
+from conftest import EXAMPLES, load_docs
+
+EXAMPLE_FILES = ("digits-allreduce.yaml", "ctr-ps.yaml")
+
+
+def example(name: str = "digits-allreduce.yaml") -> dict:
+    (job,) = [d for d in load_docs(EXAMPLES / name) if d["kind"] == "ElasticJob"]
+    return job
+
+
+def errors(validator, obj) -> list[str]:
+    """Each schema error as 'dotted.path: message'."""
+    return sorted(".".join(str(p) for p in e.absolute_path) + ": " + e.message for e in validator.iter_errors(obj))
+
+
+@pytest.mark.parametrize("name", EXAMPLE_FILES)
+def test_examples_are_valid_elasticjobs(elasticjob_validator, name):
+    assert errors(elasticjob_validator, example(name)) == []
+
+
+def test_ctr_example_uses_parameter_servers_and_deepfm():
+    spec = example("ctr-ps.yaml")["spec"]
+    assert spec["strategy"] == "ParameterServer"
+    assert spec["replicaSpecs"]["ps"]["replicas"] >= 1
+    assert spec["modelDef"].endswith("model_zoo/deepfm_torch.py:Model")
+
+
+def test_kubernetes_validate_has_no_schema_for_custom_resources():
+    """Why ElasticJobs are checked against the CRD here instead of by kubernetes-validate."""
+    with pytest.raises(kubernetes_validate.SchemaNotFoundError):
+        kubernetes_validate.validate(example(), kubernetes_validate.latest_version(), strict=True)
+
+
+def _set(obj: dict, dotted: str, value) -> None:
+    *parents, last = dotted.split(".")
+    for part in parents:
+        obj = obj.setdefault(part, {}) if not part.isdigit() else obj[int(part)]
+    if value is _DELETE:
+        del obj[last]
+    else:
+        obj[last] = value
+
+
+_DELETE = object()
+
+# (what is wrong, field to change, bad value, path the error must name)
+BAD_SPECS = [
+    ("missing modelDef", "spec.modelDef", _DELETE, "spec"),
+    ("missing image", "spec.image", _DELETE, "spec"),
+    ("empty image", "spec.image", "", "spec.image"),
+    ("missing training data", "spec.data.training", _DELETE, "spec.data"),
+    ("missing worker replicas", "spec.replicaSpecs.worker.replicas", _DELETE, "spec.replicaSpecs.worker"),
+    ("batch size as a string", "spec.training.globalBatchSize", "64", "spec.training.globalBatchSize"),
+    ("fractional epochs", "spec.training.epochs", 1.5, "spec.training.epochs"),
+    ("zero epochs", "spec.training.epochs", 0, "spec.training.epochs"),
+    ("negative replicas", "spec.replicaSpecs.worker.replicas", -2, "spec.replicaSpecs.worker.replicas"),
+    ("zero replicas", "spec.replicaSpecs.worker.replicas", 0, "spec.replicaSpecs.worker.replicas"),
+    ("negative minReplicas", "spec.replicaSpecs.worker.minReplicas", -1, "spec.replicaSpecs.worker.minReplicas"),
+    ("replicas as a string", "spec.replicaSpecs.worker.replicas", "two", "spec.replicaSpecs.worker.replicas"),
+    ("negative ps replicas", "spec.replicaSpecs.ps", {"replicas": -1}, "spec.replicaSpecs.ps.replicas"),
+    ("unknown strategy", "spec.strategy", "Horovod", "spec.strategy"),
+    ("strategy in lower case", "spec.strategy", "allreduce", "spec.strategy"),
+    ("unknown lr rule", "spec.training.lrRule", "cosine", "spec.training.lrRule"),
+    ("zero learning rate", "spec.training.learningRate", 0, "spec.training.learningRate"),
+    ("negative learning rate", "spec.training.learningRate", -0.1, "spec.training.learningRate"),
+    ("learning rate as a string", "spec.training.learningRate", "0.1", "spec.training.learningRate"),
+    ("shuffle as a string", "spec.training.shuffle", "yes", "spec.training.shuffle"),
+    ("negative checkpoint steps", "spec.training.checkpointSteps", -5, "spec.training.checkpointSteps"),
+    ("unknown ps mode", "spec.replicaSpecs.ps", {"replicas": 1, "psMode": "eventual"}, "spec.replicaSpecs.ps.psMode"),
+    ("misspelt field", "spec.training.globalBatchsize", 64, "spec.training"),
+    ("unknown top-level field", "spec.workers", 3, "spec"),
+    ("unknown replica type", "spec.replicaSpecs.chief", {"replicas": 1}, "spec.replicaSpecs"),
+    ("bad resource quantity", "spec.replicaSpecs.worker.resources.limits.memory", "lots",
+     "spec.replicaSpecs.worker.resources.limits.memory"),
+    ("env var without a name", "spec.replicaSpecs.worker.env", [{"value": "1"}], "spec.replicaSpecs.worker.env.0"),
+    ("env value as a number", "spec.replicaSpecs.worker.env", [{"name": "A", "value": 1}],
+     "spec.replicaSpecs.worker.env.0.value"),
+    ("volume without mountPath", "spec.volumes", [{"name": "d", "emptyDir": {}}], "spec.volumes.0"),
+    ("relative mountPath", "spec.volumes", [{"name": "d", "mountPath": "data", "emptyDir": {}}],
+     "spec.volumes.0.mountPath"),
+    ("data as a string", "spec.data", "/data/digits", "spec.data"),
+    ("unknown status phase", "status", {"phase": "Done"}, "status.phase"),
+]
+
+
+@pytest.mark.parametrize("what, field, value, error_path", BAD_SPECS, ids=[b[0] for b in BAD_SPECS])
+def test_bad_spec_is_rejected_at_the_field(elasticjob_validator, what, field, value, error_path):
+    job = copy.deepcopy(example())
+    _set(job, field, value)
+    found = errors(elasticjob_validator, job)
+    assert found, f"{what}: accepted"
+    assert any(e.split(": ", 1)[0] == error_path for e in found), f"{what}: errors name other fields: {found}"
+
+
+def test_minimal_job_is_valid(elasticjob_validator):
+    """Only image, modelDef, data.training and the worker count are required; the rest has defaults."""
+    job = {"apiVersion": "flextrain.dev/v1alpha1", "kind": "ElasticJob", "metadata": {"name": "m"},
+           "spec": {"image": "flextrain:0.1.0", "modelDef": "model_zoo/digits_torch.py:Model",
+                    "data": {"training": "/data/train"}, "replicaSpecs": {"worker": {"replicas": 1}}}}
+    assert errors(elasticjob_validator, job) == []
+
+
+def test_quantities_accept_integers_and_suffixed_strings(elasticjob_validator):
+    job = copy.deepcopy(example())
+    job["spec"]["replicaSpecs"]["worker"]["resources"] = {"limits": {"cpu": 2, "memory": "1.5Gi"},
+                                                          "requests": {"cpu": "500m", "nvidia.com/gpu": 1}}
+    assert errors(elasticjob_validator, job) == []
+
+
+def test_volume_sources_pass_through(elasticjob_validator):
+    """A volume is name + mountPath + any core/v1 volume source; the source is not re-validated by the CRD."""
+    job = copy.deepcopy(example())
+    job["spec"]["volumes"] = [{"name": "nfs", "mountPath": "/data", "readOnly": True,
+                               "nfs": {"server": "nfs.example", "path": "/exports/data"}}]
+    assert errors(elasticjob_validator, job) == []
+
+
+def test_a_status_as_the_master_writes_it_is_valid(elasticjob_validator):
+    job = copy.deepcopy(example())
+    job["status"] = {
+        "phase": "Running", "message": "training", "epoch": 2, "step": 40,
+        "workers": {"desired": 3, "active": 2, "summary": "2/3"},
+        "selector": "flextrain.dev/job=digits,flextrain.dev/role=worker",
+        "progress": {"recordsDone": 1200, "recordsTotal": 11496, "percent": 10.4, "summary": "10.4%"},
+        "metrics": {"loss": 0.31, "accuracy": 0.93}, "samplesPerSecond": 812.5, "masterRelaunches": 0,
+        "conditions": [{"type": "Running", "status": "True", "reason": "RoundFormed", "message": "2 workers",
+                        "lastTransitionTime": "2026-01-01T00:00:00Z"}],
+        "startTime": "2026-01-01T00:00:00Z",
+    }
+    assert errors(elasticjob_validator, job) == []
