@@ -6,8 +6,11 @@ and its micro-batches. Each micro-batch contributes ``loss_mean * n / G`` to
 the backward pass, so after the SUM all-reduce every rank holds exactly the
 gradient of the mean loss over the step's G samples, however they were split.
 
-Gradients live in one flat buffer (``p.grad`` are views into it), followed by
-two control slots that ride along in the same all-reduce:
+The protocol is framework-neutral: a model backend (``backend.py``: PyTorch,
+or ``tf/backend.py``: Keras) computes the micro-batches' gradients into one
+flat float32 buffer (torch ``p.grad`` are views into it; Keras gradients are
+added into numpy views of it), applies the optimizer and moves state. The
+buffer is followed by control slots that ride along in the same all-reduce:
 
 * ``END_ROUND`` - some member was asked by the master to leave the round at
   this step boundary; the sum makes every member agree on the same boundary.
@@ -35,6 +38,7 @@ from flextrain.elastic.statecodec import decode, encode
 from flextrain.job import JobSpec
 from flextrain.proto import flextrain_pb2 as pb
 from flextrain.worker.client import MasterClient
+from flextrain.worker.backend import make_backend
 from flextrain.worker.collective import Collective
 from flextrain.worker.module import FeedMetadata, Mode, ModelDef, ModelDefError
 from flextrain.worker.prefetch import StepLoader
@@ -110,59 +114,35 @@ def take(value, index: slice):
 
 
 class AllReduceTrainer:
-    def __init__(self, *, spec: JobSpec, model_def: ModelDef, model: torch.nn.Module,
-                 optimizer: torch.optim.Optimizer, client: MasterClient, collective: Collective,
-                 state: WorkerState) -> None:
+    """The round protocol, framework-neutral: the model is driven through a
+    :class:`~flextrain.worker.backend.ModelBackend` (PyTorch or Keras) whose flat
+    gradient buffer, followed by the control slots, is what the collective reduces."""
+
+    def __init__(self, *, spec: JobSpec, model_def: ModelDef, model, optimizer, client: MasterClient,
+                 collective: Collective, state: WorkerState, evaluate=None) -> None:
+        """``evaluate(version)``, when given, is called after every committed step whose version is
+        a multiple of ``spec.evaluation_steps``; it returns once that evaluation is complete."""
         self.spec = spec
+        self.evaluate = evaluate
         self.model_def = model_def
         self.model = model
         self.optimizer = optimizer
         self.client = client
         self.collective = collective
         self.state = state
-        self.params = [p for p in model.parameters() if p.requires_grad]
-        total = sum(p.numel() for p in self.params)
-        self.flat = torch.zeros(total + _CONTROL_SLOTS, dtype=torch.float32)
-        self.control = self.flat[total:]
-        self._bind_grads()
+        self.backend = make_backend(model_def=model_def, model=model, optimizer=optimizer, extra=_CONTROL_SLOTS)
+        self.flat = self.backend.flat
+        self.control = self.flat[self.backend.size:]
         self.loader = StepLoader(self._load_span)
-
-    # ---- gradient buffer ------------------------------------------------------
-    def _bind_grads(self) -> None:
-        """Make every ``p.grad`` a view into the flat buffer (no copy per step)."""
-        offset = 0
-        self._views = []
-        for p in self.params:
-            view = self.flat[offset : offset + p.numel()].view_as(p)
-            if p.dtype != self.flat.dtype:
-                raise ModelDefError(f"{self.model_def.path}: parameters must be float32, got {p.dtype}")
-            p.grad = view
-            self._views.append(view)
-            offset += p.numel()
-
-    def _zero(self) -> None:
-        self.flat.zero_()
-        for p, view in zip(self.params, self._views):
-            if p.grad is None or p.grad.data_ptr() != view.data_ptr():
-                p.grad = view  # someone replaced the grad tensor: re-bind it
-
-    def _gather_grads(self) -> None:
-        for p, view in zip(self.params, self._views):
-            if p.grad is not None and p.grad.data_ptr() != view.data_ptr():
-                view.copy_(p.grad)
-                p.grad = view
 
     # ---- state transfer ---------------------------------------------------------
     def state_blob(self) -> bytes:
-        return encode({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                       "version": self.state.version})
+        return encode({**self.backend.state(), "version": self.state.version})
 
     def load_blob(self, blob: bytes) -> None:
         tree = decode(blob)
-        self.model.load_state_dict(tree["model"])
-        self.optimizer.load_state_dict(tree["optimizer"])
+        self.backend.load_state(tree)
         self.state.version = int(tree["version"])
-        self._zero()
 
     def sync_state(self, *, restore_from: str = "") -> None:
         """Rank 0 (the most advanced member) sends model + optimizer to the round."""
@@ -201,11 +181,11 @@ class AllReduceTrainer:
                 next_start, next_plan = self._plan(task, j + 1)
                 lo, hi = next_plan.span(self.collective.rank)
                 self.loader.prefetch(task, next_start + lo, next_start + hi)
-            self._zero()
+            self.backend.zero()
             try:
                 loss_sum, n = self._compute(task, step_start, plan)
             except Exception as exc:  # bad data or a failing feed: the task fails, the round goes on
-                self._zero()
+                self.backend.zero()
                 self.client.report_task(task.task_id, ok=False, steps_done=j, error=describe(exc))
                 self.control[FAILED] = 1.0
                 loss_sum, n = 0.0, 0
@@ -213,7 +193,7 @@ class AllReduceTrainer:
                 self.control[END_ROUND] = 1.0
             if self.state.stop.is_set():
                 self.control[STOP] = 1.0
-            self._gather_grads()
+            self.backend.gathered()
             self.state.waiting = True
             try:
                 self.collective.all_reduce_sum(self.flat)
@@ -221,7 +201,7 @@ class AllReduceTrainer:
                 self.state.waiting = False
             control = self.control.tolist()
             if control[FAILED] == 0:
-                self.optimizer.step()
+                self.backend.apply()
                 with self.state.lock:
                     self.state.version += 1
                     self.state.steps_done = j + 1
@@ -232,6 +212,11 @@ class AllReduceTrainer:
                 return pb.GetTaskResponse.STOP  # the caller writes the stop checkpoint
             if self.collective.rank == 0 and every and control[FAILED] == 0 and self.state.version % every == 0:
                 self.checkpoint()
+            evaluation = self.spec.evaluation_steps
+            if self.evaluate and evaluation and control[FAILED] == 0 and self.state.version % evaluation == 0:
+                # Every member holds this same model (lockstep): all take part, even when the
+                # round ends at this boundary, so the evaluation is never skipped.
+                self.evaluate(self.state.version)
             if control[END_ROUND] > 0:
                 return pb.GetTaskResponse.END_ROUND
             if control[FAILED] > 0:
@@ -257,7 +242,7 @@ class AllReduceTrainer:
     def _load_span(self, task: pb.Task, start: int, end: int):
         records = read_shard_range(task.source, start, end)
         meta = FeedMetadata(task.source, start, end, task.epoch)
-        return feed_tensors(self.model_def, records, Mode.TRAINING, meta)
+        return self.backend.feed(records, Mode.TRAINING, meta)
 
     def _compute(self, task: pb.Task, step_start: int, plan) -> tuple[float, int]:
         rank = self.collective.rank
@@ -265,15 +250,13 @@ class AllReduceTrainer:
         if hi == lo:
             return 0.0, 0
         features, labels = self.loader.get(task, step_start + lo, step_start + hi)
-        self.model.train()
         loss_sum = 0.0
         for offset, size in plan.slices(rank):
             if size == 0:
                 continue
             sl = slice(offset - lo, offset - lo + size)
-            loss = self.model_def.loss(take(labels, sl), self.model(take(features, sl)))
-            (loss * (size / plan.global_batch)).backward()
-            loss_sum += float(loss.detach()) * size
+            loss = self.backend.accumulate(features, labels, sl, scale=size / plan.global_batch)
+            loss_sum += loss * size
         return loss_sum, hi - lo
 
 
