@@ -32,6 +32,8 @@ JOB_SERVICE_ACCOUNT = "flextrain-job"
 # An ElasticJob annotation choosing its master's port (default MASTER_PORT): for
 # clusters with port policies, and for tests where every "pod" shares one host.
 ANNOTATION_MASTER_PORT = f"{GROUP}/master-port"
+# Set on an ElasticJob (value: the reason) to stop it; the operator relays it to the master.
+ANNOTATION_STOP = f"{GROUP}/stop"
 
 # Environment of every pod flextrain creates: who it is and where its master is.
 ENV_NAMESPACE = "FLEXTRAIN_NAMESPACE"

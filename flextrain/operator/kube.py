@@ -1,0 +1,167 @@
+"""The operator's access to the Kubernetes API: ElasticJobs, master pods, Services, Events.
+
+Everything goes through one ``kubernetes.client.ApiClient`` (the same
+credentials kopf logs in with) and returns plain dicts, so unknown fields of a
+newer CRD survive. Creating an object that already exists is not an error:
+every handler may run twice (operator restarts, retried handlers, a pod event
+and a timer racing), and creation by deterministic name makes that harmless.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import socket
+import uuid
+from typing import Any
+
+from flextrain.k8s import meta
+
+log = logging.getLogger(__name__)
+
+COMPONENT = "flextrain-operator"
+
+
+def now_iso() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def _status_code(exc: BaseException) -> int | None:
+    return getattr(exc, "status", None)
+
+
+class Kube:
+    """Thin, dict-based wrapper over the ``kubernetes`` client for one ApiClient."""
+
+    def __init__(self, api_client) -> None:
+        from kubernetes import client
+
+        self.api_client = api_client
+        self.core = client.CoreV1Api(api_client)
+        self.custom = client.CustomObjectsApi(api_client)
+
+    # ---- ElasticJobs -------------------------------------------------------------
+    def get_job(self, namespace: str, name: str) -> dict | None:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            return self.custom.get_namespaced_custom_object(meta.GROUP, meta.VERSION, namespace, meta.PLURAL, name)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def patch_status(self, job: dict, status: dict[str, Any]) -> None:
+        """Merge ``status`` into the job's status subresource."""
+        md = job["metadata"]
+        self.custom.patch_namespaced_custom_object_status(
+            meta.GROUP, meta.VERSION, md["namespace"], meta.PLURAL, md["name"], {"status": status})
+
+    def patch_spec(self, namespace: str, name: str, patch: dict[str, Any]) -> dict:
+        return self.custom.patch_namespaced_custom_object(
+            meta.GROUP, meta.VERSION, namespace, meta.PLURAL, name, patch)
+
+    # ---- pods and services ------------------------------------------------------
+    def master_pods(self, namespace: str, job: str) -> dict[int, dict]:
+        """The job's master pods by index (filtered here too: not every API server filters labels)."""
+        reply = _raw(self.core.list_namespaced_pod(namespace, label_selector=meta.selector(job, "master"),
+                                                   _preload_content=False))
+        out: dict[int, dict] = {}
+        for pod in reply.get("items", []):
+            labels = (pod.get("metadata") or {}).get("labels") or {}
+            if labels.get(meta.LABEL_JOB) != job or labels.get(meta.LABEL_ROLE) != "master":
+                continue
+            try:
+                out[int(labels.get(meta.LABEL_INDEX, ""))] = pod
+            except ValueError:
+                continue
+        return out
+
+    def get_service(self, namespace: str, name: str) -> dict | None:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            return _raw(self.core.read_namespaced_service(name, namespace, _preload_content=False))
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def create_pod(self, pod: dict) -> bool:
+        """Create ``pod``; False if one of that name exists already."""
+        return self._create(lambda: self.core.create_namespaced_pod(pod["metadata"]["namespace"], pod))
+
+    def create_service(self, service: dict) -> bool:
+        return self._create(lambda: self.core.create_namespaced_service(service["metadata"]["namespace"], service))
+
+    @staticmethod
+    def _create(call) -> bool:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            call()
+            return True
+        except ApiException as exc:
+            if exc.status == 409:
+                return False
+            raise
+
+    # ---- events -----------------------------------------------------------------
+    def event(self, job: dict, *, reason: str, message: str, warning: bool = False) -> None:
+        """Record a core/v1 Event on the job (``kubectl describe ej/NAME`` lists them).
+
+        Failing to record an Event never fails the handler that wanted it.
+        """
+        md = job["metadata"]
+        stamp = now_iso()
+        body = {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"name": f"{md['name']}.{uuid.uuid4().hex[:12]}", "namespace": md["namespace"],
+                         "labels": {meta.LABEL_JOB: md["name"]}},
+            "involvedObject": {"apiVersion": meta.API_VERSION, "kind": meta.KIND, "name": md["name"],
+                               "namespace": md["namespace"], "uid": md.get("uid")},
+            "reason": reason, "message": message[:1024], "type": "Warning" if warning else "Normal",
+            "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1,
+            "source": {"component": COMPONENT}, "reportingComponent": f"{meta.GROUP}/operator",
+            "reportingInstance": socket.gethostname(),
+        }
+        try:
+            self.core.create_namespaced_event(md["namespace"], body)
+        except Exception as exc:  # an Event is a courtesy; the state change it reports already happened
+            log.warning("could not record event %s on %s/%s: %s", reason, md["namespace"], md["name"], exc)
+        log.info("%s/%s %s: %s", md["namespace"], md["name"], reason, message)
+
+    def events(self, namespace: str, job: str) -> list[dict]:
+        """Events recorded on ``job`` (oldest first)."""
+        reply = _raw(self.core.list_namespaced_event(namespace, _preload_content=False))
+        items = [e for e in reply.get("items", [])
+                 if (e.get("involvedObject") or {}).get("kind") == meta.KIND
+                 and (e.get("involvedObject") or {}).get("name") == job]
+        return sorted(items, key=lambda e: e.get("firstTimestamp") or "")
+
+
+def _raw(response) -> dict:
+    """The JSON of an un-preloaded client response, as a dict (no client models)."""
+    try:
+        return json.loads(response.data)
+    finally:
+        response.release_conn()
+
+
+def pod_failure(pod: dict | None) -> str | None:
+    """Why a master pod is gone or dead (None while it is pending, running or succeeded)."""
+    if pod is None:
+        return "was deleted"
+    status = pod.get("status") or {}
+    # A pod being deleted is still dead only once its container has exited: relaunching
+    # earlier would run two masters of one job side by side.
+    if status.get("phase") != "Failed":
+        return None
+    for cs in status.get("containerStatuses") or ():
+        term = (cs.get("state") or {}).get("terminated")
+        if term:
+            return f"failed (exit code {term.get('exitCode')}, {term.get('reason') or 'Error'})"
+    return f"failed ({status.get('reason') or status.get('message') or 'no container status'})"
+
+

@@ -1,0 +1,79 @@
+"""Running the operator: ``flextrain operator [--namespace NS ... | --all-namespaces]``.
+
+kopf runs standalone (one operator replica; no peering objects), logs in with
+the same credentials as the ``kubernetes`` client it hands to the handlers
+(in-cluster ServiceAccount, else kubeconfig), and posts no Events of its own:
+the handlers record the ones users need (``kubectl describe ej/NAME``).
+CRD scanning is off: the ElasticJob CRD must be installed before the
+operator starts (the chart and ``manifests/`` install it first).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from typing import Any, Collection
+
+import kopf
+
+from flextrain.operator.handlers import build_registry
+from flextrain.operator.kube import Kube
+from flextrain.operator.reconcile import Reconciler
+
+log = logging.getLogger(__name__)
+
+
+def connection_info(api_client) -> kopf.ConnectionInfo:
+    """kopf's login from a configured ``kubernetes`` ApiClient (one set of credentials for both)."""
+    cfg = api_client.configuration
+    auth = cfg.get_api_key_with_prefix("authorization") or ""  # runs the in-cluster token refresh hook
+    token = auth.split(" ", 1)[1] if auth.lower().startswith("bearer ") else (auth or None)
+    return kopf.ConnectionInfo(
+        server=cfg.host,
+        ca_path=cfg.ssl_ca_cert or None,
+        insecure=not cfg.verify_ssl,
+        token=token,
+        username=cfg.username or None,
+        password=cfg.password or None,
+        certificate_path=cfg.cert_file or None,
+        private_key_path=cfg.key_file or None,
+    )
+
+
+def settings(*, worker_threads: int = 8) -> kopf.OperatorSettings:
+    s = kopf.OperatorSettings()
+    s.peering.standalone = True
+    s.posting.enabled = False  # our handlers record the Events that matter
+    s.scanning.disabled = True
+    s.execution.max_workers = worker_threads
+    s.persistence.finalizer = f"operator.flextrain.dev/finalizer"  # unused: no deletion handlers
+    return s
+
+
+def build(api_client, *, timer_interval: float = 15.0) -> tuple[kopf.OperatorRegistry, Reconciler]:
+    reconciler = Reconciler(Kube(api_client))
+    registry = build_registry(reconciler, timer_interval=timer_interval)
+
+    @kopf.on.login(registry=registry)
+    def login(**_: Any) -> kopf.ConnectionInfo:
+        return connection_info(api_client)
+
+    return registry, reconciler
+
+
+def run_operator(api_client, *, namespaces: Collection[str] = (), clusterwide: bool = False,
+                 stop_flag: threading.Event | None = None, ready_flag: threading.Event | None = None,
+                 timer_interval: float = 15.0) -> None:
+    """Run the operator until ``stop_flag`` is set (or a signal, when in the main thread)."""
+    if clusterwide == bool(namespaces):
+        raise ValueError("give either namespaces or clusterwide=True")
+    registry, _ = build(api_client, timer_interval=timer_interval)
+    log.info("flextrain operator watching %s", "all namespaces" if clusterwide else ", ".join(namespaces))
+    asyncio.run(kopf.operator(
+        registry=registry, settings=settings(), standalone=True, clusterwide=clusterwide,
+        namespaces=list(namespaces), stop_flag=stop_flag, ready_flag=ready_flag,
+    ))
+
+
+__all__ = ["run_operator", "build", "connection_info", "settings"]

@@ -1,0 +1,184 @@
+"""What the operator does for one ElasticJob, independent of kopf.
+
+State lives in the cluster, never in this process, so any handler may run
+again (after an operator restart, a retry, or a pod event racing a timer):
+
+* master pods are ``<job>-master-<n>``; ``n`` is the number of relaunches so
+  far, kept in ``status.masterRelaunches`` and recoverable from the pods;
+* a pod is only ever created under its deterministic name, so a second
+  attempt gets "already exists" and does nothing (and records no Event);
+* before relaunching, the job is read again: a master that concluded the job
+  writes the terminal phase before it exits, so a dead master of a finished
+  job is never relaunched.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from typing import Any
+
+from flextrain.k8s import meta
+from flextrain.k8s.master_pod import master_pod, master_pod_name, master_port, master_service
+from flextrain.k8s.resource import ResourceError, jobspec_from_resource, master_relaunch_budget
+from flextrain.operator.kube import Kube, now_iso, pod_failure
+from flextrain.operator.relay import MasterUnreachable, Reply, master_target, relay_scale, relay_stop
+
+log = logging.getLogger(__name__)
+
+TERMINAL = ("Succeeded", "Failed")
+
+
+class Outcome(str, enum.Enum):
+    """What one reconciliation did (logged; asserted by tests)."""
+
+    CREATED = "created"
+    RUNNING = "running"
+    RELAUNCHED = "relaunched"
+    FAILED = "failed"
+    INVALID = "invalid"
+    OVER = "over"
+    DELETING = "deleting"
+    MASTER_DONE = "master-done"
+
+
+def _phase(job: dict | None) -> str | None:
+    return ((job or {}).get("status") or {}).get("phase")
+
+
+def _ident(job: dict) -> tuple[str, str]:
+    md = job["metadata"]
+    return md["namespace"], md["name"]
+
+
+def _validate(job: dict) -> str | None:
+    """The problem with a job's spec (message naming the field), or None."""
+    try:
+        jobspec_from_resource(job)
+        master_port(job)
+    except (ResourceError, ValueError) as exc:
+        return str(exc)
+    return None
+
+
+class Reconciler:
+    def __init__(self, kube: Kube) -> None:
+        self.kube = kube
+
+    # ---- lifecycle -----------------------------------------------------------------
+    def fail(self, job: dict, *, reason: str, message: str) -> None:
+        """Mark the job Failed with ``message`` and record a Warning Event."""
+        self.kube.patch_status(job, {"phase": "Failed", "message": message, "completionTime": now_iso()})
+        self.kube.event(job, reason=reason, message=message, warning=True)
+
+    def ensure(self, job: dict) -> Outcome:
+        """Bring the job's master to where it should be: created, running, or relaunched."""
+        namespace, name = _ident(job)
+        if job["metadata"].get("deletionTimestamp"):
+            return Outcome.DELETING
+        if _phase(job) in TERMINAL:
+            return Outcome.OVER
+        pods = self.kube.master_pods(namespace, name)
+        relaunches = (job.get("status") or {}).get("masterRelaunches")
+        if relaunches is None and not pods:
+            return self._create(job)
+        self.kube.create_service(master_service(job))  # idempotent; heals a deleted Service
+        current = max([relaunches or 0, *pods])
+        if relaunches != current:
+            self.kube.patch_status(job, {"masterRelaunches": current})
+        pod = pods.get(current)
+        why = pod_failure(pod)
+        if pod is not None and (pod.get("status") or {}).get("phase") == "Succeeded":
+            return Outcome.MASTER_DONE  # it wrote the job's final status itself
+        if why is None:
+            return Outcome.RUNNING
+        return self._relaunch(namespace, name, current, why)
+
+    def _create(self, job: dict) -> Outcome:
+        problem = _validate(job)
+        if problem is not None:
+            self.fail(job, reason="InvalidSpec", message=problem)
+            return Outcome.INVALID
+        spec = jobspec_from_resource(job)
+        namespace, name = _ident(job)
+        pod = master_pod_name(name, 0)
+        # Status first: written after the pod, it could overwrite a fast master's "Running".
+        self.kube.patch_status(job, {
+            "phase": "Pending", "masterRelaunches": 0, "message": f"master pod {pod} created",
+            "selector": meta.selector(name, "worker"), "startTime": now_iso(),
+            "workers": {"desired": spec.workers, "active": 0, "summary": f"0/{spec.workers}"},
+        })
+        self.kube.create_service(master_service(job))
+        created = self.kube.create_pod(master_pod(job, index=0))
+        if created:
+            self.kube.event(job, reason="MasterCreated",
+                            message=f"created master pod {pod} and service {meta.master_service_name(name)}")
+        return Outcome.CREATED
+
+    def _relaunch(self, namespace: str, name: str, current: int, why: str) -> Outcome:
+        job = self.kube.get_job(namespace, name)  # fresh: did the master conclude the job before dying?
+        if job is None or job["metadata"].get("deletionTimestamp"):
+            return Outcome.DELETING
+        if _phase(job) in TERMINAL:
+            return Outcome.OVER
+        old = master_pod_name(name, current)
+        budget = master_relaunch_budget(job)
+        if current >= budget:
+            self.fail(job, reason="MasterFailed",
+                      message=f"master pod {old} {why}; relaunch budget "
+                              f"(spec.replicaSpecs.master.relaunchBudget = {budget}) used up")
+            return Outcome.FAILED
+        new = master_pod_name(name, current + 1)
+        created = self.kube.create_pod(master_pod(job, index=current + 1))
+        message = (f"master pod {old} {why}: relaunched as {new} ({current + 1}/{budget}); "
+                   "it resumes from the job's latest checkpoint")
+        self.kube.patch_status(job, {"masterRelaunches": current + 1, "message": message})
+        if created:
+            self.kube.event(job, reason="MasterRelaunched", message=message, warning=True)
+        return Outcome.RELAUNCHED
+
+    # ---- relays to the master ------------------------------------------------------
+    def _target(self, job: dict) -> str:
+        namespace, name = _ident(job)
+        return master_target(self.kube.get_service(namespace, meta.master_service_name(name)),
+                             job=name, namespace=namespace)
+
+    def scale(self, job: dict, *, old: Any, new: Any) -> Reply | None:
+        """Relay a change of ``spec.replicaSpecs.worker.replicas`` to the master.
+
+        Out-of-range values are refused with a Warning Event (the job keeps
+        running with what it has). Raises MasterUnreachable when the master does
+        not answer, so the caller can retry later.
+        """
+        if old is None or old == new or _phase(job) in TERMINAL:
+            return None
+        problem = _validate(job)
+        if problem is not None:
+            self.kube.event(job, reason="ScaleRejected",
+                            message=f"cannot scale workers {old} -> {new}: {problem}", warning=True)
+            return Reply(False, problem)
+        reply = relay_scale(self._target(job), int(new))
+        if reply.accepted:
+            self.kube.event(job, reason="Scaling", message=f"workers {old} -> {new}: {reply.message}")
+        else:
+            self.kube.event(job, reason="ScaleRejected",
+                            message=f"the master refused workers {old} -> {new}: {reply.message}", warning=True)
+        return reply
+
+    def stop(self, job: dict, *, reason: str) -> Reply | None:
+        """Relay a stop request (the ``flextrain.dev/stop`` annotation) to the master."""
+        if _phase(job) in TERMINAL:
+            return None
+        reply = relay_stop(self._target(job), reason)
+        self.kube.event(job, reason="StopRequested" if reply.accepted else "StopRejected",
+                        message=f"{reason}: {reply.message}", warning=not reply.accepted)
+        return reply
+
+    def phase_changed(self, job: dict, *, old: str | None, new: str) -> None:
+        """Record a phase transition as an Event (Warning when the job failed)."""
+        message = (job.get("status") or {}).get("message") or ""
+        text = f"phase {old or 'None'} -> {new}" + (f": {message}" if message else "")
+        self.kube.event(job, reason=f"Job{new}", message=text, warning=new == "Failed")
+
+
+__all__ = ["Reconciler", "Outcome", "MasterUnreachable", "TERMINAL"]
