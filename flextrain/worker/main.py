@@ -23,7 +23,7 @@ from flextrain.proto import flextrain_pb2 as pb
 from flextrain.worker.client import MasterClient, MasterUnreachable
 from flextrain.worker.collective import Collective, CollectiveError
 from flextrain.worker.evaluation import evaluate_task, make_predictor
-from flextrain.worker.module import load_model_def
+from flextrain.worker.module import Framework, load_model_def
 from flextrain.worker.prediction import load_outputs_processor, predict_task
 from flextrain.worker.ps_trainer import PSTrainer
 from flextrain.worker.trainer import AllReduceTrainer, WorkerState, describe
@@ -61,6 +61,10 @@ def run_worker(master: str, worker_id: str) -> int:
     spec = JobSpec.from_json(reg.job_spec_json)
     model_def = load_model_def(spec.model_def)
     torch.manual_seed(spec.seed)
+    if model_def.framework is Framework.TENSORFLOW:  # same initial Keras weights in every worker
+        from flextrain.worker.tf.checks import seed_tf
+
+        seed_tf(spec.seed)
     model = model_def.build_model()
     if spec.job_type is not JobType.TRAINING:
         return _run_inference_job(spec, client, reg, model_def, model, worker_id)
@@ -68,12 +72,19 @@ def run_worker(master: str, worker_id: str) -> int:
     state = WorkerState()
     collective: Collective | None = None
     if spec.strategy is Strategy.PARAMETER_SERVER:
-        trainer = PSTrainer(spec=spec, model_def=model_def, model=model, optimizer=optimizer, client=client,
+        ps_trainer = PSTrainer
+        if model_def.framework is Framework.TENSORFLOW:
+            from flextrain.worker.tf.ps import KerasPSTrainer as ps_trainer
+        trainer = ps_trainer(spec=spec, model_def=model_def, model=model, optimizer=optimizer, client=client,
                             state=state, ps_addresses=list(reg.ps_addresses))
     else:
         collective = Collective(timeout=spec.worker_timeout)
-        trainer = AllReduceTrainer(spec=spec, model_def=model_def, model=model, optimizer=optimizer,
-                                   client=client, collective=collective, state=state)
+        predictor = make_predictor(model_def, model)
+        trainer = AllReduceTrainer(
+            spec=spec, model_def=model_def, model=model, optimizer=optimizer, client=client,
+            collective=collective, state=state,
+            evaluate=lambda version: _evaluate(spec, client, model_def, predictor, state, version,
+                                               position=state.position()))
     # Ready: only now may the master end the running round to let us in.
     client.register(pid=os.getpid())
     log.info("%s registered with master %s (pid %d)", worker_id, master, os.getpid())
