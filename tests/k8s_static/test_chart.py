@@ -1,0 +1,219 @@
+"""The Helm chart renders, lints and validates offline, and grants least privilege.
+
+helm-python-sdk binds Helm's Go SDK (no helm binary, no cluster); every rendered
+object is validated strictly (unknown fields are errors) against the Kubernetes
+OpenAPI schemas of the oldest supported and the newest known Kubernetes.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+
+import helm_python as helm
+import kubernetes_validate
+import pytest
+import yaml
+
+from conftest import CHART_DIR, CHART_VALUE_SETS, kube_versions, render_chart, rendered_objects
+
+VALUE_SETS = pytest.mark.parametrize("values", CHART_VALUE_SETS.values(), ids=CHART_VALUE_SETS.keys())
+FORBIDDEN_VERBS = {"*", "escalate", "bind", "impersonate", "deletecollection"}
+NAMESPACE = "ml-team"
+
+
+def objects_of(kind: str, objs: list[dict]) -> list[dict]:
+    return [o for o in objs if o["kind"] == kind]
+
+
+def operator_container(objs: list[dict]) -> dict:
+    (deployment,) = objects_of("Deployment", objs)
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    return container
+
+
+@VALUE_SETS
+def test_chart_lints_clean(values):
+    report = helm.lint(str(CHART_DIR), values, strict=True, namespace=NAMESPACE)
+    problems = [m for m in report["messages"] if m["severity"] >= 2]  # 2 warning, 3 error
+    assert report["errors"] == [] and problems == [], report
+
+
+def test_lint_reports_a_broken_template(tmp_path):
+    """The lint check is not vacuous: a template with a syntax error fails it."""
+    chart = tmp_path / "flextrain"
+    shutil.copytree(CHART_DIR, chart)
+    (chart / "templates" / "broken.yaml").write_text("kind: ConfigMap\nmetadata:\n  name: {{ .Values.nope.missing }\n")
+    report = helm.lint(str(chart), {}, strict=True)
+    assert report["errors"], report
+
+
+def test_values_schema_rejects_a_non_boolean_watch_all_namespaces():
+    with pytest.raises(helm.HelmValuesError, match="watchAllNamespaces"):
+        render_chart({"watchAllNamespaces": "yes"})
+
+
+def test_values_schema_rejects_a_second_operator_replica():
+    with pytest.raises(helm.HelmValuesError, match="replicas"):
+        render_chart({"operator": {"replicas": 2}})
+
+
+@VALUE_SETS
+def test_every_rendered_object_validates_strictly(values):
+    objs = rendered_objects(values, namespace=NAMESPACE)
+    assert objs
+    for version in kube_versions():
+        for obj in objs:
+            try:
+                kubernetes_validate.validate(obj, version, strict=True)
+            except kubernetes_validate.ValidationError as e:  # name the object, not just the schema path
+                pytest.fail(f"{obj['kind']}/{obj['metadata']['name']} invalid for Kubernetes {version}: {e}")
+
+
+@VALUE_SETS
+def test_namespaced_objects_go_to_their_namespace(values):
+    """Nothing is hard-wired to `default`: objects land in the release namespace (or the listed job namespaces)."""
+    job_namespaces = {NAMESPACE, *values.get("jobServiceAccount", {}).get("extraNamespaces", [])}
+    for obj in rendered_objects(values, namespace=NAMESPACE):
+        if obj["kind"] in ("ClusterRole", "ClusterRoleBinding"):
+            assert "namespace" not in obj["metadata"]
+        elif obj["metadata"]["name"] == "flextrain-job":
+            assert obj["metadata"]["namespace"] in job_namespaces
+        else:
+            assert obj["metadata"]["namespace"] == NAMESPACE, obj["metadata"]
+
+
+def test_operator_watches_only_its_namespace_by_default():
+    objs = rendered_objects({}, namespace=NAMESPACE)
+    assert operator_container(objs)["args"] == ["operator", "--namespace", NAMESPACE]
+    assert objects_of("ClusterRole", objs) == [] and objects_of("ClusterRoleBinding", objs) == []
+    operator_roles = [r for r in objects_of("Role", objs) if r["metadata"]["name"] != "flextrain-job"]
+    assert len(operator_roles) == 1
+
+
+def test_operator_watches_all_namespaces_with_a_cluster_role():
+    objs = rendered_objects(CHART_VALUE_SETS["all-namespaces"], namespace=NAMESPACE)
+    assert operator_container(objs)["args"] == ["operator", "--all-namespaces"]
+    (cluster_role,) = objects_of("ClusterRole", objs)
+    (binding,) = objects_of("ClusterRoleBinding", objs)
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                  "name": cluster_role["metadata"]["name"]}
+    (sa,) = [o for o in objects_of("ServiceAccount", objs) if o["metadata"]["name"] != "flextrain-job"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa["metadata"]["name"],
+                                    "namespace": NAMESPACE}]
+    # The operator's rights are granted once, cluster-wide; no namespaced copy lingers.
+    assert [r["metadata"]["name"] for r in objects_of("Role", objs)] == ["flextrain-job"] * 3
+
+
+@VALUE_SETS
+def test_rbac_is_least_privilege(values):
+    for role in objects_of("Role", rendered_objects(values)) + objects_of("ClusterRole", rendered_objects(values)):
+        for rule in role["rules"]:
+            where = f"{role['kind']}/{role['metadata']['name']} {rule}"
+            assert "*" not in rule["apiGroups"] and "*" not in rule["resources"], where
+            assert not FORBIDDEN_VERBS & set(rule["verbs"]), where
+            assert "nonResourceURLs" not in rule and "resourceNames" not in rule, where
+            # Nothing flextrain does needs secrets, RBAC objects, or other workloads.
+            assert not {"secrets", "roles", "rolebindings", "clusterroles", "serviceaccounts",
+                        "deployments", "nodes", "customresourcedefinitions"} & set(rule["resources"]), where
+            assert set(rule["apiGroups"]) <= {"", "flextrain.dev"}, where
+
+
+def rights(role: dict) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for rule in role["rules"]:
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                out.setdefault(f"{group}/{resource}".lstrip("/"), set()).update(rule["verbs"])
+    return out
+
+
+@VALUE_SETS
+def test_job_pods_may_manage_pods_and_services_and_only_patch_job_status(values):
+    objs = rendered_objects(values, namespace=NAMESPACE)
+    roles = [r for r in objects_of("Role", objs) if r["metadata"]["name"] == "flextrain-job"]
+    assert {r["metadata"]["namespace"] for r in roles} == {
+        NAMESPACE, *values.get("jobServiceAccount", {}).get("extraNamespaces", [])}
+    for role in roles:
+        assert rights(role) == {
+            "pods": {"get", "list", "watch", "create", "delete"},
+            "services": {"get", "list", "watch", "create", "delete"},
+            "flextrain.dev/elasticjobs": {"get"},
+            "flextrain.dev/elasticjobs/status": {"patch"},
+            "events": {"create"},
+        }
+        ns = role["metadata"]["namespace"]
+        (binding,) = [b for b in objects_of("RoleBinding", objs)
+                      if b["metadata"]["name"] == "flextrain-job" and b["metadata"]["namespace"] == ns]
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "flextrain-job", "namespace": ns}]
+        assert binding["roleRef"]["kind"] == "Role" and binding["roleRef"]["name"] == "flextrain-job"
+
+
+def test_operator_may_not_touch_elasticjob_specs_beyond_patching():
+    (role,) = [r for r in objects_of("Role", rendered_objects({})) if r["metadata"]["name"] != "flextrain-job"]
+    got = rights(role)
+    assert got["flextrain.dev/elasticjobs"] == {"get", "list", "watch", "patch"}
+    assert got["flextrain.dev/elasticjobs/status"] == {"get", "patch"}
+    assert got["events"] == {"create"}
+
+
+def test_job_service_account_can_be_left_out():
+    objs = rendered_objects({"jobServiceAccount": {"create": False}})
+    assert not [o for o in objs if o["metadata"]["name"] == "flextrain-job"]
+
+
+def test_operator_pod_runs_unprivileged_as_one_replica():
+    objs = rendered_objects({})
+    (deployment,) = objects_of("Deployment", objs)
+    pod = deployment["spec"]["template"]["spec"]
+    assert deployment["spec"]["replicas"] == 1 and deployment["spec"]["strategy"]["type"] == "Recreate"
+    assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] != 0
+    container = operator_container(objs)
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    assert container["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    chart = yaml.safe_load((CHART_DIR / "Chart.yaml").read_text())
+    assert container["image"] == f"flextrain:{chart['appVersion']}"
+    assert pod["serviceAccountName"] == [o for o in objects_of("ServiceAccount", objs)
+                                         if o["metadata"]["name"] != "flextrain-job"][0]["metadata"]["name"]
+
+
+def test_image_and_resources_come_from_values():
+    objs = rendered_objects({"image": {"repository": "reg.example/ft", "tag": "v9", "pullPolicy": "Always"},
+                             "operator": {"resources": {"limits": {"memory": "1Gi"}}}})
+    container = operator_container(objs)
+    assert (container["image"], container["imagePullPolicy"]) == ("reg.example/ft:v9", "Always")
+    # Helm merges maps: the override replaces the limit, the default requests stay.
+    assert container["resources"] == {"limits": {"memory": "1Gi"}, "requests": {"cpu": "50m", "memory": "128Mi"}}
+
+
+def test_values_yaml_is_documented_line_by_line():
+    """Every key in values.yaml has a comment right above it (the maps under `resources` excepted)."""
+    lines = (CHART_DIR / "values.yaml").read_text().splitlines()
+    inside_resources = None
+    for i, line in enumerate(lines):
+        m = re.match(r"^(\s*)([A-Za-z][\w.-]*):", line)
+        if not m:
+            continue
+        indent = len(m.group(1))
+        if inside_resources is not None and indent > inside_resources:
+            continue
+        inside_resources = indent if m.group(2) == "resources" else None
+        assert i > 0 and lines[i - 1].strip().startswith("#"), f"values.yaml line {i + 1}: {m.group(2)!r} undocumented"
+
+
+@VALUE_SETS
+def test_notes_tell_how_to_submit_and_watch_a_job(values):
+    notes = render_chart(values, namespace=NAMESPACE)["NOTES.txt"]
+    for command in (f"kubectl -n {NAMESPACE} apply -f manifests/examples/digits-allreduce.yaml",
+                    f"kubectl -n {NAMESPACE} get ej", "kubectl -n", "scale ej/digits --replicas=", "delete ej/digits"):
+        assert command in notes, command
+    if values.get("watchAllNamespaces"):
+        assert "all namespaces" in notes and "team-a" in notes
+    else:
+        assert f"namespace {NAMESPACE}" in notes
+
+
+def test_chart_crd_is_installed_from_crds_dir():
+    (crd,) = helm.Chart.load(str(CHART_DIR)).crds
+    assert crd["name"] == "crds/elasticjobs.yaml"
+    assert yaml.safe_load(crd["data"])["metadata"]["name"] == "elasticjobs.flextrain.dev"
