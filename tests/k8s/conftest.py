@@ -26,7 +26,7 @@ Fixtures (function scope: every test gets a fresh, empty cluster):
 
 What the emulator adds to kmock (a real API server does all of these, and the
 code under test relies on them): ``metadata.uid``, ``creationTimestamp``,
-``resourceVersion`` and ``generateName`` on create; ``kind``/``apiVersion`` on
+``resourceVersion`` and ``generateName`` on create, answered with 201; ``kind``/``apiVersion`` on
 objects and list replies and ``groupVersion: v1`` in core discovery (``kubectl get``
 needs them); a Service gets
 ``clusterIP: 127.0.0.1`` (every pod runs on this host, so a Service's port must
@@ -120,7 +120,10 @@ class FlexEmulator(kmock.KubernetesEmulator):
             if grace is not None and key in self.objects and not self.objects[key].deleted:
                 async with self._lock:
                     self.objects[key].patch({"metadata": {"deletionGracePeriodSeconds": int(grace)}})
-        return await super()._handle(request)
+        response = await super()._handle(request)
+        if request.action == enums.action.CREATE and response.status == 200 and not response.prepared:
+            response.set_status(201)  # "Created", as a real API server answers (clients map replies by code)
+        return response
 
     def _on_create(self, request: rendering.Request, data: dict) -> None:
         metadata = data.setdefault("metadata", {})
