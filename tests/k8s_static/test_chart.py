@@ -217,3 +217,10 @@ def test_chart_crd_is_installed_from_crds_dir():
     (crd,) = helm.Chart.load(str(CHART_DIR)).crds
     assert crd["name"] == "crds/elasticjobs.yaml"
     assert yaml.safe_load(crd["data"])["metadata"]["name"] == "elasticjobs.flextrain.dev"
+
+
+def test_job_service_account_is_the_one_flextrain_puts_into_pods():
+    from flextrain.k8s import meta
+
+    names = {o["metadata"]["name"] for o in rendered_objects({}) if o["kind"] == "ServiceAccount"}
+    assert meta.JOB_SERVICE_ACCOUNT in names

@@ -142,3 +142,24 @@ def test_a_status_as_the_master_writes_it_is_valid(elasticjob_validator):
         "startTime": "2026-01-01T00:00:00Z",
     }
     assert errors(elasticjob_validator, job) == []
+
+
+def test_status_the_master_writes_fits_the_crd(elasticjob_validator):
+    """flextrain.master.k8s_status turns a status.json snapshot into .status; the CRD must keep all of it."""
+    from flextrain.master.k8s_status import conditions_for, cr_status
+
+    snapshot = {  # the fields StatusReporter.snapshot() writes to status.json, mid-job
+        "name": "digits", "phase": "Running", "message": "", "workers": {"desired": 3, "active": 2},
+        "members": [{"id": "w0", "rank": 0, "pid": 10, "round": 1}], "epoch": 2, "epochs": 8, "step": 37,
+        "progress": {"recordsDone": 2400, "recordsTotal": 11496, "percent": 20.9},
+        "metrics": {"loss": 0.42, "accuracy": 0.9}, "samplesPerSecond": 640.0, "rounds": 2,
+        "startTime": "2026-01-01T00:00:00Z", "completionTime": None,
+    }
+    job = copy.deepcopy(example())
+    job["status"] = cr_status(snapshot, job_name="digits")
+    job["status"]["conditions"] = conditions_for("Running", "", [])
+    assert errors(elasticjob_validator, job) == []
+    done = dict(snapshot, phase="Succeeded", message="done", completionTime="2026-01-01T00:10:00Z")
+    job["status"] = cr_status(done, job_name="digits")
+    job["status"]["conditions"] = conditions_for("Succeeded", "done", conditions_for("Running", "", []))
+    assert errors(elasticjob_validator, job) == []
