@@ -18,7 +18,7 @@ from pathlib import Path
 from rich.console import Console
 
 from flextrain.data import make_shards
-from flextrain.job import JobSpec, JobType, Strategy
+from flextrain.job import Backend, JobSpec, JobType, Strategy
 from flextrain.master.checkpoints import CheckpointStore
 from flextrain.master.coordinator import JobMaster, Phase
 from flextrain.master.instances import InstanceManager
@@ -64,7 +64,17 @@ def run_master(
     show_progress: bool = False,
     console: Console | None = None,
     resume: bool = False,
+    namespace: str | None = None,
+    api_client=None,
 ) -> int:
+    """Run a job's master until the job ends.
+
+    With ``spec.backend`` kubernetes (and no ``backend`` given) workers and PS
+    run as Pods of the ElasticJob ``spec.name`` in ``namespace`` (default: this
+    pod's), dialling the master through its Service, and the job's status is
+    also written to the ElasticJob; ``api_client`` overrides the in-cluster /
+    kubeconfig client (tests).
+    """
     import torch.distributed as dist  # heavy import: only the master process needs it here
 
     console = console or Console(stderr=True)
@@ -96,8 +106,17 @@ def run_master(
     # One long-lived TCPStore for the whole job; every round uses its own
     # key prefix over it, which is what makes re-forming gloo groups cheap.
     store = dist.TCPStore(host, 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
-    job.store_host, job.store_port = host, store.port
+    job.store_host, job.store_port = _reachable_host(host), store.port
 
+    k8s = None  # the Kubernetes context, when workers run as pods
+    if backend is None and spec.backend is Backend.KUBERNETES:
+        from flextrain.master.k8s_backend import kubernetes_context
+        from flextrain.master.k8s_status import ElasticJobStatusWriter
+
+        k8s = kubernetes_context(spec, namespace=namespace, api_client=api_client,
+                                 on_fatal=lambda message: job.finish(Phase.FAILED, message))
+        backend = k8s.backend.start()
+        status_writer = ElasticJobStatusWriter(k8s.api_client, namespace=k8s.backend.namespace, name=spec.name)
     backend = backend or LocalProcessBackend(log_dir=job_dir / "logs")
     stop_requested: list[float] = []
 
@@ -127,13 +146,15 @@ def run_master(
     reporter = StatusReporter(
         job, path=job_dir / "status.json", desired=lambda: manager.desired if manager else spec.workers,
         master_address=address, show_progress=show_progress, console=console,
+        sinks=(status_writer,) if k8s else (),
     )
     reporter.update()
 
     threads = max(1, (os.cpu_count() or 1) // spec.effective_max_workers)
+    worker_master = k8s.master_address if k8s else address  # pods dial the master's Service
     manager = InstanceManager(
         backend, desired=spec.workers, relaunch_budget=spec.relaunch_budget,
-        worker_args=lambda wid: ("worker", "--master", address, "--worker-id", wid),
+        worker_args=lambda wid: ("worker", "--master", worker_master, "--worker-id", wid),
         worker_env=lambda wid: {"FLEXTRAIN_NUM_THREADS": str(threads), "FLEXTRAIN_WORKER_ID": wid,
                                 "PYTHONUNBUFFERED": "1"},
         on_launch=job.worker_launched, on_exit=lambda wid, code: job.worker_exited(wid),
@@ -177,11 +198,24 @@ def run_master(
         manager.close(grace=5.0)
         snap = reporter.update()
         reporter.close()
+        if k8s:
+            status_writer.close()
         server.stop(grace=1.0)
         _restore_signal_handlers(previous)
         del store
     _print_summary(console, snap)
     return 0 if job.phase is Phase.SUCCEEDED else 1
+
+
+def _reachable_host(host: str) -> str:
+    """The address workers dial for a server bound to ``host`` (a wildcard means this pod's IP)."""
+    if host not in ("0.0.0.0", "::", ""):
+        return host
+    import socket
+
+    from flextrain.k8s.meta import ENV_POD_IP
+
+    return os.environ.get(ENV_POD_IP) or socket.gethostbyname(socket.gethostname())
 
 
 def _status_json(reporter) -> str:

@@ -70,9 +70,12 @@ def training_loss(job: JobMaster) -> float:
 
 class StatusReporter:
     def __init__(self, job: JobMaster, *, path: Path, desired: callable, master_address: str,
-                 show_progress: bool, console: Console | None = None) -> None:
+                 show_progress: bool, console: Console | None = None, sinks: tuple = ()) -> None:
         self.job = job
         self.path = path
+        # Other destinations of every snapshot (e.g. the ElasticJob's status); each must
+        # return quickly and never raise.
+        self.sinks = tuple(sinks)
         self._desired = desired
         self.master_address = master_address
         self._rate_window: deque[tuple[float, int]] = deque(maxlen=40)
@@ -136,6 +139,8 @@ class StatusReporter:
     def update(self) -> dict:
         snap = self.snapshot()
         write_json_atomic(self.path, snap)
+        for sink in self.sinks:
+            sink(snap)
         for entry in snap["evaluations"]:  # each finished evaluation once, as a line above the bar
             if entry["step"] not in self._evaluations_shown:
                 self._evaluations_shown.add(entry["step"])

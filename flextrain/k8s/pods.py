@@ -1,0 +1,122 @@
+"""Worker and parameter-server Pods (and a Service per PS) of an ElasticJob.
+
+The master's Kubernetes launch backend creates these, one Pod per launched
+instance. A Pod is named ``<job>-<instance id>`` (instance ids are
+``worker-<i>`` / ``ps-<i>``, so this is ``meta.pod_name(job, role, i)``),
+labelled job/role/index, owned by the ElasticJob (deleting the job removes
+it), runs as ServiceAccount ``flextrain-job`` with ``restartPolicy: Never``
+(the master, not the kubelet, decides about relaunches), and gets the
+job's image, the role's ``resources``, ``priorityClassName`` and ``env`` from
+``spec.replicaSpecs.<role>`` and every ``spec.volumes`` entry (see
+:func:`flextrain.k8s.resource.pod_settings`). Its container runs
+``flextrain <args>`` with the instance's arguments and environment plus the
+identity variables of ``meta`` (namespace, job, role, instance id, master
+address, pod IP from the downward API). The user's ``env`` may add
+variables, never override the identity ones.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+from flextrain.k8s import meta
+from flextrain.k8s.resource import pod_settings
+
+
+def instance_pod_name(job_name: str, instance_id: str) -> str:
+    """``<job>-<instance id>``: e.g. ``digits-worker-3`` for instance ``worker-3``."""
+    return f"{job_name}-{instance_id}"
+
+
+def instance_pod(
+    job: Mapping[str, Any],
+    *,
+    role: str,
+    index: int,
+    instance_id: str,
+    args: Sequence[str],
+    env: Mapping[str, str],
+    master_address: str,
+) -> dict[str, Any]:
+    """The Pod of one worker or PS instance of ``job`` (an ElasticJob dict with metadata.uid)."""
+    name, namespace = job["metadata"]["name"], job["metadata"]["namespace"]
+    pod = instance_pod_name(name, instance_id)
+    settings = pod_settings(job, role)
+    ours = [
+        {"name": meta.ENV_NAMESPACE, "value": namespace},
+        {"name": meta.ENV_JOB_NAME, "value": name},
+        {"name": meta.ENV_ROLE, "value": role},
+        {"name": meta.ENV_INSTANCE_ID, "value": instance_id},
+        {"name": meta.ENV_MASTER_ADDR, "value": master_address},
+        {"name": meta.ENV_POD_IP, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        *({"name": k, "value": str(v)} for k, v in env.items()),
+    ]
+    taken = {e["name"] for e in ours}
+    container: dict[str, Any] = {
+        "name": role,
+        "image": settings.image,
+        "command": ["flextrain"],
+        "args": list(args),
+        "env": [dict(e) for e in settings.env if e.get("name") not in taken] + ours,
+    }
+    if role == "ps":
+        container["ports"] = [{"name": "grpc", "containerPort": meta.PS_PORT, "protocol": "TCP"}]
+    if settings.image_pull_policy:
+        container["imagePullPolicy"] = settings.image_pull_policy
+    if settings.resources:
+        container["resources"] = dict(settings.resources)
+    if settings.volume_mounts:
+        container["volumeMounts"] = [dict(m) for m in settings.volume_mounts]
+    spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "serviceAccountName": meta.JOB_SERVICE_ACCOUNT,
+        "containers": [container],
+    }
+    if settings.priority_class_name:
+        spec["priorityClassName"] = settings.priority_class_name
+    if settings.volumes:
+        spec["volumes"] = [dict(v) for v in settings.volumes]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": pod,
+            "namespace": namespace,
+            "labels": meta.labels(name, role, index),
+            "ownerReferences": [meta.owner_reference(job)],
+        },
+        "spec": spec,
+    }
+
+
+def ps_service(job: Mapping[str, Any], *, index: int, port: int = meta.PS_PORT) -> dict[str, Any]:
+    """The Service ``<job>-ps-<i>``: the stable address of parameter server ``i`` across relaunches."""
+    name, namespace = job["metadata"]["name"], job["metadata"]["namespace"]
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": meta.ps_service_name(name, index),
+            "namespace": namespace,
+            "labels": meta.labels(name, "ps", index),
+            "ownerReferences": [meta.owner_reference(job)],
+        },
+        "spec": {
+            "selector": {meta.LABEL_JOB: name, meta.LABEL_ROLE: "ps", meta.LABEL_INDEX: str(index)},
+            "ports": [{"name": "grpc", "port": port, "targetPort": port, "protocol": "TCP"}],
+        },
+    }
+
+
+def service_address(service: Mapping[str, Any], *, default_port: int) -> str:
+    """``host:port`` of a Service: its clusterIP when it has one, else its DNS name."""
+    md, spec = service["metadata"], service.get("spec") or {}
+    ports = spec.get("ports") or []
+    port = ports[0]["port"] if ports else default_port
+    ip = spec.get("clusterIP")
+    if ip and ip != "None":
+        return f"{ip}:{port}"
+    return f"{md['name']}.{md.get('namespace', 'default')}.svc:{port}"
+
+
+__all__ = ["instance_pod", "instance_pod_name", "ps_service", "service_address"]

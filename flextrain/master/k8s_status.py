@@ -1,0 +1,158 @@
+"""ElasticJobStatusWriter: the job's status on its ElasticJob (``.status``), from the master.
+
+It is a sink of :class:`~flextrain.master.status.StatusReporter`: every
+snapshot the reporter writes to ``status.json`` is offered to it, and it
+patches the ElasticJob's status subresource with the CRD's status fields
+(``phase``, ``message``, ``workers`` {desired, active, summary}, ``selector``,
+``epoch``, ``step``, ``progress`` {recordsDone, recordsTotal, percent,
+summary}, ``metrics``, ``samplesPerSecond``, ``startTime``, ``completionTime``,
+``conditions``).
+
+Contract: offering a snapshot never blocks the master and never raises. A
+background thread patches only when the status changed, at most once per
+``min_interval`` seconds; an API error is logged and the newest status is
+retried on the next tick, so a flaky API server never kills training.
+:meth:`close` writes the final status synchronously (bounded by a deadline).
+Conditions follow the phase: ``Running`` (True while training, False after),
+``Succeeded`` or ``Failed`` when the job ends, each with its transition time.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import threading
+import time
+from datetime import datetime, timezone
+from typing import Any, Mapping
+
+from flextrain.k8s import meta
+
+log = logging.getLogger(__name__)
+
+_TERMINAL = ("Succeeded", "Failed")
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def cr_status(snap: Mapping[str, Any], *, job_name: str) -> dict[str, Any]:
+    """The ElasticJob ``.status`` (without conditions) for a StatusReporter snapshot."""
+    progress = snap.get("progress") or {}
+    workers = snap.get("workers") or {}
+    percent = float(progress.get("percent", 0.0))
+    status = {
+        "phase": snap["phase"],
+        "message": snap.get("message") or "",
+        "workers": {"desired": int(workers.get("desired", 0)), "active": int(workers.get("active", 0)),
+                    "summary": f"{int(workers.get('active', 0))}/{int(workers.get('desired', 0))}"},
+        "selector": meta.selector(job_name, "worker"),
+        "epoch": int(snap.get("epoch", 0)),
+        "step": int(snap.get("step", 0)),
+        "progress": {"recordsDone": int(progress.get("recordsDone", 0)),
+                     "recordsTotal": int(progress.get("recordsTotal", 0)),
+                     "percent": percent, "summary": f"{percent:.1f}%"},
+        "metrics": {k: float(v) for k, v in (snap.get("metrics") or {}).items()},
+        "samplesPerSecond": float(snap.get("samplesPerSecond", 0.0)),
+    }
+    for key in ("startTime", "completionTime"):
+        if snap.get(key):
+            status[key] = snap[key]
+    return status
+
+
+def conditions_for(phase: str, message: str, previous: list[dict]) -> list[dict]:
+    """Conditions after a move to ``phase``; a condition keeps its time while its status stands."""
+    wanted = {"Running": "True" if phase == "Running" else "False"}
+    if phase in _TERMINAL:
+        wanted[phase] = "True"
+    old = {c["type"]: c for c in previous}
+    out = []
+    for kind, value in wanted.items():
+        cond = old.get(kind)
+        if cond is None or cond.get("status") != value:
+            cond = {"type": kind, "status": value, "reason": phase, "lastTransitionTime": _now()}
+            if message and kind == phase:
+                cond["message"] = message
+        out.append(cond)
+    return out + [c for c in previous if c["type"] not in wanted]
+
+
+class ElasticJobStatusWriter:
+    def __init__(self, api_client, *, namespace: str, name: str, min_interval: float = 1.0,
+                 request_timeout: float = 10.0) -> None:
+        from kubernetes import client
+
+        self.api = client.CustomObjectsApi(api_client)
+        self.namespace, self.name = namespace, name
+        self.min_interval = min_interval
+        self.request_timeout = request_timeout
+        self._cond = threading.Condition()
+        self._latest: dict | None = None  # newest status offered
+        self._written: dict | None = None  # last status the API accepted (without conditions)
+        self._conditions: list[dict] = []
+        self._closed = False
+        self.errors = 0
+        self.writes = 0
+        self._thread = threading.Thread(target=self._run, daemon=True, name=f"cr-status-{name}")
+        self._thread.start()
+
+    def __call__(self, snapshot: Mapping[str, Any]) -> None:
+        """Offer a snapshot (the StatusReporter sink); returns at once."""
+        status = cr_status(snapshot, job_name=self.name)
+        with self._cond:
+            self._latest = status
+            self._cond.notify()
+
+    def _run(self) -> None:
+        last = 0.0
+        while True:
+            with self._cond:
+                while not self._closed and (self._latest is None or self._latest == self._written):
+                    self._cond.wait(self.min_interval)
+                if self._closed:
+                    return
+            wait = self.min_interval - (time.monotonic() - last)
+            if wait > 0:
+                with self._cond:
+                    self._cond.wait(wait)
+                    if self._closed:
+                        return
+            self._write_latest()
+            last = time.monotonic()
+
+    def _write_latest(self) -> bool:
+        with self._cond:
+            status = copy.deepcopy(self._latest)
+        if status is None or status == self._written:
+            return True
+        conditions = conditions_for(status["phase"], status.get("message", ""), self._conditions)
+        try:
+            self.api.patch_namespaced_custom_object_status(
+                meta.GROUP, meta.VERSION, self.namespace, meta.PLURAL, self.name,
+                {"status": {**status, "conditions": conditions}}, _request_timeout=self.request_timeout)
+        except Exception as exc:  # never fatal: retried with the newest status next tick
+            self.errors += 1
+            log.warning("cannot write status of ElasticJob %s/%s (will retry): %s", self.namespace, self.name,
+                        getattr(exc, "reason", None) or exc)
+            return False
+        self._written, self._conditions = status, conditions
+        self.writes += 1
+        return True
+
+    def close(self, *, timeout: float = 10.0) -> bool:
+        """Stop the thread and write the newest status now (retrying until ``timeout``)."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._thread.join(timeout)
+        deadline = time.monotonic() + timeout
+        while not self._write_latest():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.5)
+        return True
+
+
+__all__ = ["ElasticJobStatusWriter", "cr_status", "conditions_for"]
