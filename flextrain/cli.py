@@ -35,6 +35,8 @@ def _add_train(sub) -> None:
                    help="model-zoo module and model callable: path/to/module.py:Name or package.module.Name")
     g.add_argument("--training-data", metavar="DIR", help="directory (or file) of RecordIO/CSV training data")
     g.add_argument("--validation-data", metavar="DIR", help="evaluated with eval_metrics_fn at the end of training")
+    g.add_argument("--evaluation-steps", type=int, default=0, metavar="N",
+                   help="also evaluate on --validation-data every N optimizer steps (0: only at the end)")
     g = p.add_argument_group("workers")
     g.add_argument("--workers", type=int, help="number of workers to start (default 1)")
     g.add_argument("--min-workers", type=int, help="fewest workers a round may train with (default: --workers)")
@@ -108,6 +110,7 @@ def build_spec(args):
     return JobSpec(
         name=name, model_def=_model_def_abs(args.model_def), training_data=_abs(args.training_data),
         validation_data=_abs(args.validation_data), job_dir=_abs(job_dir), workers=1 if args.workers is None else args.workers,
+        evaluation_steps=args.evaluation_steps,
         min_workers=args.min_workers, max_workers=args.max_workers, epochs=args.epochs,
         global_batch_size=args.global_batch_size, max_micro_batch=args.max_micro_batch,
         learning_rate=args.learning_rate, seed=args.seed, shuffle=args.shuffle,
@@ -287,6 +290,9 @@ def make_parser() -> argparse.ArgumentParser:
             p.add_argument("workers", type=int, metavar="N")
         p.set_defaults(fn=fn)
     sub.choices["train"].set_defaults(fn=cmd_train)
+    from flextrain.cli_eval import add_commands as add_eval_commands
+
+    add_eval_commands(sub)  # evaluate, predict
     data = sub.add_parser("data", help="write demo data sets").add_subparsers(dest="dataset", required=True)
     d = data.add_parser("digits", help="scikit-learn's handwritten digits as RecordIO train/validation files")
     d.add_argument("--out", required=True, metavar="DIR")

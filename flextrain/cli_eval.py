@@ -1,0 +1,151 @@
+"""``flextrain evaluate`` and ``flextrain predict``: evaluation-only and prediction jobs.
+
+Both run the model of a flextrain checkpoint (``--checkpoint FILE`` or a
+training job's directory) on data sharded into tasks through the master's
+ledger, with ``--workers`` worker processes; this process is the master and
+exits 0 only when the job succeeded. Everything checkable (module, data,
+checkpoint against the model, output directory) is checked before any
+process starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from flextrain.cli import DEFAULT_JOBS_DIR, CLIError, _abs, _job_name, _model_def_abs
+
+
+def _add_common(p) -> None:
+    p.add_argument("--model-def", metavar="MODULE:NAME", required=True,
+                   help="model-zoo module and model callable: path/to/module.py:Name or package.module.Name")
+    p.add_argument("--checkpoint", metavar="PATH_OR_JOB_DIR", required=True,
+                   help="a flextrain checkpoint file, or a training job's directory (its final checkpoint, "
+                        "else its latest)")
+    p.add_argument("--workers", type=int, default=1, help="worker processes")
+    p.add_argument("--global-batch-size", type=int, default=64,
+                   help="with --steps-per-task: records per task = steps-per-task x global-batch-size")
+    p.add_argument("--steps-per-task", type=int, default=8)
+    p.add_argument("--max-micro-batch", type=int, help="records one worker runs through the model at once "
+                                                       "(default: --global-batch-size)")
+    p.add_argument("--job-name", help="job name (default: the module's name + '-evaluate' / '-predict')")
+    p.add_argument("--job-dir", metavar="DIR", help=f"logs and status.json (default: ./{DEFAULT_JOBS_DIR}/NAME)")
+    p.add_argument("--max-task-retries", type=int, default=3,
+                   help="a failing task is retried this often, then the job fails")
+    p.add_argument("--worker-timeout", type=float, default=60.0,
+                   help="seconds of silence after which a worker counts as hung")
+    p.add_argument("--relaunch-budget", type=int, default=3, help="relaunches per worker slot")
+    p.add_argument("--no-progress", action="store_true", help="no live progress display")
+
+
+def add_commands(sub) -> None:
+    p = sub.add_parser(
+        "evaluate", help="evaluate a checkpoint's model on validation data (an evaluation-only job)",
+        description="Evaluate the model of a flextrain checkpoint with the module's eval_metrics_fn on "
+                    "--validation-data, sharded over --workers. Metrics are the mean over every "
+                    "validation record; they are printed and written to the job's status.json.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    _add_common(p)
+    p.add_argument("--validation-data", metavar="DIR", required=True,
+                   help="directory (or file) of RecordIO/CSV records to evaluate on")
+    p.set_defaults(fn=cmd_evaluate)
+    p = sub.add_parser(
+        "predict", help="run a checkpoint's model over data and write predictions (a prediction job)",
+        description="Run the model of a flextrain checkpoint in PREDICTION mode over --prediction-data, "
+                    "sharded over --workers, and write one JSON line per input record to --output "
+                    "(part-<task>.jsonl files in input order plus manifest.json).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    _add_common(p)
+    p.add_argument("--prediction-data", metavar="DIR", required=True,
+                   help="directory (or file) of RecordIO/CSV records to predict on")
+    p.add_argument("--output", metavar="DIR", required=True, help="directory for the predictions (empty or new)")
+    p.set_defaults(fn=cmd_predict)
+
+
+def resolve_checkpoint(value: str) -> str:
+    """A checkpoint file from ``--checkpoint``: the file itself, or a job directory's final/latest one."""
+    path = Path(value)
+    if path.is_file():
+        return str(path.resolve())
+    if not path.is_dir():
+        raise CLIError(f"--checkpoint {value}: no such file or directory")
+    for directory in (path / "checkpoints", path):
+        if (directory / "final.ckpt").is_file():
+            return str((directory / "final.ckpt").resolve())
+        latest = directory / "latest.json"
+        if latest.is_file():
+            try:
+                name = json.loads(latest.read_text())["checkpoint"]
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                raise CLIError(f"--checkpoint {value}: cannot read {latest}: {exc}") from exc
+            if not Path(name).is_file():
+                raise CLIError(f"--checkpoint {value}: {latest} names {name}, which does not exist")
+            return str(Path(name).resolve())
+    raise CLIError(f"--checkpoint {value}: a directory without a checkpoint "
+                   f"(no checkpoints/final.ckpt or checkpoints/latest.json)")
+
+
+def _spec(args, job_type, **fields):
+    from flextrain.job import JobSpec, JobType
+
+    name = _job_name(args)
+    if not args.job_name and not args.job_dir:  # not the training job's own name and directory
+        name = f"{name[:44]}-{'evaluate' if job_type is JobType.EVALUATION else 'predict'}"
+    return JobSpec(
+        name=name, model_def=_model_def_abs(args.model_def), training_data=None, job_type=job_type,
+        job_dir=_abs(args.job_dir or str(DEFAULT_JOBS_DIR / name)), checkpoint=resolve_checkpoint(args.checkpoint),
+        workers=args.workers, global_batch_size=args.global_batch_size, steps_per_task=args.steps_per_task,
+        max_micro_batch=args.max_micro_batch, max_task_retries=args.max_task_retries,
+        worker_timeout=args.worker_timeout, relaunch_budget=args.relaunch_budget, **fields,
+    )
+
+
+def _check_and_run(spec, data: str, what: str, args) -> int:
+    from flextrain.data import DataError, make_shards
+    from flextrain.job import JobSpecError, JobType
+    from flextrain.master.main import run_master
+    from flextrain.worker.evaluation import make_predictor
+    from flextrain.worker.module import ModelDefError, load_model_def
+    from flextrain.worker.prediction import load_outputs_processor
+
+    try:
+        spec.validate()
+        model_def = load_model_def(spec.model_def)
+        if spec.job_type is JobType.EVALUATION and model_def.eval_metrics_fn is None:
+            raise ModelDefError(f"{model_def.path} defines no `eval_metrics_fn` (required by flextrain evaluate: "
+                                "eval_metrics_fn() -> {name: fn(labels, predictions)})")
+        if spec.job_type is JobType.EVALUATION:
+            model_def.metric_fns()
+        else:
+            load_outputs_processor(model_def)
+        make_shards(data, what=what)
+        make_predictor(model_def, model_def.build_model()).load_checkpoint(spec.checkpoint)
+    except (JobSpecError, ModelDefError, DataError) as exc:
+        raise CLIError(str(exc)) from exc
+    show = sys.stderr.isatty() and not args.no_progress
+    return run_master(spec, show_progress=show)
+
+
+def cmd_evaluate(args) -> int:
+    from flextrain.job import JobType
+
+    spec = _spec(args, JobType.EVALUATION, validation_data=_abs(args.validation_data))
+    return _check_and_run(spec, spec.validation_data, "validation data", args)
+
+
+def cmd_predict(args) -> int:
+    from flextrain.data.predictions import MANIFEST
+    from flextrain.job import JobType
+
+    output = Path(args.output)
+    if output.exists() and not output.is_dir():
+        raise CLIError(f"--output {args.output} exists and is not a directory")
+    if output.is_dir() and ((output / MANIFEST).exists() or any(output.glob("part-*.jsonl"))):
+        raise CLIError(f"--output {args.output} already holds predictions ({MANIFEST} or part-*.jsonl); "
+                       "choose an empty or new directory")
+    spec = _spec(args, JobType.PREDICTION, prediction_data=_abs(args.prediction_data), output=_abs(args.output))
+    return _check_and_run(spec, spec.prediction_data, "prediction data", args)
