@@ -21,7 +21,7 @@ import numpy as np
 
 from flextrain.data import read_shard_range
 from flextrain.proto import flextrain_pb2 as pb
-from flextrain.worker.module import FeedMetadata, Mode, ModelDef, ModelDefError
+from flextrain.worker.module import FeedMetadata, Framework, Mode, ModelDef, ModelDefError
 
 
 class Predictor(abc.ABC):
@@ -105,6 +105,10 @@ def metric_sums(model_def: ModelDef, predictor: Predictor, records: list[bytes],
 
 def make_predictor(model_def: ModelDef, model) -> Predictor:
     """The :class:`Predictor` for ``model``'s framework."""
+    if model_def.framework is Framework.TENSORFLOW:
+        from flextrain.worker.tf.evaluation import KerasPredictor
+
+        return KerasPredictor(model_def, model)
     import torch
 
     if isinstance(model, torch.nn.Module):

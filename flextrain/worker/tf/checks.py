@@ -53,3 +53,8 @@ def build_keras_optimizer(factory: Callable, model, kwargs: dict, *, where: str)
                             "expected a tf.keras optimizer (e.g. tf.keras.optimizers.SGD)")
     opt.build(model.trainable_variables)
     return opt
+
+
+def seed_tf(seed: int) -> None:
+    """Seed Python, numpy and TensorFlow, so every worker builds the same initial Keras weights."""
+    require_tf().keras.utils.set_random_seed(seed)

@@ -1,0 +1,184 @@
+"""KerasPSTrainer: a Keras model under the ParameterServer strategy.
+
+The task loop, set-up/recovery and push retries are ``PSTrainer``'s
+(``flextrain.worker.ps_trainer``); this subclass supplies the Keras parts:
+
+* The PS optimizer is configured from the module's Keras optimizer
+  (:func:`keras_optimizer_config`: SGD with momentum/nesterov, Adam, AdamW,
+  Adagrad; anything else is refused with a message naming it).
+* Every ``tf.keras.layers.Embedding`` of the model becomes a PS table (named
+  by the layer's name, initialised like the layer's own weights): its
+  ``call`` is replaced, on that instance only, by a lookup that pulls the
+  distinct ids of the batch from the PS (one row per id) and gathers them. In
+  training the pulled rows are watched by the ``GradientTape``; their
+  gradient (one row per distinct id, already merged) is pushed as the table's
+  sparse gradient. The layer's local weight matrix is never read or trained.
+* The other trainable variables are the dense parameters, named by their
+  Keras path; pulls land in torch buffers (in place, only shards that
+  changed travel) and are assigned to the variables when they changed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from flextrain.data import read_shard_range
+from flextrain.job import JobSpec
+from flextrain.proto import flextrain_pb2 as pb
+from flextrain.worker.client import MasterClient
+from flextrain.worker.module import FeedMetadata, Mode, ModelDef, ModelDefError
+from flextrain.worker.ps_client import PSClient
+from flextrain.worker.ps_trainer import PSTrainer
+from flextrain.worker.tf.checks import require_tf
+from flextrain.worker.tf.feed import feed_dataset, take
+from flextrain.worker.trainer import WorkerState, describe
+
+_KERAS_OPTIMIZERS = {"SGD": "sgd", "Adam": "adam", "AdamW": "adamw", "Adagrad": "adagrad"}
+
+
+def keras_optimizer_config(optimizer) -> tuple[str, dict[str, float]]:
+    """(PS optimizer name, hyperparameters in the PS's torch-style names) for a Keras optimizer."""
+    kind = type(optimizer).__name__
+    name = _KERAS_OPTIMIZERS.get(kind)
+    if name is None:
+        raise ValueError(f"the parameter server cannot run the Keras optimizer {kind}; it runs "
+                         f"{', '.join(f'tf.keras.optimizers.{k}' for k in _KERAS_OPTIMIZERS)}")
+    cfg = optimizer.get_config()
+    lr = cfg.get("learning_rate")
+    if not isinstance(lr, (int, float)):
+        raise ValueError(f"the parameter server needs a constant learning rate; {kind} has {lr!r}")
+    for unsupported in ("clipnorm", "global_clipnorm", "clipvalue", "gradient_accumulation_steps"):
+        if cfg.get(unsupported):
+            raise ValueError(f"the parameter server does not support {kind}({unsupported}=...)")
+    if cfg.get("use_ema"):
+        raise ValueError(f"the parameter server does not support {kind}(use_ema=True)")
+    hyper: dict[str, float] = {"lr": float(lr)}
+    decay = float(cfg.get("weight_decay") or 0.0)
+    if name == "sgd":
+        if cfg.get("momentum"):
+            hyper.update(momentum=float(cfg["momentum"]), nesterov=float(bool(cfg.get("nesterov"))))
+    elif name in ("adam", "adamw"):
+        hyper.update(beta1=float(cfg["beta_1"]), beta2=float(cfg["beta_2"]), eps=float(cfg["epsilon"]),
+                     amsgrad=float(bool(cfg.get("amsgrad"))))
+        if not hyper["amsgrad"]:
+            del hyper["amsgrad"]
+        if decay:  # Keras applies weight decay decoupled (AdamW-style) for every optimizer
+            name, hyper["weight_decay"] = "adamw", decay
+        decay = 0.0
+    elif name == "adagrad":
+        hyper.update(initial_accumulator_value=float(cfg["initial_accumulator_value"]), eps=float(cfg["epsilon"]))
+    if decay:
+        raise ValueError(f"the parameter server applies weight decay to {kind} as L2 (torch style), not "
+                         "decoupled as Keras does; use AdamW, or put the decay in the loss")
+    return name, hyper
+
+
+class KerasPSTrainer(PSTrainer):
+    def __init__(self, *, spec: JobSpec, model_def: ModelDef, model, optimizer, client: MasterClient,
+                 state: WorkerState, ps_addresses: list[str]) -> None:
+        if not ps_addresses:
+            raise RuntimeError("the master sent no parameter-server addresses (ParameterServer strategy)")
+        self.tf = tf = require_tf()
+        self.spec, self.model_def, self.model, self.client, self.state = spec, model_def, model, client, state
+        try:
+            self.opt_name, self.opt_hyper = keras_optimizer_config(optimizer)
+        except ValueError as exc:
+            raise ModelDefError(f"{model_def.path}: {exc}") from exc
+        self.ps = PSClient(ps_addresses, client_id=client.worker_id)
+        self.tape = None      # the GradientTape of the micro-batch being computed
+        self.pulled_rows: list = []  # (table, distinct ids, rows) watched on that tape
+        self.tables: dict[str, tuple[int, str, dict]] = {}
+        table_vars = set()
+        for layer in model._flatten_layers(include_self=False):
+            if isinstance(layer, tf.keras.layers.Embedding):
+                weights = layer.embeddings.numpy()
+                init = ("zeros", {}) if not weights.any() else \
+                    ("normal", {"mean": float(weights.mean()), "std": float(weights.std())})
+                self.tables[layer.name] = (int(layer.output_dim), *init)
+                table_vars.add(id(layer.embeddings))
+                object.__setattr__(layer, "call", self._lookup(layer.name, int(layer.output_dim)))
+        self.variables = {v.path: v for v in model.trainable_variables if id(v) not in table_vars}
+        # torch buffers mirroring the dense variables: what init_dense sends, pulls land in, pushes read .grad of
+        self.dense = {n: torch.from_numpy(np.array(v.numpy(), dtype=np.float32)) for n, v in self.variables.items()}
+        self.pulled = False
+
+    def _lookup(self, table: str, dim: int):
+        tf = self.tf
+
+        def call(inputs, *args, **kwargs):
+            ids = np.asarray(inputs.numpy() if hasattr(inputs, "numpy") else inputs, dtype=np.int64)
+            distinct, inverse = np.unique(ids.reshape(-1), return_inverse=True)
+            rows = tf.constant(self.ps.pull_embedding(table, distinct).numpy())
+            if self.tape is not None:
+                self.tape.watch(rows)
+                self.pulled_rows.append((table, distinct, rows))
+            return tf.reshape(tf.gather(rows, inverse), [*ids.shape, dim])
+        return call
+
+    def pull(self) -> None:
+        if not self.dense:
+            return
+        _, changed = self.ps.pull_dense(0 if self.pulled else None, out=self.dense)
+        self.pulled = True
+        for name in changed or ():
+            self.variables[name].assign(self.dense[name].numpy())
+
+    def run_task(self, task: pb.Task) -> None:
+        # PSTrainer.run_task with the Keras feed (tf.data) in place of the torch one.
+        G = task.global_batch_size
+        with self.state.lock:
+            self.state.steps_done = 0
+            self.state.task_index = task.task_id
+        for j, start in enumerate(range(task.start, task.end, G)):
+            if self.state.stop.is_set():
+                return
+            end = min(start + G, task.end)
+            try:
+                records = read_shard_range(task.source, start, end)
+                features, labels = feed_dataset(self.model_def, records, Mode.TRAINING,
+                                                 FeedMetadata(task.source, start, end, task.epoch))
+            except Exception as exc:  # bad data or a failing feed: the rest of the task is retried
+                self.client.report_task(task.task_id, ok=False, steps_done=j, error=describe(exc))
+                return
+            loss_sum, version = self._with_ps(lambda: self._step(features, labels, end - start))
+            with self.state.lock:
+                self.state.version, self.state.steps_done = version, j + 1
+            self.state.add_loss(loss_sum, end - start)
+            self.state.mark_progress()
+        self.client.report_task(task.task_id, ok=True)
+
+    def _compute(self, features, labels, n: int) -> tuple[float, dict]:
+        tf = self.tf
+        names = list(self.variables)
+        variables = [self.variables[k] for k in names]
+        dense = {k: np.zeros(tuple(v.shape), np.float32) for k, v in zip(names, variables)}
+        sparse: dict[str, tuple[list, list]] = {}
+        micro = self.spec.effective_max_micro_batch
+        loss_sum = 0.0
+        for lo in range(0, n, micro):
+            sl = slice(lo, min(lo + micro, n))
+            size = sl.stop - sl.start
+            self.pulled_rows = []
+            with tf.GradientTape() as tape:
+                self.tape = tape
+                try:
+                    loss = self.model_def.loss(take(labels, sl), self.model(take(features, sl), training=True))
+                finally:
+                    self.tape = None
+            rows = [r for _, _, r in self.pulled_rows]
+            grads = tape.gradient(loss, variables + rows)
+            scale = size / n
+            for k, g in zip(names, grads[: len(names)]):
+                if g is not None:
+                    dense[k] += scale * tf.convert_to_tensor(g).numpy()
+            for (table, ids, _), g in zip(self.pulled_rows, grads[len(names):]):
+                if g is not None:
+                    entry = sparse.setdefault(table, ([], []))
+                    entry[0].append(torch.from_numpy(ids))
+                    entry[1].append(torch.from_numpy(scale * tf.convert_to_tensor(g).numpy()))
+            loss_sum += float(loss) * size
+        self.pulled_rows = []
+        for k, g in dense.items():
+            self.dense[k].grad = torch.from_numpy(g)
+        return loss_sum, {t: (torch.cat(i), torch.cat(g)) for t, (i, g) in sparse.items()}
