@@ -189,7 +189,10 @@ def run_master(
                 last = time.monotonic()
         # Workers learn the outcome from their next RPC or heartbeat and exit.
         deadline = time.monotonic() + EXIT_GRACE
-        while (backend.running() - (fleet.ids if fleet else set())) and time.monotonic() < deadline:
+        def exiting() -> set[str]:  # a pod never scheduled will not exit by itself: close() removes it
+            return backend.running() - (fleet.ids if fleet else set()) - (k8s.backend.pending() if k8s else set())
+
+        while exiting() and time.monotonic() < deadline:
             with job.cond:
                 job.cond.wait(0.1)
     finally:
