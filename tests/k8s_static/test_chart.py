@@ -14,8 +14,13 @@ import helm_python as helm
 import kubernetes_validate
 import pytest
 import yaml
-
-from conftest import CHART_DIR, CHART_VALUE_SETS, kube_versions, render_chart, rendered_objects
+from k8s_static_support import (
+    CHART_DIR,
+    CHART_VALUE_SETS,
+    kube_versions,
+    render_chart,
+    rendered_objects,
+)
 
 VALUE_SETS = pytest.mark.parametrize("values", CHART_VALUE_SETS.values(), ids=CHART_VALUE_SETS.keys())
 FORBIDDEN_VERBS = {"*", "escalate", "bind", "impersonate", "deletecollection"}
@@ -173,8 +178,8 @@ def test_operator_pod_runs_unprivileged_as_one_replica():
     assert container["securityContext"]["capabilities"]["drop"] == ["ALL"]
     chart = yaml.safe_load((CHART_DIR / "Chart.yaml").read_text())
     assert container["image"] == f"flextrain:{chart['appVersion']}"
-    assert pod["serviceAccountName"] == [o for o in objects_of("ServiceAccount", objs)
-                                         if o["metadata"]["name"] != "flextrain-job"][0]["metadata"]["name"]
+    (operator_sa,) = [o for o in objects_of("ServiceAccount", objs) if o["metadata"]["name"] != "flextrain-job"]
+    assert pod["serviceAccountName"] == operator_sa["metadata"]["name"]
 
 
 def test_image_and_resources_come_from_values():

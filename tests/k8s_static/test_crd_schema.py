@@ -7,8 +7,16 @@ import re
 
 import kubernetes_validate
 import pytest
+from k8s_static_support import (
+    CHART_DIR,
+    CRD_PATH,
+    crd_schema,
+    kube_versions,
+    load_docs,
+    resolve,
+    schema_nodes,
+)
 
-from conftest import CHART_DIR, CRD_PATH, crd_schema, kube_versions, load_docs, resolve, schema_nodes
 from flextrain.job import JobSpec, Strategy
 from flextrain.k8s import meta
 

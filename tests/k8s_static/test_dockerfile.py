@@ -13,7 +13,7 @@ import re
 import shlex
 import tomllib
 
-from conftest import REPO
+from k8s_static_support import REPO
 
 DOCKERFILE = REPO / "Dockerfile"
 

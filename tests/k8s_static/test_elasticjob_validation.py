@@ -11,8 +11,7 @@ import copy
 
 import kubernetes_validate
 import pytest
-
-from conftest import EXAMPLES, load_docs
+from k8s_static_support import EXAMPLES, load_docs
 
 EXAMPLE_FILES = ("digits-allreduce.yaml", "ctr-ps.yaml")
 

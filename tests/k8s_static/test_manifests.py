@@ -15,8 +15,7 @@ from pathlib import PurePosixPath
 import kubernetes_validate
 import pytest
 import yaml
-
-from conftest import CHART_DIR, EXAMPLES, REPO, kube_versions, load_docs
+from k8s_static_support import CHART_DIR, EXAMPLES, REPO, kube_versions, load_docs
 
 MANIFESTS = REPO / "manifests"
 ALL_FILES = sorted(MANIFESTS.glob("*.yaml")) + sorted(EXAMPLES.glob("*.yaml"))
