@@ -1,0 +1,82 @@
+"""ElasticJobStatusWriter: the ElasticJob's status subresource follows the master's snapshots."""
+
+from __future__ import annotations
+
+import pytest
+from ft_helpers import wait_for
+from kubernetes import client
+
+from flextrain.k8s import meta
+from flextrain.master.k8s_status import ElasticJobStatusWriter
+
+NS = "default"
+
+
+def snapshot(phase="Running", done=0, total=100, active=2, loss=None, message="", completion=None) -> dict:
+    return {"name": "tiny", "phase": phase, "message": message, "workers": {"desired": 2, "active": active},
+            "epoch": 1, "step": done // 10, "progress": {"recordsDone": done, "recordsTotal": total,
+                                                         "percent": round(100.0 * done / total, 1)},
+            "metrics": {} if loss is None else {"loss": loss}, "samplesPerSecond": 12.5,
+            "startTime": "2026-01-01T00:00:00Z", "completionTime": completion}
+
+
+def create_job(api):
+    body = {"apiVersion": meta.API_VERSION, "kind": meta.KIND, "metadata": {"name": "tiny", "namespace": NS},
+            "spec": {"image": "x"}}
+    client.CustomObjectsApi(api).create_namespaced_custom_object(meta.GROUP, meta.VERSION, NS, meta.PLURAL, body)
+
+
+def status_of(api) -> dict:
+    obj = client.CustomObjectsApi(api).get_namespaced_custom_object(meta.GROUP, meta.VERSION, NS, meta.PLURAL, "tiny")
+    return obj.get("status") or {}
+
+
+def test_status_fields_and_conditions_follow_the_job(k8s_api):
+    create_job(k8s_api)
+    writer = ElasticJobStatusWriter(k8s_api, namespace=NS, name="tiny", min_interval=0.05)
+    writer(snapshot(done=40, loss=0.7))
+    wait_for(lambda: status_of(k8s_api).get("progress", {}).get("recordsDone") == 40, timeout=10, what="status")
+    status = status_of(k8s_api)
+    assert status["phase"] == "Running"
+    assert status["workers"] == {"desired": 2, "active": 2, "summary": "2/2"}
+    assert status["progress"] == {"recordsDone": 40, "recordsTotal": 100, "percent": 40.0, "summary": "40.0%"}
+    assert status["metrics"] == {"loss": 0.7} and status["selector"] == meta.selector("tiny", "worker")
+    assert "completionTime" not in status
+    running = {c["type"]: c for c in status["conditions"]}["Running"]
+    assert running["status"] == "True"
+    writer(snapshot(phase="Succeeded", done=100, active=0, loss=0.2, message="training finished",
+                    completion="2026-01-01T00:05:00Z"))
+    assert writer.close()
+    status = status_of(k8s_api)
+    assert status["phase"] == "Succeeded" and status["message"] == "training finished"
+    assert status["completionTime"] == "2026-01-01T00:05:00Z"
+    conditions = {c["type"]: c for c in status["conditions"]}
+    assert conditions["Running"]["status"] == "False" and conditions["Succeeded"]["status"] == "True"
+    assert conditions["Succeeded"]["message"] == "training finished"
+
+
+def test_patches_only_when_the_status_changed(k8s_api):
+    create_job(k8s_api)
+    writer = ElasticJobStatusWriter(k8s_api, namespace=NS, name="tiny", min_interval=0.05)
+    for _ in range(20):
+        writer(snapshot(done=10))
+    wait_for(lambda: writer.writes == 1, timeout=10, what="first write")
+    writer(snapshot(done=10))
+    assert writer.close()  # nothing new to write
+    assert writer.writes == 1
+
+
+def test_api_errors_are_retried_and_never_raised(k8s_api):
+    writer = ElasticJobStatusWriter(k8s_api, namespace=NS, name="tiny", min_interval=0.05)
+    writer(snapshot(done=5))  # the ElasticJob does not exist yet: the API answers 404
+    wait_for(lambda: writer.errors >= 2, timeout=10, what="failed writes")
+    create_job(k8s_api)
+    wait_for(lambda: status_of(k8s_api).get("progress", {}).get("recordsDone") == 5, timeout=10,
+             what="status written once the API accepts it")
+    assert writer.close()
+
+
+def test_close_gives_up_after_its_deadline(k8s_api):
+    writer = ElasticJobStatusWriter(k8s_api, namespace=NS, name="missing", min_interval=0.05)
+    writer(snapshot())
+    assert writer.close(timeout=1.0) is False
