@@ -6,8 +6,9 @@ synchronous (the ``kubernetes`` client and gRPC block), so kopf runs them in
 its thread pool.
 
 * ElasticJob created -> validate; Failed + Warning Event, or master Service + Pod.
-* ElasticJob resumed (operator restarted) and every ``timer_interval`` s -> the
-  same level-triggered check, so a master lost while nobody watched is relaunched.
+* ElasticJob resumed (operator restarted) -> the same level-triggered check, so a
+  master lost while nobody watched is relaunched (``main.Sweeper`` repeats it
+  periodically; kopf's timers would put a finalizer on every job).
 * A master pod of a job changes or disappears -> check that job's master now.
 * ``spec.replicaSpecs.worker.replicas`` changed (``kubectl scale``) -> Scale RPC.
 * annotation ``flextrain.dev/stop`` set (``flextrain stop``) -> Stop RPC.
@@ -30,25 +31,20 @@ RELAY_RETRY_DELAY = 5.0  # seconds before kopf retries a relay the master did no
 RELAY_RETRIES = 60
 
 
-def build_registry(reconciler: Reconciler, *, timer_interval: float = 15.0,
-                   registry: kopf.OperatorRegistry | None = None) -> kopf.OperatorRegistry:
+def build_registry(reconciler: Reconciler, *, registry: kopf.OperatorRegistry | None = None
+                   ) -> kopf.OperatorRegistry:
     """A kopf registry with every handler of the operator bound to ``reconciler``."""
     registry = registry or kopf.OperatorRegistry()
     job_resource = dict(group=meta.GROUP, version=meta.VERSION, plural=meta.PLURAL, registry=registry)
 
+    # No return values: kopf would store them in the job's status.
     @kopf.on.create(**job_resource, id="create")
-    def on_create(body: kopf.Body, **_: Any) -> str:
-        return reconciler.ensure(_plain(body)).value
+    def on_create(body: kopf.Body, **_: Any) -> None:
+        reconciler.ensure(_plain(body))
 
     @kopf.on.resume(**job_resource, id="resume")
-    def on_resume(body: kopf.Body, **_: Any) -> str:
-        return reconciler.ensure(_plain(body)).value
-
-    @kopf.timer(**job_resource, id="check-master", interval=timer_interval, initial_delay=timer_interval)
-    def check_master(body: kopf.Body, **_: Any) -> None:
-        job = reconciler.kube.get_job(body.metadata.namespace, body.metadata.name)
-        if job is not None:
-            reconciler.ensure(job)
+    def on_resume(body: kopf.Body, **_: Any) -> None:
+        reconciler.ensure(_plain(body))
 
     @kopf.on.event("", "v1", "pods", registry=registry, id="master-pod",
                    labels={meta.LABEL_ROLE: "master", meta.LABEL_MANAGED_BY: "flextrain"})
@@ -60,7 +56,8 @@ def build_registry(reconciler: Reconciler, *, timer_interval: float = 15.0,
         job = reconciler.kube.get_job(body.metadata.namespace, job_name) if job_name else None
         if job is not None:
             outcome = reconciler.ensure(job)
-            log.info("master pod %s %s: job %s %s", body.metadata.name, type or phase, job_name, outcome.value)
+            log.info("master pod %s %s (phase %s): job %s %s", body.metadata.name, type, phase, job_name,
+                     outcome.value)
 
     @kopf.on.field(**job_resource, id="relay-replicas", field="spec.replicaSpecs.worker.replicas",
                    retries=RELAY_RETRIES)

@@ -19,7 +19,7 @@ import kopf
 
 from flextrain.operator.handlers import build_registry
 from flextrain.operator.kube import Kube
-from flextrain.operator.reconcile import Reconciler
+from flextrain.operator.reconcile import TERMINAL, Reconciler
 
 log = logging.getLogger(__name__)
 
@@ -47,13 +47,65 @@ def settings(*, worker_threads: int = 8) -> kopf.OperatorSettings:
     s.posting.enabled = False  # our handlers record the Events that matter
     s.scanning.disabled = True
     s.execution.max_workers = worker_threads
-    s.persistence.finalizer = f"operator.flextrain.dev/finalizer"  # unused: no deletion handlers
+    s.persistence.finalizer = "operator.flextrain.dev/finalizer"  # unused: no deletion handlers, no timers
     return s
 
 
-def build(api_client, *, timer_interval: float = 15.0) -> tuple[kopf.OperatorRegistry, Reconciler]:
+class Sweeper:
+    """Every ``interval`` s: each live job's master checked, its worker count synced.
+
+    The level-triggered backstop of the event handlers (a pod death or scale
+    missed while the operator was down or busy). A plain thread rather than a
+    kopf timer, which would put a finalizer on every ElasticJob.
+    """
+
+    def __init__(self, reconciler: Reconciler, *, namespaces: Collection[str], clusterwide: bool,
+                 interval: float) -> None:
+        self.reconciler, self.namespaces, self.clusterwide = reconciler, list(namespaces), clusterwide
+        self.interval = interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="flextrain-operator-sweep")
+
+    def start(self) -> "Sweeper":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def _jobs(self) -> list[dict]:
+        from flextrain.k8s import meta
+
+        custom = self.reconciler.kube.custom
+        if self.clusterwide:
+            return custom.list_cluster_custom_object(meta.GROUP, meta.VERSION, meta.PLURAL).get("items", [])
+        return [job for ns in self.namespaces
+                for job in custom.list_namespaced_custom_object(meta.GROUP, meta.VERSION, ns, meta.PLURAL)
+                .get("items", [])]
+
+    def sweep(self) -> None:
+        for job in self._jobs():
+            if ((job.get("status") or {}).get("phase")) in TERMINAL:
+                continue
+            try:
+                self.reconciler.ensure(job)
+                self.reconciler.sync_replicas(job)
+            except Exception as exc:  # one job's trouble must not stop the others' checks
+                md = job.get("metadata") or {}
+                log.warning("sweep of %s/%s failed: %s", md.get("namespace"), md.get("name"), exc)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.sweep()
+            except Exception as exc:  # API server unreachable: try again next time
+                log.warning("operator sweep failed: %s", exc)
+
+
+def build(api_client) -> tuple[kopf.OperatorRegistry, Reconciler]:
     reconciler = Reconciler(Kube(api_client))
-    registry = build_registry(reconciler, timer_interval=timer_interval)
+    registry = build_registry(reconciler)
 
     @kopf.on.login(registry=registry)
     def login(**_: Any) -> kopf.ConnectionInfo:
@@ -64,16 +116,20 @@ def build(api_client, *, timer_interval: float = 15.0) -> tuple[kopf.OperatorReg
 
 def run_operator(api_client, *, namespaces: Collection[str] = (), clusterwide: bool = False,
                  stop_flag: threading.Event | None = None, ready_flag: threading.Event | None = None,
-                 timer_interval: float = 15.0) -> None:
+                 sweep_interval: float = 15.0) -> None:
     """Run the operator until ``stop_flag`` is set (or a signal, when in the main thread)."""
     if clusterwide == bool(namespaces):
         raise ValueError("give either namespaces or clusterwide=True")
-    registry, _ = build(api_client, timer_interval=timer_interval)
+    registry, reconciler = build(api_client)
     log.info("flextrain operator watching %s", "all namespaces" if clusterwide else ", ".join(namespaces))
-    asyncio.run(kopf.operator(
-        registry=registry, settings=settings(), standalone=True, clusterwide=clusterwide,
-        namespaces=list(namespaces), stop_flag=stop_flag, ready_flag=ready_flag,
-    ))
+    sweeper = Sweeper(reconciler, namespaces=namespaces, clusterwide=clusterwide, interval=sweep_interval).start()
+    try:
+        asyncio.run(kopf.operator(
+            registry=registry, settings=settings(), standalone=True, clusterwide=clusterwide,
+            namespaces=list(namespaces), stop_flag=stop_flag, ready_flag=ready_flag,
+        ))
+    finally:
+        sweeper.stop()
 
 
 __all__ = ["run_operator", "build", "connection_info", "settings"]

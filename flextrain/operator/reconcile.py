@@ -64,6 +64,7 @@ def _validate(job: dict) -> str | None:
 class Reconciler:
     def __init__(self, kube: Kube) -> None:
         self.kube = kube
+        self._refused: dict[str, Any] = {}  # job uid -> replica count refused last
 
     # ---- lifecycle -----------------------------------------------------------------
     def fail(self, job: dict, *, reason: str, message: str) -> None:
@@ -151,6 +152,7 @@ class Reconciler:
         not answer, so the caller can retry later.
         """
         if old is None or old == new or _phase(job) in TERMINAL:
+            log.info("%s/%s: replicas %s -> %s: nothing to relay (phase %s)", *_ident(job), old, new, _phase(job))
             return None
         problem = _validate(job)
         if problem is not None:
@@ -163,6 +165,26 @@ class Reconciler:
         else:
             self.kube.event(job, reason="ScaleRejected",
                             message=f"the master refused workers {old} -> {new}: {reply.message}", warning=True)
+        return reply
+
+    def sync_replicas(self, job: dict) -> Reply | None:
+        """Level-triggered relay: a running master whose desired workers differ from the spec is told.
+
+        Catches what an edge-triggered relay misses: a change made while the job
+        was being created, or while the operator was down. A value the master or
+        the range check refused is not re-sent (nor re-reported) until it changes.
+        """
+        status = job.get("status") or {}
+        want = (((job.get("spec") or {}).get("replicaSpecs") or {}).get("worker") or {}).get("replicas")
+        have = (status.get("workers") or {}).get("desired")
+        uid = job["metadata"].get("uid")
+        if status.get("phase") != "Running" or have is None or want is None or want == have:
+            return None
+        if self._refused.get(uid) == want:
+            return None
+        reply = self.scale(job, old=have, new=want)
+        if reply is not None and not reply.accepted:
+            self._refused[uid] = want
         return reply
 
     def stop(self, job: dict, *, reason: str) -> Reply | None:

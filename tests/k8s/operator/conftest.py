@@ -18,7 +18,7 @@ from flextrain.operator.kube import Kube
 
 
 class Operator:
-    def __init__(self, api_client, namespace: str, *, timer_interval: float) -> None:
+    def __init__(self, api_client, namespace: str, *, sweep_interval: float) -> None:
         from flextrain.operator.main import run_operator
 
         self.stop = threading.Event()
@@ -28,7 +28,7 @@ class Operator:
         def run() -> None:
             try:
                 run_operator(api_client, namespaces=[namespace], stop_flag=self.stop, ready_flag=self.ready,
-                             timer_interval=timer_interval)
+                             sweep_interval=sweep_interval)
             except BaseException as exc:  # surfaced by close()
                 self.error = exc
                 self.ready.set()
@@ -87,7 +87,7 @@ class Jobs:
 
 @pytest.fixture
 def operator(k8s_cluster, k8s_api):
-    op = Operator(k8s_api, k8s_cluster.namespace, timer_interval=1.0).start()
+    op = Operator(k8s_api, k8s_cluster.namespace, sweep_interval=1.0).start()
     yield op
     op.close()
 
