@@ -38,20 +38,28 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end -}}
 
-{{/* What the operator does with the objects it manages; the same rules in a Role or a ClusterRole. */}}
+{{/*
+What the operator does (flextrain/operator): the same rules in a Role or a ClusterRole. It never
+deletes anything: a relaunched master is a new pod (<job>-master-<n>), and everything it creates is
+owned by the ElasticJob, so the garbage collector removes it with the job.
+*/}}
 {{- define "flextrain.operatorRules" -}}
-# Watch ElasticJobs; patch them for kopf's finalizer and progress annotations.
+# Watch ElasticJobs; patch them (kopf's progress annotations, the stop annotation).
 - apiGroups: [flextrain.dev]
   resources: [elasticjobs]
   verbs: [get, list, watch, patch]
 # Phase Failed for a bad spec, and conditions, before a master runs or after it is gone.
 - apiGroups: [flextrain.dev]
   resources: [elasticjobs/status]
-  verbs: [get, patch]
-# The master pod and its Service: created, watched, and the pod deleted and recreated on relaunch.
+  verbs: [patch]
+# Master pods: created, and watched to relaunch a master that failed or was deleted.
 - apiGroups: [""]
-  resources: [pods, services]
-  verbs: [get, list, watch, create, delete]
+  resources: [pods]
+  verbs: [get, list, watch, create]
+# The master's Service: created, and read to heal a deleted one.
+- apiGroups: [""]
+  resources: [services]
+  verbs: [get, create]
 # Events on ElasticJobs (phase transitions, bad specs, relaunches).
 - apiGroups: [""]
   resources: [events]
