@@ -17,7 +17,8 @@ variables, never override the identity ones.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from flextrain.k8s import meta
 from flextrain.k8s.resource import pod_settings

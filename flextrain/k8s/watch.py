@@ -12,10 +12,12 @@ open stream, so the thread ends promptly instead of at the next event.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +36,7 @@ class ObjectWatch:
         self.connected = threading.Event()  # set once the first stream is open
         self._thread = threading.Thread(target=self._run, daemon=True, name=f"watch-{name}")
 
-    def start(self) -> "ObjectWatch":
+    def start(self) -> ObjectWatch:
         self._thread.start()
         return self
 
@@ -60,7 +62,7 @@ class ObjectWatch:
                         break
                     if kind in ("ADDED", "MODIFIED", "DELETED"):
                         self._dispatch(kind, event["object"])
-            except Exception as exc:  # a broken stream is normal: reconnect
+            except Exception as exc:  # noqa: BLE001 - a broken stream is normal: reconnect
                 if self._stopped.is_set():
                     return
                 log.debug("watch stream ended (%s); reconnecting", exc)
@@ -68,16 +70,14 @@ class ObjectWatch:
                 with self._lock:
                     resp, self._response = self._response, None
                 if resp is not None:
-                    try:
+                    with contextlib.suppress(Exception):  # already closed by stop()
                         resp.release_conn()
-                    except Exception:
-                        pass
             self._stopped.wait(self.retry_interval)
 
     def _dispatch(self, kind: str, obj: dict) -> None:
         try:
             self._handler(kind, obj)
-        except Exception:  # one bad event must not end the watch
+        except Exception:
             log.exception("watch handler failed on %s %s", kind, obj.get("metadata", {}).get("name"))
 
     def stop(self, *, timeout: float = 5.0) -> None:
@@ -87,10 +87,8 @@ class ObjectWatch:
         if resp is not None:
             try:
                 resp.shutdown()  # unblocks the reading thread
-            except Exception:
-                try:
+            except Exception:  # noqa: BLE001 - older urllib3 has no shutdown(): close instead
+                with contextlib.suppress(Exception):
                     resp.close()
-                except Exception:
-                    pass
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout)

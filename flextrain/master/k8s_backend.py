@@ -33,12 +33,18 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from flextrain.job import JobSpec
 from flextrain.k8s import meta
-from flextrain.k8s.pods import instance_pod, instance_pod_name, ps_service, service_address
+from flextrain.k8s.pods import (
+    instance_pod,
+    instance_pod_name,
+    ps_service,
+    service_address,
+)
 from flextrain.k8s.watch import ObjectWatch
 from flextrain.master.launcher import InstanceSpec, LaunchBackend, Role
 
@@ -114,7 +120,7 @@ class KubernetesPodBackend(LaunchBackend):
         self._watch = ObjectWatch(self.core.list_namespaced_pod, self.namespace, handler=self._on_pod,
                                   label_selector=meta.selector(self.job_name), name=f"pods-{self.job_name}")
 
-    def start(self, *, timeout: float = 30.0) -> "KubernetesPodBackend":
+    def start(self, *, timeout: float = 30.0) -> KubernetesPodBackend:
         """Remove a previous master's worker/PS pods, then start watching."""
         for pod in self._job_pods():
             self._delete(pod["metadata"]["name"], grace=0)
@@ -170,7 +176,7 @@ class KubernetesPodBackend(LaunchBackend):
                 elif exc.status is not None and 400 <= exc.status < 500:
                     raise LaunchError(f"pod {name} was refused by the API: {exc.status} {exc.reason}: "
                                       f"{(exc.body or '')[:300]}") from None
-            except Exception as exc:  # connection trouble: retry until the deadline
+            except Exception as exc:  # noqa: BLE001 - connection trouble: retry until the deadline
                 if time.monotonic() > deadline:
                     raise LaunchError(f"pod {name}: could not reach the API: {exc}") from None
             time.sleep(0.2)
@@ -194,7 +200,7 @@ class KubernetesPodBackend(LaunchBackend):
         except ApiException as exc:
             if exc.status != 404:
                 log.warning("deleting pod %s failed: %s %s", pod, exc.status, exc.reason)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - best effort: the watch still reports the pod's end
             log.warning("deleting pod %s failed: %s", pod, exc)
 
     def terminate(self, instance_id: str, *, force: bool = False) -> None:
@@ -309,5 +315,11 @@ def kubernetes_context(spec: JobSpec, *, namespace: str | None = None, api_clien
     return KubernetesContext(backend=backend, job=job, master_address=address, api_client=api_client)
 
 
-__all__ = ["KubernetesPodBackend", "KubernetesContext", "kubernetes_context", "LaunchError", "pod_exit",
-           "oom_message"]
+__all__ = [
+    "KubernetesContext",
+    "KubernetesPodBackend",
+    "LaunchError",
+    "kubernetes_context",
+    "oom_message",
+    "pod_exit",
+]

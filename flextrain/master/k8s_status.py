@@ -23,8 +23,9 @@ import copy
 import logging
 import threading
 import time
-from datetime import datetime, timezone
-from typing import Any, Mapping
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
 
 from flextrain.k8s import meta
 
@@ -34,7 +35,7 @@ _TERMINAL = ("Succeeded", "Failed")
 
 
 def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+    return datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 def cr_status(snap: Mapping[str, Any], *, job_name: str) -> dict[str, Any]:
@@ -132,7 +133,7 @@ class ElasticJobStatusWriter:
             self.api.patch_namespaced_custom_object_status(
                 meta.GROUP, meta.VERSION, self.namespace, meta.PLURAL, self.name,
                 {"status": {**status, "conditions": conditions}}, _request_timeout=self.request_timeout)
-        except Exception as exc:  # never fatal: retried with the newest status next tick
+        except Exception as exc:  # noqa: BLE001 - never fatal: retried with the newest status next tick
             self.errors += 1
             log.warning("cannot write status of ElasticJob %s/%s (will retry): %s", self.namespace, self.name,
                         getattr(exc, "reason", None) or exc)
@@ -155,4 +156,4 @@ class ElasticJobStatusWriter:
         return True
 
 
-__all__ = ["ElasticJobStatusWriter", "cr_status", "conditions_for"]
+__all__ = ["ElasticJobStatusWriter", "conditions_for", "cr_status"]

@@ -48,8 +48,9 @@ import datetime
 import itertools
 import threading
 import uuid
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable
+from typing import Any
 
 import attrs
 import kmock
@@ -75,7 +76,7 @@ _VERBS = {"create", "delete", "get", "list", "patch", "update", "watch"}
 
 
 def _now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 def elasticjob_resource() -> tuple[str, kmock.ResourceInfo]:
@@ -196,7 +197,7 @@ class Cluster:
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, daemon=True, name="k8s-emulator")
 
-    def start(self) -> "Cluster":
+    def start(self) -> Cluster:
         self._thread.start()
         if not self._ready.wait(30) or self._error is not None:
             raise RuntimeError(f"the Kubernetes emulator did not start: {self._error!r}")
@@ -207,7 +208,7 @@ class Cluster:
         asyncio.set_event_loop(self._loop)
         try:
             self._loop.run_until_complete(self._serve())
-        except BaseException as exc:  # reported by start()
+        except BaseException as exc:  # noqa: BLE001 - reported by start()
             self._error = exc
             self._ready.set()
 

@@ -51,7 +51,7 @@ import subprocess
 import sys
 import threading
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from flextrain.k8s.watch import ObjectWatch
@@ -65,7 +65,7 @@ POD_IP = "127.0.0.1"
 
 
 def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+    return datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 class PodConfigError(Exception):
@@ -110,7 +110,7 @@ class NodeAgent:
             self._watch = ObjectWatch(self.core.list_pod_for_all_namespaces, handler=self._on_event,
                                       name="nodeagent")
 
-    def start(self) -> "NodeAgent":
+    def start(self) -> NodeAgent:
         self._watch.start()
         if not self._watch.connected.wait(15):
             raise RuntimeError("node agent: could not open a watch on pods")
@@ -276,21 +276,21 @@ class NodeAgent:
         md = pod["metadata"]
         try:
             self.core.patch_namespaced_pod(md["name"], md.get("namespace", "default"), body)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - the pod may be gone; a kubelet carries on too
             log.debug("node agent: patch of %s failed: %s", md["name"], exc)
 
     def _patch_status(self, pod: dict, status: dict) -> None:
         md = pod["metadata"]
         try:
             self.core.patch_namespaced_pod_status(md["name"], md.get("namespace", "default"), {"status": status})
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - the pod may be gone; a kubelet carries on too
             log.debug("node agent: status patch of %s failed: %s", md["name"], exc)
 
     def _release(self, pod: dict) -> None:
         """Remove our finalizer so a deleted Pod goes away."""
         try:
             current = self.core.read_namespaced_pod(pod["metadata"]["name"], pod["metadata"].get("namespace", "default"))
-        except Exception:
+        except Exception:  # noqa: BLE001 - gone already: nothing to release
             return
         finalizers = [f for f in (current.metadata.finalizers or []) if f != FINALIZER]
         self._patch(pod, {"metadata": {"finalizers": finalizers}})

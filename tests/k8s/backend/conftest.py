@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import socket
 import threading
-from pathlib import Path
 
 import pytest
 from ft_helpers import DIGITS_MODEL
@@ -40,14 +39,14 @@ class KubeJob:
         self.error: BaseException | None = None
         self._thread: threading.Thread | None = None
 
-    def start(self) -> "KubeJob":
+    def start(self) -> KubeJob:
         from flextrain.master.main import run_master
 
         def run() -> None:
             try:
                 self.code = run_master(self.spec, host="127.0.0.1", port=self.port, namespace=NS,
                                        api_client=self.api)
-            except BaseException as exc:  # surfaced by wait()
+            except BaseException as exc:  # noqa: BLE001 - surfaced by wait()
                 self.error = exc
 
         self._thread = threading.Thread(target=run, daemon=True, name=f"master-{self.spec.name}")
@@ -98,9 +97,9 @@ def kube_job(k8s_cluster, k8s_api, digits_data, tmp_path):
     jobs: list[KubeJob] = []
 
     def make(name: str = "digits", *, pod_fields=None, **fields) -> KubeJob:
-        values = dict(model_def=DIGITS_MODEL, training_data=str(digits_data / "train"), workers=2, epochs=1,
-                      global_batch_size=64, max_micro_batch=32, learning_rate=0.1, rendezvous_timeout=3.0)
-        values.update(fields)
+        values = {"model_def": DIGITS_MODEL, "training_data": str(digits_data / "train"), "workers": 2,
+                  "epochs": 1, "global_batch_size": 64, "max_micro_batch": 32, "learning_rate": 0.1,
+                  "rendezvous_timeout": 3.0, **fields}
         spec = JobSpec(name=name, job_dir=str(tmp_path / name), backend=Backend.KUBERNETES, **values).validate()
         port = free_port()
         body = resource_from_jobspec(spec, image="flextrain:test", namespace=NS, pod_fields=pod_fields)

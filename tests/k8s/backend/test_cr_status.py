@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
 from ft_helpers import wait_for
 from kubernetes import client
 

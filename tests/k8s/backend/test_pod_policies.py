@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 from ft_helpers import read_status, wait_for
-
 from nodeagent import NodeAgent
 
 pytestmark = pytest.mark.e2e
@@ -17,7 +16,7 @@ def test_oomkilled_worker_is_not_relaunched_forever(kube_job, node_agent):
     job.start()
     for k in range(3):  # DEFAULT_MAX_OOM_KILLS = 2: the third OOM kill ends the job
         pod = f"digits-worker-{k}"
-        wait_for(lambda: pod in node_agent.running(), timeout=60, what=f"{pod} running")
+        wait_for(lambda pod=pod: pod in node_agent.running(), timeout=60, what=f"{pod} running")
         node_agent.oom_kill(pod)
     assert job.wait() == 1
     status = job.status()
