@@ -17,10 +17,16 @@ master over every validation record):
 ``$STEPCOUNT_PROCESSOR_FAIL_ONCE`` names a file that does not exist yet,
 creates it and raises: the first task processed fails after its part file
 was written, and is retried.
+
+``$STEPCOUNT_EVAL_GATE`` (a path prefix), until ``<prefix>.release`` exists:
+``feed`` in evaluation mode creates ``<prefix>.<pid>`` and waits for the
+release, so a test can see which workers are evaluating and kill one of them
+mid-evaluation.
 """
 
 import json
 import os
+import time
 
 import torch
 from torch import nn
@@ -44,6 +50,11 @@ def optimizer(params, lr=1.0):
 
 
 def feed(records, mode, metadata):
+    gate = os.environ.get("STEPCOUNT_EVAL_GATE")
+    if gate and mode == "evaluation" and not os.path.exists(f"{gate}.release"):
+        open(f"{gate}.{os.getpid()}", "w").close()
+        while not os.path.exists(f"{gate}.release"):  # the test releases it
+            time.sleep(0.02)
     rows = [r.decode().split(",") for r in records]
     x = torch.tensor([float(r[0]) for r in rows])
     if mode == "prediction":
