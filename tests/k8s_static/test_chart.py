@@ -233,3 +233,43 @@ def test_job_service_account_is_the_one_flextrain_puts_into_pods():
 
     names = {o["metadata"]["name"] for o in rendered_objects({}) if o["kind"] == "ServiceAccount"}
     assert meta.JOB_SERVICE_ACCOUNT in names
+
+
+# ---- RBAC versus the code: every kubernetes-client call flextrain makes must be granted ----------------------
+_CALL = re.compile(r"\.(create|delete|list|read|get|patch|replace)_(namespaced|cluster)_(pod|service|event|custom_object)"
+                   r"(_status)?\(")
+_VERB = {"create": "create", "delete": "delete", "list": "list", "read": "get", "get": "get", "patch": "patch",
+         "replace": "update"}
+_RESOURCE = {"pod": "pods", "service": "services", "event": "events", "custom_object": "flextrain.dev/elasticjobs"}
+# Calls that need no grant in a cluster, with the reason.
+_NOT_IN_PRODUCTION = {("flextrain/operator/kube.py", "list", "events"): "Kube.events() serves the tests only"}
+
+
+def calls_in(*globs: str) -> set[tuple[str, str, str]]:
+    """(file, verb, resource) of every kubernetes-client call in the files matching ``globs``."""
+    from k8s_static_support import REPO
+
+    found = set()
+    for pattern in globs:
+        for path in REPO.glob(pattern):
+            for m in _CALL.finditer(path.read_text()):
+                verb, _, kind, status = m.groups()
+                resource = _RESOURCE[kind] + ("/status" if status else "")
+                found.add((path.relative_to(REPO).as_posix(), _VERB[verb], resource))
+    return found
+
+
+@pytest.mark.parametrize("who, globs", [
+    ("operator", ("flextrain/operator/*.py",)),
+    ("flextrain-job", ("flextrain/master/k8s_*.py",)),
+])
+def test_rbac_grants_every_call_the_code_makes(who, globs):
+    objs = rendered_objects({})
+    (role,) = [r for r in objects_of("Role", objs) if (r["metadata"]["name"] == "flextrain-job") == (who != "operator")]
+    granted = rights(role)
+    calls = calls_in(*globs)
+    assert calls, f"no kubernetes-client calls found in {globs}: the scan is broken"
+    for path, verb, resource in sorted(calls):
+        if (path, verb, resource) in _NOT_IN_PRODUCTION:
+            continue
+        assert verb in granted.get(resource, set()), f"{path} calls {verb} on {resource}; the {who} Role lacks it"
