@@ -205,6 +205,18 @@ def outcome(job) -> tuple[bool, str] | None:
     return None
 
 
+def inference_progress(job) -> tuple[int, int]:
+    """``(records done, records total)`` of an evaluation-only or prediction job."""
+    ledger = job.ledger
+    if job.spec.job_type is JobType.PREDICTION:
+        total = sum(s.size for s in ledger.prediction_shards)
+        return total - sum(t.size for t in ledger.pending(TaskKind.PREDICTION)), total
+    total = sum(s.size for s in ledger.evaluation_shards)
+    if not ledger.evaluation_cut:
+        return 0, total
+    return total - sum(t.size for t in ledger.pending(TaskKind.EVALUATION)), total
+
+
 def write_manifest(ledger: TaskLedger, output: Path) -> int:
     """Check every part holds one row per record, write ``manifest.json``; returns the rows."""
     parts, total = [], 0

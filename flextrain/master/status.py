@@ -18,7 +18,9 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from flextrain.master.checkpoints import write_json_atomic
+from flextrain.job import JobType
 from flextrain.master.coordinator import JobMaster
+from flextrain.master.evaluation import inference_progress
 from flextrain.master.rendezvous import RoundState
 from flextrain.proto import flextrain_pb2 as pb
 
@@ -99,8 +101,10 @@ class StatusReporter:
     def snapshot(self) -> dict:
         job = self.job
         with job.cond:
-            done = records_done(job)
-            total = job.ledger.records_total
+            if job.spec.job_type is JobType.TRAINING:
+                done, total = records_done(job), job.ledger.records_total
+            else:  # evaluation-only / prediction job: records evaluated or predicted
+                done, total = inference_progress(job)
             loss = training_loss(job)
             metrics = {"loss": loss} if not math.isnan(loss) else {}
             metrics.update(job.metrics)
@@ -150,7 +154,7 @@ class StatusReporter:
         if self._progress is not None:
             loss = snap["metrics"].get("loss")
             self._progress.update(
-                self._bar, completed=snap["progress"]["recordsDone"],
+                self._bar, completed=snap["progress"]["recordsDone"], total=snap["progress"]["recordsTotal"],
                 epoch=f"epoch {snap['epoch']}/{snap['epochs']}",
                 loss=f"{loss:.4f}" if loss is not None else "-",
                 rate=f"{snap['samplesPerSecond']:,.0f}", workers=snap["workers"]["active"],

@@ -214,3 +214,25 @@ def test_prediction_row_count_mismatch_beyond_retries_fails_the_job(tmp_path):
     report(master, "A", task.task_id, samples=3)
     assert master.phase is Phase.FAILED
     assert "A wrote 3 predictions for the 20 records of a.rio [0, 20)" in master.message
+
+
+def test_status_progress_of_inference_jobs_counts_their_records(tmp_path):
+    from flextrain.master.status import StatusReporter
+
+    master = prediction_master(tmp_path)
+    reporter = StatusReporter(master, path=tmp_path / "status.json", desired=lambda: 1, master_address="x",
+                              show_progress=False)
+    assert reporter.snapshot()["progress"] == {"recordsDone": 0, "recordsTotal": 40, "percent": 0.0}
+    task = predict(master, "A").task
+    write_part(tmp_path / "out", task.task_id, rows(task), writer="A")
+    report(master, "A", task.task_id, samples=20)
+    assert reporter.snapshot()["progress"] == {"recordsDone": 20, "recordsTotal": 40, "percent": 50.0}
+
+    evaluation = make_master(tmp_path / "e", eval_records=30, job_type=JobType.EVALUATION)
+    reporter = StatusReporter(evaluation, path=tmp_path / "s2.json", desired=lambda: 1, master_address="x",
+                              show_progress=False)
+    assert reporter.snapshot()["progress"]["recordsDone"] == 0
+    e = eval_task(evaluation, "A", 1).task
+    report(evaluation, "A", e.task_id, metric_sums={}, samples=20)
+    snap = reporter.update()
+    assert snap["progress"] == {"recordsDone": 20, "recordsTotal": 30, "percent": 66.7}
