@@ -216,6 +216,9 @@ def cmd_status(args) -> int:
     print(f"progress  {p['recordsDone']:,}/{p['recordsTotal']:,} records ({p['percent']}%)")
     for name, value in sorted(status.get("metrics", {}).items()):
         print(f"{name:<9} {value:.4f}")
+    if evaluations := status.get("evaluations"):  # the metrics above are the latest evaluation's
+        more = f" (of {len(evaluations)} evaluations)" if len(evaluations) > 1 else ""
+        print(f"evaluated at step {evaluations[-1]['step']} on {evaluations[-1]['samples']:,} samples{more}")
     return 0
 
 

@@ -105,3 +105,20 @@ def test_evaluation_steps_with_parameter_servers_is_refused_for_now(capsys, tmp_
                     "--validation-data", str(validation), "--evaluation-steps", "5",
                     "--distribution-strategy", "ParameterServer", "--ps", "1", "--job-dir", str(tmp_path / "j"))
     assert code == 2 and "--evaluation-steps is not supported with --distribution-strategy ParameterServer" in err
+
+
+def test_status_summary_names_the_latest_evaluation(capsys, tmp_path):
+    import json
+
+    job = tmp_path / "job"
+    job.mkdir()
+    (job / "status.json").write_text(json.dumps({
+        "name": "j", "jobDir": str(job), "phase": "Succeeded", "message": "", "pid": 0,
+        "workers": {"active": 0, "desired": 2}, "epoch": 1, "epochs": 1, "step": 20,
+        "progress": {"recordsDone": 640, "recordsTotal": 640, "percent": 100.0},
+        "metrics": {"accuracy": 0.8, "loss": 0.5},
+        "evaluations": [{"step": 10, "metrics": {"accuracy": 0.7}, "samples": 100},
+                        {"step": 20, "metrics": {"accuracy": 0.8}, "samples": 100}]}))
+    assert main(["status", str(job)]) == 0
+    out = capsys.readouterr().out
+    assert "accuracy  0.8000" in out and "evaluated at step 20 on 100 samples (of 2 evaluations)" in out
