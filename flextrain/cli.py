@@ -296,6 +296,9 @@ def make_parser() -> argparse.ArgumentParser:
     from flextrain.cli_eval import add_commands as add_eval_commands
 
     add_eval_commands(sub)  # evaluate, predict
+    from flextrain.cli_k8s import add_commands as add_k8s_commands
+
+    add_k8s_commands(sub)  # operator, master; Kubernetes flags on train/status/stop/scale
     data = sub.add_parser("data", help="write demo data sets").add_subparsers(dest="dataset", required=True)
     d = data.add_parser("digits", help="scikit-learn's handwritten digits as RecordIO train/validation files")
     d.add_argument("--out", required=True, metavar="DIR")

@@ -1,0 +1,370 @@
+"""The Kubernetes side of the ``flextrain`` command line.
+
+* ``flextrain operator [--namespace NS ... | --all-namespaces]`` runs the operator.
+* ``flextrain master --job NAME --namespace NS`` is what the master pod runs.
+* ``flextrain train --backend kubernetes ... [--image IMG] [--namespace NS] [--dry-run]``
+  submits an ElasticJob (``--dry-run`` prints its YAML and submits nothing).
+* ``flextrain status|scale|stop NAME --namespace NS`` (or ``--backend kubernetes``)
+  act on an ElasticJob through the API server, never by dialling the master
+  (which is not reachable from outside the cluster): status reads the
+  ElasticJob's status, scale patches ``spec.replicaSpecs.worker.replicas``
+  (what ``kubectl scale ej/NAME`` does through the scale subresource), stop
+  sets the annotation ``flextrain.dev/stop``. The operator relays both to the
+  master, which stops at a step boundary leaving a checkpoint.
+
+Paths given to ``train --backend kubernetes`` (``--model-def``, data,
+``--job-dir``) are paths inside the pods and are passed through unresolved.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+from importlib import metadata
+from pathlib import Path
+
+from flextrain.cli import CLIError
+
+log = logging.getLogger(__name__)
+
+
+def _default_image() -> str:
+    try:
+        return f"flextrain:{metadata.version('flextrain')}"
+    except metadata.PackageNotFoundError:
+        return "flextrain:latest"
+
+
+# ---- parsers ------------------------------------------------------------------------
+def add_train_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("kubernetes (with --backend kubernetes: submit an ElasticJob instead of running here)")
+    g.add_argument("--backend", choices=("local", "kubernetes"), default="local",
+                   help="local: this process is the master; kubernetes: submit an ElasticJob to the cluster")
+    g.add_argument("--image", default=_default_image(), help="container image of the job's pods")
+    g.add_argument("--namespace", help="namespace of the ElasticJob (default: the kubeconfig context's)")
+    g.add_argument("--dry-run", action="store_true", help="print the ElasticJob YAML, submit nothing")
+    g.add_argument("--pvc", action="append", default=[], metavar="CLAIM:/MOUNT/PATH",
+                   help="mount a PersistentVolumeClaim into every pod of the job (repeatable)")
+    g.add_argument("--master-port", type=int, help="port of the job's master (default 50051)")
+
+
+def add_job_flags(p: argparse.ArgumentParser) -> None:
+    """Flags of status/stop/scale that select a Kubernetes job instead of a local one."""
+    p.add_argument("--namespace", help="the job is an ElasticJob in this namespace")
+    p.add_argument("--backend", choices=("local", "kubernetes"),
+                   help="kubernetes: the job is an ElasticJob (in --namespace, default the kubeconfig context's)")
+
+
+def wants_kubernetes(args) -> bool:
+    return getattr(args, "backend", None) == "kubernetes" or bool(getattr(args, "namespace", None))
+
+
+def dispatch(local_fn, kubernetes_fn):
+    """A command function that acts on an ElasticJob when the flags say so, else on a local job."""
+    def run(args) -> int:
+        return (kubernetes_fn if wants_kubernetes(args) else local_fn)(args)
+
+    return run
+
+
+def _train_dispatch(local_fn):
+    def run(args) -> int:
+        if args.backend == "kubernetes":
+            return submit(args)
+        given = [flag for flag, value in (("--namespace", args.namespace), ("--dry-run", args.dry_run),
+                                          ("--pvc", args.pvc), ("--master-port", args.master_port)) if value]
+        if given:
+            raise CLIError(f"{given[0]} needs --backend kubernetes")
+        return local_fn(args)
+
+    return run
+
+
+def add_commands(sub) -> None:
+    """``operator`` and ``master``; Kubernetes flags on train/status/stop/scale."""
+    p = sub.add_parser("operator", help="run the ElasticJob operator (what the chart's Deployment runs)")
+    scope = p.add_mutually_exclusive_group()
+    scope.add_argument("--namespace", action="append", default=[], metavar="NS",
+                       help="watch ElasticJobs in NS (repeatable; default: the operator's own namespace)")
+    scope.add_argument("--all-namespaces", action="store_true", help="watch ElasticJobs in every namespace")
+    p.add_argument("--sweep-interval", type=float, default=15.0,
+                   help="seconds between level-triggered checks of every job's master")
+    p.set_defaults(fn=cmd_operator)
+    p = sub.add_parser("master", help="(internal) run the master of an ElasticJob (what the master pod runs)")
+    p.add_argument("--job", required=True, metavar="NAME", help="the ElasticJob")
+    p.add_argument("--namespace", help="its namespace (default: this pod's)")
+    p.add_argument("--host", default="0.0.0.0", help="address the master's servers bind")
+    p.add_argument("--port", type=int, default=None, help="gRPC port (default 50051)")
+    p.set_defaults(fn=cmd_master)
+    train = sub.choices["train"]
+    add_train_flags(train)
+    train.set_defaults(fn=_train_dispatch(train.get_default("fn")))
+    for name, fn in (("status", status), ("stop", stop), ("scale", scale)):
+        p = sub.choices[name]
+        add_job_flags(p)
+        p.set_defaults(fn=dispatch(p.get_default("fn"), fn))
+
+
+# ---- API access ------------------------------------------------------------------------
+def _api_client():
+    from kubernetes import client
+
+    from flextrain.k8s import meta
+
+    try:
+        meta.load_client_config()
+    except Exception as exc:  # no in-cluster config and no usable kubeconfig
+        raise CLIError(f"cannot reach Kubernetes: {exc} (set KUBECONFIG or run in a pod)") from exc
+    return client.ApiClient()
+
+
+def _namespace(args) -> str:
+    if getattr(args, "namespace", None):
+        return args.namespace
+    from flextrain.k8s import meta
+
+    if os.environ.get(meta.ENV_NAMESPACE):
+        return os.environ[meta.ENV_NAMESPACE]
+    try:
+        from kubernetes import config
+
+        _, active = config.list_kube_config_contexts()
+        return (active or {}).get("context", {}).get("namespace") or "default"
+    except Exception:
+        return meta.current_namespace()
+
+
+def _get_job(kube, namespace: str, name: str) -> dict:
+    job = kube.get_job(namespace, name)
+    if job is None:
+        raise CLIError(f"no ElasticJob {name!r} in namespace {namespace!r}")
+    return job
+
+
+def _kube():
+    from flextrain.operator.kube import Kube
+
+    return Kube(_api_client())
+
+
+# ---- train --backend kubernetes -------------------------------------------------------------
+def elasticjob_from_args(args) -> dict:
+    """The ElasticJob ``flextrain train --backend kubernetes`` submits (paths as given: they are in-pod)."""
+    from flextrain.cli import build_spec
+    from flextrain.job import Backend, JobSpecError
+    from flextrain.k8s import meta
+    from flextrain.k8s.resource import DEFAULT_JOBS_ROOT, ResourceError, resource_from_jobspec
+
+    if args.resume:
+        raise CLIError("--resume is for local jobs; a Kubernetes job's relaunched master resumes by itself")
+    missing = [f for f in ("model_def", "training_data") if not getattr(args, f)]
+    if missing:
+        raise CLIError(f"--{missing[0].replace('_', '-')} is required")
+    try:
+        spec = build_spec(args)
+        name = spec.name
+        in_pod = {"model_def": args.model_def, "training_data": args.training_data,
+                  "validation_data": args.validation_data,
+                  "job_dir": args.job_dir or f"{DEFAULT_JOBS_ROOT}/{name}"}
+        for field in ("prediction_data",):  # present once the evaluation flags exist
+            if hasattr(spec, field) and getattr(args, field, None) is not None:
+                in_pod[field] = getattr(args, field)
+        spec = spec.replace(backend=Backend.KUBERNETES, **in_pod).validate()
+    except JobSpecError as exc:
+        raise CLIError(str(exc)) from exc
+    volumes = []
+    for i, item in enumerate(args.pvc):
+        claim, sep, mount = item.partition(":")
+        if not sep or not claim or not mount.startswith("/"):
+            raise CLIError(f"--pvc {item!r}: expected CLAIM:/mount/path")
+        volumes.append({"name": f"pvc-{i}", "mountPath": mount, "persistentVolumeClaim": {"claimName": claim}})
+    try:
+        body = resource_from_jobspec(spec, image=args.image, namespace=_namespace(args),
+                                     pod_fields={"volumes": volumes} if volumes else None)
+    except ResourceError as exc:
+        raise CLIError(str(exc)) from exc
+    if args.master_port is not None:
+        if not 0 < args.master_port < 65536:
+            raise CLIError(f"--master-port must be a port number, got {args.master_port}")
+        body["metadata"]["annotations"] = {meta.ANNOTATION_MASTER_PORT: str(args.master_port)}
+    return body
+
+
+def submit(args) -> int:
+    import yaml
+
+    from flextrain.k8s import meta
+
+    body = elasticjob_from_args(args)
+    if args.dry_run:
+        sys.stdout.write(yaml.safe_dump(body, sort_keys=False))
+        return 0
+    from kubernetes.client.exceptions import ApiException
+
+    kube = _kube()
+    md = body["metadata"]
+    try:
+        kube.custom.create_namespaced_custom_object(meta.GROUP, meta.VERSION, md["namespace"], meta.PLURAL, body,
+                                                    _preload_content=False)
+    except ApiException as exc:
+        if exc.status == 409:
+            raise CLIError(f"ElasticJob {md['name']!r} already exists in namespace {md['namespace']!r} "
+                           f"(kubectl delete ej/{md['name']} -n {md['namespace']})") from None
+        raise CLIError(f"cannot create ElasticJob {md['namespace']}/{md['name']}: {exc.status} {exc.reason}: "
+                       f"{_api_message(exc)}") from None
+    print(f"elasticjob.{meta.GROUP}/{md['name']} created in namespace {md['namespace']}")
+    print(f"  watch:  flextrain status {md['name']} --namespace {md['namespace']}   (or: kubectl get ej -w)")
+    return 0
+
+
+def _api_message(exc) -> str:
+    try:
+        return json.loads(exc.body).get("message", "")
+    except (TypeError, ValueError, AttributeError):
+        return str(exc.body or "")
+
+
+# ---- status / scale / stop -----------------------------------------------------------------
+def status(args) -> int:
+    namespace = _namespace(args)
+    kube = _kube()
+    job = _get_job(kube, namespace, args.job)
+    st = job.get("status") or {}
+    if args.json:
+        print(json.dumps({"name": args.job, "namespace": namespace, **st}, indent=2, sort_keys=True))
+        return 0
+    w, p = st.get("workers") or {}, st.get("progress") or {}
+    print(f"job       {args.job}  (ElasticJob in {namespace})")
+    print(f"phase     {st.get('phase', 'Unknown')}" + (f"  - {st['message']}" if st.get("message") else ""))
+    print(f"workers   {w.get('active', 0)} active / {w.get('desired', '?')} desired")
+    if "epoch" in st:
+        print(f"epoch     {st['epoch']}   step {st.get('step', 0)}")
+    if p:
+        print(f"progress  {p.get('recordsDone', 0):,}/{p.get('recordsTotal', 0):,} records "
+              f"({p.get('percent', 0)}%)")
+    for name, value in sorted((st.get("metrics") or {}).items()):
+        print(f"{name:<9} {value:.4f}")
+    if st.get("masterRelaunches"):
+        print(f"master    relaunched {st['masterRelaunches']} time(s)")
+    for event in kube.events(namespace, args.job)[-5:]:
+        print(f"event     {event.get('type', '')[:7]:<7} {event.get('reason', '')}: {event.get('message', '')}")
+    return 0
+
+
+def _live_job(kube, namespace: str, name: str) -> dict:
+    job = _get_job(kube, namespace, name)
+    phase = (job.get("status") or {}).get("phase")
+    if phase in ("Succeeded", "Failed"):
+        raise CLIError(f"job {name} is not running (phase {phase})")
+    return job
+
+
+def scale(args) -> int:
+    import copy
+
+    from flextrain.k8s.resource import ResourceError, jobspec_from_resource
+
+    namespace = _namespace(args)
+    kube = _kube()
+    job = _live_job(kube, namespace, args.job)
+    wanted = copy.deepcopy(job)
+    wanted["spec"].setdefault("replicaSpecs", {}).setdefault("worker", {})["replicas"] = args.workers
+    try:
+        jobspec_from_resource(wanted)
+    except ResourceError as exc:
+        raise CLIError(f"cannot scale {args.job} to {args.workers} workers: {exc}") from exc
+    old = job["spec"].get("replicaSpecs", {}).get("worker", {}).get("replicas")
+    kube.patch_spec(namespace, args.job, {"spec": {"replicaSpecs": {"worker": {"replicas": args.workers}}}})
+    print(f"{args.job}: spec.replicaSpecs.worker.replicas {old} -> {args.workers} "
+          "(the operator relays it to the master)")
+    return 0
+
+
+def stop(args) -> int:
+    from flextrain.k8s import meta
+
+    namespace = _namespace(args)
+    kube = _kube()
+    _live_job(kube, namespace, args.job)
+    kube.patch_spec(namespace, args.job, {"metadata": {"annotations": {meta.ANNOTATION_STOP: args.reason}}})
+    print(f"{args.job}: stop requested (the master stops at the next step boundary, leaving a checkpoint)")
+    return 0
+
+
+# ---- operator / master ---------------------------------------------------------------------
+def cmd_operator(args) -> int:
+    from flextrain.k8s import meta
+    from flextrain.operator.main import run_operator
+
+    api = _api_client()
+    namespaces = args.namespace or ([] if args.all_namespaces else [meta.current_namespace()])
+    run_operator(api, namespaces=namespaces, clusterwide=args.all_namespaces, sweep_interval=args.sweep_interval)
+    return 0
+
+
+def cmd_master(args) -> int:
+    """Run the master of an ElasticJob; a relaunched master resumes from the job's latest checkpoint.
+
+    SIGTERM (the pod deleted, preempted or drained) ends the process at once
+    without concluding the job: the operator relaunches the master, and the new
+    one resumes from the checkpoint and ledger in the job directory. Only a
+    master that finishes the job writes its final phase.
+    """
+    from flextrain.k8s import meta
+    from flextrain.k8s.resource import ResourceError, jobspec_from_resource
+    from flextrain.master.main import ResumeError, run_master
+
+    namespace = args.namespace or meta.current_namespace()
+    api = _api_client()
+    from flextrain.operator.kube import Kube, now_iso
+
+    kube = Kube(api)
+    job = _get_job(kube, namespace, args.job)
+    try:
+        spec = jobspec_from_resource(job)
+    except ResourceError as exc:
+        raise CLIError(f"ElasticJob {namespace}/{args.job}: {exc}") from exc
+    port = args.port if args.port is not None else meta.MASTER_PORT
+    relaunches = int((job.get("status") or {}).get("masterRelaunches") or 0)
+    # A relaunch (told by the operator's count) resumes; a first master starts afresh even if
+    # an older job of the same name left a directory behind.
+    resume = relaunches > 0 and (Path(spec.job_dir) / "jobspec.json").is_file()
+    outcome: dict = {}
+
+    def run() -> None:
+        try:
+            outcome["code"] = run_master(spec, host=args.host, port=port, resume=resume, namespace=namespace,
+                                         api_client=api)
+        except ResumeError as exc:
+            outcome["error"] = str(exc)
+        except BaseException as exc:  # reported below; the pod fails and the operator relaunches
+            log.exception("master of %s/%s crashed", namespace, args.job)
+            outcome["crash"] = exc
+
+    def on_signal(signum, frame) -> None:
+        log.warning("signal %d: leaving without concluding the job (the operator relaunches the master)", signum)
+        sys.stderr.flush()
+        os._exit(128 + signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_signal)
+    thread = threading.Thread(target=run, name="master", daemon=True)  # the main thread keeps the signals
+    thread.start()
+    while thread.is_alive():
+        thread.join(1.0)  # short waits: the main thread stays responsive to signals
+    if "error" in outcome:
+        message = f"the relaunched master cannot resume: {outcome['error']}"
+        kube.patch_status(job, {"phase": "Failed", "message": message, "completionTime": now_iso()})
+        raise CLIError(message)
+    if "crash" in outcome:
+        return 1
+    return outcome["code"]
+
+
+__all__ = ["add_commands", "elasticjob_from_args", "submit", "status", "scale", "stop",
+           "cmd_operator", "cmd_master"]
