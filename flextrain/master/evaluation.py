@@ -69,10 +69,6 @@ class Evaluations:
     def done(self) -> set[int]:
         return {h["step"] for h in self.history}
 
-    @property
-    def latest(self) -> dict[str, float]:
-        return dict(self.history[-1]["metrics"]) if self.history else {}
-
     def periodic(self, version: int) -> bool:
         return bool(self.every) and version > 0 and version % self.every == 0
 
@@ -144,6 +140,8 @@ def evaluation_task(job, req: pb.GetTaskRequest) -> pb.GetTaskResponse:
     that is not an evaluation step, until training is over.
     """
     evals: Evaluations = job.evaluations
+    if not job.ledger.evaluation_shards:
+        return pb.GetTaskResponse(action=NO_MORE)  # no validation data: nothing to evaluate
     final = job.ledger.training_finished()
     if final:
         version = evals.start_final(max(req.model_version, job.step))

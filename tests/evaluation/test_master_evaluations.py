@@ -236,3 +236,15 @@ def test_status_progress_of_inference_jobs_counts_their_records(tmp_path):
     report(evaluation, "A", e.task_id, metric_sums={}, samples=20)
     snap = reporter.update()
     assert snap["progress"] == {"recordsDone": 20, "recordsTotal": 30, "percent": 66.7}
+
+
+def test_without_validation_data_there_is_nothing_to_evaluate(tmp_path):
+    master = make_master(tmp_path, records=20, eval_records=0, every=0, workers=1)
+    r = form(master, ["A"])
+    train_task(master, "A", r, 0)
+    assert train_task(master, "A", r, 1).action == TASK.NO_MORE
+    assert eval_task(master, "A", 2).action == TASK.NO_MORE
+    assert master.evaluations.history == [] and master.metrics == {}
+    master.report_checkpoint(pb.ReportCheckpointRequest(worker_id="A", path="final.ckpt", position=pos(r, 1, 0, 2),
+                                                        final=True))
+    assert master.phase is Phase.SUCCEEDED
