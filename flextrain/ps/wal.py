@@ -112,7 +112,7 @@ class WriteAheadLog:
             os.fsync(self._fd)
 
     def _write_all(self, parts: list) -> None:
-        views = [memoryview(p).cast("B") for p in parts]
+        views = [v for v in (memoryview(p).cast("B") for p in parts) if len(v)]  # writev of only empties: 0
         while views:
             written = os.writev(self._fd, views[:1024])
             while written and views:

@@ -178,6 +178,9 @@ class PSTrainer:
             self.state.task_index = task.task_id  # PS mode: the task's id (see master/ps_tasks.py)
         # Records every PS accepted already (a previous owner died after pushing them).
         accepted = min(self._with_ps(lambda: self.ps.task_progress(task.task_id)))
+        if accepted > task.start:
+            log.info("task %d: records [%d, %d) are on every PS already (pushed by a previous owner): skipped",
+                     task.task_id, task.start, min(accepted, task.end))
         for j, start in enumerate(range(task.start, task.end, G)):
             if self.state.stop.is_set():
                 return  # the job is over; the master no longer counts this task

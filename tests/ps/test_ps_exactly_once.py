@@ -154,3 +154,23 @@ def test_a_torn_log_record_is_dropped_and_the_rest_replayed(tmp_path, start_clus
         torch.testing.assert_close(h2.shard.dense.params.views["w"], torch.full((4,), -3.0))
     finally:
         h2.stop(grace=0.2, checkpoint=False)
+
+
+def test_a_durable_ps_holding_no_dense_parameter_serves_and_restores(tmp_path, start_cluster):
+    # "w" lives on PS 0: PS 1 logs an empty dense init (an empty blob must not stall the log)
+    settings = dict(checkpoint_dir=tmp_path / "ck", checkpoint_every=0, mode="async")
+    handles, client = start_cluster(2, **settings)
+    c = client()
+    c.configure("sgd", {"lr": 1.0})
+    c.init_dense({"w": W0.clone()})
+    assert [info.dense_initialized for info in c.describe()] == [True, True]
+    c.declare_table("e", 2, initializer="zeros")
+    c.pull_dense(None)
+    assert c.push({"w": torch.ones(4)}, {"e": ([1, 2, 3, 4], torch.ones(4, 2))}, step=(0, 0, 4)).accepted
+    handles[1].stop(grace=0.2, checkpoint=False)
+    h1 = start_ps(shard_index=1, num_ps=2, host="127.0.0.1", **settings)
+    try:
+        assert h1.shard.version == 1 and h1.shard.dense.total_bytes == 0
+        assert h1.shard.task_progress([0]) == [4]
+    finally:
+        h1.stop(grace=0.2, checkpoint=False)
