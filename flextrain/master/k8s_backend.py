@@ -17,7 +17,10 @@ deleted worker is replaced within the relaunch budget). One policy is the
 backend's own because only it sees the reason: a container ``OOMKilled``
 more than ``max_oom_kills`` times in a role is not retried again; the job is
 failed through ``on_fatal`` with a message naming OOMKilled and what to change,
-and later launches are refused (logged) since the job is over.
+and later launches are refused (logged) since the job is over. A Pod the API
+does not accept (refused, or the API unreachable for ``create_timeout``
+seconds) is reported through ``on_note`` with the reason and as an exit with
+code 1, so the relaunch budget bounds the retries.
 
 A Pending Pod counts as running (it was launched and has not exited) but
 never blocks training: rendezvous rounds count registered workers only.
@@ -99,6 +102,7 @@ class KubernetesPodBackend(LaunchBackend):
     def __init__(self, api_client, *, job: Mapping[str, Any], master_address: str,
                  max_oom_kills: int = DEFAULT_MAX_OOM_KILLS,
                  on_fatal: Callable[[str], None] = lambda message: None,
+                 on_note: Callable[[str], None] = lambda message: None,
                  create_timeout: float = 60.0) -> None:
         from kubernetes import client
 
@@ -110,7 +114,7 @@ class KubernetesPodBackend(LaunchBackend):
         self.master_address = master_address
         self.max_oom_kills = max_oom_kills
         self.create_timeout = create_timeout
-        self._on_fatal = on_fatal
+        self._on_fatal, self._on_note = on_fatal, on_note
         self._lock = threading.RLock()
         self._instances: dict[str, _Instance] = {}  # by instance id (latest launch)
         self._by_pod: dict[str, _Instance] = {}
@@ -145,16 +149,24 @@ class KubernetesPodBackend(LaunchBackend):
             if self.failed or self.closed:
                 log.warning("not launching %s: %s", spec.instance_id, self.failed or "backend closed")
                 return
-            if spec.role is Role.PS:
-                self._ensure_service(ps_service(self.job, index=spec.index))
             inst = _Instance(spec.instance_id, role, name)
             old = self._instances.get(spec.instance_id)
             if old is not None and not old.reported:
                 raise LaunchError(f"{spec.instance_id} is already running as pod {old.pod}")
-            # Held across the create so the watch cannot see the new Pod before its uid is known.
-            created = self._create(body)
-            inst.uid = created["metadata"].get("uid")
             self._instances[spec.instance_id] = inst
+            try:
+                if spec.role is Role.PS:
+                    self._ensure_service(ps_service(self.job, index=spec.index))
+                # Held across the create so the watch cannot see the new Pod before its uid is known.
+                created = self._create(body)
+            except LaunchError as exc:
+                # Reported as an exit (code 1) so the relaunch budget applies; from another
+                # thread, since the caller may hold its own lock while launching.
+                self._on_note(str(exc))
+                threading.Thread(target=self._report, args=(spec.instance_id, 1, "LaunchFailed"),
+                                 daemon=True).start()
+                return
+            inst.uid = created["metadata"].get("uid")
             self._by_pod[name] = inst
         log.info("created pod %s for %s", name, spec.instance_id)
 
@@ -286,7 +298,8 @@ class KubernetesContext:
 
 
 def kubernetes_context(spec: JobSpec, *, namespace: str | None = None, api_client=None,
-                       on_fatal: Callable[[str], None] = lambda message: None) -> KubernetesContext:
+                       on_fatal: Callable[[str], None] = lambda message: None,
+                       on_note: Callable[[str], None] = lambda message: None) -> KubernetesContext:
     """Read the job's ElasticJob and master Service and build its pod backend.
 
     ``api_client`` defaults to in-cluster config (else kubeconfig); ``namespace``
@@ -311,7 +324,8 @@ def kubernetes_context(spec: JobSpec, *, namespace: str | None = None, api_clien
         raise LaunchError(f"Service {namespace}/{service} (the master's address for workers): "
                           f"{exc.status} {exc.reason}; the operator creates it with the master pod") from None
     address = service_address(json.loads(svc.data), default_port=meta.MASTER_PORT)
-    backend = KubernetesPodBackend(api_client, job=job, master_address=address, on_fatal=on_fatal)
+    backend = KubernetesPodBackend(api_client, job=job, master_address=address, on_fatal=on_fatal,
+                                   on_note=on_note)
     return KubernetesContext(backend=backend, job=job, master_address=address, api_client=api_client)
 
 

@@ -114,7 +114,7 @@ def run_master(
         from flextrain.master.k8s_status import ElasticJobStatusWriter
 
         k8s = kubernetes_context(spec, namespace=namespace, api_client=api_client,
-                                 on_fatal=lambda message: job.finish(Phase.FAILED, message))
+                                 on_fatal=lambda message: job.finish(Phase.FAILED, message), on_note=job.note)
         backend = k8s.backend.start()
         status_writer = ElasticJobStatusWriter(k8s.api_client, namespace=k8s.backend.namespace, name=spec.name)
     backend = backend or LocalProcessBackend(log_dir=job_dir / "logs")

@@ -124,3 +124,21 @@ def test_close_deletes_every_pod_and_reports_each_exit(backend, k8s_api, node_ag
     core = client.CoreV1Api(k8s_api)
     wait_for(lambda: raw_pod(core, "tiny-worker-0") is None and raw_pod(core, "tiny-worker-1") is None,
              timeout=30, what="pods deleted")
+
+
+def test_a_pod_the_api_does_not_take_is_reported_as_a_failed_launch(elasticjob):
+    # An API server that went away: every create fails until the backend's deadline.
+    from kubernetes import client as k8s
+
+    config = k8s.Configuration()
+    config.host = "http://127.0.0.1:9"  # discard port: connection refused
+    notes: list[str] = []
+    backend = KubernetesPodBackend(k8s.ApiClient(config), job=elasticjob, master_address="m:1",
+                                   create_timeout=0.5, on_note=notes.append)
+    exits = Exits()
+    backend.on_exit(exits)
+    backend.launch(InstanceSpec("worker-0", Role.WORKER, 0, BAD_ARGS))
+    wait_for(lambda: exits.of("worker-0"), timeout=30, what="failed launch reported")
+    assert exits.of("worker-0") == [1]
+    assert notes and notes[0].startswith("pod tiny-worker-0: could not reach the API")
+    assert backend.running() == set()

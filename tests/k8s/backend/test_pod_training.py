@@ -80,3 +80,17 @@ def test_deleted_worker_pod_is_replaced_and_training_completes(kube_job, node_ag
     assert status["phase"] == "Succeeded" and status["progress"]["percent"] == 100.0
     events = json.dumps(read_status(Path(job.spec.job_dir))["events"])
     assert "worker-1 exited with code 137" in events  # a deleted pod's container counts as SIGKILLed
+
+
+def test_preempted_worker_pod_is_replaced(kube_job, node_agent):
+    job = kube_job("digits", workers=2, epochs=6)
+    job.start()
+    wait_for(lambda: job.status().get("workers", {}).get("active") == 2
+             and job.status()["progress"]["recordsDone"] > 0, timeout=120, what="two workers training")
+    node_agent.preempt("digits-worker-0", grace_seconds=5)  # SIGTERM first, as the scheduler's eviction
+    assert job.wait() == 0
+    names = sorted(p["metadata"]["name"] for p in job.raw_pods())
+    assert "digits-worker-2" in names and "digits-worker-0" not in names
+    events = json.dumps(read_status(Path(job.spec.job_dir))["events"])
+    assert "worker-0 exited with code 143" in events  # terminated by SIGTERM within its grace period
+    assert job.status()["phase"] == "Succeeded"
