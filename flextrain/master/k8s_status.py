@@ -14,7 +14,8 @@ background thread patches only when the status changed, at most once per
 retried on the next tick, so a flaky API server never kills training.
 :meth:`close` writes the final status synchronously (bounded by a deadline).
 Conditions follow the phase: ``Running`` (True while training, False after),
-``Succeeded`` or ``Failed`` when the job ends, each with its transition time.
+``Succeeded`` or ``Failed`` when the job ends, each with its transition time;
+conditions of other types on the object (the operator's) are kept.
 """
 
 from __future__ import annotations
@@ -128,8 +129,13 @@ class ElasticJobStatusWriter:
             status = copy.deepcopy(self._latest)
         if status is None or status == self._written:
             return True
-        conditions = conditions_for(status["phase"], status.get("message", ""), self._conditions)
         try:
+            # A merge patch replaces the whole list: start from the conditions on the object
+            # now, so those the operator writes (e.g. MasterRelaunched) survive.
+            current = self.api.get_namespaced_custom_object(
+                meta.GROUP, meta.VERSION, self.namespace, meta.PLURAL, self.name, _request_timeout=self.request_timeout)
+            previous = (current.get("status") or {}).get("conditions") or self._conditions
+            conditions = conditions_for(status["phase"], status.get("message", ""), previous)
             self.api.patch_namespaced_custom_object_status(
                 meta.GROUP, meta.VERSION, self.namespace, meta.PLURAL, self.name,
                 {"status": {**status, "conditions": conditions}}, _request_timeout=self.request_timeout)

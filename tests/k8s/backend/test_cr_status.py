@@ -79,3 +79,16 @@ def test_close_gives_up_after_its_deadline(k8s_api):
     writer = ElasticJobStatusWriter(k8s_api, namespace=NS, name="missing", min_interval=0.05)
     writer(snapshot())
     assert writer.close(timeout=1.0) is False
+
+
+def test_conditions_written_by_others_are_kept(k8s_api):
+    create_job(k8s_api)
+    relaunched = {"type": "MasterRelaunched", "status": "True", "reason": "PodFailed",
+                  "lastTransitionTime": "2026-01-01T00:01:00Z"}
+    client.CustomObjectsApi(k8s_api).patch_namespaced_custom_object_status(
+        meta.GROUP, meta.VERSION, NS, meta.PLURAL, "tiny", {"status": {"conditions": [relaunched]}})
+    writer = ElasticJobStatusWriter(k8s_api, namespace=NS, name="tiny", min_interval=0.05)
+    writer(snapshot(done=10))
+    assert writer.close()
+    conditions = {c["type"]: c for c in status_of(k8s_api)["conditions"]}
+    assert conditions["MasterRelaunched"] == relaunched and conditions["Running"]["status"] == "True"
