@@ -25,6 +25,10 @@ code 1, so the relaunch budget bounds the retries.
 A Pending Pod counts as running (it was launched and has not exited) but
 never blocks training: rendezvous rounds count registered workers only.
 
+Besides the watch, a periodic resync (every ``resync_interval`` seconds)
+lists the job's Pods, so a Pod deleted while the watch was reconnecting is
+still reported.
+
 On start, the backend deletes Pods of the job's workers and PS left by a
 previous master (a relaunched master resumes from its checkpoint; their
 state is stale), so names never collide.
@@ -73,6 +77,7 @@ class _Instance:
     reported: bool = False
     reason: str | None = None
     code: int | None = None
+    created: float = 0.0  # monotonic time the API accepted the Pod
 
 
 @dataclass
@@ -103,7 +108,7 @@ class KubernetesPodBackend(LaunchBackend):
                  max_oom_kills: int = DEFAULT_MAX_OOM_KILLS,
                  on_fatal: Callable[[str], None] = lambda message: None,
                  on_note: Callable[[str], None] = lambda message: None,
-                 create_timeout: float = 60.0) -> None:
+                 create_timeout: float = 60.0, resync_interval: float = 10.0) -> None:
         from kubernetes import client
 
         super().__init__()
@@ -114,6 +119,8 @@ class KubernetesPodBackend(LaunchBackend):
         self.master_address = master_address
         self.max_oom_kills = max_oom_kills
         self.create_timeout = create_timeout
+        self.resync_interval = resync_interval
+        self._stopped = threading.Event()
         self._on_fatal, self._on_note = on_fatal, on_note
         self._lock = threading.RLock()
         self._instances: dict[str, _Instance] = {}  # by instance id (latest launch)
@@ -129,6 +136,7 @@ class KubernetesPodBackend(LaunchBackend):
         for pod in self._job_pods():
             self._delete(pod["metadata"]["name"], grace=0)
         self._watch.start()
+        threading.Thread(target=self._resync_loop, daemon=True, name=f"resync-{self.job_name}").start()
         if not self._watch.connected.wait(timeout):
             raise LaunchError(f"could not watch pods in namespace {self.namespace} within {timeout:.0f}s")
         return self
@@ -166,7 +174,7 @@ class KubernetesPodBackend(LaunchBackend):
                 threading.Thread(target=self._report, args=(spec.instance_id, 1, "LaunchFailed"),
                                  daemon=True).start()
                 return
-            inst.uid = created["metadata"].get("uid")
+            inst.uid, inst.created = created["metadata"].get("uid"), time.monotonic()
             self._by_pod[name] = inst
         log.info("created pod %s for %s", name, spec.instance_id)
 
@@ -241,9 +249,35 @@ class KubernetesPodBackend(LaunchBackend):
             time.sleep(0.05)
         for instance_id in self.running():  # the watch missed them: report them gone
             self._report(instance_id, KILLED, "Deleted")
+        self._stopped.set()
         self._watch.stop()
 
     # ---- watch ------------------------------------------------------------------
+    def _resync_loop(self) -> None:
+        while not self._stopped.wait(self.resync_interval):
+            try:
+                self.resync()
+            except Exception as exc:  # noqa: BLE001 - the API may be briefly away: next period
+                log.debug("pod resync failed: %s", exc)
+
+    def resync(self) -> None:
+        """Compare with a fresh listing: catches what a broken watch missed.
+
+        A watch that reconnects replays the Pods that exist, but not the ones
+        deleted while it was away; an instance whose Pod (created before the
+        listing began) is absent is reported as deleted (137).
+        """
+        began = time.monotonic()
+        pods = {p["metadata"]["name"]: p for p in self._job_pods()}
+        for pod in pods.values():
+            self._on_pod("MODIFIED", pod)
+        with self._lock:
+            gone = [inst.instance_id for inst in self._instances.values()
+                    if not inst.reported and inst.uid and inst.created < began
+                    and (inst.pod not in pods or pods[inst.pod]["metadata"].get("uid") != inst.uid)]
+        for instance_id in gone:
+            self._report(instance_id, KILLED, "Deleted")
+
     def _on_pod(self, kind: str, pod: dict) -> None:
         if not _ours(pod, self.job_name):
             return

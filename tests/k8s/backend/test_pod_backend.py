@@ -142,3 +142,20 @@ def test_a_pod_the_api_does_not_take_is_reported_as_a_failed_launch(elasticjob):
     assert exits.of("worker-0") == [1]
     assert notes and notes[0].startswith("pod tiny-worker-0: could not reach the API")
     assert backend.running() == set()
+
+
+def test_a_deletion_the_watch_missed_is_found_by_the_resync(k8s_api, elasticjob, node_agent):
+    backend = KubernetesPodBackend(k8s_api, job=elasticjob, master_address="m:1", resync_interval=0.3)
+    exits = Exits()
+    backend.on_exit(exits)
+    backend.start()
+    try:
+        backend.launch(InstanceSpec("worker-0", Role.WORKER, 0, UNREACHABLE))
+        wait_for(lambda: "tiny-worker-0" in node_agent.running(), timeout=30, what="worker pod running")
+        backend._watch.stop()  # the watch is down (a broken connection) while the pod goes away
+        client.CoreV1Api(k8s_api).delete_namespaced_pod("tiny-worker-0", NS,
+                                                        body=client.V1DeleteOptions(grace_period_seconds=0))
+        wait_for(lambda: exits.of("worker-0"), timeout=30, what="exit found by resync")
+        assert exits.of("worker-0") == [KILLED]
+    finally:
+        backend.close(grace=0)
