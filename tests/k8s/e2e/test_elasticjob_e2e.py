@@ -1,0 +1,95 @@
+"""An ElasticJob end to end: operator -> master pod -> worker pods -> training on digits -> Succeeded.
+
+Everything that runs is real: kopf and the operator in-process, the API server
+emulated by kmock, and the node agent running each Pod's command as a local
+process (the master pod runs ``flextrain master --job ... --namespace ...``,
+which launches worker pods through the API). Each job's master listens on a
+free port (annotation ``flextrain.dev/master-port``): every "pod" shares this host.
+"""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+from ft_helpers import DIGITS_MODEL, read_status, wait_for
+
+from flextrain.k8s import meta
+
+pytestmark = pytest.mark.e2e
+
+RECORDS = 1438  # digits training records
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def elasticjob(name, digits_data, job_dir, *, epochs, replicas=2, min_replicas=1, max_replicas=3,
+               checkpoint_steps=0, master_budget=3) -> dict:
+    return {
+        "apiVersion": meta.API_VERSION, "kind": meta.KIND,
+        "metadata": {"name": name, "annotations": {meta.ANNOTATION_MASTER_PORT: str(free_port())}},
+        "spec": {
+            "image": "flextrain:test", "modelDef": DIGITS_MODEL, "jobDir": str(job_dir),
+            "data": {"training": str(digits_data / "train"), "validation": str(digits_data / "validation")},
+            "training": {"epochs": epochs, "globalBatchSize": 64, "maxMicroBatch": 32, "learningRate": 0.1,
+                         "checkpointSteps": checkpoint_steps},
+            "replicaSpecs": {
+                "master": {"relaunchBudget": master_budget},
+                "worker": {"replicas": replicas, "minReplicas": min_replicas, "maxReplicas": max_replicas,
+                           "rendezvousTimeout": 3.0},
+            },
+        },
+    }
+
+
+def pods_of(jobs, name: str, role: str | None = None) -> list[dict]:
+    import json
+
+    data = json.loads(jobs.kube.core.list_namespaced_pod(jobs.namespace, _preload_content=False).data)
+    return [p for p in data["items"] if (p["metadata"].get("labels") or {}).get(meta.LABEL_JOB) == name
+            and (role is None or p["metadata"]["labels"].get(meta.LABEL_ROLE) == role)]
+
+
+def wait_phase(jobs, node_agent, name: str, phase: str, *, timeout: float) -> dict:
+    def check():
+        st = jobs.status(name)
+        if st.get("phase") == "Failed" and phase != "Failed":
+            masters = sorted(p["metadata"]["name"] for p in pods_of(jobs, name, "master"))
+            logs = "\n".join(f"--- {m}\n{node_agent.log(m)[-3000:]}" for m in masters)
+            raise AssertionError(f"job {name} failed: {st.get('message')}\n{logs}")
+        return st if st.get("phase") == phase else None
+    return wait_for(check, timeout=timeout, what=f"job {name} {phase}")
+
+
+def assert_owned_by(jobs, name: str, uid: str) -> None:
+    pods = pods_of(jobs, name)
+    import json
+
+    raw = json.loads(jobs.kube.core.list_namespaced_service(jobs.namespace, _preload_content=False).data)
+    services = [s for s in raw["items"] if (s["metadata"].get("labels") or {}).get(meta.LABEL_JOB) == name]
+    assert pods and services
+    for obj in pods + services:
+        refs = obj["metadata"]["ownerReferences"]
+        assert [(r["kind"], r["name"], r["uid"]) for r in refs] == [("ElasticJob", name, uid)], obj["metadata"]
+
+
+def test_elasticjob_trains_to_success_with_status_and_events(operator, node_agent, jobs, digits_data, tmp_path):
+    job = jobs.create(elasticjob("digits", digits_data, tmp_path / "digits", epochs=2))
+    status = wait_phase(jobs, node_agent, "digits", "Succeeded", timeout=300)
+    assert status["progress"]["recordsDone"] == status["progress"]["recordsTotal"] == 2 * RECORDS
+    assert status["progress"]["percent"] == 100.0
+    assert status["metrics"]["accuracy"] > 0.8
+    assert status["masterRelaunches"] == 0
+    reasons = wait_for(lambda: (r := jobs.reasons("digits")) and "JobSucceeded" in r and r,
+                       timeout=30, what="the JobSucceeded event")
+    assert reasons.index("MasterCreated") < reasons.index("JobRunning") < reasons.index("JobSucceeded")
+    assert_owned_by(jobs, "digits", job["metadata"]["uid"])
+    assert {p["metadata"]["name"] for p in pods_of(jobs, "digits")} == {
+        "digits-master-0", "digits-worker-0", "digits-worker-1"}
+    # The master pod exits 0 once its workers are gone.
+    wait_for(lambda: pods_of(jobs, "digits", "master")[0]["status"]["phase"] == "Succeeded",
+             timeout=60, what="the master pod to succeed")
