@@ -139,3 +139,109 @@ def test_parameter_server_without_ps_is_a_clear_error(ctr_data, tmp_path):
     assert "--ps" in proc.stderr and "ParameterServer" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "job" / "status.json").exists()
+
+
+# ---- exactly once, with a model that counts on the PS how often each record was applied
+
+COUNTING_PS = f"{Path(__file__).resolve().parent / 'zoo' / 'counting_ps.py'}:Model"
+G = 32
+
+
+def _counting_job(digits_data, tmp_path, *extra: str, records: int = 1408, epochs: int = 2, env=None):
+    from ft_helpers import counting_data
+
+    data = counting_data(digits_data, tmp_path / "data", records=records)
+    job_dir = tmp_path / "job"
+    cmd = flextrain_cmd("train", "--model-def", COUNTING_PS, "--training-data", str(data),
+                        "--distribution-strategy", "ParameterServer", "--ps", "2", "--workers", "2",
+                        "--global-batch-size", str(G), "--lr", str(G), "--epochs", str(epochs),
+                        "--job-dir", str(job_dir), *extra)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "FT_COUNT_RECORDS": str(records), **(env or {})}
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env), job_dir
+
+
+def _finish(proc, timeout=180):
+    try:
+        _, stderr = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    return proc.returncode, stderr
+
+
+def ps_counts(job_dir: Path, records: int, num_ps: int = 2):
+    """(dense counts, row counts) per record, from the PS's checkpoints and write-ahead logs."""
+    import numpy as np
+    import torch
+
+    from flextrain.ps.checkpoint import Checkpointer
+    from flextrain.ps.shard import row_owners
+    from flextrain.ps.state import ShardState
+
+    dense, rows = torch.zeros(records), torch.zeros(records)
+    ids = np.arange(records)
+    owners = row_owners(ids, num_ps)
+    for i in range(num_ps):
+        shard = ShardState(i, num_ps)
+        assert Checkpointer(job_dir / "ps-checkpoints", i).restore(shard) is not None
+        if shard.dense is not None and "seen" in shard.dense.params.views:
+            dense += shard.dense.params.views["seen"]
+        mine = ids[owners == i]
+        rows[mine] = shard.tables["seen_rows"].gather(mine)[:, 0]
+    return dense, rows
+
+
+def test_killed_worker_costs_nothing_and_applies_nothing_twice(digits_data, tmp_path):
+    # worker-0 kills itself right after pushing its 12th minibatch, mid-task, before a heartbeat can
+    # report it: the task is requeued from the last minibatch reported
+    proc, job_dir = _counting_job(digits_data, tmp_path, "--steps-per-task", "20",
+                                  env={"FT_DIE_WORKER": "worker-0", "FT_DIE_AFTER": "13", "FT_FEED_DELAY": "0.01"})
+    code, stderr = _finish(proc)
+    assert code == 0, stderr
+    status = read_status(job_dir)
+    assert status["phase"] == "Succeeded"
+    assert status["progress"]["recordsDone"] == status["progress"]["recordsTotal"] == 2 * 1408
+    assert (job_dir / "logs" / "worker-2.log").is_file()  # the replacement
+    assert "worker-0" in (job_dir / "logs" / "worker-0.log").name
+    dense, rows = ps_counts(job_dir, 1408)
+    assert dense.tolist() == [2.0] * 1408  # every record applied exactly once per epoch, on each PS
+    assert rows.tolist() == [2.0] * 1408
+
+
+def test_killed_ps_loses_nothing_it_acknowledged(digits_data, tmp_path):
+    proc, job_dir = _counting_job(digits_data, tmp_path, "--ps-checkpoint-steps", "5", epochs=3,
+                                  env={"FT_FEED_DELAY": "0.03"})
+    try:
+        wait_for(lambda: (job_dir / "status.json").is_file()
+                 and read_status(job_dir)["progress"]["recordsDone"] >= 1408,
+                 timeout=90, what="the second epoch under way")
+        pid = _ps_pid(job_dir / "ps" / "ps-1.addr")
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: (p := _ps_pid(job_dir / "ps" / "ps-1.addr")) is not None and p != pid,
+                 timeout=30, what="ps-1 relaunched")
+    finally:
+        code, stderr = _finish(proc)
+    assert code == 0, stderr
+    status = read_status(job_dir)
+    assert status["phase"] == "Succeeded"
+    assert status["progress"]["recordsDone"] == 3 * 1408
+    assert len(re.findall(r"PS 1/2 listening", (job_dir / "logs" / "ps-1.log").read_text())) == 2
+    dense, rows = ps_counts(job_dir, 1408)
+    assert dense.tolist() == [3.0] * 1408
+    assert rows.tolist() == [3.0] * 1408
+
+
+def test_sync_gradients_held_back_at_the_end_are_applied(digits_data, tmp_path):
+    # 43 minibatches, grads_to_wait 2: each PS holds the last push back until the job flushes it
+    records = 43 * G
+    proc, job_dir = _counting_job(digits_data, tmp_path, "--grads-to-wait", "2", records=records, epochs=1)
+    code, stderr = _finish(proc)
+    assert code == 0, stderr
+    dense, rows = ps_counts(job_dir, records)
+    # an update averages two pushes (1/2 per record); the flushed one stands alone (1 per record)
+    for counts in (dense, rows):
+        assert set(counts.tolist()) == {0.5, 1.0}, set(counts.tolist())
+    alone = (dense == 1.0).nonzero().reshape(-1).tolist()
+    assert len(alone) == G and alone[0] % G == 0 and alone == list(range(alone[0], alone[0] + G))
