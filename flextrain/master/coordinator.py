@@ -177,7 +177,10 @@ class JobMaster:
                 return False, f"job already {self.phase.value}"
             self.stopping = reason
             rnd = self.rendezvous.current
-            if rnd is None or rnd.state is RoundState.CLOSED or self.ledger.training_finished():
+            if self.ps_mode and not self.ledger.training_finished():  # the model is on the PS: no stop checkpoint
+                self.finish(Phase.FAILED, f"stopped: {reason}; resume with `flextrain train --resume "
+                                          f"{self.spec.job_dir}`")
+            elif rnd is None or rnd.state is RoundState.CLOSED or self.ledger.training_finished():
                 self.finish(Phase.FAILED, f"stopped: {reason}")
             else:
                 self.message = f"stopping: {reason}"

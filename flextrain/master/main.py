@@ -18,7 +18,8 @@ from pathlib import Path
 from rich.console import Console
 
 from flextrain.data import make_shards
-from flextrain.job import Backend, JobSpec, JobType, Strategy
+from flextrain.job import Backend, JobSpec, JobType
+from flextrain.master import ps_tasks
 from flextrain.master.checkpoints import CheckpointStore
 from flextrain.master.coordinator import JobMaster, Phase
 from flextrain.master.instances import InstanceManager
@@ -78,10 +79,6 @@ def run_master(
     import torch.distributed as dist  # heavy import: only the master process needs it here
 
     console = console or Console(stderr=True)
-    if resume and spec.strategy is Strategy.PARAMETER_SERVER:
-        # The model lives in the PS checkpoints but the master keeps no ledger for them yet:
-        # resuming would apply records twice.
-        raise ResumeError("--resume is not supported for ParameterServer jobs yet")
     job_dir = Path(spec.job_dir)
     job_dir.mkdir(parents=True, exist_ok=True)
     (job_dir / "jobspec.json").write_text(spec.to_json() + "\n")
@@ -92,7 +89,11 @@ def run_master(
         job.final_checkpoint = spec.checkpoint
         if spec.output:
             Path(spec.output).mkdir(parents=True, exist_ok=True)
-    if resume:
+    if resume and job.ps_mode:  # the model is on the PS, which restore themselves; the ledger is ours
+        refused = ps_tasks.resume_ledger(job)
+        if refused:
+            raise ResumeError(refused)
+    elif resume:
         latest = store_dir.latest()
         if latest is not None:
             if latest["final"]:
@@ -163,7 +164,7 @@ def run_master(
     fleet: PSFleet | None = None
     if job.ps_mode:
         fleet = PSFleet(backend, spec, relaunch_budget=spec.relaunch_budget, on_note=job.note,
-                        on_failure=lambda message: job.finish(Phase.FAILED, message))
+                        on_failure=lambda message: job.finish(Phase.FAILED, message), resume=resume)
         backend.on_exit(lambda iid, code: fleet.exited(iid, code) if is_ps(iid) else manager.exited(iid, code))
     previous = _install_signal_handlers(lambda: stop("interrupted"))
     try:
@@ -186,6 +187,8 @@ def run_master(
                 job.finish(Phase.FAILED, f"stopped: {job.stopping} (no stop checkpoint within {STOP_GRACE:.0f}s)")
             if time.monotonic() - last >= STATUS_INTERVAL:
                 reporter.update()
+                if job.ps_mode:
+                    ps_tasks.save_ledger(job)  # what --resume continues from
                 last = time.monotonic()
         # Workers learn the outcome from their next RPC or heartbeat and exit.
         deadline = time.monotonic() + EXIT_GRACE
@@ -198,6 +201,7 @@ def run_master(
     finally:
         if fleet is not None:
             fleet.close()
+            ps_tasks.save_ledger(job)
         manager.close(grace=5.0)
         snap = reporter.update()
         reporter.close()

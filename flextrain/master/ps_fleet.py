@@ -14,6 +14,11 @@ and the new process restores the shard's newest checkpoint before it listens.
 Exits are reported by the backend through :meth:`exited` (the master routes
 ``ps-*`` instance ids here). Each PS slot has ``relaunch_budget`` relaunches;
 past it ``on_failure`` is called with the reason (the master fails the job).
+
+A job that is not resumed starts its PS from nothing: checkpoints and logs
+of an earlier run in the same job directory are moved aside to
+``ps-checkpoints.previous-<n>`` (never deleted). A resumed job's PS restore
+them (checkpoint + write-ahead log).
 """
 
 from __future__ import annotations
@@ -44,7 +49,7 @@ class PSFleet:
     def __init__(self, backend: LaunchBackend, spec: JobSpec, *, relaunch_budget: int,
                  on_note: Callable[[str], None] = lambda message: None,
                  on_failure: Callable[[str], None] = lambda message: None,
-                 start_timeout: float = 60.0) -> None:
+                 start_timeout: float = 60.0, resume: bool = False) -> None:
         self.backend = backend
         self.spec = spec
         self.relaunch_budget = relaunch_budget
@@ -53,6 +58,7 @@ class PSFleet:
         self.address_dir = Path(spec.job_dir) / "ps"
         self.addresses: list[str] = []
         self.relaunches = [0] * spec.ps
+        self.resume = resume
         self.closed = False
         self._lock = threading.Lock()
 
@@ -77,6 +83,13 @@ class PSFleet:
     def start(self) -> list[str]:
         """Launch every PS and wait for its address file; returns the addresses by shard index."""
         self.address_dir.mkdir(parents=True, exist_ok=True)
+        state = Path(self.spec.ps_checkpoint_dir)
+        if not self.resume and state.is_dir() and any(state.iterdir()):
+            n = 1
+            while state.with_name(f"{state.name}.previous-{n}").exists():
+                n += 1
+            state.rename(state.with_name(f"{state.name}.previous-{n}"))
+            self._on_note(f"not resuming: the earlier parameter-server state moved to {state.name}.previous-{n}")
         for i in range(self.spec.ps):
             self._address_file(i).unlink(missing_ok=True)
             self._launch(i, 0)

@@ -8,8 +8,18 @@ parameter servers; the master then completes it.
 A worker's position (heartbeats, GetTask) carries, in PS mode, the id of the
 task it is on as ``task_index`` and the minibatches of it whose pushes were
 accepted as ``steps_done``. When the worker dies, :func:`release_worker` keeps
-those minibatches as applied and requeues only the rest; minibatches pushed
-after its last report are applied again (at most one heartbeat period's worth).
+those minibatches as applied and requeues only the rest. Minibatches pushed
+after its last report are not applied again: every push names its task and
+records, each PS applies a task's records once, and the worker taking over
+the task skips what every PS already has (flextrain/worker/ps_trainer.py).
+
+Resume: :func:`save_ledger` writes the ledger to ``<job_dir>/ps-ledger.json``
+(every status period and when the master ends) and :func:`resume_ledger`
+reads it back. Any moment's ledger is a safe point to resume from: what it
+calls done is on every PS (a task is reported done after all its pushes were
+accepted, and a PS loses nothing it acknowledged, see flextrain/ps/wal.py),
+and what it still owes but the PS already applied is skipped, not applied
+again (tasks keep their ids across a resume).
 
 Once every training task is done the model lives on the parameter servers,
 which checkpoint themselves: the PS checkpoint directory stands for the
@@ -17,6 +27,10 @@ which checkpoint themselves: the PS checkpoint directory stands for the
 """
 
 from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
 
 from flextrain.master.ledger import Task, TaskKind
 from flextrain.proto import flextrain_pb2 as pb
@@ -60,3 +74,37 @@ def release_worker(job, worker_id: str) -> None:
         if info is not None and task.kind is TaskKind.TRAINING and info.position.task_index == task.task_id:
             pushed = int(info.position.steps_done)
         job.ledger.interrupt(task.task_id, pushed)
+
+
+LEDGER_FILE = "ps-ledger.json"
+
+
+def save_ledger(job) -> Path:
+    """Write the ledger (and whether training finished) for ``--resume``; atomic."""
+    with job.cond:
+        data = {"ledger": job.ledger.to_dict(), "training_finished": job.ledger.training_finished()}
+    path = Path(job.spec.job_dir) / LEDGER_FILE
+    tmp = path.with_name(f".{LEDGER_FILE}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)
+    return path
+
+
+def resume_ledger(job) -> str | None:
+    """Restore the ledger :func:`save_ledger` wrote; None, or why the job cannot resume."""
+    path = Path(job.spec.job_dir) / LEDGER_FILE
+    if not path.is_file():
+        job.note(f"no {LEDGER_FILE} in {job.spec.job_dir}: the task ledger starts over; the parameter servers "
+                 "restore their shards and skip the records they applied already")
+        return None
+    try:
+        data = json.loads(path.read_text())
+        if data["training_finished"]:
+            return (f"{job.spec.job_dir} already finished training (parameter-server checkpoints in "
+                    f"{job.spec.ps_checkpoint_dir})")
+        job.ledger.restore(data["ledger"])
+    except (ValueError, KeyError, TypeError) as exc:
+        return f"cannot resume from {path}: {type(exc).__name__}: {exc}"
+    job.note(f"resumed from {path}: {job.ledger.records_done} of {job.ledger.records_total} records done; "
+             "the parameter servers restore their shards")
+    return None

@@ -245,3 +245,32 @@ def test_sync_gradients_held_back_at_the_end_are_applied(digits_data, tmp_path):
         assert set(counts.tolist()) == {0.5, 1.0}, set(counts.tolist())
     alone = (dense == 1.0).nonzero().reshape(-1).tolist()
     assert len(alone) == G and alone[0] % G == 0 and alone == list(range(alone[0], alone[0] + G))
+
+
+def test_stopped_ps_job_resumes_and_applies_every_record_once(digits_data, tmp_path):
+    proc, job_dir = _counting_job(digits_data, tmp_path, "--ps-checkpoint-steps", "5", epochs=3,
+                                  env={"FT_FEED_DELAY": "0.03"})
+    try:
+        wait_for(lambda: (job_dir / "status.json").is_file()
+                 and read_status(job_dir)["progress"]["recordsDone"] >= 1408,
+                 timeout=90, what="the second epoch under way")
+        assert run_flextrain("stop", str(job_dir)).returncode == 0
+    finally:
+        code, stderr = _finish(proc)
+    stopped = read_status(job_dir)
+    assert code == 1 and stopped["phase"] == "Failed", stderr
+    assert "resume with" in stopped["message"]
+    assert 1408 <= stopped["progress"]["recordsDone"] < 3 * 1408
+
+    resumed = run_flextrain("train", "--resume", str(job_dir), timeout=180)
+    assert resumed.returncode == 0, resumed.stderr
+    status = read_status(job_dir)
+    assert status["phase"] == "Succeeded"
+    assert status["progress"]["recordsDone"] == status["progress"]["recordsTotal"] == 3 * 1408
+    dense, rows = ps_counts(job_dir, 1408)
+    assert dense.tolist() == [3.0] * 1408  # nothing applied twice across the stop, nothing lost
+    assert rows.tolist() == [3.0] * 1408
+
+    again = run_flextrain("train", "--resume", str(job_dir), timeout=120)
+    assert again.returncode != 0 and "already finished training" in again.stderr
+    assert "Traceback" not in again.stderr
