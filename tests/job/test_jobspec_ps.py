@@ -57,10 +57,22 @@ def test_ps_subcommand_passes_its_flags_to_the_ps(monkeypatch):
     assert seen == [["--shard-index", "1", "--num-ps", "2", "--port", "0"]]
 
 
-def test_resume_of_a_ps_job_is_refused(tmp_path):
+@pytest.mark.parametrize("saved, why", [
+    ('{"ledger": {}, "training_finished": true}', "already finished training"),
+    ("{not json", "cannot resume from"),
+])
+def test_resume_of_a_finished_or_unreadable_ps_job_is_refused(tmp_path, saved, why):
+    from flextrain.data import write_records
     from flextrain.master.main import ResumeError, run_master
 
-    s = spec(strategy=Strategy.PARAMETER_SERVER, ps=1, job_dir=str(tmp_path)).validate()
-    with pytest.raises(ResumeError, match="not supported for ParameterServer"):
+    (tmp_path / "data").mkdir()
+    write_records(tmp_path / "data" / "part-0.rio", [b"x"] * 4)
+    job_dir = tmp_path / "job"
+    job_dir.mkdir()
+    (job_dir / "ps-ledger.json").write_text(saved)
+    s = spec(strategy=Strategy.PARAMETER_SERVER, ps=1, job_dir=str(job_dir),
+             training_data=str(tmp_path / "data")).validate()
+    with pytest.raises(ResumeError, match=why) as err:
         run_master(s, resume=True)
-    assert not (tmp_path / "jobspec.json").exists()
+    assert str(job_dir) in str(err.value)
+    assert not (job_dir / "ps").exists()  # refused before any parameter server was started
