@@ -1,0 +1,72 @@
+"""KerasBackend: gradients into the shared flat buffer, and the state a newcomer receives by broadcast."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ft_helpers import MODEL_ZOO
+from flextrain.data.example import encode_example
+from flextrain.elastic.statecodec import decode, encode
+from flextrain.worker.module import FeedMetadata, Mode, load_model_def
+
+tf = pytest.importorskip("tensorflow")
+
+from flextrain.worker.backend import make_backend  # noqa: E402
+
+DIGITS = f"{MODEL_ZOO / 'digits_keras.py'}:custom_model"
+RNG = np.random.default_rng(0)
+RECORDS = [encode_example({"image": RNG.integers(0, 17, 64).astype(np.float32), "label": [int(i % 10)]})
+           for i in range(20)]
+
+
+def backend(seed: int):
+    md = load_model_def(DIGITS)
+    tf.keras.utils.set_random_seed(seed)
+    model = md.build_model()
+    return make_backend(model_def=md, model=model, optimizer=md.build_optimizer(model, 0.1), extra=3)
+
+
+def step(b, features, labels):
+    b.zero()
+    b.accumulate(features, labels, slice(0, 7), scale=7 / 20)
+    b.accumulate(features, labels, slice(7, 20), scale=13 / 20)
+    b.apply()
+
+
+def test_gradients_land_in_the_flat_buffer_and_control_slots_stay_free():
+    b = backend(1)
+    features, labels = b.feed(RECORDS, Mode.TRAINING, FeedMetadata("mem", 0, 20, 0))
+    b.zero()
+    b.accumulate(features, labels, slice(0, 20), scale=1.0)
+    assert b.flat.shape[0] == b.size + 3 and b.size == 64 * 64 + 64 + 64 * 10 + 10
+    assert b.flat[: b.size].abs().sum() > 0 and b.flat[b.size:].abs().sum() == 0
+    # the buffer holds exactly the gradient of the mean loss (labels were shuffled with their features)
+    with tf.GradientTape() as tape:
+        loss = b.model_def.loss(labels, b.model(features, training=True))
+    expected = np.concatenate([g.numpy().ravel() for g in tape.gradient(loss, b.model.trainable_variables)])
+    np.testing.assert_allclose(b.flat[: b.size].numpy(), expected, rtol=1e-5, atol=1e-7)
+
+
+def test_newcomer_takes_model_and_optimizer_state_and_then_steps_identically():
+    veteran, newcomer = backend(1), backend(2)
+    features, labels = veteran.feed(RECORDS, Mode.TRAINING, FeedMetadata("mem", 0, 20, 0))
+    for _ in range(3):  # momentum slots and the iteration count are now non-trivial
+        step(veteran, features, labels)
+    assert not np.allclose(veteran.model.weights[0].numpy(), newcomer.model.weights[0].numpy())
+    newcomer.load_state(decode(encode(veteran.state())))  # what the round's broadcast carries
+    for a, b in zip(veteran.optimizer.variables, newcomer.optimizer.variables):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    assert int(newcomer.optimizer.iterations.numpy()) == 3
+    step(veteran, features, labels)
+    step(newcomer, features, labels)
+    for a, b in zip(veteran.model.weights, newcomer.model.weights):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-6, atol=1e-7)
+
+
+def test_state_of_another_model_is_refused_naming_the_mismatch():
+    other = load_model_def(f"{MODEL_ZOO / 'deepfm_keras.py'}:custom_model")
+    model = other.build_model()
+    foreign = make_backend(model_def=other, model=model, optimizer=other.build_optimizer(model, None), extra=3)
+    with pytest.raises(ValueError, match="model state has .* variables, this model has"):
+        backend(1).load_state(foreign.state())
