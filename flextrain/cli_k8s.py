@@ -307,6 +307,14 @@ def cmd_operator(args) -> int:
     return 0
 
 
+def _finished_training(spec) -> str | None:
+    """The final checkpoint of ``spec``'s job directory, if training finished there."""
+    from flextrain.master.checkpoints import CheckpointStore
+
+    latest = CheckpointStore(Path(spec.job_dir) / "checkpoints").latest()
+    return latest["checkpoint"] if latest and latest.get("final") else None
+
+
 def cmd_master(args) -> int:
     """Run the master of an ElasticJob; a relaunched master resumes from the job's latest checkpoint.
 
@@ -334,6 +342,13 @@ def cmd_master(args) -> int:
     # A relaunch (told by the operator's count) resumes; a first master starts afresh even if
     # an older job of the same name left a directory behind.
     resume = relaunches > 0 and (Path(spec.job_dir) / "jobspec.json").is_file()
+    if resume and (done := _finished_training(spec)) is not None:
+        # The previous master was lost after the final checkpoint, before it concluded the job.
+        message = (f"training finished (final checkpoint {done}) before master pod {relaunches - 1} was lost; "
+                   "concluded by its relaunch, without the final evaluation")
+        kube.patch_status(job, {"phase": "Succeeded", "message": message, "completionTime": now_iso()})
+        print(message)
+        return 0
     outcome: dict = {}
 
     def run() -> None:

@@ -9,7 +9,9 @@ free port (annotation ``flextrain.dev/master-port``): every "pod" shares this ho
 
 from __future__ import annotations
 
+import json
 import socket
+from pathlib import Path
 
 import pytest
 from ft_helpers import DIGITS_MODEL, read_status, wait_for
@@ -19,6 +21,8 @@ from flextrain.k8s import meta
 pytestmark = pytest.mark.e2e
 
 RECORDS = 1438  # digits training records
+# Digits with a fixed cost per step: long enough for pods to come and go during training.
+SLOW_MODEL = f"{Path(__file__).resolve().parent / 'zoo' / 'slow_digits.py'}:Model"
 
 
 def free_port() -> int:
@@ -28,12 +32,12 @@ def free_port() -> int:
 
 
 def elasticjob(name, digits_data, job_dir, *, epochs, replicas=2, min_replicas=1, max_replicas=3,
-               checkpoint_steps=0, master_budget=3) -> dict:
+               checkpoint_steps=0, master_budget=3, model=DIGITS_MODEL) -> dict:
     return {
         "apiVersion": meta.API_VERSION, "kind": meta.KIND,
         "metadata": {"name": name, "annotations": {meta.ANNOTATION_MASTER_PORT: str(free_port())}},
         "spec": {
-            "image": "flextrain:test", "modelDef": DIGITS_MODEL, "jobDir": str(job_dir),
+            "image": "flextrain:test", "modelDef": model, "jobDir": str(job_dir),
             "data": {"training": str(digits_data / "train"), "validation": str(digits_data / "validation")},
             "training": {"epochs": epochs, "globalBatchSize": 64, "maxMicroBatch": 32, "learningRate": 0.1,
                          "checkpointSteps": checkpoint_steps},
@@ -47,8 +51,6 @@ def elasticjob(name, digits_data, job_dir, *, epochs, replicas=2, min_replicas=1
 
 
 def pods_of(jobs, name: str, role: str | None = None) -> list[dict]:
-    import json
-
     data = json.loads(jobs.kube.core.list_namespaced_pod(jobs.namespace, _preload_content=False).data)
     return [p for p in data["items"] if (p["metadata"].get("labels") or {}).get(meta.LABEL_JOB) == name
             and (role is None or p["metadata"]["labels"].get(meta.LABEL_ROLE) == role)]
@@ -67,8 +69,6 @@ def wait_phase(jobs, node_agent, name: str, phase: str, *, timeout: float) -> di
 
 def assert_owned_by(jobs, name: str, uid: str) -> None:
     pods = pods_of(jobs, name)
-    import json
-
     raw = json.loads(jobs.kube.core.list_namespaced_service(jobs.namespace, _preload_content=False).data)
     services = [s for s in raw["items"] if (s["metadata"].get("labels") or {}).get(meta.LABEL_JOB) == name]
     assert pods and services
@@ -93,3 +93,54 @@ def test_elasticjob_trains_to_success_with_status_and_events(operator, node_agen
     # The master pod exits 0 once its workers are gone.
     wait_for(lambda: pods_of(jobs, "digits", "master")[0]["status"]["phase"] == "Succeeded",
              timeout=60, what="the master pod to succeed")
+
+
+def test_scale_subresource_and_a_deleted_worker_pod_while_training(operator, node_agent, jobs, digits_data,
+                                                                   tmp_path):
+    from flextrain.k8s.meta import GROUP, PLURAL, VERSION
+
+    epochs = 60
+    jobs.create(elasticjob("digits", digits_data, tmp_path / "digits", epochs=epochs, model=SLOW_MODEL))
+    wait_for(lambda: jobs.status("digits").get("workers", {}).get("active") == 2, timeout=180,
+             what="a round of 2 workers")
+    # What `kubectl scale ej/digits --replicas=3` does: write the scale subresource.
+    jobs.kube.custom.patch_namespaced_custom_object_scale(GROUP, VERSION, jobs.namespace, PLURAL, "digits",
+                                                          {"spec": {"replicas": 3}})
+    assert jobs.get("digits")["spec"]["replicaSpecs"]["worker"]["replicas"] == 3
+    wait_for(lambda: jobs.status("digits").get("workers", {}).get("active") == 3, timeout=180,
+             what="a round of 3 workers after scaling")
+    assert jobs.status("digits").get("phase") == "Running"  # scaled while training, no restart
+    scale = jobs.kube.custom.get_namespaced_custom_object_scale(GROUP, VERSION, jobs.namespace, PLURAL, "digits")
+    assert scale["spec"]["replicas"] == 3 and scale["status"]["replicas"] == 3
+    assert scale["status"]["selector"] == "flextrain.dev/job=digits,flextrain.dev/role=worker"
+
+    jobs.kube.core.delete_namespaced_pod("digits-worker-0", jobs.namespace, grace_period_seconds=0)
+    wait_for(lambda: len(pods_of(jobs, "digits", "worker")) >= 4, timeout=120,
+             what="a replacement for the deleted worker pod")
+    status = wait_phase(jobs, node_agent, "digits", "Succeeded", timeout=400)
+    assert status["progress"]["recordsDone"] == status["progress"]["recordsTotal"] == epochs * RECORDS
+    names = {p["metadata"]["name"] for p in pods_of(jobs, "digits", "worker")}
+    assert "digits-worker-0" not in names and len(names) == 3
+    assert "Scaling" in jobs.reasons("digits")
+
+
+def test_deleted_master_pod_is_relaunched_and_resumes_from_its_checkpoint(operator, node_agent, jobs,
+                                                                         digits_data, tmp_path):
+    job_dir = tmp_path / "digits"
+    epochs = 40
+    jobs.create(elasticjob("digits", digits_data, job_dir, epochs=epochs, checkpoint_steps=10, model=SLOW_MODEL))
+    latest = job_dir / "checkpoints" / "latest.json"
+    wait_for(latest.is_file, timeout=240, what="the job's first checkpoint")
+    jobs.kube.core.delete_namespaced_pod("digits-master-0", jobs.namespace)  # graceful: SIGTERM
+    wait_for(lambda: 1 in jobs.master_pods("digits"), timeout=120, what="the relaunched master pod")
+    assert 0 not in jobs.master_pods("digits")  # the deleted pod is gone (its exit code is in the event)
+
+    status = wait_phase(jobs, node_agent, "digits", "Succeeded", timeout=500)
+    assert status["masterRelaunches"] == 1
+    assert status["progress"]["recordsDone"] == status["progress"]["recordsTotal"] == epochs * RECORDS
+    notes = json.dumps(read_status(job_dir)["events"])  # the master's notes in status.json
+    assert "resumed from" in notes, notes  # the new master continued from the checkpoint, not from scratch
+    relaunched = [e for e in jobs.events("digits") if e["reason"] == "MasterRelaunched"]
+    assert len(relaunched) == 1 and "master pod digits-master-0 " in relaunched[0]["message"]
+    # On SIGTERM the master left without concluding the job, which is why it could be relaunched.
+    assert "signal 15: leaving without concluding the job" in node_agent.log("digits-master-0")
