@@ -15,7 +15,10 @@ chunk size. In the same run, alternating, the bench measures
   and streaming them back into a reused buffer;
 * embedding: ``pull_embedding`` of N distinct ids (rows created beforehand)
   and ``push`` of their sparse gradients, vs. the echo servers moving the
-  same bytes (ids + rows each way).
+  same bytes (ids + rows each way). ``--emb-order sorted`` (default) passes
+  the ids the way the PS trainer does (``torch.unique``'s output: distinct,
+  ascending), ``random`` in random order, which costs the client a sort per
+  call to find duplicates.
 
 ``ratio = PS / raw`` from the median of the repeats; target >= 0.70.
 """
@@ -131,6 +134,8 @@ def main() -> None:
     p.add_argument("--chunk-bytes", type=int, default=1 << 20)
     p.add_argument("--emb-ids", type=int, default=200_000, help="distinct ids per embedding pull/push")
     p.add_argument("--emb-dim", type=int, default=64)
+    p.add_argument("--emb-order", choices=("sorted", "random"), default="sorted",
+                   help="order of the ids given to pull_embedding/push (sorted: as the PS trainer gives them)")
     p.add_argument("--serve-echo", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.serve_echo:
@@ -165,6 +170,8 @@ def main() -> None:
             client.declare_table("emb", args.emb_dim, seed=1)
             rng = np.random.default_rng(0)
             ids = rng.choice(1 << 40, size=args.emb_ids, replace=False).astype(np.int64)
+            if args.emb_order == "sorted":
+                ids.sort()
             client.pull_embedding("emb", ids)  # create the rows: measure steady-state lookups
             emb_grad = torch.full((len(ids), args.emb_dim), 1e-3)
             owners = row_owners(ids, 2)
@@ -223,6 +230,7 @@ def main() -> None:
         "bench": "ps",
         "config": {"dense_mib": round(total / (1 << 20), 2), "dense_bytes_per_ps": per_ps, "chunk_bytes": chunk,
                    "num_ps": 2, "mode": "async", "optimizer": "sgd", "emb_ids": n, "emb_dim": args.emb_dim,
+                   "emb_order": args.emb_order,
                    "repeats": args.repeats, "cpus": os.cpu_count()},
         "dense": {"ps_push_pull_MBps": round(moved / med["ps_dense_s"], 1),
                   "raw_grpc_MBps": round(moved / med["raw_dense_s"], 1),

@@ -305,7 +305,8 @@ class PSClient:
         first, inverse = distinct(flat)
         rep = np.sort(first)
         owners = row_owners(flat[rep], self.num_ps)
-        by_ps = np.argsort(owners, kind="stable")  # group each PS's ids, positions still ascending
+        small = owners.astype(np.uint16) if self.num_ps <= 1 << 16 else owners  # 16-bit keys: numpy radix-sorts
+        by_ps = np.argsort(small, kind="stable")  # group each PS's ids, positions still ascending
         bounds = np.concatenate([[0], np.cumsum(np.bincount(owners, minlength=self.num_ps))])
         dest = rep[by_ps]  # where each requested row goes in the result
         sorted_ids = flat[dest]
