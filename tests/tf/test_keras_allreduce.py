@@ -8,11 +8,14 @@ ElasticDL spelling; it runs unchanged.
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
 from ft_helpers import MODEL_ZOO, REPO, read_status, run_flextrain
 from flextrain.data import read_records
+from flextrain.data.example import decode_example
 from flextrain.elastic.statecodec import decode
 
 pytestmark = pytest.mark.e2e
@@ -21,14 +24,21 @@ ELASTICDL_SPELLING = "model_zoo.digits_keras.custom_model"
 TRAIN_RECORDS = 1438
 
 
-def test_elasticdl_keras_module_trains_unchanged_on_two_workers_above_90_percent(digits_examples, tmp_path):
-    job_dir = tmp_path / "job"
+@pytest.fixture(scope="module")
+def trained_job(digits_examples, tmp_path_factory):
+    """The ElasticDL digits module trained by two workers (shared by the tests that read its results)."""
+    job_dir = tmp_path_factory.mktemp("keras-digits") / "job"
     proc = run_flextrain(
         "train", "--model-def", ELASTICDL_SPELLING, "--training-data", str(digits_examples / "train"),
         "--validation-data", str(digits_examples / "validation"), "--workers", "2", "--epochs", "6",
         "--global-batch-size", "64", "--max-micro-batch", "32", "--lr", "0.1", "--job-dir", str(job_dir),
         cwd=REPO, timeout=400,
     )
+    return job_dir, proc
+
+
+def test_elasticdl_keras_module_trains_unchanged_on_two_workers_above_90_percent(trained_job):
+    job_dir, proc = trained_job
     assert proc.returncode == 0, proc.stderr[-3000:]
     status = read_status(job_dir)
     assert status["phase"] == "Succeeded"
@@ -82,3 +92,20 @@ def test_distributed_keras_step_equals_single_process_step(digits_examples, tmp_
     for g, e, i in zip(got, expected, initial):
         np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-5)
         assert np.abs(e - i).max() > 1e-3  # training moved every weight: the comparison is not vacuous
+
+
+def test_keras_checkpoint_predicts_one_row_per_record(trained_job, digits_examples, tmp_path):
+    job_dir, proc = trained_job
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = tmp_path / "predictions"
+    pred = run_flextrain("predict", "--model-def", ELASTICDL_SPELLING, "--checkpoint", str(job_dir),
+                         "--prediction-data", str(digits_examples / "validation"), "--output", str(out),
+                         "--workers", "1", "--job-dir", str(tmp_path / "predict-job"), cwd=REPO, timeout=300)
+    assert pred.returncode == 0, pred.stderr[-3000:]
+    rows = [json.loads(line) for part in sorted(out.glob("part-*.jsonl")) for line in part.read_text().splitlines()]
+    records = read_records(digits_examples / "validation" / "digits-00000.rio")
+    assert [r["index"] for r in rows] == list(range(len(records)))  # one row per record, in order
+    labels = [int(decode_example(r)["label"][0]) for r in records]
+    hits = sum(int(np.argmax(r["prediction"])) == y for r, y in zip(rows, labels))
+    # the checkpoint's predictions agree with the job's own evaluation of the same model
+    assert hits / len(rows) == pytest.approx(read_status(job_dir)["metrics"]["accuracy"], abs=1e-9)
