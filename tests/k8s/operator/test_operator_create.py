@@ -36,6 +36,8 @@ def test_create_makes_master_pod_and_service_owned_by_the_job(operator, jobs):
     assert status["selector"] == "flextrain.dev/job=digits,flextrain.dev/role=worker"
     assert status["workers"] == {"desired": 2, "active": 0, "summary": "0/2"}
     wait_for(lambda: "MasterCreated" in jobs.reasons("digits"), timeout=30, what="a MasterCreated event")
+    # No finalizer: deleting a job never waits for the operator.
+    assert not jobs.get("digits")["metadata"].get("finalizers")
 
 
 def test_invalid_spec_fails_with_the_field_named_and_a_warning_event(operator, jobs):
