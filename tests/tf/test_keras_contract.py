@@ -142,3 +142,21 @@ def test_tf_module_without_tensorflow_says_how_to_install_before_any_process_sta
     assert "digits_keras.py is a TensorFlow module but TensorFlow is not installed" in proc.stderr
     assert "pip install 'flextrain[tensorflow]'" in proc.stderr
     assert not job_dir.exists()  # nothing was started
+
+
+@pytest.mark.e2e
+def test_job_with_a_feed_of_the_wrong_structure_fails_naming_feed(digits_examples, tmp_path):
+    from ft_helpers import read_status, run_flextrain
+
+    spec = keras_module(tmp_path, "pairless", {"return dataset.map(lambda r: (tf.ones([2]), tf.zeros([1])))":
+                                               "return dataset.map(lambda r: tf.ones([2]))"})
+    job_dir = tmp_path / "job"
+    proc = run_flextrain("train", "--model-def", spec, "--training-data", str(digits_examples / "train"),
+                         "--workers", "1", "--epochs", "1", "--global-batch-size", "64", "--max-task-retries", "1",
+                         "--job-dir", str(job_dir), timeout=300)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    status = read_status(job_dir)
+    assert status["phase"] == "Failed"
+    assert "pairless.py: feed(dataset, 'training', metadata) must return a dataset of (features, labels) pairs, " \
+           "got a dataset of 'float32(2,)'" in status["message"], status["message"]
+    assert status["progress"]["recordsDone"] == 0  # nothing was applied
