@@ -321,8 +321,12 @@ def cmd_master(args) -> int:
     SIGTERM (the pod deleted, preempted or drained) ends the process at once
     without concluding the job: the operator relaunches the master, and the new
     one resumes from the checkpoint and ledger in the job directory. Only a
-    master that finishes the job writes its final phase.
+    master that finishes the job writes its final phase -- or one that cannot
+    start because of the job's input (data, spec, resume state), which fails
+    the job naming the problem instead of being relaunched in vain.
     """
+    from flextrain.data import DataError
+    from flextrain.job import JobSpecError
     from flextrain.k8s import meta
     from flextrain.k8s.resource import ResourceError, jobspec_from_resource
     from flextrain.master.main import ResumeError, run_master
@@ -356,7 +360,9 @@ def cmd_master(args) -> int:
             outcome["code"] = run_master(spec, host=args.host, port=port, resume=resume, namespace=namespace,
                                          api_client=api)
         except ResumeError as exc:
-            outcome["error"] = str(exc)
+            outcome["error"] = f"the relaunched master cannot resume: {exc}"
+        except (DataError, JobSpecError) as exc:  # the job's input: no relaunch can fix it
+            outcome["error"] = f"the master cannot start: {exc}"
         except BaseException as exc:  # reported below; the pod fails and the operator relaunches
             log.exception("master of %s/%s crashed", namespace, args.job)
             outcome["crash"] = exc
@@ -373,7 +379,7 @@ def cmd_master(args) -> int:
     while thread.is_alive():
         thread.join(1.0)  # short waits: the main thread stays responsive to signals
     if "error" in outcome:
-        message = f"the relaunched master cannot resume: {outcome['error']}"
+        message = outcome["error"]
         kube.patch_status(job, {"phase": "Failed", "message": message, "completionTime": now_iso()})
         raise CLIError(message)
     if "crash" in outcome:

@@ -1,0 +1,78 @@
+"""`flextrain operator` and `flextrain master` as the processes a cluster runs (KUBECONFIG -> the emulator)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+
+import pytest
+from ft_helpers import flextrain_cmd, wait_for
+
+from flextrain.k8s import meta
+from flextrain.master.checkpoints import CheckpointStore
+from test_operator_create import elasticjob
+
+
+@pytest.fixture
+def env(k8s_cluster):
+    env = {**os.environ, "KUBECONFIG": str(k8s_cluster.kubeconfig), "PYTHONUNBUFFERED": "1"}
+    env.pop(meta.ENV_NAMESPACE, None)
+    return env
+
+
+def run(env, *args, timeout=120):
+    return subprocess.run(flextrain_cmd(*args), capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def test_operator_command_logs_in_from_kubeconfig_and_handles_jobs(env, jobs):
+    proc = subprocess.Popen(flextrain_cmd("--log-level", "INFO", "operator", "--namespace", "default",
+                                          "--sweep-interval", "1"),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        jobs.create(elasticjob("digits"))
+        wait_for(lambda: 0 in jobs.master_pods("digits"), timeout=60, what="the master pod from the operator process")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out
+    assert "flextrain operator watching default" in out
+
+
+def relaunched_job(jobs, tmp_path, body) -> dict:
+    """A job whose first master died: the operator counted a relaunch; the job dir has its files."""
+    job_dir = tmp_path / body["metadata"]["name"]
+    body["spec"]["jobDir"] = str(job_dir)
+    job = jobs.create(body)
+    jobs.kube.patch_status(job, {"phase": "Running", "masterRelaunches": 1})
+    job_dir.mkdir()
+    (job_dir / "jobspec.json").write_text("{}\n")
+    return job
+
+
+def test_relaunched_master_after_the_final_checkpoint_concludes_the_job(env, jobs, tmp_path):
+    relaunched_job(jobs, tmp_path, elasticjob("digits"))
+    CheckpointStore(tmp_path / "digits" / "checkpoints").record(
+        checkpoint=str(tmp_path / "digits" / "checkpoints" / "final.ckpt"), version=42, ledger={}, final=True)
+    res = run(env, "master", "--job", "digits", "--namespace", "default", "--port", "0")
+    assert res.returncode == 0, res.stderr
+    status = jobs.status("digits")
+    assert status["phase"] == "Succeeded" and "completionTime" in status
+    assert "training finished (final checkpoint" in status["message"] and "final.ckpt" in status["message"]
+
+
+def test_master_that_cannot_start_fails_the_job_naming_the_problem(env, jobs, tmp_path):
+    """Missing data: relaunching cannot help, so the job fails with the reason instead."""
+    job = elasticjob("digits")
+    job["spec"]["jobDir"] = str(tmp_path / "digits")
+    jobs.create(job)
+    res = run(env, "master", "--job", "digits", "--namespace", "default", "--port", "0")
+    assert res.returncode == 2
+    status = jobs.status("digits")
+    assert status["phase"] == "Failed"
+    assert status["message"] == "the master cannot start: training data directory not found: /data/train"
+
+
+def test_master_of_a_missing_job_names_it(env):
+    res = run(env, "master", "--job", "nosuch", "--namespace", "default")
+    assert res.returncode == 2 and "no ElasticJob 'nosuch' in namespace 'default'" in res.stderr
