@@ -10,6 +10,7 @@ anything, and names the embedding table in its errors.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterator
 
 import numpy as np
 import torch
@@ -181,24 +182,52 @@ def merge_rows(ids: np.ndarray, values: torch.Tensor) -> tuple[np.ndarray, torch
     return ids[first], out
 
 
-def sparse_chunks(table: str, ids: np.ndarray, values: torch.Tensor, num_ps: int,
-                  chunk_bytes: int) -> list[list[bytes]]:
-    """Per PS, encoded ``PushChunk{sparse}`` messages of one table's gradient (ids validated by the
-    caller; duplicates are summed; each block holds at most ``chunk_bytes`` of values)."""
+@dataclass(frozen=True)
+class SparseBlocks:
+    """One table's gradient rows bound for one PS, encoded a block at a time while iterated.
+
+    Each iteration yields encoded ``PushChunk{sparse}`` messages of at most ``per`` rows. Encoding
+    lazily, as gRPC sends, lets every block reuse the memory of the one sent before: building all
+    of them up front costs fresh pages (page faults) for every byte of the push, several times
+    the cost of the copy itself.
+    """
+
+    table: str
+    ids: np.ndarray          # merged, validated
+    values: torch.Tensor     # [len(ids), dim], contiguous
+    sel: np.ndarray          # positions in ids/values that go to this PS
+    per: int                 # rows per block
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.sel) * (8 + self.values.shape[1] * self.values.element_size())
+
+    def __iter__(self) -> Iterator[bytes]:
+        name = self.table.encode()
+        for a in range(0, len(self.sel), self.per):
+            s = self.sel[a: a + self.per]
+            part_ids = np.ascontiguousarray(self.ids[s], dtype="<i8")
+            block = (wire.Encoder().bytes_field(1, name)
+                     .message_field(2, wire.encode_tensor("int64", [len(s)], memoryview(part_ids).cast("B")))
+                     .message_field(3, encode_rows(take_rows(self.values, s))))
+            yield bytes(wire.Encoder().message_field(3, block))  # PushChunk.sparse = 3
+
+
+def sparse_blocks(table: str, ids: np.ndarray, values: torch.Tensor, num_ps: int,
+                  chunk_bytes: int) -> list[SparseBlocks]:
+    """Per PS, one table's gradient (ids validated by the caller; duplicates are summed; each
+    block holds at most ``chunk_bytes`` of values), encoded when iterated."""
     ids, values = merge_rows(ids, values.contiguous())
     owners = row_owners(ids, num_ps)
     per = max(1, chunk_bytes // max(1, values.shape[1] * values.element_size()))
-    out: list[list[bytes]] = [[] for _ in range(num_ps)]
-    for i in range(num_ps):
-        sel = np.nonzero(owners == i)[0] if num_ps > 1 else np.arange(len(ids))
-        for a in range(0, len(sel), per):
-            s = sel[a: a + per]
-            part_ids = np.ascontiguousarray(ids[s], dtype="<i8")
-            block = (wire.Encoder().bytes_field(1, table.encode())
-                     .message_field(2, wire.encode_tensor("int64", [len(s)], memoryview(part_ids).cast("B")))
-                     .message_field(3, encode_rows(take_rows(values, s))))
-            out[i].append(bytes(wire.Encoder().message_field(3, block)))  # PushChunk.sparse = 3
-    return out
+    return [SparseBlocks(table, ids, values, np.nonzero(owners == i)[0] if num_ps > 1 else np.arange(len(ids)), per)
+            for i in range(num_ps)]
+
+
+def sparse_chunks(table: str, ids: np.ndarray, values: torch.Tensor, num_ps: int,
+                  chunk_bytes: int) -> list[list[bytes]]:
+    """:func:`sparse_blocks`, encoded at once: per PS, the ``PushChunk{sparse}`` messages."""
+    return [list(blocks) for blocks in sparse_blocks(table, ids, values, num_ps, chunk_bytes)]
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,7 @@ import torch
 from flextrain.proto import ps_pb2 as pb
 from flextrain.proto import ps_pb2_grpc as pb_grpc
 from flextrain.ps.codec import (LayoutView, dense_sources, dense_targets, distinct, dtype_name, hyper_to_wire,
-                                ids_to_proto, raw_bytes, sparse_chunks)
+                                ids_to_proto, raw_bytes, sparse_blocks)
 from flextrain.ps.shard import as_row_ids, dense_owner, row_owners
 from flextrain.ps.wire import PUSH_DENSE_TAG, Scatter, decode_tensor, fields, gather_chunks
 
@@ -376,13 +376,13 @@ class PSClient:
         unknown = sorted(set(dense_grads) - known)
         if unknown:
             raise ValueError(f"gradients for unknown dense parameter(s) {unknown[:5]}; init_dense first")
-        blocks: list[list[bytes]] = [[] for _ in range(self.num_ps)]  # encoded PushChunk{sparse}
+        blocks: list[list] = [[] for _ in range(self.num_ps)]  # SparseBlocks: PushChunk{sparse}, encoded as sent
         for table, (ids, values) in (sparse_grads or {}).items():
             dim, _ = self._table(table)
             flat = as_row_ids(ids, table)
-            for i, part in enumerate(sparse_chunks(table, flat, values.detach().cpu().reshape(len(flat), dim),
+            for i, part in enumerate(sparse_blocks(table, flat, values.detach().cpu().reshape(len(flat), dim),
                                                    self.num_ps, self.chunk_bytes)):
-                blocks[i].extend(part)
+                blocks[i].append(part)
         self._seq += 1
         seq, shift = self._seq, 0 if version is None else self.version - version
         bases = self.versions
@@ -399,9 +399,10 @@ class PSClient:
             def requests():
                 yield pb.PushChunk(header=header)
                 yield from gather_chunks(segments, nbytes, self.chunk_bytes, PUSH_DENSE_TAG)
-                yield from blocks[i]
+                for part in blocks[i]:
+                    yield from part
             return self._call(i, "PushGradients", lambda s, t: s.push(requests(), timeout=t),
-                              nbytes=nbytes + sum(len(b) for b in blocks[i]))
+                              nbytes=nbytes + sum(b.nbytes for b in blocks[i]))
 
         results = self._fanout(one)
         versions = tuple(r.version for r in results)
