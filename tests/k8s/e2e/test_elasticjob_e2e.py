@@ -144,3 +144,45 @@ def test_deleted_master_pod_is_relaunched_and_resumes_from_its_checkpoint(operat
     assert len(relaunched) == 1 and "master pod digits-master-0 " in relaunched[0]["message"]
     # On SIGTERM the master left without concluding the job, which is why it could be relaunched.
     assert "signal 15: leaving without concluding the job" in node_agent.log("digits-master-0")
+
+
+def test_scale_down_and_stop_through_the_cli(operator, node_agent, jobs, digits_data, tmp_path, k8s_cluster,
+                                            caplog):
+    import logging
+    import os
+    import subprocess
+
+    from ft_helpers import flextrain_cmd
+
+    caplog.set_level(logging.INFO, logger="flextrain.operator.handlers")
+
+    def cli(*args):
+        env = {**os.environ, "KUBECONFIG": str(k8s_cluster.kubeconfig)}
+        res = subprocess.run(flextrain_cmd(*args, "--namespace", jobs.namespace), capture_output=True, text=True,
+                             timeout=120, env=env)
+        assert res.returncode == 0, res.stderr
+        return res.stdout
+
+    job_dir = tmp_path / "digits"
+    jobs.create(elasticjob("digits", digits_data, job_dir, epochs=60, replicas=3, model=SLOW_MODEL))
+    wait_for(lambda: jobs.status("digits").get("workers", {}).get("active") == 3, timeout=240,
+             what="a round of 3 workers")
+    cli("scale", "digits", "2")
+    wait_for(lambda: jobs.status("digits").get("workers", {}).get("active") == 2, timeout=180,
+             what="a round of 2 workers after scaling down")
+    gone = wait_for(lambda: [p for p in pods_of(jobs, "digits", "worker") if p["status"]["phase"] == "Succeeded"],
+                    timeout=120, what="the scaled-away worker to exit")
+    assert len(gone) == 1  # it left cleanly (exit 0), not killed
+    assert jobs.status("digits")["phase"] == "Running"
+
+    cli("stop", "digits", "--reason", "enough for today")
+    status = wait_phase(jobs, node_agent, "digits", "Failed", timeout=180)
+    assert status["message"].startswith("stopped: enough for today"), status["message"]
+    assert status["progress"]["recordsDone"] < status["progress"]["recordsTotal"]
+    assert (job_dir / "checkpoints" / "latest.json").is_file()  # the stop left a checkpoint to resume from
+    assert "phase     Failed  - stopped: enough for today" in cli("status", "digits")
+    assert "StopRequested" in jobs.reasons("digits")
+    wait_for(lambda: any("master pod digits-master-0" in r.getMessage() and "job digits over" in r.getMessage()
+                         for r in caplog.records), timeout=120, what="the operator's decision on the master's exit")
+    assert list(jobs.master_pods("digits")) == [0]  # a stopped job's master is not relaunched
+    assert jobs.status("digits")["masterRelaunches"] == 0
