@@ -137,7 +137,7 @@ def resume_spec(args):
 
 def cmd_train(args) -> int:
     from flextrain.data import DataError, make_shards
-    from flextrain.job import JobSpecError
+    from flextrain.job import JobSpecError, Strategy
     from flextrain.master.main import run_master
     from flextrain.worker.module import ModelDefError, load_model_def
 
@@ -148,7 +148,11 @@ def cmd_train(args) -> int:
     try:
         spec = (resume_spec(args) if args.resume else build_spec(args)).validate()
         # Everything checkable is checked before a single process starts.
-        load_model_def(spec.model_def)
+        model_def = load_model_def(spec.model_def)
+        if spec.strategy is Strategy.PARAMETER_SERVER:
+            from flextrain.worker.ps_trainer import check_ps_optimizer
+
+            check_ps_optimizer(model_def, lr=spec.learning_rate)
         make_shards(spec.training_data, what="training data")
         if spec.validation_data:
             make_shards(spec.validation_data, what="validation data")

@@ -50,7 +50,7 @@ from flextrain.job import JobSpec
 from flextrain.proto import flextrain_pb2 as pb
 from flextrain.ps.codec import torch_optimizer_config
 from flextrain.worker.client import MasterClient
-from flextrain.worker.module import FeedMetadata, Mode, ModelDef
+from flextrain.worker.module import FeedMetadata, Framework, Mode, ModelDef, ModelDefError
 from flextrain.worker.ps_client import PSClient, PSError
 from flextrain.worker.trainer import WorkerState, describe, feed_tensors, take
 
@@ -59,6 +59,20 @@ log = logging.getLogger("flextrain.worker.ps")
 TASK_POLL = 0.2        # seconds between asks while other workers hold the last tasks
 MAX_RESETUPS = 5       # PS set-ups redone in a row (a PS lost its state) before giving up
 MAX_STALE_RETRIES = 1000  # recomputations of one minibatch after stale pushes
+
+
+def check_ps_optimizer(model_def: ModelDef, *, lr: float | None) -> None:
+    """Submission check for ParameterServer jobs: the module's PyTorch optimizer must be one the PS
+    runs. ModelDefError names the module, its ``optimizer`` and why; TensorFlow modules are left
+    to their own trainer."""
+    if model_def.framework is not Framework.PYTORCH:
+        return
+    optimizer = model_def.build_optimizer(model_def.build_model(), lr)
+    try:
+        torch_optimizer_config(optimizer)
+    except ValueError as exc:
+        raise ModelDefError(f"{model_def.path}: `optimizer` returns {type(optimizer).__name__}, which "
+                            f"--distribution-strategy ParameterServer cannot use: {exc}") from None
 
 
 class PSEmbedding(nn.Module):

@@ -274,3 +274,17 @@ def test_stopped_ps_job_resumes_and_applies_every_record_once(digits_data, tmp_p
     again = run_flextrain("train", "--resume", str(job_dir), timeout=120)
     assert again.returncode != 0 and "already finished training" in again.stderr
     assert "Traceback" not in again.stderr
+
+
+def test_an_optimizer_the_ps_cannot_run_is_refused_at_submission(ctr_data, tmp_path):
+    module = tmp_path / "rms.py"
+    module.write_text((MODEL_ZOO / "deepfm_torch.py").read_text() +
+                      "\n\ndef optimizer(params, lr=0.01):\n    return torch.optim.RMSprop(params, lr=lr)\n")
+    proc = run_flextrain("train", "--model-def", f"{module}:Model", "--training-data", str(ctr_data / "train"),
+                         "--distribution-strategy", "ParameterServer", "--ps", "1", "--job-dir", str(tmp_path / "job"),
+                         timeout=60)
+    assert proc.returncode == 2
+    assert "rms.py" in proc.stderr and "`optimizer` returns RMSprop" in proc.stderr
+    assert "torch.optim.SGD" in proc.stderr  # what it can run instead
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "job" / "status.json").exists()
