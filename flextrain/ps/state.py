@@ -38,7 +38,7 @@ import contextlib
 import random
 import threading
 from collections import OrderedDict
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from typing import Callable
 
 import numpy as np
@@ -48,43 +48,13 @@ from flextrain.ps.codec import RowBlock, concat_blocks, merge_rows
 from flextrain.ps.dense import DenseStore, Spec
 from flextrain.ps.embedding import EmbeddingTable, TableSpec
 from flextrain.ps.optimizers import Optimizer, make_optimizer
+from flextrain.ps.settings import PreconditionError, PushResult, SyncSettings
 from flextrain.ps.shard import as_row_ids
 
 STATE_FORMAT = 1
 _DEDUPE_CLIENTS = 4096  # clients remembered for push de-duplication (LRU)
 _SPARE_BUFFERS = 4      # received gradient buffers kept for reuse (fresh big buffers cost page faults)
 _TASKS_REMEMBERED = 1 << 17  # tasks whose accepted minibatches are remembered (LRU; only recent ones matter)
-
-
-class PreconditionError(RuntimeError):
-    """The request is well-formed but the PS is not in a state to serve it."""
-
-
-@dataclass(frozen=True)
-class SyncSettings:
-    mode: str = "sync"          # "sync" | "async"
-    grads_to_wait: int = 1
-    version_tolerance: int = 0
-    staleness_lr: bool = False
-    max_staleness: int = 0
-
-    def validated(self) -> "SyncSettings":
-        if self.mode not in ("sync", "async"):
-            raise ValueError(f"mode must be 'sync' or 'async', got {self.mode!r}")
-        if self.grads_to_wait < 1:
-            raise ValueError(f"grads_to_wait must be >= 1, got {self.grads_to_wait}")
-        if self.version_tolerance < 0 or self.max_staleness < 0:
-            raise ValueError("version_tolerance and max_staleness must be >= 0")
-        return self
-
-
-@dataclass(frozen=True)
-class PushResult:
-    accepted: bool
-    version: int
-    message: str = ""
-    applied: bool = False
-    duplicate: bool = False  # the minibatch was accepted before: nothing done
 
 
 class ShardState:

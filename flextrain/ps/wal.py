@@ -43,6 +43,7 @@ import torch
 
 from flextrain.ps.dense import Spec
 from flextrain.ps.embedding import TableSpec
+from flextrain.ps.settings import SyncSettings
 
 log = logging.getLogger(__name__)
 _NAME = re.compile(r"^wal-(\d+)\.log$")
@@ -199,8 +200,6 @@ def replay(shard, directory: str | os.PathLike, *, start: int) -> tuple[int, int
 
     Torn tails are truncated. Returns ``(0, start - 1)`` when there is nothing to replay.
     """
-    from flextrain.ps.state import SyncSettings  # state imports nothing from here: no cycle at load time
-
     count, last = 0, start - 1
     for number, path in segments(Path(directory)):
         if number < start:
