@@ -81,6 +81,8 @@ def test_torch_modules_stay_torch():
      r"returned a dataset of 2 elements .* for 4 records; it must yield exactly one element per record"),
     ("return dataset.map(lambda r: (tf.ones([2]), tf.zeros([1]))).take(3)",
      r"returned a dataset of 3 elements"),
+    ("return dataset.map(lambda r: (tf.ones([2]), tf.zeros([1]))).repeat()",
+     r"returned a dataset of more than 9 elements"),
 ])
 def test_feed_returning_the_wrong_structure_is_named(tmp_path, feed_body, expected):
     spec = keras_module(tmp_path, f"badfeed{abs(hash(feed_body)) % 10000}",

@@ -42,7 +42,9 @@ def feed_dataset(model_def: ModelDef, records: Sequence[bytes], mode: Mode, meta
     got = batches[0] if len(batches) == 1 else None
     sizes = sorted({int(t.shape[0]) if t.shape.rank else -1 for t in tf.nest.flatten(got)}) if got is not None else []
     if len(batches) > 1 or (n and sizes != [n]) or (not n and batches):
-        count = sum(int(tf.nest.flatten(b)[0].shape[0]) for b in out.batch(1 << 20))
+        cap = 2 * n + 2  # a repeating dataset never ends: count only so far
+        count = sum(1 for _ in out.take(cap))
+        count = f"more than {cap - 1}" if count == cap else count
         raise ModelDefError(f"{model_def.path}: {usage} returned a dataset of {count} elements "
                             f"({_describe_spec(spec)}) for {n} records; it must yield exactly one element per "
                             "record, in order (the framework batches; do not batch, filter or repeat)")
