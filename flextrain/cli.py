@@ -139,7 +139,7 @@ def cmd_train(args) -> int:
     from flextrain.data import DataError, make_shards
     from flextrain.job import JobSpecError, Strategy
     from flextrain.master.main import run_master
-    from flextrain.worker.module import ModelDefError, load_model_def
+    from flextrain.worker.module import Framework, ModelDefError, load_model_def
 
     if not args.resume:
         missing = [f for f in ("model_def", "training_data") if not getattr(args, f)]
@@ -153,6 +153,10 @@ def cmd_train(args) -> int:
             from flextrain.worker.ps_trainer import check_ps_optimizer
 
             check_ps_optimizer(model_def, lr=spec.learning_rate)
+            if model_def.framework is Framework.TENSORFLOW:
+                from flextrain.worker.tf.ps import check_keras_ps_optimizer
+
+                check_keras_ps_optimizer(model_def, lr=spec.learning_rate)
         make_shards(spec.training_data, what="training data")
         if spec.validation_data:
             make_shards(spec.validation_data, what="validation data")

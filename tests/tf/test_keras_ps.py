@@ -142,6 +142,21 @@ def test_unsupported_keras_optimizer_is_named_when_the_worker_starts(two_ps, tmp
                        client=FakeMaster([]), state=WorkerState(), ps_addresses=two_ps)
 
 
+def test_keras_optimizer_the_ps_cannot_run_is_refused_at_submission(tmp_path):
+    module = tmp_path / "rms_keras.py"
+    module.write_text((MODEL_ZOO / "deepfm_keras.py").read_text() +
+                      "\n\ndef optimizer(lr=0.01):\n    return tf.keras.optimizers.RMSprop(learning_rate=lr)\n")
+    write_ctr(tmp_path / "data", rows=100)
+    proc = run_flextrain("train", "--model-def", f"{module}:custom_model", "--training-data",
+                         str(tmp_path / "data" / "train"), "--distribution-strategy", "ParameterServer", "--ps", "1",
+                         "--job-dir", str(tmp_path / "job"), timeout=120)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "rms_keras.py: `optimizer` returns RMSprop, which --distribution-strategy ParameterServer cannot use" \
+        in proc.stderr
+    assert "tf.keras.optimizers.SGD" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "job").exists()
+
+
 @pytest.mark.e2e
 def test_keras_deepfm_trains_on_two_ps_and_two_workers(tmp_path):
     proc = run_flextrain("data", "ctr", "--out", str(tmp_path / "ctr"), "--rows", "10000", "--seed", "1")

@@ -74,6 +74,18 @@ def keras_optimizer_config(optimizer) -> tuple[str, dict[str, float]]:
     return name, hyper
 
 
+def check_keras_ps_optimizer(model_def: ModelDef, *, lr: float | None) -> None:
+    """Submission check for ParameterServer jobs of TensorFlow modules: the module's Keras optimizer
+    must be one the PS runs; ModelDefError names the module, its ``optimizer`` and why."""
+    model = model_def.build_model()
+    optimizer = model_def.build_optimizer(model, lr)
+    try:
+        keras_optimizer_config(optimizer)
+    except ValueError as exc:
+        raise ModelDefError(f"{model_def.path}: `optimizer` returns {type(optimizer).__name__}, which "
+                            f"--distribution-strategy ParameterServer cannot use: {exc}") from None
+
+
 class KerasPSTrainer(PSTrainer):
     def __init__(self, *, spec: JobSpec, model_def: ModelDef, model, optimizer, client: MasterClient,
                  state: WorkerState, ps_addresses: list[str]) -> None:
