@@ -118,7 +118,7 @@ def _api_client():
 
     try:
         meta.load_client_config()
-    except Exception as exc:  # no in-cluster config and no usable kubeconfig
+    except Exception as exc:  # no in-cluster config and no usable kubeconfig, whatever the cause
         raise CLIError(f"cannot reach Kubernetes: {exc} (set KUBECONFIG or run in a pod)") from exc
     return client.ApiClient()
 
@@ -135,7 +135,7 @@ def _namespace(args) -> str:
 
         _, active = config.list_kube_config_contexts()
         return (active or {}).get("context", {}).get("namespace") or "default"
-    except Exception:
+    except Exception:  # noqa: BLE001 - no kubeconfig (in a pod): the pod's own namespace
         return meta.current_namespace()
 
 
@@ -158,7 +158,11 @@ def elasticjob_from_args(args) -> dict:
     from flextrain.cli import build_spec
     from flextrain.job import Backend, JobSpecError
     from flextrain.k8s import meta
-    from flextrain.k8s.resource import DEFAULT_JOBS_ROOT, ResourceError, resource_from_jobspec
+    from flextrain.k8s.resource import (
+        DEFAULT_JOBS_ROOT,
+        ResourceError,
+        resource_from_jobspec,
+    )
 
     if args.resume:
         raise CLIError("--resume is for local jobs; a Kubernetes job's relaunched master resumes by itself")
@@ -387,5 +391,13 @@ def cmd_master(args) -> int:
     return outcome["code"]
 
 
-__all__ = ["add_commands", "elasticjob_from_args", "submit", "status", "scale", "stop",
-           "cmd_operator", "cmd_master"]
+__all__ = [
+    "add_commands",
+    "cmd_master",
+    "cmd_operator",
+    "elasticjob_from_args",
+    "scale",
+    "status",
+    "stop",
+    "submit",
+]

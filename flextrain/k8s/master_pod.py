@@ -11,7 +11,8 @@ against ``spec.replicaSpecs.master.relaunchBudget`` and recorded as Events.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from flextrain.k8s import meta
 from flextrain.k8s.resource import pod_settings
@@ -111,4 +112,4 @@ def master_pod(job: Mapping[str, Any], *, index: int) -> dict[str, Any]:
     }
 
 
-__all__ = ["master_pod", "master_service", "master_port", "master_pod_name"]
+__all__ = ["master_pod", "master_pod_name", "master_port", "master_service"]

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from flextrain.job import Backend, JobSpec, JobSpecError, Strategy
 from flextrain.k8s import meta
@@ -328,6 +329,14 @@ def resource_from_jobspec(
 
 
 __all__ = [
-    "ResourceError", "jobspec_from_resource", "resource_from_jobspec", "replica_range",
-    "master_relaunch_budget", "PodSettings", "pod_settings", "FIELDS", "DEFAULT_JOBS_ROOT", "DEFAULT_MASTER_RELAUNCH_BUDGET",
+    "DEFAULT_JOBS_ROOT",
+    "DEFAULT_MASTER_RELAUNCH_BUDGET",
+    "FIELDS",
+    "PodSettings",
+    "ResourceError",
+    "jobspec_from_resource",
+    "master_relaunch_budget",
+    "pod_settings",
+    "replica_range",
+    "resource_from_jobspec",
 ]

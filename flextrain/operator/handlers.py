@@ -35,7 +35,7 @@ def build_registry(reconciler: Reconciler, *, registry: kopf.OperatorRegistry | 
                    ) -> kopf.OperatorRegistry:
     """A kopf registry with every handler of the operator bound to ``reconciler``."""
     registry = registry or kopf.OperatorRegistry()
-    job_resource = dict(group=meta.GROUP, version=meta.VERSION, plural=meta.PLURAL, registry=registry)
+    job_resource = {"group": meta.GROUP, "version": meta.VERSION, "plural": meta.PLURAL, "registry": registry}
 
     # No return values: kopf would store them in the job's status.
     @kopf.on.create(**job_resource, id="create")

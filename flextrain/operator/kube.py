@@ -24,7 +24,7 @@ COMPONENT = "flextrain-operator"
 
 
 def now_iso() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 def _status_code(exc: BaseException) -> int | None:
@@ -128,7 +128,7 @@ class Kube:
         }
         try:
             self.core.create_namespaced_event(md["namespace"], body)
-        except Exception as exc:  # an Event is a courtesy; the state change it reports already happened
+        except Exception as exc:  # noqa: BLE001 - an Event is a courtesy; what it reports already happened
             log.warning("could not record event %s on %s/%s: %s", reason, md["namespace"], md["name"], exc)
         log.info("%s/%s %s: %s", md["namespace"], md["name"], reason, message)
 

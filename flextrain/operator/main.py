@@ -13,7 +13,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from typing import Any, Collection
+from collections.abc import Collection
+from typing import Any
 
 import kopf
 
@@ -66,7 +67,7 @@ class Sweeper:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="flextrain-operator-sweep")
 
-    def start(self) -> "Sweeper":
+    def start(self) -> Sweeper:
         self._thread.start()
         return self
 
@@ -91,7 +92,7 @@ class Sweeper:
             try:
                 self.reconciler.ensure(job)
                 self.reconciler.sync_replicas(job)
-            except Exception as exc:  # one job's trouble must not stop the others' checks
+            except Exception as exc:  # noqa: BLE001 - one job's trouble must not stop the others' checks
                 md = job.get("metadata") or {}
                 log.warning("sweep of %s/%s failed: %s", md.get("namespace"), md.get("name"), exc)
 
@@ -99,7 +100,7 @@ class Sweeper:
         while not self._stop.wait(self.interval):
             try:
                 self.sweep()
-            except Exception as exc:  # API server unreachable: try again next time
+            except Exception as exc:  # noqa: BLE001 - API server unreachable: try again next time
                 log.warning("operator sweep failed: %s", exc)
 
 
@@ -132,4 +133,4 @@ def run_operator(api_client, *, namespaces: Collection[str] = (), clusterwide: b
         sweeper.stop()
 
 
-__all__ = ["run_operator", "build", "connection_info", "settings"]
+__all__ = ["build", "connection_info", "run_operator", "settings"]

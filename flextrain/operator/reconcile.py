@@ -19,10 +19,25 @@ import logging
 from typing import Any
 
 from flextrain.k8s import meta
-from flextrain.k8s.master_pod import master_pod, master_pod_name, master_port, master_service
-from flextrain.k8s.resource import ResourceError, jobspec_from_resource, master_relaunch_budget
+from flextrain.k8s.master_pod import (
+    master_pod,
+    master_pod_name,
+    master_port,
+    master_service,
+)
+from flextrain.k8s.resource import (
+    ResourceError,
+    jobspec_from_resource,
+    master_relaunch_budget,
+)
 from flextrain.operator.kube import Kube, now_iso, pod_failure
-from flextrain.operator.relay import MasterUnreachable, Reply, master_target, relay_scale, relay_stop
+from flextrain.operator.relay import (
+    MasterUnreachable,
+    Reply,
+    master_target,
+    relay_scale,
+    relay_stop,
+)
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +116,7 @@ class Reconciler:
             self.fail(job, reason="InvalidSpec", message=problem)
             return Outcome.INVALID
         spec = jobspec_from_resource(job)
-        namespace, name = _ident(job)
+        _, name = _ident(job)
         pod = master_pod_name(name, 0)
         # Status first: written after the pod, it could overwrite a fast master's "Running".
         self.kube.patch_status(job, {
@@ -203,4 +218,4 @@ class Reconciler:
         self.kube.event(job, reason=f"Job{new}", message=text, warning=new == "Failed")
 
 
-__all__ = ["Reconciler", "Outcome", "MasterUnreachable", "TERMINAL"]
+__all__ = ["TERMINAL", "MasterUnreachable", "Outcome", "Reconciler"]

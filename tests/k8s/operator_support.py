@@ -27,13 +27,13 @@ class Operator:
             try:
                 run_operator(api_client, namespaces=[namespace], stop_flag=self.stop, ready_flag=self.ready,
                              sweep_interval=sweep_interval)
-            except BaseException as exc:  # surfaced by close()
+            except BaseException as exc:  # noqa: BLE001 - surfaced by start()/close()
                 self.error = exc
                 self.ready.set()
 
         self.thread = threading.Thread(target=run, daemon=True, name="flextrain-operator")
 
-    def start(self) -> "Operator":
+    def start(self) -> Operator:
         self.thread.start()
         assert self.ready.wait(30), "the operator did not become ready"
         assert self.error is None, f"the operator failed to start: {self.error!r}"

@@ -159,7 +159,7 @@ def test_scale_down_and_stop_through_the_cli(operator, node_agent, jobs, digits_
     def cli(*args):
         env = {**os.environ, "KUBECONFIG": str(k8s_cluster.kubeconfig)}
         res = subprocess.run(flextrain_cmd(*args, "--namespace", jobs.namespace), capture_output=True, text=True,
-                             timeout=120, env=env)
+                             timeout=120, env=env, check=False)
         assert res.returncode == 0, res.stderr
         return res.stdout
 

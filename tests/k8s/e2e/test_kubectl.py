@@ -25,7 +25,7 @@ EXAMPLE = Path(__file__).resolve().parents[3] / "manifests" / "examples" / "digi
 def kubectl(k8s_cluster):
     def run(*args: str) -> str:
         res = subprocess.run(["kubectl", "--kubeconfig", str(k8s_cluster.kubeconfig), *args],
-                             capture_output=True, text=True, timeout=60)
+                             capture_output=True, text=True, timeout=60, check=False)
         assert res.returncode == 0, f"kubectl {' '.join(args)}: {res.stderr}"
         return res.stdout
     return run

@@ -26,7 +26,7 @@ def cli(k8s_cluster):
     def run(*args: str) -> subprocess.CompletedProcess:
         env = {**os.environ, "KUBECONFIG": str(k8s_cluster.kubeconfig)}
         env.pop(meta.ENV_NAMESPACE, None)
-        return subprocess.run(flextrain_cmd(*args), capture_output=True, text=True, timeout=120, env=env)
+        return subprocess.run(flextrain_cmd(*args), capture_output=True, text=True, timeout=120, env=env, check=False)
     return run
 
 

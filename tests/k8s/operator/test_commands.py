@@ -8,10 +8,10 @@ import subprocess
 
 import pytest
 from ft_helpers import flextrain_cmd, wait_for
+from test_operator_create import elasticjob
 
 from flextrain.k8s import meta
 from flextrain.master.checkpoints import CheckpointStore
-from test_operator_create import elasticjob
 
 
 @pytest.fixture
@@ -22,7 +22,8 @@ def env(k8s_cluster):
 
 
 def run(env, *args, timeout=120):
-    return subprocess.run(flextrain_cmd(*args), capture_output=True, text=True, timeout=timeout, env=env)
+    return subprocess.run(flextrain_cmd(*args), capture_output=True, text=True, timeout=timeout, env=env,
+                          check=False)
 
 
 def test_operator_command_logs_in_from_kubeconfig_and_handles_jobs(env, jobs):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 
 from ft_helpers import wait_for
-
 from test_operator_create import elasticjob
 
 

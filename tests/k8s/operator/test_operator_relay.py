@@ -15,11 +15,11 @@ from concurrent import futures
 import grpc
 import pytest
 from ft_helpers import wait_for
+from test_operator_create import elasticjob
 
 from flextrain.k8s import meta
 from flextrain.proto import flextrain_pb2 as pb
 from flextrain.proto import flextrain_pb2_grpc as pb_grpc
-from test_operator_create import elasticjob
 
 
 class RecordingMaster(pb_grpc.MasterServicer):

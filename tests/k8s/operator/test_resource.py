@@ -11,7 +11,11 @@ import yaml
 from flextrain.job import Backend, JobSpec, Strategy
 from flextrain.k8s import meta
 from flextrain.k8s.resource import (
-    DEFAULT_JOBS_ROOT, ResourceError, jobspec_from_resource, master_relaunch_budget, pod_settings,
+    DEFAULT_JOBS_ROOT,
+    ResourceError,
+    jobspec_from_resource,
+    master_relaunch_budget,
+    pod_settings,
     resource_from_jobspec,
 )
 
