@@ -345,6 +345,12 @@ def cmd_master(args) -> int:
         spec = jobspec_from_resource(job)
     except ResourceError as exc:
         raise CLIError(f"ElasticJob {namespace}/{args.job}: {exc}") from exc
+    stop_reason = (job["metadata"].get("annotations") or {}).get(meta.ANNOTATION_STOP)
+    if stop_reason:  # stopped while no master ran (or before this relaunch): do not train
+        message = f"stopped: {stop_reason} (requested before this master started)"
+        kube.patch_status(job, {"phase": "Failed", "message": message, "completionTime": now_iso()})
+        print(message)
+        return 1
     port = args.port if args.port is not None else meta.MASTER_PORT
     relaunches = int((job.get("status") or {}).get("masterRelaunches") or 0)
     # A relaunch (told by the operator's count) resumes; a first master starts afresh even if

@@ -53,7 +53,7 @@ def settings(*, worker_threads: int = 8) -> kopf.OperatorSettings:
 
 
 class Sweeper:
-    """Every ``interval`` s: each live job's master checked, its worker count synced.
+    """Every ``interval`` s: each live job's master checked, its worker count and stop request synced.
 
     The level-triggered backstop of the event handlers (a pod death or scale
     missed while the operator was down or busy). A plain thread rather than a
@@ -92,6 +92,7 @@ class Sweeper:
             try:
                 self.reconciler.ensure(job)
                 self.reconciler.sync_replicas(job)
+                self.reconciler.sync_stop(job)
             except Exception as exc:  # noqa: BLE001 - one job's trouble must not stop the others' checks
                 md = job.get("metadata") or {}
                 log.warning("sweep of %s/%s failed: %s", md.get("namespace"), md.get("name"), exc)

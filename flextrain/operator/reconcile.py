@@ -80,6 +80,7 @@ class Reconciler:
     def __init__(self, kube: Kube) -> None:
         self.kube = kube
         self._refused: dict[str, Any] = {}  # job uid -> replica count refused last
+        self._stops_sent: set[tuple[str, Any]] = set()  # (job uid, master relaunch count) told to stop
 
     # ---- lifecycle -----------------------------------------------------------------
     def fail(self, job: dict, *, reason: str, message: str) -> None:
@@ -202,11 +203,24 @@ class Reconciler:
             self._refused[uid] = want
         return reply
 
+    def sync_stop(self, job: dict) -> Reply | None:
+        """Level-triggered stop: each running master of a job with ``flextrain.dev/stop`` is told once.
+
+        Covers a master relaunched after the stop was relayed to its predecessor.
+        """
+        reason = ((job["metadata"].get("annotations") or {}).get(meta.ANNOTATION_STOP))
+        status = job.get("status") or {}
+        key = (job["metadata"].get("uid"), status.get("masterRelaunches"))
+        if not reason or status.get("phase") != "Running" or key in self._stops_sent:
+            return None
+        return self.stop(job, reason=reason)
+
     def stop(self, job: dict, *, reason: str) -> Reply | None:
         """Relay a stop request (the ``flextrain.dev/stop`` annotation) to the master."""
         if _phase(job) in TERMINAL:
             return None
         reply = relay_stop(self._target(job), reason)
+        self._stops_sent.add((job["metadata"].get("uid"), (job.get("status") or {}).get("masterRelaunches")))
         self.kube.event(job, reason="StopRequested" if reply.accepted else "StopRejected",
                         message=f"{reason}: {reply.message}", warning=not reply.accepted)
         return reply

@@ -77,3 +77,16 @@ def test_master_that_cannot_start_fails_the_job_naming_the_problem(env, jobs, tm
 def test_master_of_a_missing_job_names_it(env):
     res = run(env, "master", "--job", "nosuch", "--namespace", "default")
     assert res.returncode == 2 and "no ElasticJob 'nosuch' in namespace 'default'" in res.stderr
+
+
+def test_master_of_a_job_stopped_before_it_started_does_not_train(env, jobs, tmp_path):
+    job = elasticjob("digits")
+    job["spec"]["jobDir"] = str(tmp_path / "digits")
+    job["metadata"]["annotations"] = {meta.ANNOTATION_STOP: "changed my mind"}
+    jobs.create(job)
+    res = run(env, "master", "--job", "digits", "--namespace", "default", "--port", "0")
+    assert res.returncode == 1
+    status = jobs.status("digits")
+    assert status["phase"] == "Failed"
+    assert status["message"] == "stopped: changed my mind (requested before this master started)"
+    assert not (tmp_path / "digits").exists()  # nothing ran

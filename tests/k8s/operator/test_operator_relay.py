@@ -142,3 +142,13 @@ def test_unreachable_master_is_retried_until_it_answers(operator, jobs, caplog):
         wait_for(lambda: late.scales[-1:] == [3], timeout=60, what="Scale(3) once the master is up")
     finally:
         server.stop(grace=None)
+
+
+def test_stop_reaches_a_master_relaunched_after_it(operator, jobs, master):
+    started_job(jobs, master)
+    report_running(jobs, "digits", desired=2)
+    jobs.patch("digits", {"metadata": {"annotations": {meta.ANNOTATION_STOP: "enough"}}})
+    wait_for(lambda: master.stops == ["enough"], timeout=30, what="Stop at the first master")
+    # The master died before concluding; its relaunch (same Service) runs and must stop too.
+    jobs.kube.patch_status(jobs.get("digits"), {"masterRelaunches": 1})
+    wait_for(lambda: master.stops == ["enough", "enough"], timeout=30, what="Stop at the relaunched master")
