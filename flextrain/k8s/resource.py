@@ -309,6 +309,12 @@ def resource_from_jobspec(
     """
     defaults = {f.name: f.default for f in dataclasses.fields(JobSpec)
                 if f.default is not dataclasses.MISSING}
+    mapped = {f.jobspec for f in FIELDS} | {"name", "backend"}
+    for field, default in sorted(defaults.items()):
+        # A setting the ElasticJob cannot carry yet must not vanish on the way to the cluster.
+        if field not in mapped and getattr(spec, field) != default:
+            raise ResourceError(f"JobSpec.{field}", f"{getattr(spec, field)!r} has no ElasticJob field yet "
+                                                    "(run this job with the local backend)")
     body: dict[str, Any] = {"image": image}
     for f in _active_fields():
         value = getattr(spec, f.jobspec)

@@ -154,3 +154,12 @@ def test_the_input_object_is_not_modified():
     jobspec_from_resource(obj)
     pod_settings(obj, "master")
     assert obj == before
+
+
+def test_a_setting_without_an_elasticjob_field_is_not_dropped():
+    from flextrain.job import JobType
+
+    spec = JobSpec(name="ev", model_def="/zoo/m.py:Model", training_data="/d", job_dir="/j",
+                   job_type=JobType.EVALUATION, checkpoint="/j/final.ckpt")
+    with pytest.raises(ResourceError, match=r"^JobSpec.checkpoint: '/j/final.ckpt' has no ElasticJob field yet"):
+        resource_from_jobspec(spec, image="img")
