@@ -4,7 +4,9 @@ The worker hands ``feed`` a ``tf.data.Dataset`` of the span's raw records
 (``tf.string`` scalars, in order) and expects back a dataset with one element
 per record: ``(features, labels)``, or in PREDICTION mode ``features`` alone.
 The framework batches it (one batch of the whole span) and slices micro-batches
-from the tensors. Anything else (not a dataset, not a pair, a dataset that
+from the tensors. Evaluation and prediction need the records' order kept
+(prediction rows are matched to records by position); shuffling within a
+training span is harmless (labels travel with their features). Anything else (not a dataset, not a pair, a dataset that
 batches, drops or repeats records) is a :class:`ModelDefError` naming ``feed``
 and what it returned: exactly-once accounting needs one element per record.
 """
@@ -15,6 +17,21 @@ from typing import Any, Sequence
 
 from flextrain.worker.module import FeedMetadata, Mode, ModelDef, ModelDefError
 from flextrain.worker.tf.checks import require_tf
+
+
+_OPTIONS = None
+
+
+def _options():
+    """tf.data options for the per-step pipelines: no autotuning or graph rewrites (they cost more
+    than they save on one small batch)."""
+    global _OPTIONS
+    if _OPTIONS is None:
+        tf = require_tf()
+        _OPTIONS = tf.data.Options()
+        _OPTIONS.autotune.enabled = False
+        _OPTIONS.experimental_optimization.apply_default_optimizations = False
+    return _OPTIONS
 
 
 def _describe_spec(spec: Any) -> str:
@@ -38,18 +55,18 @@ def feed_dataset(model_def: ModelDef, records: Sequence[bytes], mode: Mode, meta
         raise ModelDefError(f"{model_def.path}: {usage} must return a dataset of (features, labels) pairs, "
                             f"got a dataset of {_describe_spec(spec)}")
     n = len(records)
-    batches = list(out.batch(max(n, 1)).take(2))
-    got = batches[0] if len(batches) == 1 else None
+    try:  # the fast path: one element, no iterator (creating one costs ~10x more per step)
+        got = out.batch(max(n, 1)).with_options(_options()).get_single_element()
+    except tf.errors.InvalidArgumentError:  # not exactly one batch: too many records, or none
+        got = None
     sizes = sorted({int(t.shape[0]) if t.shape.rank else -1 for t in tf.nest.flatten(got)}) if got is not None else []
-    if len(batches) > 1 or (n and sizes != [n]) or (not n and batches):
+    if sizes != [n]:
         cap = 2 * n + 2  # a repeating dataset never ends: count only so far
         count = sum(1 for _ in out.take(cap))
         count = f"more than {cap - 1}" if count == cap else count
         raise ModelDefError(f"{model_def.path}: {usage} returned a dataset of {count} elements "
                             f"({_describe_spec(spec)}) for {n} records; it must yield exactly one element per "
-                            "record, in order (the framework batches; do not batch, filter or repeat)")
-    if got is None:
-        return None, None
+                            "record (the framework batches; do not batch, filter or repeat)")
     if mode is Mode.PREDICTION:
         return got, None
     return got
