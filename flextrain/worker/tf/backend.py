@@ -1,6 +1,8 @@
 """KerasBackend: a Keras model under the framework-neutral AllReduce round protocol.
 
-Gradients are computed eagerly with ``tf.GradientTape`` and added, scaled,
+Gradients are computed with ``tf.GradientTape`` inside a ``tf.function``
+(the module's model and loss must therefore be traceable, as Keras models
+are) and added, scaled,
 into numpy views of the trainer's flat float32 torch buffer (shared memory,
 no copy), so the very same gloo all-reduce (``flextrain.worker.collective``)
 sums Keras and PyTorch gradients alike; no Horovod. Sparse gradients
@@ -10,7 +12,9 @@ dense views with ``np.add.at`` (repeated ids add up). After the reduction
 
 State for broadcast and checkpoints: every model weight (trainable or not)
 and every optimizer variable (slots, iteration count, learning rate), as torch
-tensors keyed ``"<index>:<variable path>"``; loading checks the keys match.
+tensors keyed ``"<index>:<variable path>"``; loading matches them by position
+and checks count and shapes (auto-generated Keras names may differ between
+processes).
 """
 
 from __future__ import annotations
@@ -57,6 +61,10 @@ class KerasBackend(ModelBackend):
         for v, n in zip(self.variables, sizes):
             self._views.append(buf[offset: offset + n].reshape(tuple(v.shape)))
             offset += n
+        # Compiled once per input signature (micro-batch sizes vary: retracing is relaxed to
+        # unknown dimensions); eager Keras spends most of a small model's step in Python.
+        self._gradients_fn = self.tf.function(self._gradients, reduce_retracing=True)
+        self._apply_fn = self.tf.function(self._apply, reduce_retracing=True)
 
     def feed(self, records, mode, meta):
         return feed_dataset(self.model_def, records, mode, meta)
@@ -64,15 +72,20 @@ class KerasBackend(ModelBackend):
     def zero(self) -> None:
         self.flat.zero_()
 
+    def _gradients(self, features, labels):
+        with self.tf.GradientTape() as tape:
+            loss = self.model_def.loss(labels, self.model(features, training=True))
+        return loss, tape.gradient(loss, self.variables)
+
+    def _apply(self, grads) -> None:
+        self.optimizer.apply_gradients(zip(grads, self.variables))
+
     def accumulate(self, features, labels, index: slice, *, scale: float) -> float:
         tf = self.tf
-        with tf.GradientTape() as tape:
-            predictions = self.model(take(features, index), training=True)
-            loss = self.model_def.loss(take(labels, index), predictions)
+        loss, grads = self._gradients_fn(take(features, index), take(labels, index))
         if getattr(loss, "shape", None) is None or loss.shape.rank != 0:
             raise ModelDefError(f"{self.model_def.path}: loss(labels, predictions) must return the mean over the "
                                 f"samples (a scalar tensor), got {type(loss).__name__}{getattr(loss, 'shape', '')}")
-        grads = tape.gradient(loss, self.variables)
         for view, grad in zip(self._views, grads):
             if grad is None:  # a weight this loss does not depend on
                 continue
@@ -84,7 +97,7 @@ class KerasBackend(ModelBackend):
 
     def apply(self) -> None:
         tf = self.tf
-        self.optimizer.apply_gradients([(tf.constant(view), v) for view, v in zip(self._views, self.variables)])
+        self._apply_fn([tf.constant(view) for view in self._views])
 
     def state(self) -> dict:
         return {"model": variables_tree(self.model.weights), "optimizer": variables_tree(self.optimizer.variables)}
