@@ -20,6 +20,10 @@ chunk size. In the same run, alternating, the bench measures
   ascending), ``random`` in random order, which costs the client a sort per
   call to find duplicates.
 
+``--durable`` gives the PS a checkpoint directory, as the master does in a job:
+then every push is also appended to the PS's write-ahead log (and a checkpoint
+is written every 20 versions), which this measures too.
+
 ``ratio = PS / raw`` from the median of the repeats; target >= 0.70.
 """
 
@@ -114,7 +118,8 @@ def launch(tmp: Path, args) -> tuple[list[subprocess.Popen], list[str], list[str
         procs.append(subprocess.Popen(
             [sys.executable, "-m", "flextrain.ps.main", "--shard-index", str(i), "--num-ps", "2",
              "--host", "127.0.0.1", "--address-file", str(f), "--mode", "async", "--optimizer", "sgd",
-             "--hyper", "lr=0.001", "--torch-threads", "1", "--chunk-bytes", str(args.chunk_bytes)],
+             "--hyper", "lr=0.001", "--torch-threads", "1", "--chunk-bytes", str(args.chunk_bytes),
+             *(["--checkpoint-dir", str(tmp / "ckpt"), "--checkpoint-every", "20"] if args.durable else [])],
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         ps_addrs.append(_wait_file(f, procs[-1]))
     for i in range(2):
@@ -136,6 +141,9 @@ def main() -> None:
     p.add_argument("--emb-dim", type=int, default=64)
     p.add_argument("--emb-order", choices=("sorted", "random"), default="sorted",
                    help="order of the ids given to pull_embedding/push (sorted: as the PS trainer gives them)")
+    p.add_argument("--durable", action="store_true",
+                   help="PS with a checkpoint directory, as in a job: checkpoints every 20 versions and the "
+                        "write-ahead log of every push (default: in-memory PS)")
     p.add_argument("--serve-echo", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.serve_echo:
@@ -230,7 +238,7 @@ def main() -> None:
         "bench": "ps",
         "config": {"dense_mib": round(total / (1 << 20), 2), "dense_bytes_per_ps": per_ps, "chunk_bytes": chunk,
                    "num_ps": 2, "mode": "async", "optimizer": "sgd", "emb_ids": n, "emb_dim": args.emb_dim,
-                   "emb_order": args.emb_order,
+                   "emb_order": args.emb_order, "durable": args.durable,
                    "repeats": args.repeats, "cpus": os.cpu_count()},
         "dense": {"ps_push_pull_MBps": round(moved / med["ps_dense_s"], 1),
                   "raw_grpc_MBps": round(moved / med["raw_dense_s"], 1),

@@ -58,12 +58,13 @@ def start_ps(*, port: int = 0, host: str = "0.0.0.0", advertise_host: str | None
              keep_checkpoints: int = 2, optimizer: str | None = None, hyper: dict | None = None,
              mode: str = "sync", grads_to_wait: int = 1, version_tolerance: int = 0, staleness_lr: bool = False,
              max_staleness: int = 0, chunk_bytes: int = 1 << 20, threads: int = 32,
-             torch_threads: int | None = None, wal_fsync: bool = False) -> PSHandle:
+             torch_threads: int | None = None, wal: bool = True, wal_fsync: bool = False) -> PSHandle:
     """Build, restore and start a PS; returns at once. ValueError for bad settings (e.g. unknown optimizer).
 
     With a ``checkpoint_dir`` the shard is durable: checkpoints every ``checkpoint_every``
     versions plus a write-ahead log of every acknowledged change (``wal_fsync``: fsync each
-    record, surviving the loss of the machine, not only of the process).
+    record, surviving the loss of the machine, not only of the process). ``wal=False``: no log
+    (pushes cost no disk writes; a relaunched PS loses the updates since its last checkpoint).
     """
     if torch_threads:
         torch.set_num_threads(torch_threads)
@@ -73,7 +74,7 @@ def start_ps(*, port: int = 0, host: str = "0.0.0.0", advertise_host: str | None
     checkpointer = None
     if checkpoint_dir:
         checkpointer = Checkpointer(checkpoint_dir, shard_index, every=checkpoint_every, keep=keep_checkpoints,
-                                    wal_fsync=wal_fsync)
+                                    wal=wal, wal_fsync=wal_fsync)
         restored = checkpointer.restore(shard, keep_sync=sync)
         if restored is not None and opt is not None and shard.optimizer is not None \
                 and (opt.name, opt.hyper) != (shard.optimizer.name, shard.optimizer.hyper):
@@ -135,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--address-file", default=None, help="write host:port here once listening")
     p.add_argument("--checkpoint-dir", default=None)
     p.add_argument("--checkpoint-every", type=int, default=0, help="checkpoint every K versions (0: never)")
+    p.add_argument("--no-wal", dest="wal", action="store_false",
+                   help="no write-ahead log: a relaunched PS loses the updates since its last checkpoint")
     p.add_argument("--wal-fsync", action="store_true",
                    help="fsync every write-ahead log record (survives machine loss; slower pushes)")
     p.add_argument("--optimizer", default=None, help="sgd, momentum, adam, adamw, adagrad (or set by a worker)")
@@ -155,7 +158,8 @@ def main(argv: list[str] | None = None) -> int:
                checkpoint_every=args.checkpoint_every, optimizer=args.optimizer, hyper=dict(args.hyper),
                mode=args.mode, grads_to_wait=args.grads_to_wait, version_tolerance=args.version_tolerance,
                staleness_lr=args.staleness_lr, max_staleness=args.max_staleness, chunk_bytes=args.chunk_bytes,
-               threads=args.threads, torch_threads=args.torch_threads, wal_fsync=args.wal_fsync)
+               threads=args.threads, torch_threads=args.torch_threads, wal=args.wal,
+               wal_fsync=args.wal_fsync)
     except (ValueError, OSError) as exc:
         print(f"flextrain-ps: error: {exc}", file=sys.stderr)
         return 2

@@ -19,10 +19,13 @@ Contract:
   exactly the changes after the checkpoint that names ``wal_next = n``) and
   deletes the segments no kept checkpoint needs. A restarted PS never appends
   to an old segment: it replays, then opens a fresh one.
-* Framing: ``<u32 length><u32 crc32>`` + payload; payload = kind byte, u32
-  JSON head length, JSON head, raw blobs (lengths in the head). A torn or
-  corrupt record ends its segment (the process died while writing it: it was
-  never acknowledged); the segment is truncated there on replay.
+* Framing: ``<u32 length><u32 crc32><u64 sum>`` + payload; payload = kind
+  byte, u32 JSON head length, JSON head, raw blobs (their lengths in the head).
+  The CRC-32 covers kind and head; the blobs (gradients: the bulk) are
+  checked by a wrapping sum of their 64-bit words, 4x cheaper than CRC-32
+  and enough to tell a record the process did not finish writing (a short
+  or zero-filled tail) from a whole one. A torn or corrupt record ends its
+  segment (it was never acknowledged); the segment is truncated there on replay.
 
 Nothing here unpickles: heads are JSON, tensors raw little-endian bytes.
 """
@@ -47,9 +50,17 @@ from flextrain.ps.settings import SyncSettings
 
 log = logging.getLogger(__name__)
 _NAME = re.compile(r"^wal-(\d+)\.log$")
-_FRAME = struct.Struct("<II")
+_FRAME = struct.Struct("<IIQ")
 _HEAD = struct.Struct("<BI")
 CONFIGURE, INIT_DENSE, TABLES, PUSH, FLUSH = 1, 2, 3, 4, 5
+
+
+def _sum64(blob) -> int:
+    """Wrapping sum of the little-endian 64-bit words of ``blob`` (a short tail counts as one word)."""
+    view = memoryview(blob).cast("B")
+    whole = len(view) // 8 * 8
+    total = int(np.frombuffer(view[:whole], dtype="<u8").sum(dtype=np.uint64)) if whole else 0
+    return (total + int.from_bytes(view[whole:], "little") + len(view)) & 0xFFFFFFFFFFFFFFFF
 
 
 def segments(directory: Path) -> list[tuple[int, Path]]:
@@ -102,13 +113,14 @@ class WriteAheadLog:
     def _append(self, kind: int, head: dict, blobs: list) -> None:
         if self._fd is None:
             raise RuntimeError("write-ahead log is not open")
-        head_bytes = json.dumps(head, separators=(",", ":")).encode()
-        parts = [_HEAD.pack(kind, len(head_bytes)), head_bytes, *blobs]
-        crc, size = 0, 0
-        for part in parts:
-            crc = zlib.crc32(part, crc)
-            size += len(part) if isinstance(part, bytes) else memoryview(part).nbytes
-        self._write_all([_FRAME.pack(size, crc), *parts])
+        blobs = [memoryview(b).cast("B") for b in blobs]
+        head_bytes = json.dumps({**head, "blobs": [len(b) for b in blobs]}, separators=(",", ":")).encode()
+        prefix = _HEAD.pack(kind, len(head_bytes)) + head_bytes
+        total = 0
+        for blob in blobs:
+            total = (total + _sum64(blob)) & 0xFFFFFFFFFFFFFFFF
+        size = len(prefix) + sum(len(b) for b in blobs)
+        self._write_all([_FRAME.pack(size, zlib.crc32(prefix), total), prefix, *blobs])
         if self.fsync:
             os.fsync(self._fd)
 
@@ -145,7 +157,7 @@ class WriteAheadLog:
             blobs += [memoryview(ids).cast("B"), _bytes_of(values)]
             tables.append([name, len(ids), int(values.shape[1]), str(values.dtype).removeprefix("torch.")])
         self._append(PUSH, {"client": client_id, "seq": seq, "base": base, "step": list(step) if step else None,
-                            "dense": blobs[0].nbytes if grads is not None else -1, "absent": sorted(absent),
+                            "dense": len(blobs[0]) if grads is not None else -1, "absent": sorted(absent),
                             "sparse": tables}, blobs)
 
 
@@ -154,16 +166,27 @@ def read_records(path: Path) -> tuple[list[tuple[int, dict, memoryview]], int]:
     data = memoryview(path.read_bytes())
     records, pos = [], 0
     while pos + _FRAME.size <= len(data):
-        size, crc = _FRAME.unpack_from(data, pos)
+        size, crc, total = _FRAME.unpack_from(data, pos)
         body = data[pos + _FRAME.size: pos + _FRAME.size + size]
-        if len(body) != size or size < _HEAD.size or zlib.crc32(body) != crc:
+        if len(body) != size or size < _HEAD.size:
             break
         kind, head_len = _HEAD.unpack_from(body)
+        if _HEAD.size + head_len > size or zlib.crc32(body[: _HEAD.size + head_len]) != crc:
+            break
         try:
             head = json.loads(bytes(body[_HEAD.size: _HEAD.size + head_len]))
-        except ValueError:
+            lengths = [int(n) for n in head["blobs"]]
+        except (ValueError, KeyError, TypeError):
             break
-        records.append((kind, head, body[_HEAD.size + head_len:]))
+        blobs, at, check = body[_HEAD.size + head_len:], 0, 0
+        if sum(lengths) != len(blobs):
+            break
+        for n in lengths:
+            check = (check + _sum64(blobs[at: at + n])) & 0xFFFFFFFFFFFFFFFF
+            at += n
+        if check != total:
+            break
+        records.append((kind, head, blobs))
         pos += _FRAME.size + size
     return records, pos
 

@@ -174,3 +174,22 @@ def test_a_durable_ps_holding_no_dense_parameter_serves_and_restores(tmp_path, s
         assert h1.shard.task_progress([0]) == [4]
     finally:
         h1.stop(grace=0.2, checkpoint=False)
+
+
+def test_a_log_record_with_a_damaged_payload_ends_the_segment(tmp_path):
+    from flextrain.ps.dense import Spec
+    from flextrain.ps.wal import WriteAheadLog, read_records
+
+    wal = WriteAheadLog(tmp_path)
+    wal.open_segment(0)
+    wal.log_init_dense([Spec("w", "float32", (3,))], bytearray(torch.arange(3.0).numpy().tobytes()))
+    wal.log_init_dense([Spec("w", "float32", (5,))], bytearray(torch.arange(5.0).numpy().tobytes()))
+    wal.close()
+    path = tmp_path / "wal-0.log"
+    records, good = read_records(path)
+    assert [r[1]["specs"][0][2] for r in records] == [[3], [5]] and good == path.stat().st_size
+    data = bytearray(path.read_bytes())
+    data[-3] ^= 0xFF  # a byte of the second record's gradient bytes
+    path.write_bytes(bytes(data))
+    records, good = read_records(path)
+    assert len(records) == 1 and good < len(data)  # the damaged record and what follows are not replayed
