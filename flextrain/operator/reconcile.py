@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import threading
 from typing import Any
 
 from flextrain.k8s import meta
@@ -80,7 +81,8 @@ class Reconciler:
     def __init__(self, kube: Kube) -> None:
         self.kube = kube
         self._refused: dict[str, Any] = {}  # job uid -> replica count refused last
-        self._stops_sent: set[tuple[str, Any]] = set()  # (job uid, master relaunch count) told to stop
+        self._stops_sent: set[tuple[Any, ...]] = set()  # (job uid, master relaunches, reason) sent
+        self._lock = threading.Lock()
 
     # ---- lifecycle -----------------------------------------------------------------
     def fail(self, job: dict, *, reason: str, message: str) -> None:
@@ -208,19 +210,30 @@ class Reconciler:
 
         Covers a master relaunched after the stop was relayed to its predecessor.
         """
-        reason = ((job["metadata"].get("annotations") or {}).get(meta.ANNOTATION_STOP))
-        status = job.get("status") or {}
-        key = (job["metadata"].get("uid"), status.get("masterRelaunches"))
-        if not reason or status.get("phase") != "Running" or key in self._stops_sent:
+        reason = (job["metadata"].get("annotations") or {}).get(meta.ANNOTATION_STOP)
+        if not reason or _phase(job) != "Running":
             return None
         return self.stop(job, reason=reason)
 
     def stop(self, job: dict, *, reason: str) -> Reply | None:
-        """Relay a stop request (the ``flextrain.dev/stop`` annotation) to the master."""
+        """Relay a stop request (the ``flextrain.dev/stop`` annotation) to the master, once per master.
+
+        The handler and the sweep may race; a (job, master relaunch, reason) key
+        taken under a lock lets exactly one of them send it.
+        """
         if _phase(job) in TERMINAL:
             return None
-        reply = relay_stop(self._target(job), reason)
-        self._stops_sent.add((job["metadata"].get("uid"), (job.get("status") or {}).get("masterRelaunches")))
+        key = (job["metadata"].get("uid"), (job.get("status") or {}).get("masterRelaunches"), reason)
+        with self._lock:
+            if key in self._stops_sent:
+                return None
+            self._stops_sent.add(key)
+        try:
+            reply = relay_stop(self._target(job), reason)
+        except BaseException:
+            with self._lock:
+                self._stops_sent.discard(key)  # not delivered: the next attempt may send it
+            raise
         self.kube.event(job, reason="StopRequested" if reply.accepted else "StopRejected",
                         message=f"{reason}: {reply.message}", warning=not reply.accepted)
         return reply
