@@ -254,12 +254,12 @@ def test_stopped_ps_job_resumes_and_applies_every_record_once(digits_data, tmp_p
         wait_for(lambda: (job_dir / "status.json").is_file()
                  and read_status(job_dir)["progress"]["recordsDone"] >= 1408,
                  timeout=90, what="the second epoch under way")
-        assert run_flextrain("stop", str(job_dir)).returncode == 0
+        proc.send_signal(signal.SIGINT)  # what Ctrl-C does: stop (`flextrain stop` takes the same path)
     finally:
         code, stderr = _finish(proc)
     stopped = read_status(job_dir)
     assert code == 1 and stopped["phase"] == "Failed", stderr
-    assert "resume with" in stopped["message"]
+    assert "stopped: interrupted" in stopped["message"] and "resume with" in stopped["message"]
     assert 1408 <= stopped["progress"]["recordsDone"] < 3 * 1408
 
     resumed = run_flextrain("train", "--resume", str(job_dir), timeout=180)
