@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from flextrain.k8s import meta
-from flextrain.k8s.resource import pod_settings
+from flextrain.k8s.pods import job_pod, job_service
 
 ROLE = "master"
 
@@ -40,22 +40,8 @@ def master_pod_name(job_name: str, index: int) -> str:
 
 def master_service(job: Mapping[str, Any]) -> dict[str, Any]:
     """The Service ``<job>-master`` selecting whichever master pod of the job runs."""
-    name, namespace = job["metadata"]["name"], job["metadata"]["namespace"]
-    port = master_port(job)
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {
-            "name": meta.master_service_name(name),
-            "namespace": namespace,
-            "labels": meta.labels(name, ROLE),
-            "ownerReferences": [meta.owner_reference(job)],
-        },
-        "spec": {
-            "selector": {meta.LABEL_JOB: name, meta.LABEL_ROLE: ROLE},
-            "ports": [{"name": "grpc", "port": port, "targetPort": port, "protocol": "TCP"}],
-        },
-    }
+    return job_service(job, service_name=meta.master_service_name(job["metadata"]["name"]), role=ROLE,
+                       index=None, port=master_port(job))
 
 
 def master_pod(job: Mapping[str, Any], *, index: int) -> dict[str, Any]:
@@ -63,53 +49,10 @@ def master_pod(job: Mapping[str, Any], *, index: int) -> dict[str, Any]:
     name, namespace = job["metadata"]["name"], job["metadata"]["namespace"]
     port = master_port(job)
     pod = master_pod_name(name, index)
-    settings = pod_settings(job, ROLE)
-    ours = [
-        {"name": meta.ENV_NAMESPACE, "value": namespace},
-        {"name": meta.ENV_JOB_NAME, "value": name},
-        {"name": meta.ENV_ROLE, "value": ROLE},
-        {"name": meta.ENV_INSTANCE_ID, "value": pod},
-        {"name": meta.ENV_MASTER_ADDR, "value": meta.master_address(name, namespace, port)},
-        {"name": meta.ENV_POD_IP, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
-        {"name": "PYTHONUNBUFFERED", "value": "1"},
-    ]
-    taken = {e["name"] for e in ours}
-    # The pod's identity is ours to set; a user's env may add to it, not change it.
-    env = [dict(e) for e in settings.env if e.get("name") not in taken] + ours
-    container: dict[str, Any] = {
-        "name": ROLE,
-        "image": settings.image,
-        "command": ["flextrain"],
-        "args": [ROLE, "--job", name, "--namespace", namespace, "--port", str(port)],
-        "env": env,
-        "ports": [{"name": "grpc", "containerPort": port, "protocol": "TCP"}],
-    }
-    if settings.image_pull_policy:
-        container["imagePullPolicy"] = settings.image_pull_policy
-    if settings.resources:
-        container["resources"] = dict(settings.resources)
-    if settings.volume_mounts:
-        container["volumeMounts"] = [dict(m) for m in settings.volume_mounts]
-    spec: dict[str, Any] = {
-        "restartPolicy": "Never",
-        "serviceAccountName": meta.JOB_SERVICE_ACCOUNT,
-        "containers": [container],
-    }
-    if settings.priority_class_name:
-        spec["priorityClassName"] = settings.priority_class_name
-    if settings.volumes:
-        spec["volumes"] = [dict(v) for v in settings.volumes]
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": pod,
-            "namespace": namespace,
-            "labels": meta.labels(name, ROLE, index),
-            "ownerReferences": [meta.owner_reference(job)],
-        },
-        "spec": spec,
-    }
+    return job_pod(job, role=ROLE, index=index, pod_name=pod, instance_id=pod,
+                   args=[ROLE, "--job", name, "--namespace", namespace, "--port", str(port)],
+                   env={"PYTHONUNBUFFERED": "1"}, master_address=meta.master_address(name, namespace, port),
+                   port=port)
 
 
 __all__ = ["master_pod", "master_pod_name", "master_port", "master_service"]

@@ -40,8 +40,25 @@ def instance_pod(
     master_address: str,
 ) -> dict[str, Any]:
     """The Pod of one worker or PS instance of ``job`` (an ElasticJob dict with metadata.uid)."""
+    return job_pod(job, role=role, index=index, pod_name=instance_pod_name(job["metadata"]["name"], instance_id),
+                   instance_id=instance_id, args=args, env=env, master_address=master_address,
+                   port=meta.PS_PORT if role == "ps" else None)
+
+
+def job_pod(
+    job: Mapping[str, Any],
+    *,
+    role: str,
+    index: int,
+    pod_name: str,
+    instance_id: str,
+    args: Sequence[str],
+    env: Mapping[str, str],
+    master_address: str,
+    port: int | None = None,
+) -> dict[str, Any]:
+    """Any Pod of ``job`` (master, worker or PS): identity env, the role's settings, owner and labels."""
     name, namespace = job["metadata"]["name"], job["metadata"]["namespace"]
-    pod = instance_pod_name(name, instance_id)
     settings = pod_settings(job, role)
     ours = [
         {"name": meta.ENV_NAMESPACE, "value": namespace},
@@ -58,10 +75,11 @@ def instance_pod(
         "image": settings.image,
         "command": ["flextrain"],
         "args": list(args),
+        # The pod's identity is ours to set; a user's env may add to it, not change it.
         "env": [dict(e) for e in settings.env if e.get("name") not in taken] + ours,
     }
-    if role == "ps":
-        container["ports"] = [{"name": "grpc", "containerPort": meta.PS_PORT, "protocol": "TCP"}]
+    if port is not None:
+        container["ports"] = [{"name": "grpc", "containerPort": port, "protocol": "TCP"}]
     if settings.image_pull_policy:
         container["imagePullPolicy"] = settings.image_pull_policy
     if settings.resources:
@@ -81,7 +99,7 @@ def instance_pod(
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
-            "name": pod,
+            "name": pod_name,
             "namespace": namespace,
             "labels": meta.labels(name, role, index),
             "ownerReferences": [meta.owner_reference(job)],
@@ -90,23 +108,33 @@ def instance_pod(
     }
 
 
-def ps_service(job: Mapping[str, Any], *, index: int, port: int = meta.PS_PORT) -> dict[str, Any]:
-    """The Service ``<job>-ps-<i>``: the stable address of parameter server ``i`` across relaunches."""
+def job_service(job: Mapping[str, Any], *, service_name: str, role: str, index: int | None,
+                port: int) -> dict[str, Any]:
+    """A Service of ``job`` selecting its ``role`` pods (only index ``index`` when given)."""
     name, namespace = job["metadata"]["name"], job["metadata"]["namespace"]
+    selector = {meta.LABEL_JOB: name, meta.LABEL_ROLE: role}
+    if index is not None:
+        selector[meta.LABEL_INDEX] = str(index)
     return {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": {
-            "name": meta.ps_service_name(name, index),
+            "name": service_name,
             "namespace": namespace,
-            "labels": meta.labels(name, "ps", index),
+            "labels": meta.labels(name, role, index),
             "ownerReferences": [meta.owner_reference(job)],
         },
         "spec": {
-            "selector": {meta.LABEL_JOB: name, meta.LABEL_ROLE: "ps", meta.LABEL_INDEX: str(index)},
+            "selector": selector,
             "ports": [{"name": "grpc", "port": port, "targetPort": port, "protocol": "TCP"}],
         },
     }
+
+
+def ps_service(job: Mapping[str, Any], *, index: int, port: int = meta.PS_PORT) -> dict[str, Any]:
+    """The Service ``<job>-ps-<i>``: the stable address of parameter server ``i`` across relaunches."""
+    return job_service(job, service_name=meta.ps_service_name(job["metadata"]["name"], index),
+                       role="ps", index=index, port=port)
 
 
 def service_address(service: Mapping[str, Any], *, default_port: int) -> str:
