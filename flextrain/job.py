@@ -186,9 +186,6 @@ class JobSpec:
             raise JobSpecError(f"--evaluation-steps {self.evaluation_steps} needs --validation-data")
         if self.evaluation_steps and self.job_type is not JobType.TRAINING:
             raise JobSpecError("--evaluation-steps applies to training jobs only")
-        if self.evaluation_steps and self.strategy is Strategy.PARAMETER_SERVER:
-            raise JobSpecError("--evaluation-steps is not supported with --distribution-strategy "
-                               "ParameterServer yet (the job evaluates once, after training)")
 
     def _validate_ps(self) -> None:
         if self.strategy is Strategy.PARAMETER_SERVER:

@@ -25,7 +25,7 @@ from flextrain.master.checkpoints import CheckpointStore
 from flextrain.master.evaluation import Evaluations, evaluation_task, outcome, prediction_task, record_task, task_message
 from flextrain.master.health import Liveness, find_hung
 from flextrain.master.ledger import TaskKind, TaskLedger
-from flextrain.master.ps_tasks import ps_training_task, release_worker
+from flextrain.master.ps_tasks import ps_evaluation_task, ps_training_task, release_worker
 from flextrain.master.rendezvous import Rendezvous, Round, RoundState
 from flextrain.proto import flextrain_pb2 as pb
 
@@ -280,7 +280,8 @@ class JobMaster:
             if req.kind in (pb.Task.EVALUATION, pb.Task.PREDICTION):
                 if self.over or self.stopping or req.worker_id in self.retiring:
                     return pb.GetTaskResponse(action=pb.GetTaskResponse.STOP, message=self.message)
-                hand_out = evaluation_task if req.kind == pb.Task.EVALUATION else prediction_task
+                hand_out = prediction_task if req.kind == pb.Task.PREDICTION else \
+                    ps_evaluation_task if self.ps_mode else evaluation_task
                 response = hand_out(self, req)
                 self._check_outcome()
                 if self.over and response.action != pb.GetTaskResponse.RUN:

@@ -21,6 +21,14 @@ accepted, and a PS loses nothing it acknowledged, see flextrain/ps/wal.py),
 and what it still owes but the PS already applied is skipped, not applied
 again (tasks keep their ids across a resume).
 
+Evaluation (:func:`ps_evaluation_task`): the worker whose push reached a
+version ``k * --evaluation-steps`` asks for that evaluation's tasks; the
+model only moves forward on the PS, so a task of the evaluation of version
+``v`` may go to any worker holding a model at version >= ``v``: a worker
+starting a later evaluation first takes what is left of earlier ones (e.g.
+requeued when their worker died), and at the end (every worker holds the
+final model) the final evaluators take every leftover.
+
 Once every training task is done the model lives on the parameter servers,
 which checkpoint themselves: the PS checkpoint directory stands for the
 "final checkpoint" the job's outcome waits for.
@@ -32,6 +40,8 @@ import json
 import os
 from pathlib import Path
 
+from flextrain.master.evaluation import evaluation_task
+from flextrain.master.evaluation import task_message as evaluation_task_message
 from flextrain.master.ledger import Task, TaskKind
 from flextrain.proto import flextrain_pb2 as pb
 
@@ -60,6 +70,30 @@ def ps_training_task(job, worker_id: str) -> pb.GetTaskResponse:
             job.final_checkpoint = str(job.spec.ps_checkpoint_dir)
         return pb.GetTaskResponse(action=pb.GetTaskResponse.NO_MORE, message=job.message)
     return pb.GetTaskResponse(action=pb.GetTaskResponse.WAIT)
+
+
+def ps_evaluation_task(job, req: pb.GetTaskRequest) -> pb.GetTaskResponse:
+    """Answer GetTask(EVALUATION) in PS mode; the caller holds ``job.cond`` (see the module docstring).
+
+    Before the evaluation the worker asks for, it gets a task left of a running
+    evaluation of a version it has reached (any, once training finished);
+    otherwise :func:`flextrain.master.evaluation.evaluation_task` answers.
+    """
+    evals, ledger = job.evaluations, job.ledger
+    final = ledger.training_finished()
+    if ledger.evaluation_shards and not final and evals.periodic(req.model_version):
+        evals.start(req.model_version)
+    for version in sorted(evals.running):
+        if not final and version > req.model_version:
+            break
+        task = ledger.next_evaluation_task(req.worker_id, model_version=version)
+        if task is not None:
+            job.mark_running()
+            return pb.GetTaskResponse(action=pb.GetTaskResponse.RUN, task=evaluation_task_message(task))
+    response = evaluation_task(job, req)
+    if final and response.action == pb.GetTaskResponse.NO_MORE and ledger.pending(TaskKind.EVALUATION):
+        return pb.GetTaskResponse(action=pb.GetTaskResponse.WAIT)  # an earlier evaluation's holder may fail
+    return response
 
 
 def release_worker(job, worker_id: str) -> None:

@@ -73,10 +73,13 @@ def run_worker(master: str, worker_id: str) -> int:
     collective: Collective | None = None
     if spec.strategy is Strategy.PARAMETER_SERVER:
         ps_trainer = PSTrainer
+        predictor = make_predictor(model_def, model)  # evaluates the model with the PS trainer's embeddings
         if model_def.framework is Framework.TENSORFLOW:
             from flextrain.worker.tf.ps import KerasPSTrainer as ps_trainer
         trainer = ps_trainer(spec=spec, model_def=model_def, model=model, optimizer=optimizer, client=client,
-                            state=state, ps_addresses=list(reg.ps_addresses))
+                            state=state, ps_addresses=list(reg.ps_addresses),
+                            evaluate=lambda version: _evaluate(spec, client, model_def, predictor, state, version,
+                                                               position=state.position()))
     else:
         collective = Collective(timeout=spec.worker_timeout)
         predictor = make_predictor(model_def, model)

@@ -34,6 +34,19 @@ between them) is pushed again and applied only where it is missing. So a
 killed worker costs the minibatch it was computing, and applies nothing
 twice. When training is over, the first worker told so flushes what SYNC
 PS collected but did not apply yet (``grads_to_wait`` > 1).
+
+Periodic evaluation (``--evaluation-steps N``): the model version is the
+number of optimizer updates PS 0 applied (every push goes to every PS, and
+each applied push moves each PS's version by exactly one, so exactly one
+push is answered with each version). The worker whose push PS 0 answers with
+a multiple of N, applied, evaluates "the model of step N": right after that
+push it pulls the dense parameters once and keeps them for the whole
+evaluation, and embedding rows are pulled as evaluation reads them. Other
+workers go on pushing meanwhile, so the model evaluated is the PS model at
+version >= N (exactly N when no other push landed in between, e.g. with one
+worker); it is never older than N. Training resumes once that evaluation is
+complete (the master may hand its tasks to other workers that reach a later
+version, or to every worker at the end; see master/ps_tasks.py).
 """
 
 from __future__ import annotations
@@ -119,8 +132,14 @@ def replace_embeddings(model: nn.Module, *, client: PSClient, tape: list) -> dic
 
 
 class PSTrainer:
+    evaluate = None   # evaluate(version): takes part in the evaluation of that version until it is complete
+    _due: int = 0     # the version a push just reached that is due for evaluation (0: none)
+
     def __init__(self, *, spec: JobSpec, model_def: ModelDef, model: nn.Module, optimizer: torch.optim.Optimizer,
-                 client: MasterClient, state: WorkerState, ps_addresses: list[str]) -> None:
+                 client: MasterClient, state: WorkerState, ps_addresses: list[str], evaluate=None) -> None:
+        """``evaluate(version)``, when given, runs when a push of this worker reaches a version that is a
+        multiple of ``spec.evaluation_steps`` (see the module docstring)."""
+        self.evaluate = evaluate
         if not ps_addresses:
             raise RuntimeError("the master sent no parameter-server addresses (ParameterServer strategy)")
         self.spec, self.model_def, self.model, self.client, self.state = spec, model_def, model, client, state
@@ -216,7 +235,18 @@ class PSTrainer:
                 self.state.version, self.state.steps_done = version, j + 1
             self.state.add_loss(loss_sum, end - start)
             self.state.mark_progress()
+            self.evaluate_if_due()
         self.client.report_task(task.task_id, ok=True)
+
+    def evaluate_if_due(self) -> None:
+        """After a push that reached an evaluation step: evaluate the model pulled now (version >= it)."""
+        version, self._due = self._due, 0
+        if not version or self.evaluate is None:
+            return
+        self._with_ps(self.pull)
+        log.info("evaluating the model of step %d (parameter servers at version %d)", version, self.ps.version)
+        self.evaluate(version)
+        self.state.mark_progress()
 
     def _step(self, features, labels, n: int, *, step: tuple[int, int, int]) -> tuple[float, int]:
         """Pull, compute and push one minibatch until every PS accepted it; (loss sum, PS version).
@@ -229,6 +259,9 @@ class PSTrainer:
             loss_sum, sparse = self._compute(features, labels, n)
             result = self.ps.push({name: p.grad for name, p in self.dense.items()}, sparse, step=step)
             if result.accepted:
+                every, v0 = self.spec.evaluation_steps, result.versions[0]
+                if every and result.applied and not result.duplicates[0] and v0 > 0 and v0 % every == 0:
+                    self._due = v0
                 return loss_sum, result.version
             log.debug("push rejected (%s): recomputing after a fresh pull", "; ".join(result.messages))
         raise RuntimeError(f"a minibatch was rejected as stale {MAX_STALE_RETRIES} times")

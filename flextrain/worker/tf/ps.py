@@ -88,7 +88,8 @@ def check_keras_ps_optimizer(model_def: ModelDef, *, lr: float | None) -> None:
 
 class KerasPSTrainer(PSTrainer):
     def __init__(self, *, spec: JobSpec, model_def: ModelDef, model, optimizer, client: MasterClient,
-                 state: WorkerState, ps_addresses: list[str]) -> None:
+                 state: WorkerState, ps_addresses: list[str], evaluate=None) -> None:
+        self.evaluate = evaluate  # see PSTrainer
         if not ps_addresses:
             raise RuntimeError("the master sent no parameter-server addresses (ParameterServer strategy)")
         self.tf = tf = require_tf()
@@ -165,6 +166,7 @@ class KerasPSTrainer(PSTrainer):
                 self.state.version, self.state.steps_done = version, j + 1
             self.state.add_loss(loss_sum, end - start)
             self.state.mark_progress()
+            self.evaluate_if_due()
         self.client.report_task(task.task_id, ok=True)
 
     def _compute(self, features, labels, n: int) -> tuple[float, dict]:
