@@ -10,6 +10,8 @@ import re
 import sys
 from pathlib import Path
 
+from flextrain.orphans import exit_with_parent
+
 DEFAULT_JOBS_DIR = Path("flextrain-jobs")
 
 
@@ -51,6 +53,9 @@ def _add_train(sub) -> None:
                    help="pushes a sync PS averages into one update (default 1)")
     g.add_argument("--ps-checkpoint-steps", type=int, default=20,
                    help="each PS checkpoints every N of its versions (0: only when it stops)")
+    g.add_argument("--ps-wal", action=argparse.BooleanOptionalAction, default=True,
+                   help="each PS logs every acknowledged change before applying it (default); --no-ps-wal: "
+                        "faster pushes, but a relaunched PS loses the updates since its last checkpoint")
     g = p.add_argument_group("training")
     g.add_argument("--epochs", type=int, default=1)
     g.add_argument("--global-batch-size", type=int, default=64,
@@ -120,6 +125,7 @@ def build_spec(args):
         min_workers_timeout=args.min_workers_timeout,
         strategy=Strategy(args.distribution_strategy), ps=args.ps, ps_mode=args.ps_mode,
         grads_to_wait=args.grads_to_wait, ps_checkpoint_steps=args.ps_checkpoint_steps,
+        ps_wal=args.ps_wal,
     )
 
 
@@ -341,6 +347,8 @@ def main(argv: list[str] | None = None) -> int:
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if args.command in ("worker", "ps"):
+        exit_with_parent()
     try:
         return args.fn(args)
     except CLIError as exc:

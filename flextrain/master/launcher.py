@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping
 
+from flextrain.orphans import ENV_PARENT_PID
+
 
 class Role(str, enum.Enum):
     WORKER = "worker"
@@ -87,7 +89,7 @@ class LocalProcessBackend(LaunchBackend):
         self._lock = threading.Lock()
 
     def launch(self, spec: InstanceSpec) -> None:
-        env = {**self.base_env, **spec.env}
+        env = {**self.base_env, **spec.env, ENV_PARENT_PID: str(os.getpid())}
         log = open(self.log_dir / f"{spec.instance_id}.log", "ab")
         proc = subprocess.Popen(
             [sys.executable, "-m", "flextrain", *spec.args],

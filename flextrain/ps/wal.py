@@ -128,6 +128,8 @@ class WriteAheadLog:
         views = [v for v in (memoryview(p).cast("B") for p in parts) if len(v)]  # writev of only empties: 0
         while views:
             written = os.writev(self._fd, views[:1024])
+            if written == 0:  # would spin forever (full device, a closed pipe...): fail the update
+                raise OSError(f"write-ahead log {self.dir}: write made no progress")
             while written and views:
                 if written >= len(views[0]):
                     written -= len(views.pop(0))
