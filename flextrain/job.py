@@ -94,6 +94,10 @@ class JobSpec:
     grads_to_wait: int | None = None
     # A PS checkpoints every this many of its versions (0: only when it stops).
     ps_checkpoint_steps: int = 20
+    # Each PS appends every change it acknowledges to a write-ahead log before
+    # applying it, so a relaunched PS comes back exactly where it was. Off: a
+    # relaunched PS loses the updates since its last checkpoint (faster pushes).
+    ps_wal: bool = True
 
     # ---- derived -----------------------------------------------------------
     @property
@@ -202,6 +206,8 @@ class JobSpec:
             raise JobSpecError(f"--grads-to-wait must be a positive integer, got {self.grads_to_wait!r}")
         if self.ps_checkpoint_steps < 0:
             raise JobSpecError(f"--ps-checkpoint-steps must be >= 0, got {self.ps_checkpoint_steps}")
+        if not isinstance(self.ps_wal, bool):
+            raise JobSpecError(f"--ps-wal must be true or false, got {self.ps_wal!r}")
         return self
 
     # ---- (de)serialisation -------------------------------------------------

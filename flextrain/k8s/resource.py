@@ -82,6 +82,7 @@ FIELDS: tuple[Field, ...] = (
     Field("replicaSpecs.ps.psMode", "ps_mode", str),
     Field("replicaSpecs.ps.gradsToWait", "grads_to_wait", int),
     Field("replicaSpecs.ps.psCheckpointSteps", "ps_checkpoint_steps", int),
+    Field("replicaSpecs.ps.psWal", "ps_wal", bool),
 )
 
 # Fields of the spec that describe pods rather than the job: known, not JobSpec.

@@ -5,7 +5,8 @@ processes (``flextrain --log-level INFO ps --shard-index I --num-ps N ...``, ins
 ``ps-I``, :class:`~flextrain.master.launcher.Role.PS`) through the job's
 launch backend, each writing its ``host:port`` to
 ``<job_dir>/ps/ps-I.addr`` and checkpointing to ``<job_dir>/ps-checkpoints``
-every ``spec.ps_checkpoint_steps`` versions; it returns the addresses once
+every ``spec.ps_checkpoint_steps`` versions (with a write-ahead log unless
+``spec.ps_wal`` is off: ``--no-wal``); it returns the addresses once
 every file exists (workers get them with the JobSpec).
 
 A PS that exits while the job runs is relaunched on the same port, so its
@@ -76,7 +77,8 @@ class PSFleet:
                 "--checkpoint-dir", str(spec.ps_checkpoint_dir),
                 "--checkpoint-every", str(spec.ps_checkpoint_steps),
                 "--mode", spec.ps_mode, "--grads-to-wait", str(spec.effective_grads_to_wait),
-                "--torch-threads", "1", "--threads", str(16 + 4 * spec.effective_max_workers))
+                "--torch-threads", "1", "--threads", str(16 + 4 * spec.effective_max_workers),
+                *(() if spec.ps_wal else ("--no-wal",)))
         self.backend.launch(InstanceSpec(f"{PS_PREFIX}{index}", Role.PS, index, args,
                                          {"PYTHONUNBUFFERED": "1"}))
 

@@ -54,6 +54,7 @@ FIELD_PATHS = {
     "ps_mode": "spec.replicaSpecs.ps.psMode",
     "grads_to_wait": "spec.replicaSpecs.ps.gradsToWait",
     "ps_checkpoint_steps": "spec.replicaSpecs.ps.psCheckpointSteps",
+    "ps_wal": "spec.replicaSpecs.ps.psWal",
 }
 _LOCAL_JOB_KINDS = "an ElasticJob is a training job; evaluation/prediction jobs (flextrain evaluate/predict) run locally"
 NOT_IN_CRD = {
