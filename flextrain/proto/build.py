@@ -42,6 +42,8 @@ def generate(out_root: Path) -> list[Path]:
 
 
 if __name__ == "__main__":
-    for path in generate(REPO_ROOT):
-        print(path.relative_to(REPO_ROOT))
+    # `python -m flextrain.proto.build [OUT_ROOT]` (default: the repository itself).
+    out = Path(sys.argv[1]) if len(sys.argv) > 1 else REPO_ROOT
+    for path in generate(out):
+        print(path)
     sys.exit(0)

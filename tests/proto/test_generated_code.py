@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 
@@ -13,7 +15,11 @@ COMMITTED = Path(build.__file__).resolve().parent
 
 
 def test_generated_modules_are_up_to_date(tmp_path):
-    generated = build.generate(tmp_path)
+    # protoc runs in a child process: in-process it can crash (SIGSEGV) once another
+    # protobuf runtime (TensorFlow's, loaded by earlier tests) shares the process.
+    subprocess.run([sys.executable, "-m", "flextrain.proto.build", str(tmp_path)], check=True,
+                   cwd=build.REPO_ROOT, capture_output=True)
+    generated = [tmp_path / "flextrain" / "proto" / name for name in build.GENERATED]
     assert sorted(p.name for p in generated) == sorted(build.GENERATED)
     for path in generated:
         committed = COMMITTED / path.name
