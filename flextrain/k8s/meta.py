@@ -32,6 +32,10 @@ JOB_SERVICE_ACCOUNT = "flextrain-job"
 # An ElasticJob annotation choosing its master's port (default MASTER_PORT): for
 # clusters with port policies, and for tests where every "pod" shares one host.
 ANNOTATION_MASTER_PORT = f"{GROUP}/master-port"
+# An ElasticJob annotation BASE: parameter server i listens on BASE + i (and its Service
+# exposes that port) instead of every PS on PS_PORT in its own pod: for tests where
+# every "pod" shares one host, or clusters whose pods share a network namespace.
+ANNOTATION_PS_PORT_BASE = f"{GROUP}/ps-port-base"
 # Set on an ElasticJob (value: the reason) to stop it; the operator relays it to the master.
 ANNOTATION_STOP = f"{GROUP}/stop"
 

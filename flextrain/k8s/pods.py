@@ -24,6 +24,22 @@ from flextrain.k8s import meta
 from flextrain.k8s.resource import pod_settings
 
 
+def ps_port(job: Mapping[str, Any], index: int) -> int:
+    """The port parameter server ``index`` listens on and its Service exposes: ``meta.PS_PORT``,
+    or ``BASE + index`` with the annotation ``flextrain.dev/ps-port-base: BASE``."""
+    raw = ((job.get("metadata") or {}).get("annotations") or {}).get(meta.ANNOTATION_PS_PORT_BASE)
+    if raw is None:
+        return meta.PS_PORT
+    try:
+        base = int(raw)
+    except ValueError:
+        base = -1
+    if not 0 < base < 65536 - index:
+        raise ValueError(f"metadata.annotations[{meta.ANNOTATION_PS_PORT_BASE}]: not a port number for "
+                         f"parameter server {index}: {raw!r}")
+    return base + index
+
+
 def instance_pod_name(job_name: str, instance_id: str) -> str:
     """``<job>-<instance id>``: e.g. ``digits-worker-3`` for instance ``worker-3``."""
     return f"{job_name}-{instance_id}"
@@ -42,7 +58,7 @@ def instance_pod(
     """The Pod of one worker or PS instance of ``job`` (an ElasticJob dict with metadata.uid)."""
     return job_pod(job, role=role, index=index, pod_name=instance_pod_name(job["metadata"]["name"], instance_id),
                    instance_id=instance_id, args=args, env=env, master_address=master_address,
-                   port=meta.PS_PORT if role == "ps" else None)
+                   port=ps_port(job, index) if role == "ps" else None)
 
 
 def job_pod(
@@ -131,10 +147,11 @@ def job_service(job: Mapping[str, Any], *, service_name: str, role: str, index: 
     }
 
 
-def ps_service(job: Mapping[str, Any], *, index: int, port: int = meta.PS_PORT) -> dict[str, Any]:
-    """The Service ``<job>-ps-<i>``: the stable address of parameter server ``i`` across relaunches."""
+def ps_service(job: Mapping[str, Any], *, index: int, port: int | None = None) -> dict[str, Any]:
+    """The Service ``<job>-ps-<i>``: the stable address of parameter server ``i`` across relaunches
+    (port: :func:`ps_port` unless given)."""
     return job_service(job, service_name=meta.ps_service_name(job["metadata"]["name"], index),
-                       role="ps", index=index, port=port)
+                       role="ps", index=index, port=ps_port(job, index) if port is None else port)
 
 
 def service_address(service: Mapping[str, Any], *, default_port: int) -> str:
@@ -148,4 +165,4 @@ def service_address(service: Mapping[str, Any], *, default_port: int) -> str:
     return f"{md['name']}.{md.get('namespace', 'default')}.svc:{port}"
 
 
-__all__ = ["instance_pod", "instance_pod_name", "ps_service", "service_address"]
+__all__ = ["instance_pod", "instance_pod_name", "ps_port", "ps_service", "service_address"]

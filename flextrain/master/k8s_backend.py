@@ -49,11 +49,12 @@ from flextrain.k8s import meta
 from flextrain.k8s.pods import (
     instance_pod,
     instance_pod_name,
+    ps_port,
     ps_service,
     service_address,
 )
 from flextrain.k8s.watch import ObjectWatch
-from flextrain.master.launcher import InstanceSpec, LaunchBackend, Role
+from flextrain.master.launcher import InstanceSpec, LaunchBackend, PSEndpoint, Role
 
 log = logging.getLogger(__name__)
 
@@ -201,14 +202,25 @@ class KubernetesPodBackend(LaunchBackend):
                     raise LaunchError(f"pod {name}: could not reach the API: {exc}") from None
             time.sleep(0.2)
 
-    def _ensure_service(self, body: dict) -> None:
+    def _ensure_service(self, body: dict) -> dict:
+        """Create the Service (or find it: a relaunched PS keeps its Service); returns it."""
         from kubernetes.client import ApiException
 
+        name = body["metadata"]["name"]
         try:
-            self.core.create_namespaced_service(self.namespace, body)
+            reply = self.core.create_namespaced_service(self.namespace, body, _preload_content=False)
         except ApiException as exc:
-            if exc.status != 409:  # exists already: a relaunched PS keeps its Service
-                raise LaunchError(f"service {body['metadata']['name']}: {exc.status} {exc.reason}") from None
+            if exc.status != 409:
+                raise LaunchError(f"service {name}: {exc.status} {exc.reason}") from None
+            reply = self.core.read_namespaced_service(name, self.namespace, _preload_content=False)
+        return json.loads(reply.data)
+
+    def ps_endpoint(self, index: int) -> PSEndpoint:
+        """PS ``index`` listens on every interface of its pod; workers dial its Service ``<job>-ps-<i>``."""
+        port = ps_port(self.job, index)
+        service = self._ensure_service(ps_service(self.job, index=index))
+        return PSEndpoint(listen_host="0.0.0.0", port=port,
+                          address=service_address(service, default_port=port))
 
     def _delete(self, pod: str, *, grace: int | None) -> None:
         from kubernetes import client

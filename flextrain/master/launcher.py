@@ -39,6 +39,15 @@ class InstanceSpec:
     env: Mapping[str, str] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class PSEndpoint:
+    """Where a parameter server listens (``listen_host:port``) and the ``address`` workers dial."""
+
+    listen_host: str
+    port: int
+    address: str
+
+
 ExitCallback = Callable[[str, int], None]
 
 
@@ -71,6 +80,12 @@ class LaunchBackend(abc.ABC):
     @abc.abstractmethod
     def close(self, *, grace: float = 5.0) -> None:
         """Stop every instance, waiting up to ``grace`` seconds before killing."""
+
+    def ps_endpoint(self, index: int) -> PSEndpoint | None:
+        """Where parameter server ``index`` must listen and how workers reach it, when the backend
+        decides (pods behind Services); None: the PS picks a free loopback port and reports it
+        through an address file (one host)."""
+        return None
 
 
 class LocalProcessBackend(LaunchBackend):

@@ -9,6 +9,11 @@ every ``spec.ps_checkpoint_steps`` versions (with a write-ahead log unless
 ``spec.ps_wal`` is off: ``--no-wal``); it returns the addresses once
 every file exists (workers get them with the JobSpec).
 
+With a backend that places parameter servers itself (pods behind Services:
+``LaunchBackend.ps_endpoint``), PS ``I`` listens on the host and port the
+backend gives and workers get the backend's address for it (the Service);
+:meth:`start` returns once each accepts connections there.
+
 A PS that exits while the job runs is relaunched on the same port, so its
 address stays valid: workers' PS clients retry and reconnect by themselves,
 and the new process restores the shard's newest checkpoint before it listens.
@@ -30,8 +35,10 @@ import time
 from pathlib import Path
 from typing import Callable
 
+import grpc
+
 from flextrain.job import JobSpec
-from flextrain.master.launcher import InstanceSpec, LaunchBackend, Role
+from flextrain.master.launcher import InstanceSpec, LaunchBackend, PSEndpoint, Role
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +65,7 @@ class PSFleet:
         self._on_note, self._on_failure = on_note, on_failure
         self.address_dir = Path(spec.job_dir) / "ps"
         self.addresses: list[str] = []
+        self.endpoints: list[PSEndpoint | None] = []  # by index; None: loopback + address file
         self.relaunches = [0] * spec.ps
         self.resume = resume
         self.closed = False
@@ -72,9 +80,11 @@ class PSFleet:
 
     def _launch(self, index: int, port: int) -> None:
         spec = self.spec
+        endpoint = self.endpoints[index]
+        where = (("--host", "127.0.0.1", "--address-file", str(self._address_file(index))) if endpoint is None
+                 else ("--host", endpoint.listen_host, "--advertise-host", endpoint.address.rsplit(":", 1)[0]))
         args = ("--log-level", "INFO", "ps", "--shard-index", str(index), "--num-ps", str(spec.ps), "--port", str(port),
-                "--host", "127.0.0.1", "--address-file", str(self._address_file(index)),
-                "--checkpoint-dir", str(spec.ps_checkpoint_dir),
+                *where, "--checkpoint-dir", str(spec.ps_checkpoint_dir),
                 "--checkpoint-every", str(spec.ps_checkpoint_steps),
                 "--mode", spec.ps_mode, "--grads-to-wait", str(spec.effective_grads_to_wait),
                 "--torch-threads", "1", "--threads", str(16 + 4 * spec.effective_max_workers),
@@ -83,7 +93,11 @@ class PSFleet:
                                          {"PYTHONUNBUFFERED": "1"}))
 
     def start(self) -> list[str]:
-        """Launch every PS and wait for its address file; returns the addresses by shard index."""
+        """Launch every PS and wait until it listens; returns the addresses by shard index."""
+        try:
+            self.endpoints = [self.backend.ps_endpoint(i) for i in range(self.spec.ps)]
+        except (RuntimeError, ValueError) as exc:  # LaunchError (the API refused a Service), a bad annotation
+            raise PSStartError(f"parameter servers cannot be placed: {exc}") from None
         self.address_dir.mkdir(parents=True, exist_ok=True)
         state = Path(self.spec.ps_checkpoint_dir)
         if not self.resume and state.is_dir() and any(state.iterdir()):
@@ -92,15 +106,14 @@ class PSFleet:
                 n += 1
             state.rename(state.with_name(f"{state.name}.previous-{n}"))
             self._on_note(f"not resuming: the earlier parameter-server state moved to {state.name}.previous-{n}")
-        for i in range(self.spec.ps):
+        for i, endpoint in enumerate(self.endpoints):
             self._address_file(i).unlink(missing_ok=True)
-            self._launch(i, 0)
+            self._launch(i, 0 if endpoint is None else endpoint.port)
         deadline = time.monotonic() + self.start_timeout
         pending = set(range(self.spec.ps))
         while pending:
             for i in sorted(pending):
-                path = self._address_file(i)
-                if path.is_file() and path.read_text().strip():
+                if self._listening(i):
                     pending.discard(i)
             if not pending:
                 break
@@ -111,8 +124,22 @@ class PSFleet:
                 raise PSStartError(f"parameter server {i} {why}; see {Path(self.spec.job_dir) / 'logs'}/"
                                    f"{PS_PREFIX}{i}.log")
             time.sleep(0.05)
-        self.addresses = [self._address_file(i).read_text().strip() for i in range(self.spec.ps)]
+        self.addresses = [self._address_file(i).read_text().strip() if e is None else e.address
+                          for i, e in enumerate(self.endpoints)]
         return list(self.addresses)
+
+    def _listening(self, index: int) -> bool:
+        endpoint = self.endpoints[index]
+        if endpoint is None:
+            path = self._address_file(index)
+            return path.is_file() and bool(path.read_text().strip())
+        # Placed by the backend: the PS listens once it restored its shard; connecting says so.
+        with grpc.insecure_channel(endpoint.address) as channel:
+            try:
+                grpc.channel_ready_future(channel).result(timeout=0.5)
+            except grpc.FutureTimeoutError:
+                return False
+        return True
 
     def exited(self, instance_id: str, code: int) -> None:
         """Backend callback for a ``ps-*`` instance: relaunch it on its port while the job runs."""
@@ -126,7 +153,8 @@ class PSFleet:
             self._on_failure(f"parameter server {index} exited with code {code} "
                              f"{self.relaunches[index]} times, over the relaunch budget of {self.relaunch_budget}")
             return
-        port = int(self.addresses[index].rsplit(":", 1)[1])
+        endpoint = self.endpoints[index]
+        port = endpoint.port if endpoint is not None else int(self.addresses[index].rsplit(":", 1)[1])
         self._on_note(f"parameter server {index} exited with code {code}: relaunching it on port {port} "
                       "from its latest checkpoint")
         log.warning("ps-%d exited with code %d; relaunching on port %d", index, code, port)
