@@ -164,7 +164,8 @@ def run_master(
     fleet: PSFleet | None = None
     if job.ps_mode:
         fleet = PSFleet(backend, spec, relaunch_budget=spec.relaunch_budget, on_note=job.note,
-                        on_failure=lambda message: job.finish(Phase.FAILED, message), resume=resume)
+                        on_failure=lambda message: job.finish(Phase.FAILED, message), resume=resume,
+                        start_timeout=300.0 if k8s else 60.0)  # pods may wait for a node or an image pull
         backend.on_exit(lambda iid, code: fleet.exited(iid, code) if is_ps(iid) else manager.exited(iid, code))
     previous = _install_signal_handlers(lambda: stop("interrupted"))
     try:
