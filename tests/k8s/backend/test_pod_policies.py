@@ -9,6 +9,7 @@ from ft_helpers import read_status, wait_for
 from nodeagent import NodeAgent
 
 pytestmark = pytest.mark.e2e
+SLOW_DIGITS = Path(__file__).resolve().parents[1] / "e2e" / "zoo" / "slow_digits.py"
 
 
 def test_oomkilled_worker_is_not_relaunched_forever(kube_job, node_agent):
@@ -34,12 +35,18 @@ def test_pending_pod_does_not_block_training_with_min_workers(kube_job, k8s_clus
     agent = NodeAgent(k8s_cluster.api_client(), kubeconfig=k8s_cluster.kubeconfig, log_dir=tmp_path / "pods",
                       max_pods=2).start()
     try:
-        job = kube_job("digits", workers=3, min_workers=2, max_workers=3, epochs=1, rendezvous_timeout=2.0)
+        # Slow batches: training must outlast the look at the pending pod below.
+        job = kube_job("digits", model_def=f"{SLOW_DIGITS}:Model", workers=3, min_workers=2, max_workers=3, epochs=3,
+                       rendezvous_timeout=2.0)
         job.start()
-        wait_for(lambda: job.status().get("progress", {}).get("recordsDone", 0) > 0, timeout=120,
-                 what="training to start")
-        pending = {p["metadata"]["name"]: p for p in job.raw_pods()}["digits-worker-2"]
-        assert pending["status"]["phase"] == "Pending"
+
+        def training_while_pending():
+            if job.status().get("progress", {}).get("recordsDone", 0) == 0:
+                return None
+            pod = {p["metadata"]["name"]: p for p in job.raw_pods()}["digits-worker-2"]
+            return pod if pod["status"]["phase"] == "Pending" else None
+
+        pending = wait_for(training_while_pending, timeout=120, what="training while digits-worker-2 is Pending")
         assert pending["status"]["conditions"][0]["reason"] == "Unschedulable"
         assert job.wait() == 0
         history = read_status(Path(job.spec.job_dir))["roundHistory"]
