@@ -114,8 +114,10 @@ def test_scale_subresource_and_a_deleted_worker_pod_while_training(operator, nod
     assert scale["spec"]["replicas"] == 3 and scale["status"]["replicas"] == 3
     assert scale["status"]["selector"] == "flextrain.dev/job=digits,flextrain.dev/role=worker"
 
+    before = {p["metadata"]["name"] for p in pods_of(jobs, "digits", "worker")}
     jobs.kube.core.delete_namespaced_pod("digits-worker-0", jobs.namespace, grace_period_seconds=0)
-    wait_for(lambda: len(pods_of(jobs, "digits", "worker")) >= 4, timeout=120,
+    # A new name, whether or not the deleted pod's object is still there (its count alone raced that).
+    wait_for(lambda: {p["metadata"]["name"] for p in pods_of(jobs, "digits", "worker")} - before, timeout=120,
              what="a replacement for the deleted worker pod")
     status = wait_phase(jobs, node_agent, "digits", "Succeeded", timeout=400)
     assert status["progress"]["recordsDone"] == status["progress"]["recordsTotal"] == epochs * RECORDS
