@@ -12,6 +12,7 @@ from kubernetes import client
 from flextrain.k8s import meta
 
 pytestmark = pytest.mark.e2e
+SLOW_DIGITS = f"{Path(__file__).resolve().parents[1] / 'e2e' / 'zoo' / 'slow_digits.py'}:Model"
 
 RECORDS = 1438  # digits training records
 
@@ -83,7 +84,8 @@ def test_deleted_worker_pod_is_replaced_and_training_completes(kube_job, node_ag
 
 
 def test_preempted_worker_pod_is_replaced(kube_job, node_agent):
-    job = kube_job("digits", workers=2, epochs=6)
+    # Slow batches: the job must still be training when both workers are seen and one is preempted.
+    job = kube_job("digits", model_def=SLOW_DIGITS, workers=2, epochs=6)
     job.start()
     wait_for(lambda: job.status().get("workers", {}).get("active") == 2
              and job.status()["progress"]["recordsDone"] > 0, timeout=120, what="two workers training")

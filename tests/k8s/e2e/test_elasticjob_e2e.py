@@ -78,9 +78,10 @@ def assert_owned_by(jobs, name: str, uid: str) -> None:
 
 
 def test_elasticjob_trains_to_success_with_status_and_events(operator, node_agent, jobs, digits_data, tmp_path):
-    job = jobs.create(elasticjob("digits", digits_data, tmp_path / "digits", epochs=2))
+    # Slow batches: the job stays Running long enough for the operator to see (and report) the phase.
+    job = jobs.create(elasticjob("digits", digits_data, tmp_path / "digits", epochs=3, model=SLOW_MODEL))
     status = wait_phase(jobs, node_agent, "digits", "Succeeded", timeout=300)
-    assert status["progress"]["recordsDone"] == status["progress"]["recordsTotal"] == 2 * RECORDS
+    assert status["progress"]["recordsDone"] == status["progress"]["recordsTotal"] == 3 * RECORDS
     assert status["progress"]["percent"] == 100.0
     assert status["metrics"]["accuracy"] > 0.8
     assert status["masterRelaunches"] == 0
