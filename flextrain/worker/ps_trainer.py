@@ -224,8 +224,7 @@ class PSTrainer:
                 continue
             try:
                 records = read_shard_range(task.source, start, end)
-                features, labels = feed_tensors(self.model_def, records, Mode.TRAINING,
-                                                FeedMetadata(task.source, start, end, task.epoch))
+                features, labels = self._feed(records, FeedMetadata(task.source, start, end, task.epoch))
             except Exception as exc:  # bad data or a failing feed: the rest of the task is retried
                 self.client.report_task(task.task_id, ok=False, steps_done=j, error=describe(exc))
                 return
@@ -237,6 +236,10 @@ class PSTrainer:
             self.state.mark_progress()
             self.evaluate_if_due()
         self.client.report_task(task.task_id, ok=True)
+
+    def _feed(self, records: list[bytes], meta: FeedMetadata):
+        """The module's training ``feed`` over one minibatch's records (Keras trainers override it)."""
+        return feed_tensors(self.model_def, records, Mode.TRAINING, meta)
 
     def evaluate_if_due(self) -> None:
         """After a push that reached an evaluation step: evaluate the model pulled now (version >= it)."""

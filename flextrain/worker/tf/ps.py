@@ -23,16 +23,14 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from flextrain.data import read_shard_range
 from flextrain.job import JobSpec
-from flextrain.proto import flextrain_pb2 as pb
 from flextrain.worker.client import MasterClient
 from flextrain.worker.module import FeedMetadata, Mode, ModelDef, ModelDefError
 from flextrain.worker.ps_client import PSClient
 from flextrain.worker.ps_trainer import PSTrainer
 from flextrain.worker.tf.checks import require_tf
 from flextrain.worker.tf.feed import feed_dataset, take
-from flextrain.worker.trainer import WorkerState, describe
+from flextrain.worker.trainer import WorkerState
 
 _KERAS_OPTIMIZERS = {"SGD": "sgd", "Adam": "adam", "AdamW": "adamw", "Adagrad": "adagrad"}
 
@@ -137,37 +135,9 @@ class KerasPSTrainer(PSTrainer):
         for name in changed or ():
             self.variables[name].assign(self.dense[name].numpy())
 
-    def run_task(self, task: pb.Task) -> None:
-        # PSTrainer.run_task, step for step, with the Keras feed (tf.data) in place of the torch one.
-        G = task.global_batch_size
-        with self.state.lock:  # steps_done first: a racing heartbeat may under-report, never over-report
-            self.state.steps_done = 0
-            self.state.task_index = task.task_id
-        # Records every PS accepted already (a previous owner died after pushing them).
-        accepted = min(self._with_ps(lambda: self.ps.task_progress(task.task_id)))
-        for j, start in enumerate(range(task.start, task.end, G)):
-            if self.state.stop.is_set():
-                return
-            end = min(start + G, task.end)
-            if end <= accepted:
-                with self.state.lock:
-                    self.state.steps_done = j + 1
-                continue
-            try:
-                records = read_shard_range(task.source, start, end)
-                features, labels = feed_dataset(self.model_def, records, Mode.TRAINING,
-                                                FeedMetadata(task.source, start, end, task.epoch))
-            except Exception as exc:  # bad data or a failing feed: the rest of the task is retried
-                self.client.report_task(task.task_id, ok=False, steps_done=j, error=describe(exc))
-                return
-            loss_sum, version = self._with_ps(
-                lambda: self._step(features, labels, end - start, step=(task.task_id, start, end)))
-            with self.state.lock:
-                self.state.version, self.state.steps_done = version, j + 1
-            self.state.add_loss(loss_sum, end - start)
-            self.state.mark_progress()
-            self.evaluate_if_due()
-        self.client.report_task(task.task_id, ok=True)
+    def _feed(self, records: list[bytes], meta: FeedMetadata):
+        # PSTrainer.run_task drives the task; only the feed differs (tf.data, ElasticDL contract).
+        return feed_dataset(self.model_def, records, Mode.TRAINING, meta)
 
     def _compute(self, features, labels, n: int) -> tuple[float, dict]:
         tf = self.tf
