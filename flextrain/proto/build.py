@@ -15,6 +15,7 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PROTO_DIR = REPO_ROOT / "proto"
 GENERATED = (
+    "example_pb2.py", "example_pb2.pyi", "example_pb2_grpc.py",
     "flextrain_pb2.py", "flextrain_pb2.pyi", "flextrain_pb2_grpc.py",
     "ps_pb2.py", "ps_pb2.pyi", "ps_pb2_grpc.py",
 )
