@@ -287,3 +287,21 @@ def node_agent(k8s_cluster, tmp_path):
                       log_dir=tmp_path / "pod-logs").start()
     yield agent
     agent.close()
+
+
+@pytest.fixture
+def operator(k8s_cluster, k8s_api):
+    """The real operator (kopf) handling this cluster's namespace (tests/k8s/operator_support.py)."""
+    from operator_support import Operator
+
+    op = Operator(k8s_api, k8s_cluster.namespace, sweep_interval=1.0).start()
+    yield op
+    op.close()
+
+
+@pytest.fixture
+def jobs(k8s_cluster, k8s_api):
+    """ElasticJob helpers (create, status, events, pods) for this cluster's namespace."""
+    from operator_support import Jobs
+
+    return Jobs(k8s_api, k8s_cluster.namespace)

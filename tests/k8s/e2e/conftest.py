@@ -1,4 +1,4 @@
-"""End-to-end fixtures: the emulated cluster (with the scale subresource), node agent and real operator.
+"""End-to-end fixtures: the emulated cluster with the scale subresource (node agent, operator and jobs come from tests/k8s/conftest.py).
 
 kmock's emulator lists ``scale`` among the ElasticJob's subresources but
 treats ``.../elasticjobs/NAME/scale`` like the object itself, so a Scale
@@ -18,7 +18,6 @@ import attrs
 import pytest
 import yaml
 from kmock._internal import enums
-from operator_support import Jobs, Operator
 
 K8S_CONFTEST = Path(__file__).resolve().parents[1] / "conftest.py"
 CRD = Path(__file__).resolve().parents[3] / "manifests" / "crd.yaml"
@@ -101,15 +100,3 @@ def k8s_cluster(request, tmp_path, monkeypatch):
     cluster = module.Cluster(tmp_path).start()
     yield cluster
     cluster.close()
-
-
-@pytest.fixture
-def operator(k8s_cluster, k8s_api):
-    op = Operator(k8s_api, k8s_cluster.namespace, sweep_interval=1.0).start()
-    yield op
-    op.close()
-
-
-@pytest.fixture
-def jobs(k8s_cluster, k8s_api) -> Jobs:
-    return Jobs(k8s_api, k8s_cluster.namespace)
