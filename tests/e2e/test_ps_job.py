@@ -160,6 +160,18 @@ def _counting_job(digits_data, tmp_path, *extra: str, records: int = 1408, epoch
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env), job_dir
 
 
+def kill_ps_1_in_the_second_epoch(job_dir) -> None:
+    """SIGKILL ps-1 once the first epoch's 1408 records are done, and wait for its relaunch."""
+    wait_for(lambda: (job_dir / "status.json").is_file()
+             and read_status(job_dir)["progress"]["recordsDone"] >= 1408,
+             timeout=90, what="the second epoch under way")
+    pid = _ps_pid(job_dir / "ps" / "ps-1.addr")
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: (p := _ps_pid(job_dir / "ps" / "ps-1.addr")) is not None and p != pid,
+             timeout=30, what="ps-1 relaunched")
+
+
 def _finish(proc, timeout=180):
     try:
         _, stderr = proc.communicate(timeout=timeout)
@@ -214,14 +226,7 @@ def test_killed_ps_loses_nothing_it_acknowledged(digits_data, tmp_path):
     proc, job_dir = _counting_job(digits_data, tmp_path, "--ps-checkpoint-steps", "5", epochs=3,
                                   env={"FT_FEED_DELAY": "0.03"})
     try:
-        wait_for(lambda: (job_dir / "status.json").is_file()
-                 and read_status(job_dir)["progress"]["recordsDone"] >= 1408,
-                 timeout=90, what="the second epoch under way")
-        pid = _ps_pid(job_dir / "ps" / "ps-1.addr")
-        assert pid is not None
-        os.kill(pid, signal.SIGKILL)
-        wait_for(lambda: (p := _ps_pid(job_dir / "ps" / "ps-1.addr")) is not None and p != pid,
-                 timeout=30, what="ps-1 relaunched")
+        kill_ps_1_in_the_second_epoch(job_dir)
     finally:
         code, stderr = _finish(proc)
     assert code == 0, stderr

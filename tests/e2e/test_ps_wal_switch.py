@@ -8,13 +8,11 @@ how often each record was applied (tests/e2e/zoo/counting_ps.py).
 
 from __future__ import annotations
 
-import os
 import re
-import signal
 
 import pytest
-from ft_helpers import read_status, wait_for
-from test_ps_job import _counting_job, _finish, _ps_pid, ps_counts
+from ft_helpers import read_status
+from test_ps_job import _counting_job, _finish, kill_ps_1_in_the_second_epoch, ps_counts
 
 from flextrain.cli import build_spec, make_parser
 from flextrain.job import Strategy
@@ -46,14 +44,7 @@ def test_without_the_log_a_killed_ps_loses_the_updates_since_its_checkpoint(digi
     proc, job_dir = _counting_job(digits_data, tmp_path, "--no-ps-wal", "--ps-checkpoint-steps", "0", epochs=3,
                                   env={"FT_FEED_DELAY": "0.03"})
     try:
-        wait_for(lambda: (job_dir / "status.json").is_file()
-                 and read_status(job_dir)["progress"]["recordsDone"] >= 1408,
-                 timeout=90, what="the second epoch under way")
-        pid = _ps_pid(job_dir / "ps" / "ps-1.addr")
-        assert pid is not None
-        os.kill(pid, signal.SIGKILL)
-        wait_for(lambda: (p := _ps_pid(job_dir / "ps" / "ps-1.addr")) is not None and p != pid,
-                 timeout=30, what="ps-1 relaunched")
+        kill_ps_1_in_the_second_epoch(job_dir)
     finally:
         code, stderr = _finish(proc)
     assert code == 0, stderr
