@@ -15,6 +15,7 @@ table while another table (or the dense shard) is being updated.
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -136,6 +137,26 @@ class EmbeddingTable:
         with self.lock:
             idx = self._indices(ids)  # first: it may reallocate self._rows
             return take_rows(self._rows, idx)
+
+    def gather_blocks(self, ids, per: int, *, snapshot: bool = True) -> Iterator[torch.Tensor]:
+        """:meth:`gather` ``per`` rows at a time (at least one block, maybe empty).
+
+        ``snapshot``: every block from one instant (gathered at once, under one lock).
+        Otherwise each block is gathered under the lock only when asked for: the first
+        block can leave before the last is copied, and a block is copied while the one
+        before is still in cache, but an update may land between two blocks.
+        """
+        ids = as_row_ids(ids, self.spec.name)
+        with self.lock:
+            idx = self._indices(ids)  # rows are never moved to other indices, only appended
+            rows = take_rows(self._rows, idx) if snapshot else None
+        for a in range(0, max(len(idx), 1), per):
+            if rows is not None:
+                yield rows[a: a + per]
+                continue
+            with self.lock:  # _rows itself may have been reallocated by a pull creating rows
+                block = take_rows(self._rows, idx[a: a + per])
+            yield block
 
     def apply(self, optimizer: Optimizer, ids, grads: torch.Tensor, lr_scale: float = 1.0) -> None:
         """One optimizer step on the rows ``ids`` (unique) with gradient rows ``grads``.

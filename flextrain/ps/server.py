@@ -189,12 +189,10 @@ class PSServicer(pb_grpc.ParameterServerServicer):
     @_rpc
     def PullEmbedding(self, request, context):
         ids = ids_from_proto(request.ids, request.table)
-        rows, version = self.shard.pull_rows(request.table, ids)
-        n, dim = rows.shape
-        per = max(1, self._chunk(request.chunk_bytes) // max(1, dim * rows.element_size()))
-        for a in range(0, max(n, 1), per):  # an empty answer is one message with zero rows
-            # Encoded by hand: the gathered rows are copied once, into the message.
-            yield bytes(Encoder().message_field(1, encode_rows(rows[a: a + per])).varint_field(2, version))
+        # An empty answer is one message with zero rows. Encoded by hand: the gathered
+        # rows are copied once more, into the message.
+        for rows, version in self.shard.pull_row_blocks(request.table, ids, self._chunk(request.chunk_bytes)):
+            yield bytes(Encoder().message_field(1, encode_rows(rows)).varint_field(2, version))
 
     @_rpc
     def PushGradients(self, request_iterator, context):

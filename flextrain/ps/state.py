@@ -39,7 +39,7 @@ import random
 import threading
 from collections import OrderedDict
 from dataclasses import asdict, replace
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
@@ -188,6 +188,18 @@ class ShardState:
 
     def pull_rows(self, table: str, ids) -> tuple[torch.Tensor, int]:
         return self.table(table).gather(ids), self.version
+
+    def pull_row_blocks(self, table: str, ids, chunk_bytes: int) -> Iterator[tuple[torch.Tensor, int]]:
+        """Rows for ``ids`` in blocks of at most ``chunk_bytes``, each with the version it was read at.
+
+        SYNC mode reads all blocks at one instant; ASYNC mode block by block as they
+        are sent (an update may land in between: ASYNC promises no more than that
+        anyway, since an update can as well land between two pulls of one step).
+        """
+        t = self.table(table)
+        per = max(1, chunk_bytes // (t.spec.dim * t.dtype.itemsize))
+        for block in t.gather_blocks(ids, per, snapshot=self.sync.mode == "sync"):
+            yield block, self.version
 
     # ------------------------------------------------------------------ push
 

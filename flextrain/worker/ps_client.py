@@ -303,30 +303,34 @@ class PSClient:
         # One position per distinct id; requests list ids in order of those positions, so
         # each PS's rows land in ascending places of the result (cache-friendly writes).
         first, inverse = distinct(flat)
-        rep = np.sort(first)
-        owners = row_owners(flat[rep], self.num_ps)
-        small = owners.astype(np.uint16) if self.num_ps <= 1 << 16 else owners  # 16-bit keys: numpy radix-sorts
-        by_ps = np.argsort(small, kind="stable")  # group each PS's ids, positions still ascending
-        bounds = np.concatenate([[0], np.cumsum(np.bincount(owners, minlength=self.num_ps))])
-        dest = rep[by_ps]  # where each requested row goes in the result
-        sorted_ids = flat[dest]
+        plain = first is inverse  # sorted and distinct (what torch.unique hands us): nothing to reorder
+        rep = first if plain else np.sort(first)
+        wanted = flat if plain else flat[rep]
+        owners = row_owners(wanted, self.num_ps)
+        counts = np.bincount(owners, minlength=self.num_ps)
         row_bytes = dim * dtype.itemsize
         out = np.empty((len(flat), row_bytes), dtype=np.uint8)
+        row = np.dtype((np.void, row_bytes))
+        slots = out.view(row).reshape(len(flat))  # a row as one item: scatters copy rows, not bytes
 
         def one(i: int):
-            lo, hi = int(bounds[i]), int(bounds[i + 1])
-            for a in range(lo, hi, _MAX_IDS_PER_REQUEST):
-                b = min(hi, a + _MAX_IDS_PER_REQUEST)
+            # Each PS's share is picked out in its own thread (numpy lets go of the GIL), so the
+            # first request leaves before the other PS's ids are even selected.
+            mine = np.flatnonzero(owners == i) if self.num_ps > 1 else np.arange(len(wanted))
+            dest = mine if plain else rep[mine]  # where each requested row goes in the result
+            sorted_ids = wanted[mine]
+            for a in range(0, len(mine), _MAX_IDS_PER_REQUEST):
+                b = min(len(mine), a + _MAX_IDS_PER_REQUEST)
                 part = sorted_ids[a:b]
                 req = pb.PullEmbeddingRequest(table=table, chunk_bytes=self.chunk_bytes, ids=ids_to_proto(part))
 
                 def attempt(stub, timeout):
-                    pos, version = a, 0
+                    pos, version = a, None
                     for raw in stub.rows(req, timeout=timeout):  # read in place: rows = 1 (a Tensor)
+                        if version is None:  # the first block's (0 is not sent): later ones may be newer
+                            version = next((v for f, wt, v in fields(raw) if f == 2 and wt == 0), 0)
                         for field, wt, value in fields(raw):
-                            if field == 2 and wt == 0:
-                                version = value
-                            elif field == 1 and wt == 2:
+                            if field == 1 and wt == 2:
                                 got, shp, data = decode_tensor(value)
                                 n = shp[0] if len(shp) == 2 else -1
                                 if got != dtype_name(dtype) or n < 0 or shp[1] != dim or pos + n > b \
@@ -334,18 +338,18 @@ class PSClient:
                                     raise ValueError(f"parameter server {i} sent rows {got} {shp} that do not fit "
                                                      f"the request")
                                 # Straight from the message to the rows' places in the result: one copy.
-                                out[dest[pos: pos + n]] = np.frombuffer(data, np.uint8).reshape(n, row_bytes)
+                                slots[dest[pos: pos + n]] = np.frombuffer(data, row)
                                 pos += n
                     if pos != b:
                         raise ValueError(f"parameter server {i} sent {pos - a} of {b - a} rows")
-                    return version
+                    return version or 0
                 self._row_versions[i] = self._call(i, "PullEmbedding", attempt, nbytes=(b - a) * row_bytes)
 
-        self._fanout(one, [i for i in range(self.num_ps) if bounds[i + 1] > bounds[i]])
+        self._fanout(one, [i for i in range(self.num_ps) if counts[i]])
         if len(rep) < len(flat):  # repeated ids: copy the row fetched for another occurrence
             src = first[inverse]
             again = np.nonzero(src != np.arange(len(flat)))[0]
-            out[again] = out[src[again]]
+            slots[again] = slots[src[again]]
         return torch.from_numpy(out).view(dtype).view(*shape, dim)
 
     # ------------------------------------------------------------------ push

@@ -13,6 +13,22 @@ from flextrain.ps.idindex import IdIndex
 from flextrain.ps.shard import INT64_MAX
 
 
+@pytest.mark.parametrize("snapshot", [True, False])
+def test_row_blocks_in_order_and_updates_between_blocks_only_without_snapshot(snapshot):
+    from flextrain.ps.optimizers import make_optimizer
+    table = EmbeddingTable(TableSpec("t", 4, seed=3))
+    ids = np.arange(100, 110)
+    before = table.gather(ids)
+    blocks = table.gather_blocks(ids, 4, snapshot=snapshot)
+    first = next(blocks)
+    table.apply(make_optimizer("sgd", {"lr": 1.0}), ids, torch.ones(10, 4))  # lands between two blocks
+    rest = list(blocks)
+    assert [len(b) for b in [first, *rest]] == [4, 4, 2]
+    assert torch.equal(first, before[:4])
+    assert torch.equal(torch.cat(rest), before[4:] if snapshot else before[4:] - 1)
+    assert [len(b) for b in table.gather_blocks([], 4, snapshot=snapshot)] == [0]  # one empty block
+
+
 def test_lazy_rows_depend_only_on_seed_table_and_id():
     a = EmbeddingTable(TableSpec("user", 8, seed=7))
     b = EmbeddingTable(TableSpec("user", 8, seed=7), capacity=1)  # other growth pattern
