@@ -76,4 +76,5 @@ def eval_metrics_fn():
         return tf.nn.sigmoid_cross_entropy_with_logits(labels=tf.cast(tf.reshape(labels, [-1]), tf.float32),
                                                        logits=tf.reshape(predictions, [-1]))
 
-    return {"accuracy": accuracy, "logloss": logloss}
+    # ElasticDL style: a Keras AUC object, which flextrain computes with its own mergeable AUC.
+    return {"accuracy": accuracy, "logloss": logloss, "auc": tf.keras.metrics.AUC(from_logits=True)}

@@ -14,13 +14,14 @@ the rows a batch uses are pulled); the other parameters are dense PS
 parameters. The module also runs unchanged under AllReduce.
 
 Module contract: ``Model``, ``loss``, ``optimizer``, ``feed``, ``eval_metrics_fn``
-(``accuracy`` and ``logloss``, both per sample).
+(``accuracy`` and ``logloss`` per sample, averaged; ``auc`` a mergeable metric).
 """
 
 import torch
 from torch import nn
 
 from flextrain.data.ctr import CTR_DENSE, CTR_FIELDS, CTR_VOCAB, decode_ctr
+from flextrain.elastic.metrics import AUC
 
 EMBED_DIM = 8
 
@@ -68,4 +69,5 @@ def eval_metrics_fn():
         "accuracy": lambda labels, predictions: ((predictions > 0).long() == labels).float(),
         "logloss": lambda labels, predictions: nn.functional.binary_cross_entropy_with_logits(
             predictions, labels.float(), reduction="none"),
+        "auc": AUC(from_logits=True),  # not a per-sample mean: merged over workers by its state
     }

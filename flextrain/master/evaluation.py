@@ -5,6 +5,7 @@ validation data; it is cut into evaluation tasks in the ledger, any worker
 holding that model takes them, and the master adds up per-metric sums of
 per-sample values and the sample counts. The metric is total sum / total
 samples: the mean over every evaluated sample however tasks were spread.
+Mergeable metrics (AUC) report additive states instead, summed the same way.
 
 When evaluations happen:
 
@@ -37,7 +38,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from flextrain.data.predictions import FORMAT, MANIFEST, count_rows, part_name
+from flextrain.elastic import metrics
 from flextrain.job import JobType
 from flextrain.master.checkpoints import write_json_atomic
 from flextrain.master.ledger import Task, TaskKind, TaskLedger
@@ -53,6 +57,7 @@ RUN, WAIT, NO_MORE, STOP = (pb.GetTaskResponse.RUN, pb.GetTaskResponse.WAIT, pb.
 class _Sums:
     sums: dict[str, float] = field(default_factory=dict)
     samples: int = 0
+    states: dict[str, tuple[str, np.ndarray]] = field(default_factory=dict)  # mergeable: name -> (kind, sum)
 
 
 class Evaluations:
@@ -87,13 +92,22 @@ class Evaluations:
             self.start(version)
         return self.final_step
 
-    def record(self, task: Task, sums: dict[str, float], samples: int) -> dict | None:
-        """Add a finished task's sums; returns the history entry when its evaluation completed."""
+    def record(self, task: Task, sums: dict[str, float], samples: int,
+               states: dict[str, tuple[str, np.ndarray]] | None = None) -> dict | None:
+        """Add a finished task's sums (and mergeable metric states); returns the history
+        entry when its evaluation completed."""
         acc = self.running.get(task.model_version)
         if acc is None:
             return None  # an evaluation abandoned by a rollback
         for name, value in sums.items():
             acc.sums[name] = acc.sums.get(name, 0.0) + value
+        for name, (kind, state) in (states or {}).items():
+            have = acc.states.get(name)
+            if kind not in metrics.KINDS or (have is not None and (have[0] != kind or len(have[1]) != len(state))):
+                log.warning("evaluation at step %d: metric %r: ignoring a %r state of %d values from task %d",
+                            task.model_version, name, kind, len(state), task.task_id)
+                continue
+            acc.states[name] = (kind, state if have is None else have[1] + state)
         acc.samples += samples
         if self.ledger.pending(TaskKind.EVALUATION, task.model_version):
             return None
@@ -101,8 +115,14 @@ class Evaluations:
 
     def _finish(self, version: int) -> dict:
         acc = self.running.pop(version)
-        metrics = {k: v / acc.samples for k, v in acc.sums.items()} if acc.samples else {}
-        entry = {"step": version, "metrics": metrics, "samples": acc.samples, "time": round(time.time(), 3)}
+        values = {k: v / acc.samples for k, v in acc.sums.items()} if acc.samples else {}
+        for name, (kind, state) in acc.states.items():
+            value = metrics.result(kind, state)
+            if np.isfinite(value):
+                values[name] = value
+            else:  # e.g. AUC over one class only: left out rather than a NaN in status.json
+                log.warning("evaluation at step %d: metric %r is undefined on this data", version, name)
+        entry = {"step": version, "metrics": values, "samples": acc.samples, "time": round(time.time(), 3)}
         self.history.append(entry)
         self.history.sort(key=lambda h: h["step"])
         return entry
@@ -174,7 +194,8 @@ def record_task(job, task: Task, req: pb.ReportTaskRequest) -> None:
         return
     job.ledger.complete(task.task_id)
     if task.kind is TaskKind.EVALUATION:
-        entry = job.evaluations.record(task, dict(req.metric_sums), req.samples)
+        states = {name: (m.kind, np.asarray(m.values, dtype=np.float64)) for name, m in req.metric_states.items()}
+        entry = job.evaluations.record(task, dict(req.metric_sums), req.samples, states)
         if entry is not None:
             job.metrics.update(entry["metrics"])
             message = describe(entry)

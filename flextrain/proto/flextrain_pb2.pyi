@@ -170,7 +170,7 @@ class GetTaskResponse(_message.Message):
     def __init__(self, action: _Optional[_Union[GetTaskResponse.Action, str]] = ..., task: _Optional[_Union[Task, _Mapping]] = ..., message: _Optional[str] = ...) -> None: ...
 
 class ReportTaskRequest(_message.Message):
-    __slots__ = ("worker_id", "task_id", "ok", "steps_done", "error", "metric_sums", "samples")
+    __slots__ = ("worker_id", "task_id", "ok", "steps_done", "error", "metric_sums", "samples", "metric_states")
     class MetricSumsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -178,6 +178,13 @@ class ReportTaskRequest(_message.Message):
         key: str
         value: float
         def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    class MetricStatesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: MetricState
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[MetricState, _Mapping]] = ...) -> None: ...
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     TASK_ID_FIELD_NUMBER: _ClassVar[int]
     OK_FIELD_NUMBER: _ClassVar[int]
@@ -185,6 +192,7 @@ class ReportTaskRequest(_message.Message):
     ERROR_FIELD_NUMBER: _ClassVar[int]
     METRIC_SUMS_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    METRIC_STATES_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     task_id: int
     ok: bool
@@ -192,7 +200,16 @@ class ReportTaskRequest(_message.Message):
     error: str
     metric_sums: _containers.ScalarMap[str, float]
     samples: int
-    def __init__(self, worker_id: _Optional[str] = ..., task_id: _Optional[int] = ..., ok: _Optional[bool] = ..., steps_done: _Optional[int] = ..., error: _Optional[str] = ..., metric_sums: _Optional[_Mapping[str, float]] = ..., samples: _Optional[int] = ...) -> None: ...
+    metric_states: _containers.MessageMap[str, MetricState]
+    def __init__(self, worker_id: _Optional[str] = ..., task_id: _Optional[int] = ..., ok: _Optional[bool] = ..., steps_done: _Optional[int] = ..., error: _Optional[str] = ..., metric_sums: _Optional[_Mapping[str, float]] = ..., samples: _Optional[int] = ..., metric_states: _Optional[_Mapping[str, MetricState]] = ...) -> None: ...
+
+class MetricState(_message.Message):
+    __slots__ = ("kind", "values")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    values: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, kind: _Optional[str] = ..., values: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class ReportTaskResponse(_message.Message):
     __slots__ = ()

@@ -76,11 +76,16 @@ class MasterClient:
         )
 
     def report_task(self, task_id: int, *, ok: bool, steps_done: int = 0, error: str = "",
-                    metric_sums: dict[str, float] | None = None, samples: int = 0) -> None:
+                    metric_sums: dict[str, float] | None = None, samples: int = 0,
+                    metric_states: dict | None = None) -> None:
+        """``metric_states``: name -> (kind, additive state vector) of mergeable metrics."""
+        states = {name: pb.MetricState(kind=kind, values=[float(v) for v in values])
+                  for name, (kind, values) in (metric_states or {}).items()}
         self._call(
             "ReportTask",
             pb.ReportTaskRequest(worker_id=self.worker_id, task_id=task_id, ok=ok, steps_done=steps_done,
-                                 error=error, metric_sums=metric_sums or {}, samples=samples),
+                                 error=error, metric_sums=metric_sums or {}, samples=samples,
+                                 metric_states=states),
         )
 
     def report_checkpoint(self, path: str, position: pb.Position, *, final: bool, stop: bool = False) -> None:

@@ -9,19 +9,29 @@ Metrics: ``eval_metrics_fn()`` maps names to ``fn(labels, predictions)``
 returning per-sample values; a worker reports, per metric, the sum of those
 values (float64) and the number of samples, and the master divides the
 totals: the metric is the mean over every evaluated sample however the tasks
-were spread over workers.
+were spread over workers. A mergeable metric (AUC, :mod:`flextrain.elastic.metrics`)
+reports its additive state instead, which the master adds up.
 """
 
 from __future__ import annotations
 
 import abc
-from typing import Any, Iterator
+from typing import Any, Iterator, NamedTuple
 
 import numpy as np
 
 from flextrain.data import read_shard_range
+from flextrain.elastic.metrics import MergeableMetric
 from flextrain.proto import flextrain_pb2 as pb
 from flextrain.worker.module import FeedMetadata, Framework, Mode, ModelDef, ModelDefError
+
+
+class EvalSums(NamedTuple):
+    """What one evaluation task reports: see :func:`metric_sums`."""
+
+    sums: dict[str, float]
+    samples: int
+    states: dict[str, tuple[str, np.ndarray]]  # name -> (kind, additive state)
 
 
 class Predictor(abc.ABC):
@@ -80,15 +90,22 @@ def to_numpy(value: Any) -> Any:
 
 
 def metric_sums(model_def: ModelDef, predictor: Predictor, records: list[bytes], *,
-                metadata: FeedMetadata, batch_size: int) -> tuple[dict[str, float], int]:
-    """Per-metric sums of per-sample values over ``records``, and the sample count."""
+                metadata: FeedMetadata, batch_size: int) -> EvalSums:
+    """Per-metric sums of per-sample values over ``records``, the sample count, and the
+    states of the mergeable metrics (:mod:`flextrain.elastic.metrics`)."""
     metrics = model_def.metric_fns()  # none: the samples are still counted
-    sums = {name: 0.0 for name in metrics}
+    sums = {name: 0.0 for name, fn in metrics.items() if not isinstance(fn, MergeableMetric)}
     seen = 0
     for predictions, labels in predictor.batches(records, mode=Mode.EVALUATION, metadata=metadata,
                                                  batch_size=batch_size):
         n = batch_len(predictions)
         for name, fn in metrics.items():
+            if isinstance(fn, MergeableMetric):
+                try:
+                    fn.update(to_numpy(labels), to_numpy(predictions))
+                except ValueError as exc:
+                    raise ModelDefError(f"{model_def.path}: metric {name!r}: {exc}") from exc
+                continue
             values = np.asarray(to_numpy(fn(labels, predictions)), dtype=np.float64)
             if values.size != n:
                 raise ModelDefError(
@@ -100,7 +117,8 @@ def metric_sums(model_def: ModelDef, predictor: Predictor, records: list[bytes],
     if seen != len(records):
         raise ModelDefError(f"{model_def.path}: the model produced {seen} predictions for "
                             f"{len(records)} records")
-    return sums, seen
+    states = {name: (fn.kind, fn.state()) for name, fn in metrics.items() if isinstance(fn, MergeableMetric)}
+    return EvalSums(sums, seen, states)
 
 
 def make_predictor(model_def: ModelDef, model) -> Predictor:
@@ -117,7 +135,7 @@ def make_predictor(model_def: ModelDef, model) -> Predictor:
 
 
 def evaluate_task(model_def: ModelDef, predictor: Predictor, task: pb.Task, *,
-                  batch_size: int) -> tuple[dict[str, float], int]:
+                  batch_size: int) -> EvalSums:
     """Read an evaluation task's records and return its metric sums and sample count."""
     records = read_shard_range(task.source, task.start, task.end)
     meta = FeedMetadata(task.source, task.start, task.end, task.epoch)

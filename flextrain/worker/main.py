@@ -181,7 +181,7 @@ def _run_inference_job(spec, client, reg, model_def, model, worker_id) -> int:
 def _take_tasks(client, state, kind, run, *, model_version: int = 0, position=None) -> int:
     """Ask for tasks of ``kind`` and run them until the master says NO_MORE or STOP; returns that action.
 
-    ``run(task)`` returns ``(metric_sums, samples)`` or the number of samples; a failure is
+    ``run(task)`` returns an ``EvalSums`` or the number of samples; a failure is
     reported and the master retries the task (or fails the job past --max-task-retries).
     """
     while True:
@@ -194,8 +194,8 @@ def _take_tasks(client, state, kind, run, *, model_version: int = 0, position=No
             except Exception as exc:  # noqa: BLE001 - reported; the master retries or fails the job
                 client.report_task(resp.task.task_id, ok=False, error=describe(exc))
                 continue
-            sums, n = result if isinstance(result, tuple) else ({}, result)
-            client.report_task(resp.task.task_id, ok=True, metric_sums=sums, samples=n)
+            sums, n, states = result if isinstance(result, tuple) else ({}, result, {})
+            client.report_task(resp.task.task_id, ok=True, metric_sums=sums, samples=n, metric_states=states)
         elif resp.action == pb.GetTaskResponse.WAIT:
             time.sleep(EVAL_POLL)  # polling the master: tasks may free up when a peer fails
         else:

@@ -37,6 +37,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable
 
+from flextrain.elastic.metrics import AUC, MergeableMetric
+
 
 class Mode(str, enum.Enum):
     """What ``feed`` is asked to prepare records for."""
@@ -114,16 +116,36 @@ class ModelDef:
         except Exception as exc:
             raise ModelDefError(f"{self.path}: optimizer(params, **{kwargs}) failed: {exc!r}") from exc
 
-    def metric_fns(self) -> dict[str, Callable]:
+    def metric_fns(self) -> dict[str, Callable | MergeableMetric]:
+        """``eval_metrics_fn()``: name -> per-sample ``fn(labels, predictions)`` or a fresh
+        :class:`MergeableMetric` (a Keras ``AUC`` object becomes flextrain's)."""
         if self.eval_metrics_fn is None:
             return {}
         metrics = self.eval_metrics_fn()
-        if not isinstance(metrics, dict) or not all(callable(f) for f in metrics.values()):
+        if not isinstance(metrics, dict):
             raise ModelDefError(
                 f"{self.path}: eval_metrics_fn() must return a dict of name -> fn(labels, predictions), "
                 f"got {type(metrics).__name__}"
             )
-        return metrics
+        return {name: _metric(self.path, name, m) for name, m in metrics.items()}
+
+
+def _metric(where: str, name: str, m):
+    if isinstance(m, MergeableMetric):
+        m.reset()
+        return m
+    if hasattr(m, "update_state") and hasattr(m, "result"):  # a Keras metric object
+        if type(m).__name__ == "AUC" and str(getattr(m, "curve", "ROC")).upper().endswith("ROC"):
+            return AUC(from_logits=bool(getattr(m, "_from_logits", False)))  # ElasticDL modules use it
+        raise ModelDefError(
+            f"{where}: eval_metrics_fn()[{name!r}] is a {type(m).__module__}.{type(m).__name__} object; "
+            f"metrics are aggregated over workers, so give a per-sample fn(labels, predictions) (averaged) "
+            f"or a flextrain.elastic.metrics metric such as AUC (tf.keras.metrics.AUC of the ROC curve is translated)"
+        )
+    if not callable(m):
+        raise ModelDefError(f"{where}: eval_metrics_fn()[{name!r}] is a {type(m).__name__}, not a "
+                            f"fn(labels, predictions) or a flextrain.elastic.metrics metric")
+    return m
 
 
 _ELASTICDL_CONSTANTS = "elasticdl.python.common.constants"

@@ -49,6 +49,7 @@ def test_ps_job_trains_ctr_model_above_majority_rate(ctr_data, tmp_path):
     assert status["progress"]["recordsDone"] == status["progress"]["recordsTotal"] == 2 * 8000
     assert status["metrics"]["accuracy"] > 0.74, status["metrics"]  # majority class: ~0.70
     assert status["metrics"]["logloss"] < 0.55, status["metrics"]
+    assert status["metrics"]["auc"] > 0.75, status["metrics"]  # 0.5: no better than chance
     logs = sorted(p.name for p in (job_dir / "logs").glob("*.log"))
     assert logs == ["ps-0.log", "ps-1.log", "worker-0.log", "worker-1.log"]
     # each PS wrote checkpoints of its own shard

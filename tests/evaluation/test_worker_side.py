@@ -40,8 +40,8 @@ def test_batches_cover_every_record_in_order_in_eval_mode(model_def, tmp_path):
 def test_metric_sums_are_sums_of_per_sample_values(model_def, tmp_path):
     predictor = loaded(model_def, tmp_path)
     records = [f"{x},{x % 3}".encode() for x in range(10)]
-    sums, n = metric_sums(model_def, predictor, records, metadata=FeedMetadata("f", 0, 10, 0), batch_size=4)
-    assert n == 10 and sums == {"step": 40.0, "x": 45.0, "accuracy": 10.0}
+    sums, n, states = metric_sums(model_def, predictor, records, metadata=FeedMetadata("f", 0, 10, 0), batch_size=4)
+    assert n == 10 and sums == {"step": 40.0, "x": 45.0, "accuracy": 10.0} and states == {}
 
 
 def test_metric_with_one_value_per_batch_is_rejected(model_def, tmp_path):
@@ -56,7 +56,7 @@ def test_metric_with_one_value_per_batch_is_rejected(model_def, tmp_path):
 def test_evaluate_task_reads_the_task_range(model_def, tmp_path):
     data = write_csv(tmp_path / "v.csv", range(20))
     task = pb.Task(task_id=1, kind=pb.Task.EVALUATION, source=str(data), start=5, end=15, global_batch_size=10)
-    sums, n = evaluate_task(model_def, loaded(model_def, tmp_path), task, batch_size=3)
+    sums, n, _ = evaluate_task(model_def, loaded(model_def, tmp_path), task, batch_size=3)
     assert n == 10 and sums["x"] == float(sum(range(5, 15)))
 
 

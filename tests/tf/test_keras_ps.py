@@ -175,6 +175,7 @@ def test_keras_deepfm_trains_on_two_ps_and_two_workers(tmp_path):
     # the model must beat both clearly, which needs the embeddings (the labels depend on the ids).
     assert status["metrics"]["accuracy"] > 0.74, status["metrics"]
     assert status["metrics"]["logloss"] < 0.55, status["metrics"]
+    assert status["metrics"]["auc"] > 0.75, status["metrics"]  # tf.keras.metrics.AUC; 0.5 is chance
     logs = sorted(p.name for p in (job_dir / "logs").glob("*.log"))
     assert logs == ["ps-0.log", "ps-1.log", "worker-0.log", "worker-1.log"]
     for name in ("worker-0.log", "worker-1.log"):  # both workers trained (pushed) without dying
