@@ -1,6 +1,6 @@
 """Parameter-server throughput vs. raw gRPC streaming of the same bytes.
 
-    .venv/bin/python bench/ps.py                 # 64 MiB model, 5 repeats, ~30 s on 2 cores
+    .venv/bin/python bench/ps.py                 # 64 MiB model, 9 repeats, ~40 s on 2 cores
     .venv/bin/python bench/ps.py --mb 16 --repeats 1   # smoke test
 
 Prints exactly one JSON object on stdout (progress on stderr). Two PS run as
@@ -15,10 +15,12 @@ chunk size. In the same run, alternating, the bench measures
   and streaming them back into a reused buffer;
 * embedding: ``pull_embedding`` of N distinct ids (rows created beforehand)
   and ``push`` of their sparse gradients, vs. the echo servers moving the
-  same bytes (ids + rows each way). ``--emb-order sorted`` (default) passes
-  the ids the way the PS trainer does (``torch.unique``'s output: distinct,
-  ascending), ``random`` in random order, which costs the client a sort per
-  call to find duplicates.
+  same bytes (ids + rows each way). ``--emb-order grouped`` (default) passes
+  the ids the way the PS trainers do (``PSClient.distinct``: distinct, grouped
+  by PS, ascending within a group, so each PS's rows are one range to pull
+  into and push from), ``sorted`` ascending (each PS's rows are scattered
+  into / gathered from every other place), ``random`` in random order (the
+  client also sorts per call to find duplicates).
 
 ``--durable`` gives the PS a checkpoint directory, as the master does in a job:
 then every push is also appended to the PS's write-ahead log (and a checkpoint
@@ -135,12 +137,12 @@ def launch(tmp: Path, args) -> tuple[list[subprocess.Popen], list[str], list[str
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--mb", type=float, default=64, help="dense model size in MiB (float32)")
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--repeats", type=int, default=9)
     p.add_argument("--chunk-bytes", type=int, default=1 << 20)
     p.add_argument("--emb-ids", type=int, default=200_000, help="distinct ids per embedding pull/push")
     p.add_argument("--emb-dim", type=int, default=64)
-    p.add_argument("--emb-order", choices=("sorted", "random"), default="sorted",
-                   help="order of the ids given to pull_embedding/push (sorted: as the PS trainer gives them)")
+    p.add_argument("--emb-order", choices=("grouped", "sorted", "random"), default="grouped",
+                   help="order of the ids given to pull_embedding/push (grouped: as the PS trainers give them)")
     p.add_argument("--durable", action="store_true",
                    help="PS with a checkpoint directory, as in a job: checkpoints every 20 versions and the "
                         "write-ahead log of every push (default: in-memory PS)")
@@ -178,7 +180,9 @@ def main() -> None:
             client.declare_table("emb", args.emb_dim, seed=1)
             rng = np.random.default_rng(0)
             ids = rng.choice(1 << 40, size=args.emb_ids, replace=False).astype(np.int64)
-            if args.emb_order == "sorted":
+            if args.emb_order == "grouped":
+                ids = client.distinct("emb", ids)[0]
+            elif args.emb_order == "sorted":
                 ids.sort()
             client.pull_embedding("emb", ids)  # create the rows: measure steady-state lookups
             emb_grad = torch.full((len(ids), args.emb_dim), 1e-3)

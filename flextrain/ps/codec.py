@@ -18,7 +18,7 @@ import torch
 from flextrain.proto import flextrain_pb2 as fpb
 from flextrain.proto import ps_pb2 as pb
 from flextrain.ps import wire
-from flextrain.ps.shard import as_row_ids, row_owners
+from flextrain.ps.shard import as_row_ids, owner_bounds, row_owners
 
 FLOAT_DTYPES = {name: getattr(torch, name) for name in ("float16", "bfloat16", "float32", "float64")}
 
@@ -195,21 +195,30 @@ class SparseBlocks:
     table: str
     ids: np.ndarray          # merged, validated
     values: torch.Tensor     # [len(ids), dim], contiguous
-    sel: np.ndarray          # positions in ids/values that go to this PS
+    sel: np.ndarray | slice  # positions in ids/values that go to this PS (a slice: a range of them)
     per: int                 # rows per block
 
     @property
+    def count(self) -> int:
+        return self.sel.stop - self.sel.start if isinstance(self.sel, slice) else len(self.sel)
+
+    @property
     def nbytes(self) -> int:
-        return len(self.sel) * (8 + self.values.shape[1] * self.values.element_size())
+        return self.count * (8 + self.values.shape[1] * self.values.element_size())
 
     def __iter__(self) -> Iterator[bytes]:
         name = self.table.encode()
-        for a in range(0, len(self.sel), self.per):
-            s = self.sel[a: a + self.per]
-            part_ids = np.ascontiguousarray(self.ids[s], dtype="<i8")
+        for a in range(0, self.count, self.per):
+            if isinstance(self.sel, slice):  # views: the rows are copied once, into the message
+                lo = self.sel.start + a
+                hi = min(self.sel.stop, lo + self.per)
+                part_ids, rows = np.ascontiguousarray(self.ids[lo: hi], dtype="<i8"), self.values[lo: hi]
+            else:
+                s = self.sel[a: a + self.per]
+                part_ids, rows = np.ascontiguousarray(self.ids[s], dtype="<i8"), take_rows(self.values, s)
             block = (wire.Encoder().bytes_field(1, name)
-                     .message_field(2, wire.encode_tensor("int64", [len(s)], memoryview(part_ids).cast("B")))
-                     .message_field(3, encode_rows(take_rows(self.values, s))))
+                     .message_field(2, wire.encode_tensor("int64", [len(part_ids)], memoryview(part_ids).cast("B")))
+                     .message_field(3, encode_rows(rows)))
             yield bytes(wire.Encoder().message_field(3, block))  # PushChunk.sparse = 3
 
 
@@ -217,9 +226,14 @@ def sparse_blocks(table: str, ids: np.ndarray, values: torch.Tensor, num_ps: int
                   chunk_bytes: int) -> list[SparseBlocks]:
     """Per PS, one table's gradient (ids validated by the caller; duplicates are summed; each
     block holds at most ``chunk_bytes`` of values), encoded when iterated."""
-    ids, values = merge_rows(ids, values.contiguous())
-    owners = row_owners(ids, num_ps)
+    values = values.contiguous()
     per = max(1, chunk_bytes // max(1, values.shape[1] * values.element_size()))
+    owners = row_owners(ids, num_ps)
+    bounds = owner_bounds(ids, owners, num_ps)
+    if bounds is not None:  # distinct and grouped by PS: each PS's rows are one range, sent without a gather
+        return [SparseBlocks(table, ids, values, slice(int(lo), int(hi)), per) for lo, hi in zip(bounds, bounds[1:])]
+    ids, values = merge_rows(ids, values)
+    owners = row_owners(ids, num_ps)
     return [SparseBlocks(table, ids, values, np.nonzero(owners == i)[0] if num_ps > 1 else np.arange(len(ids)), per)
             for i in range(num_ps)]
 

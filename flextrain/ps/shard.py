@@ -70,6 +70,36 @@ def row_owners(ids: np.ndarray, num_ps: int) -> np.ndarray:
     return (mix64_array(ids.view(np.uint64) if ids.dtype == np.int64 else ids) % np.uint64(num_ps)).astype(np.int64)
 
 
+def distinct_by_owner(ids: np.ndarray, num_ps: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(distinct, inverse)`` of validated int64 ``ids``: the distinct ids grouped by owning
+    PS (PS 0's first), ascending within each group, and ``distinct[inverse] == ids``.
+
+    The PS trainers pull and push rows in this order: every PS's rows are then one
+    contiguous range of the pulled rows and of their gradients (see :func:`owner_bounds`),
+    which the client moves without gathering or scattering them.
+    """
+    distinct, inverse = np.unique(ids, return_inverse=True)
+    if num_ps > 1 and len(distinct) > 1:
+        order = np.argsort(row_owners(distinct, num_ps).astype(np.uint16 if num_ps <= 1 << 16 else np.int64),
+                           kind="stable")
+        rank = np.empty_like(order)
+        rank[order] = np.arange(len(order))
+        distinct, inverse = distinct[order], rank[inverse.reshape(-1)]
+    return distinct, inverse.reshape(-1)
+
+
+def owner_bounds(ids: np.ndarray, owners: np.ndarray, num_ps: int) -> np.ndarray | None:
+    """Where each PS's ids start and end (``num_ps + 1`` offsets) when ``ids`` are laid out
+    as :func:`distinct_by_owner` gives them, else None. ``owners``: ``row_owners(ids)``."""
+    if len(owners) > 1 and not bool(np.all(owners[1:] >= owners[:-1])):
+        return None
+    bounds = np.searchsorted(owners, np.arange(num_ps + 1))
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
+        if hi - lo > 1 and not bool(np.all(ids[lo + 1: hi] > ids[lo: hi - 1])):
+            return None
+    return bounds
+
+
 def dense_partition(names, num_ps: int) -> list[list[str]]:
     """``names`` split into one list per PS (order kept within each list)."""
     parts: list[list[str]] = [[] for _ in range(num_ps)]

@@ -40,7 +40,7 @@ from flextrain.proto import ps_pb2 as pb
 from flextrain.proto import ps_pb2_grpc as pb_grpc
 from flextrain.ps.codec import (LayoutView, dense_sources, dense_targets, distinct, dtype_name, hyper_to_wire,
                                 ids_to_proto, raw_bytes, sparse_blocks)
-from flextrain.ps.shard import as_row_ids, dense_owner, row_owners
+from flextrain.ps.shard import as_row_ids, dense_owner, distinct_by_owner, owner_bounds, row_owners
 from flextrain.ps.wire import PUSH_DENSE_TAG, Scatter, decode_tensor, fields, gather_chunks
 
 _TRANSIENT = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED}
@@ -289,38 +289,54 @@ class PSClient:
                 raise ValueError(f"unknown embedding table {table!r}; declare it first")
         return self._tables[table]
 
+    def distinct(self, table: str, ids) -> tuple[np.ndarray, np.ndarray]:
+        """``(distinct, inverse)`` of ``table``'s ``ids`` (validated, flattened) in the layout
+        :meth:`pull_embedding` and :meth:`push` move fastest; ``distinct[inverse]`` is ``ids``."""
+        return distinct_by_owner(as_row_ids(ids, table), self.num_ps)
+
     def pull_embedding(self, table: str, ids) -> torch.Tensor:
         """Rows for ``ids`` (any integer array-like), shape ``ids.shape + (dim,)``.
 
         Duplicates are fetched once; each PS is asked for its rows in parallel.
         Negative ids or ids beyond int64 raise ValueError naming the table and id.
+        Ids laid out by :meth:`distinct` (as the PS trainers do) cost the least: every
+        PS's rows then land in one range of the result, without a scatter.
         """
         shape = tuple(np.shape(ids.detach().cpu().numpy() if isinstance(ids, torch.Tensor) else ids))
         flat = as_row_ids(ids, table)
         dim, dtype = self._table(table)
         if not len(flat):
             return torch.empty((*shape, dim), dtype=dtype)
-        # One position per distinct id; requests list ids in order of those positions, so
-        # each PS's rows land in ascending places of the result (cache-friendly writes).
-        first, inverse = distinct(flat)
-        plain = first is inverse  # sorted and distinct (what torch.unique hands us): nothing to reorder
-        rep = first if plain else np.sort(first)
-        wanted = flat if plain else flat[rep]
-        owners = row_owners(wanted, self.num_ps)
-        counts = np.bincount(owners, minlength=self.num_ps)
         row_bytes = dim * dtype.itemsize
         out = np.empty((len(flat), row_bytes), dtype=np.uint8)
         row = np.dtype((np.void, row_bytes))
         slots = out.view(row).reshape(len(flat))  # a row as one item: scatters copy rows, not bytes
+        owners = row_owners(flat, self.num_ps)
+        bounds = owner_bounds(flat, owners, self.num_ps)
+        if bounds is not None:  # laid out by distinct_by_owner: each PS's rows are one range of the result
+            first = inverse = rep = wanted = None
+            plain, counts = True, np.diff(bounds)
+        else:
+            # One position per distinct id; requests list ids in order of those positions, so
+            # each PS's rows land in ascending places of the result (cache-friendly writes).
+            first, inverse = distinct(flat)
+            plain = first is inverse  # sorted and distinct: nothing to reorder
+            rep = first if plain else np.sort(first)
+            wanted, owners = (flat, owners) if plain else (flat[rep], owners[rep])
+            counts = np.bincount(owners, minlength=self.num_ps)
 
         def one(i: int):
-            # Each PS's share is picked out in its own thread (numpy lets go of the GIL), so the
-            # first request leaves before the other PS's ids are even selected.
-            mine = np.flatnonzero(owners == i) if self.num_ps > 1 else np.arange(len(wanted))
-            dest = mine if plain else rep[mine]  # where each requested row goes in the result
-            sorted_ids = wanted[mine]
-            for a in range(0, len(mine), _MAX_IDS_PER_REQUEST):
-                b = min(len(mine), a + _MAX_IDS_PER_REQUEST)
+            if bounds is not None:
+                base, mine = int(bounds[i]), None
+                sorted_ids = flat[bounds[i]: bounds[i + 1]]
+            else:
+                # Each PS's share is picked out in its own thread (numpy lets go of the GIL), so
+                # the first request leaves before the other PS's ids are even selected.
+                base, mine = 0, np.flatnonzero(owners == i) if self.num_ps > 1 else np.arange(len(wanted))
+                dest = mine if plain else rep[mine]  # where each requested row goes in the result
+                sorted_ids = wanted[mine]
+            for a in range(0, len(sorted_ids), _MAX_IDS_PER_REQUEST):
+                b = min(len(sorted_ids), a + _MAX_IDS_PER_REQUEST)
                 part = sorted_ids[a:b]
                 req = pb.PullEmbeddingRequest(table=table, chunk_bytes=self.chunk_bytes, ids=ids_to_proto(part))
 
@@ -338,7 +354,10 @@ class PSClient:
                                     raise ValueError(f"parameter server {i} sent rows {got} {shp} that do not fit "
                                                      f"the request")
                                 # Straight from the message to the rows' places in the result: one copy.
-                                slots[dest[pos: pos + n]] = np.frombuffer(data, row)
+                                if mine is None:
+                                    slots[base + pos: base + pos + n] = np.frombuffer(data, row)
+                                else:
+                                    slots[dest[pos: pos + n]] = np.frombuffer(data, row)
                                 pos += n
                     if pos != b:
                         raise ValueError(f"parameter server {i} sent {pos - a} of {b - a} rows")
@@ -346,7 +365,7 @@ class PSClient:
                 self._row_versions[i] = self._call(i, "PullEmbedding", attempt, nbytes=(b - a) * row_bytes)
 
         self._fanout(one, [i for i in range(self.num_ps) if counts[i]])
-        if len(rep) < len(flat):  # repeated ids: copy the row fetched for another occurrence
+        if first is not None and len(first) < len(flat):  # repeated ids: copy the row fetched for another
             src = first[inverse]
             again = np.nonzero(src != np.arange(len(flat)))[0]
             slots[again] = slots[src[again]]

@@ -102,11 +102,13 @@ class PSEmbedding(nn.Module):
         self.client, self.table, self.dim, self.tape = client, table, dim, tape
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        distinct, inverse = torch.unique(ids.reshape(-1), return_inverse=True)
+        # Distinct ids grouped by PS: every PS's rows are one range to pull into and push from.
+        distinct, inverse = self.client.distinct(self.table, ids.detach().reshape(-1).cpu().numpy())
+        inverse = torch.from_numpy(inverse)
         rows = self.client.pull_embedding(self.table, distinct)
         if self.training and torch.is_grad_enabled():
             rows.requires_grad_(True)
-            self.tape.append((self.table, distinct, rows))
+            self.tape.append((self.table, torch.from_numpy(distinct), rows))
         return F.embedding(inverse, rows).reshape(*ids.shape, self.dim)
 
 

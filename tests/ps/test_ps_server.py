@@ -162,6 +162,25 @@ def test_sparse_push_through_grpc_and_lowering_grads_to_wait(start_cluster):
     assert {d.version for d in c.describe()} == {1}
 
 
+@pytest.mark.parametrize("layout", ["grouped", "sorted", "random"])
+def test_rows_move_the_same_in_any_id_layout(start_cluster, layout):
+    _, client = start_cluster(2, optimizer="sgd", hyper={"lr": 1.0}, mode="async")
+    c = client()
+    c.declare_table("e", 3, seed=4)
+    raw = np.random.default_rng(1).integers(0, 1 << 50, 500)
+    distinct, _ = c.distinct("e", raw)
+    ids = {"grouped": distinct, "sorted": np.sort(distinct),
+           "random": np.random.default_rng(2).permutation(distinct)}[layout]
+    before = c.pull_embedding("e", ids)
+    reference = {int(i): before[k] for k, i in enumerate(ids)}
+    grads = torch.arange(len(ids) * 3, dtype=torch.float32).reshape(-1, 3)
+    assert c.push(sparse_grads={"e": (ids, grads)}).applied
+    after = c.pull_embedding("e", distinct)  # the trainer's layout
+    for k, i in enumerate(distinct):  # every row moved by exactly its own gradient (lr 1)
+        j = int(np.nonzero(ids == i)[0][0])
+        torch.testing.assert_close(after[k], reference[int(i)] - grads[j])
+
+
 def test_configuration_errors_are_clear(start_cluster):
     _, client = start_cluster(1)
     c = client()

@@ -74,3 +74,25 @@ def test_non_integer_ids_are_rejected():
         row_owner(-1, 2)
     with pytest.raises(ValueError, match="num_ps"):
         dense_owner("x", 0)
+
+
+def test_distinct_by_owner_groups_each_ps_ids_in_one_ascending_range():
+    from flextrain.ps.shard import distinct_by_owner, owner_bounds
+    rng = np.random.default_rng(5)
+    ids = rng.integers(0, 1 << 40, 3000).astype(np.int64)
+    ids[::7] = ids[3]  # repeats
+    for num_ps in (1, 2, 3):
+        distinct, inverse = distinct_by_owner(ids, num_ps)
+        assert np.array_equal(distinct[inverse], ids) and len(distinct) == len(np.unique(ids))
+        owners = row_owners(distinct, num_ps)
+        bounds = owner_bounds(distinct, owners, num_ps)
+        assert bounds is not None and bounds[0] == 0 and bounds[-1] == len(distinct)
+        for i in range(num_ps):
+            part = distinct[bounds[i]: bounds[i + 1]]
+            assert (row_owners(part, num_ps) == i).all() and (np.diff(part) > 0).all()
+    # Any other layout is recognised as such (the client then gathers/scatters).
+    two = distinct_by_owner(ids, 2)[0]
+    assert owner_bounds(np.sort(two), row_owners(np.sort(two), 2), 2) is None  # ascending, not grouped
+    swapped = two.copy()
+    swapped[[0, 1]] = swapped[[1, 0]]  # grouped, but not ascending inside a group
+    assert owner_bounds(swapped, row_owners(swapped, 2), 2) is None

@@ -119,7 +119,7 @@ class KerasPSTrainer(PSTrainer):
 
         def call(inputs, *args, **kwargs):
             ids = np.asarray(inputs.numpy() if hasattr(inputs, "numpy") else inputs, dtype=np.int64)
-            distinct, inverse = np.unique(ids.reshape(-1), return_inverse=True)
+            distinct, inverse = self.ps.distinct(table, ids)  # grouped by PS: pulled and pushed without gathers
             rows = tf.constant(self.ps.pull_embedding(table, distinct).numpy())
             if self.tape is not None:
                 self.tape.watch(rows)
