@@ -186,9 +186,6 @@ class ShardState:
                 cache = self._pull_cache = (self.version, chunk_bytes, self.dense.encoded_chunks(chunk_bytes))
             return False, self.version, self.dense, cache[2]
 
-    def pull_rows(self, table: str, ids) -> tuple[torch.Tensor, int]:
-        return self.table(table).gather(ids), self.version
-
     def pull_row_blocks(self, table: str, ids, chunk_bytes: int) -> Iterator[tuple[torch.Tensor, int]]:
         """Rows for ``ids`` in blocks of at most ``chunk_bytes``, each with the version it was read at.
 

@@ -343,10 +343,11 @@ class PSClient:
                 def attempt(stub, timeout):
                     pos, version = a, None
                     for raw in stub.rows(req, timeout=timeout):  # read in place: rows = 1 (a Tensor)
-                        if version is None:  # the first block's (0 is not sent): later ones may be newer
-                            version = next((v for f, wt, v in fields(raw) if f == 2 and wt == 0), 0)
+                        block_version = 0  # 0 is not sent
                         for field, wt, value in fields(raw):
-                            if field == 1 and wt == 2:
+                            if field == 2 and wt == 0:
+                                block_version = value
+                            elif field == 1 and wt == 2:
                                 got, shp, data = decode_tensor(value)
                                 n = shp[0] if len(shp) == 2 else -1
                                 if got != dtype_name(dtype) or n < 0 or shp[1] != dim or pos + n > b \
@@ -359,6 +360,8 @@ class PSClient:
                                 else:
                                     slots[dest[pos: pos + n]] = np.frombuffer(data, row)
                                 pos += n
+                        if version is None:
+                            version = block_version  # the first block's: later ones may be newer
                     if pos != b:
                         raise ValueError(f"parameter server {i} sent {pos - a} of {b - a} rows")
                     return version or 0
