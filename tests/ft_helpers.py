@@ -59,3 +59,23 @@ def seen_counts(job_dir: Path, name: str = "final.ckpt"):
 
     state = decode((job_dir / "checkpoints" / name).read_bytes())
     return state["model"]["seen"], state["version"]
+
+
+class FakeMaster:
+    """A master client that hands out the given tasks, then NO_MORE, and records reports:
+    for driving a trainer in process when the master is not under test."""
+
+    worker_id = "worker-0"
+
+    def __init__(self, tasks):
+        self.tasks, self.reports = list(tasks), []
+
+    def get_task(self, **kw):
+        from flextrain.proto import flextrain_pb2 as pb
+
+        if self.tasks:
+            return pb.GetTaskResponse(action=pb.GetTaskResponse.RUN, task=self.tasks.pop(0))
+        return pb.GetTaskResponse(action=pb.GetTaskResponse.NO_MORE)
+
+    def report_task(self, task_id, **kw):
+        self.reports.append((task_id, kw))

@@ -82,19 +82,10 @@ def test_killed_ps_is_relaunched_and_job_completes(ctr_data, tmp_path):
     proc = subprocess.Popen(flextrain_cmd(*_train_args(ctr_data, job_dir, "--ps-checkpoint-steps", "5")),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
-        wait_for(lambda: (job_dir / "status.json").is_file() and read_status(job_dir)["progress"]["recordsDone"] > 2000,
-                 timeout=60, what="training under way")
-        pid = _ps_pid(job_dir / "ps" / "ps-0.addr")
-        assert pid is not None
-        os.kill(pid, signal.SIGKILL)
-        wait_for(lambda: (p := _ps_pid(job_dir / "ps" / "ps-0.addr")) is not None and p != pid,
-                 timeout=20, what="ps-0 relaunched")
-        _, stderr = proc.communicate(timeout=120)
+        kill_ps(job_dir, 0, after_records=2001, timeout=60)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    assert proc.returncode == 0, stderr
+        code, stderr = _finish(proc, timeout=120)
+    assert code == 0, stderr
     status = read_status(job_dir)
     assert status["phase"] == "Succeeded"
     assert status["progress"]["recordsDone"] == status["progress"]["recordsTotal"]
@@ -161,16 +152,31 @@ def _counting_job(digits_data, tmp_path, *extra: str, records: int = 1408, epoch
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env), job_dir
 
 
-def kill_ps_1_in_the_second_epoch(job_dir) -> None:
-    """SIGKILL ps-1 once the first epoch's 1408 records are done, and wait for its relaunch."""
+def kill_ps(job_dir: Path, index: int, *, after_records: int, timeout: float = 90) -> None:
+    """SIGKILL ps-``index`` once ``after_records`` records are done, and wait for its relaunch."""
     wait_for(lambda: (job_dir / "status.json").is_file()
-             and read_status(job_dir)["progress"]["recordsDone"] >= 1408,
-             timeout=90, what="the second epoch under way")
-    pid = _ps_pid(job_dir / "ps" / "ps-1.addr")
+             and read_status(job_dir)["progress"]["recordsDone"] >= after_records,
+             timeout=timeout, what=f"{after_records} records done")
+    address = job_dir / "ps" / f"ps-{index}.addr"
+    pid = _ps_pid(address)
     assert pid is not None
     os.kill(pid, signal.SIGKILL)
-    wait_for(lambda: (p := _ps_pid(job_dir / "ps" / "ps-1.addr")) is not None and p != pid,
-             timeout=30, what="ps-1 relaunched")
+    wait_for(lambda: (p := _ps_pid(address)) is not None and p != pid, timeout=30, what=f"ps-{index} relaunched")
+
+
+def run_killing_ps_1_in_the_second_epoch(digits_data, tmp_path, *extra: str) -> Path:
+    """A 3-epoch counting job whose ps-1 is SIGKILLed once the first epoch's 1408 records
+    are done; asserts the job still succeeded with every record counted by the master."""
+    proc, job_dir = _counting_job(digits_data, tmp_path, *extra, epochs=3, env={"FT_FEED_DELAY": "0.03"})
+    try:
+        kill_ps(job_dir, 1, after_records=1408)
+    finally:
+        code, stderr = _finish(proc)
+    assert code == 0, stderr
+    status = read_status(job_dir)
+    assert status["phase"] == "Succeeded"
+    assert status["progress"]["recordsDone"] == 3 * 1408
+    return job_dir
 
 
 def _finish(proc, timeout=180):
@@ -224,16 +230,7 @@ def test_killed_worker_costs_nothing_and_applies_nothing_twice(digits_data, tmp_
 
 
 def test_killed_ps_loses_nothing_it_acknowledged(digits_data, tmp_path):
-    proc, job_dir = _counting_job(digits_data, tmp_path, "--ps-checkpoint-steps", "5", epochs=3,
-                                  env={"FT_FEED_DELAY": "0.03"})
-    try:
-        kill_ps_1_in_the_second_epoch(job_dir)
-    finally:
-        code, stderr = _finish(proc)
-    assert code == 0, stderr
-    status = read_status(job_dir)
-    assert status["phase"] == "Succeeded"
-    assert status["progress"]["recordsDone"] == 3 * 1408
+    job_dir = run_killing_ps_1_in_the_second_epoch(digits_data, tmp_path, "--ps-checkpoint-steps", "5")
     assert len(re.findall(r"PS 1/2 listening", (job_dir / "logs" / "ps-1.log").read_text())) == 2
     dense, rows = ps_counts(job_dir, 1408)
     assert dense.tolist() == [3.0] * 1408

@@ -8,7 +8,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from ft_helpers import MODEL_ZOO, read_status, run_flextrain
+from ft_helpers import MODEL_ZOO, FakeMaster, read_status, run_flextrain
 from flextrain.data import read_records
 from flextrain.data.ctr import CTR_FIELDS, write_ctr
 from flextrain.job import JobSpec, Strategy
@@ -39,23 +39,6 @@ def test_keras_optimizers_map_to_the_ps_optimizers():
         keras_optimizer_config(opts.SGD(weight_decay=0.01))
     with pytest.raises(ValueError, match="clipnorm"):
         keras_optimizer_config(opts.SGD(clipnorm=1.0))
-
-
-class FakeMaster:
-    """Hands out the given tasks, then NO_MORE; records reports (the master is not under test here)."""
-
-    worker_id = "worker-0"
-
-    def __init__(self, tasks):
-        self.tasks, self.reports = list(tasks), []
-
-    def get_task(self, **kw):
-        if self.tasks:
-            return pb.GetTaskResponse(action=pb.GetTaskResponse.RUN, task=self.tasks.pop(0))
-        return pb.GetTaskResponse(action=pb.GetTaskResponse.NO_MORE)
-
-    def report_task(self, task_id, **kw):
-        self.reports.append((task_id, kw))
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from flextrain.proto import flextrain_pb2 as pb
 from flextrain.worker.module import load_model_def
 from flextrain.worker.ps_trainer import PSEmbedding, PSTrainer, replace_embeddings
 from flextrain.worker.trainer import WorkerState
-from ft_helpers import MODEL_ZOO
+from ft_helpers import MODEL_ZOO, FakeMaster
 
 DEEPFM = f"{MODEL_ZOO / 'deepfm_torch.py'}:Model"
 
@@ -32,23 +32,6 @@ def start_cluster():
     yield start
     for h in handles:
         h.stop(grace=0.2, checkpoint=False)
-
-
-class FakeMaster:
-    """Hands out the given tasks, then NO_MORE; records reports."""
-
-    worker_id = "worker-0"
-
-    def __init__(self, tasks):
-        self.tasks, self.reports = list(tasks), []
-
-    def get_task(self, **kw):
-        if self.tasks:
-            return pb.GetTaskResponse(action=pb.GetTaskResponse.RUN, task=self.tasks.pop(0))
-        return pb.GetTaskResponse(action=pb.GetTaskResponse.NO_MORE)
-
-    def report_task(self, task_id, **kw):
-        self.reports.append((task_id, kw))
 
 
 def test_embeddings_are_replaced_and_tables_match_their_dims():
