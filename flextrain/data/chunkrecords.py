@@ -17,10 +17,13 @@ class ChunkRecords:
     from a list of record ``starts`` (lengths re-read from the stream).
     """
 
-    __slots__ = ("_stream", "_n", "_stride", "_starts")
+    __slots__ = ("_stream", "_n", "_stride", "_starts", "_view")
 
-    def __init__(self, stream: bytes, n: int, *, stride: int = 0, starts: list[int] | None = None) -> None:
+    def __init__(self, stream: bytes | memoryview, n: int, *, stride: int = 0,
+                 starts: list[int] | None = None) -> None:
+        """``stream``: the decoded payload; records are always handed out as ``bytes``."""
         self._stream, self._n, self._stride, self._starts = stream, n, stride, starts
+        self._view = isinstance(stream, memoryview)
 
     def __len__(self) -> int:
         return self._n
@@ -28,14 +31,23 @@ class ChunkRecords:
     def _one(self, i: int) -> bytes:
         if self._starts is None:
             begin = i * self._stride + 4
-            return self._stream[begin : begin + self._stride - 4]
-        begin = self._starts[i]
-        (length,) = _LEN.unpack_from(self._stream, begin - 4)
-        return self._stream[begin : begin + length]
+            end = begin + self._stride - 4
+        else:
+            begin = self._starts[i]
+            end = begin + _LEN.unpack_from(self._stream, begin - 4)[0]
+        record = self._stream[begin:end]
+        return record.tobytes() if self._view else record
 
     def __getitem__(self, index):
         if isinstance(index, slice):
-            return [self._one(i) for i in range(*index.indices(self._n))]
+            start, stop, step = index.indices(self._n)
+            if self._starts is None and step == 1:  # a worker's step: one list comprehension
+                stride, stream = self._stride, self._stream
+                if self._view:  # one copy of the range, then bytes slices: the cheapest per record
+                    stream = stream[start * stride : stop * stride].tobytes()
+                    start, stop = 0, stop - start
+                return [stream[o : o + stride - 4] for o in range(start * stride + 4, stop * stride, stride)]
+            return [self._one(i) for i in range(start, stop, step)]
         if index < 0:
             index += self._n
         if not 0 <= index < self._n:

@@ -66,6 +66,10 @@ class CSVReader:
         start, end = check_range(self._path, start, end, self.num_records)
         return self._iter_range(start, end)
 
+    def records(self, start: int, end: int) -> list[bytes]:
+        """Data lines ``[start, end)`` as a list."""
+        return list(self.read(start, end))
+
     def __iter__(self) -> Iterator[bytes]:
         return self.read()
 

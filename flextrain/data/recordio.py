@@ -22,6 +22,7 @@ from __future__ import annotations
 import bisect
 import enum
 import gzip
+import mmap
 import os
 import struct
 import threading
@@ -97,14 +98,16 @@ def _gzip_member(data: bytes) -> bytes:
     return _GZIP_HEADER + body + trailer
 
 
-def _decompress(payload: bytes, compressor: Compressor) -> bytes:
-    """Decode a verified payload; raises ValueError-ish errors on bad data."""
+def _decompress(payload: memoryview, compressor: Compressor) -> bytes | memoryview:
+    """Decode a verified payload (a view that is released afterwards: the result must not
+    refer to it); raises ValueError-ish errors on bad data."""
     if compressor is Compressor.NONE:
-        return payload
+        return payload.tobytes()
     if compressor is Compressor.SNAPPY:
         # cramjam checks every frame's masked CRC-32C and rejects streams
-        # without the identifier frame (pinned by tests/data).
-        return bytes(cramjam.snappy.decompress(payload))
+        # without the identifier frame (pinned by tests/data). Its output buffer is used
+        # as is: copying it into ``bytes`` would cost as much as the decompression.
+        return memoryview(cramjam.snappy.decompress(payload))
     return gzip.decompress(payload)
 
 
@@ -252,6 +255,19 @@ class RecordIOReader:
         start, end = check_range(self._path, start, end, self._num_records)
         return self._iter_range(start, end)
 
+    def records(self, start: int, end: int) -> list[bytes]:
+        """Records ``[start, end)`` as a list: what a worker asks for once per step."""
+        start, end = check_range(self._path, start, end, self._num_records)
+        out: list[bytes] = []
+        pos = start
+        while pos < end:
+            c = bisect.bisect_right(self._cum, pos)  # first chunk with pos < cum[c]
+            first = self._cum[c - 1] if c else 0
+            stop = min(end, self._cum[c])
+            out += self._chunk_records(c)[pos - first : stop - first]
+            pos = stop
+        return out
+
     def __iter__(self) -> Iterator[bytes]:
         return self.read(0, self._num_records)
 
@@ -285,18 +301,23 @@ class RecordIOReader:
         chunk = self._chunks[c]
         with self._stats_lock:
             self._chunks_decoded += 1
+        begin, end = chunk.offset + _HEADER_SIZE, chunk.offset + _HEADER_SIZE + chunk.compressed_size
+        # The payload is checked and decompressed straight from the page cache (mmap): a chunk
+        # is up to 32 MiB, and reading it into a fresh buffer first costs as much as the CRC.
         with open(self._path, "rb") as f:
-            f.seek(chunk.offset + _HEADER_SIZE)
-            payload = f.read(chunk.compressed_size)
-        if len(payload) != chunk.compressed_size:
-            raise self._corrupt(chunk, "file is shorter than when it was indexed")
-        crc = zlib.crc32(payload)
-        if crc != chunk.checksum:
-            raise self._corrupt(chunk, f"payload CRC-32 mismatch (header {chunk.checksum:#010x}, computed {crc:#010x})")
-        try:
-            stream = _decompress(payload, chunk.compressor)
-        except (cramjam.DecompressionError, OSError, EOFError, zlib.error) as exc:
-            raise self._corrupt(chunk, f"cannot decode {chunk.compressor.name} payload: {exc}") from None
+            if os.fstat(f.fileno()).st_size < end:
+                raise self._corrupt(chunk, "file is shorter than when it was indexed")
+            mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        with mapped, memoryview(mapped) as view, view[begin:end] as payload:
+            crc = zlib.crc32(payload)
+            if crc != chunk.checksum:
+                raise self._corrupt(
+                    chunk, f"payload CRC-32 mismatch (header {chunk.checksum:#010x}, computed {crc:#010x})"
+                )
+            try:
+                stream = _decompress(payload, chunk.compressor)
+            except (cramjam.DecompressionError, OSError, EOFError, zlib.error) as exc:
+                raise self._corrupt(chunk, f"cannot decode {chunk.compressor.name} payload: {exc}") from None
         return self._split_records(chunk, stream)
 
     def _split_records(self, chunk: ChunkInfo, stream: bytes) -> ChunkRecords:

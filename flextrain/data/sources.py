@@ -163,4 +163,4 @@ def make_shards(path: str | os.PathLike[str], *, what: str = "data") -> list[Sha
 
 def read_shard_range(source: str | os.PathLike[str], start: int, end: int) -> list[bytes]:
     """Records ``[start, end)`` of data file ``source`` (via the reader cache)."""
-    return list(open_reader(source).read(start, end))
+    return open_reader(source).records(start, end)

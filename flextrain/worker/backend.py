@@ -35,18 +35,21 @@ class ModelBackend(ABC):
 
     @abstractmethod
     def zero(self) -> None:
-        """Gradients to zero (the extra slots too)."""
+        """Start a step: no gradient accumulated yet, the extra slots zero."""
 
     @abstractmethod
     def accumulate(self, features, labels, index: slice, *, scale: float) -> float:
         """Forward/backward over rows ``index``: ``flat += scale * d loss/d params``; returns the mean loss."""
 
     def gathered(self) -> None:
-        """Make sure ``flat`` holds the gradients before it is reduced (default: it always does)."""
+        """Make ``flat[:size]`` hold the step's gradients (zero for parameters that got none),
+        because it is about to be reduced. Not called when nothing is reduced (a world of one);
+        default: ``flat`` always holds them."""
 
     @abstractmethod
     def apply(self) -> None:
-        """One optimizer step with the (reduced) gradients in ``flat``."""
+        """One optimizer step: with the reduced gradients in ``flat`` after :meth:`gathered`,
+        else with the gradients accumulated since :meth:`zero`."""
 
     @abstractmethod
     def state(self) -> dict:
@@ -58,7 +61,13 @@ class ModelBackend(ABC):
 
 
 class TorchBackend(ModelBackend):
-    """``torch.nn.Module`` + ``torch.optim``: every ``p.grad`` is a view into ``flat``."""
+    """``torch.nn.Module`` + ``torch.optim``; ``p.grad`` becomes a view into ``flat`` when reduced.
+
+    Like ``optimizer.zero_grad(set_to_none=True)`` in a plain loop, a step starts without
+    gradients, so its first backward writes fresh ones: zeroing the buffer and adding into
+    it would cost two passes over every gradient per step. :meth:`gathered` copies them into
+    ``flat`` only when a reduction needs them there (one pass); a lone worker never copies.
+    """
 
     def __init__(self, *, model_def: ModelDef, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  extra: int) -> None:
@@ -71,9 +80,7 @@ class TorchBackend(ModelBackend):
         for p in self.params:
             if p.dtype != self.flat.dtype:
                 raise ModelDefError(f"{model_def.path}: parameters must be float32, got {p.dtype}")
-            view = self.flat[offset: offset + p.numel()].view_as(p)
-            p.grad = view
-            self._views.append(view)
+            self._views.append(self.flat[offset: offset + p.numel()].view_as(p))
             offset += p.numel()
 
     def feed(self, records, mode, meta):
@@ -82,26 +89,30 @@ class TorchBackend(ModelBackend):
         return feed_tensors(self.model_def, records, mode, meta)
 
     def zero(self) -> None:
-        self.flat.zero_()
-        for p, view in zip(self.params, self._views):
-            if p.grad is None or p.grad.data_ptr() != view.data_ptr():
-                p.grad = view  # someone replaced the grad tensor: re-bind it
+        for p in self.params:
+            p.grad = None
+        self.flat[self.size:].zero_()
 
     def accumulate(self, features, labels, index: slice, *, scale: float) -> float:
         from flextrain.worker.trainer import take
 
         self.model.train()
         loss = self.model_def.loss(take(labels, index), self.model(take(features, index)))
-        (loss * scale).backward()
+        (loss if scale == 1.0 else loss * scale).backward()
         return float(loss.detach())
 
     def gathered(self) -> None:
         for p, view in zip(self.params, self._views):
-            if p.grad is not None and p.grad.data_ptr() != view.data_ptr():
+            if p.grad is None:
+                view.zero_()
+            elif p.grad.data_ptr() != view.data_ptr():
                 view.copy_(p.grad)
-                p.grad = view
+            p.grad = view
 
     def apply(self) -> None:
+        for p, view in zip(self.params, self._views):
+            if p.grad is None:  # untouched this step: still a zero gradient (momentum, weight decay
+                p.grad = view.zero_()  # apply), whatever the world size
         self.optimizer.step()
 
     def state(self) -> dict:

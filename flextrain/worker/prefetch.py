@@ -26,15 +26,19 @@ class StepLoader:
         self._load = load
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flextrain-prefetch")
         self._pending: tuple[Key, Future] | None = None
+        self.ahead = 0  # spans served from a prefetch
+        self.now = 0    # spans loaded on the spot (a task's first step, a missed prefetch)
 
     def get(self, task, start: int, end: int):
         """The loaded span: the prefetched result if it matches, else loaded now."""
         key = (task.task_id, start, end)
         pending, self._pending = self._pending, None
         if pending is not None and pending[0] == key:
+            self.ahead += 1
             return pending[1].result()
         if pending is not None:
             pending[1].cancel()
+        self.now += 1
         return self._load(task, start, end)
 
     def prefetch(self, task, start: int, end: int) -> None:

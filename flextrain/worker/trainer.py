@@ -176,14 +176,13 @@ class AllReduceTrainer:
         G = task.global_batch_size
         steps = -(-(task.end - task.start) // G)
         for j in range(steps):
-            step_start, plan = self._plan(task, j)
-            if j + 1 < steps:
-                next_start, next_plan = self._plan(task, j + 1)
-                lo, hi = next_plan.span(self.collective.rank)
-                self.loader.prefetch(task, next_start + lo, next_start + hi)
+            start, end, plan = self._plan(task, j)
             self.backend.zero()
             try:
-                loss_sum, n = self._compute(task, step_start, plan)
+                batch = self.loader.get(task, start, end) if end > start else None
+                if j + 1 < steps:  # read the next step's records while this one computes
+                    self.loader.prefetch(task, *self._plan(task, j + 1)[:2])
+                loss_sum, n = self._compute(batch, plan)
             except Exception as exc:  # bad data or a failing feed: the task fails, the round goes on
                 self.backend.zero()
                 self.client.report_task(task.task_id, ok=False, steps_done=j, error=describe(exc))
@@ -193,12 +192,13 @@ class AllReduceTrainer:
                 self.control[END_ROUND] = 1.0
             if self.state.stop.is_set():
                 self.control[STOP] = 1.0
-            self.backend.gathered()
-            self.state.waiting = True
-            try:
-                self.collective.all_reduce_sum(self.flat)
-            finally:
-                self.state.waiting = False
+            if self.collective.world_size > 1:
+                self.backend.gathered()
+                self.state.waiting = True
+                try:
+                    self.collective.all_reduce_sum(self.flat)
+                finally:
+                    self.state.waiting = False
             control = self.control.tolist()
             if control[FAILED] == 0:
                 self.backend.apply()
@@ -235,21 +235,24 @@ class AllReduceTrainer:
         return path
 
     def _plan(self, task: pb.Task, j: int):
+        """``(start, end, plan)``: this rank's records of step ``j`` and the step's plan."""
         step_start = task.start + j * task.global_batch_size
         step_size = min(task.global_batch_size, task.end - step_start)
-        return step_start, plan_step(step_size, self.collective.world_size, self.spec.effective_max_micro_batch)
+        plan = plan_step(step_size, self.collective.world_size, self.spec.effective_max_micro_batch)
+        lo, hi = plan.span(self.collective.rank)
+        return step_start + lo, step_start + hi, plan
 
     def _load_span(self, task: pb.Task, start: int, end: int):
         records = read_shard_range(task.source, start, end)
         meta = FeedMetadata(task.source, start, end, task.epoch)
         return self.backend.feed(records, Mode.TRAINING, meta)
 
-    def _compute(self, task: pb.Task, step_start: int, plan) -> tuple[float, int]:
+    def _compute(self, batch, plan) -> tuple[float, int]:
+        if batch is None:
+            return 0.0, 0
+        features, labels = batch
         rank = self.collective.rank
         lo, hi = plan.span(rank)
-        if hi == lo:
-            return 0.0, 0
-        features, labels = self.loader.get(task, step_start + lo, step_start + hi)
         loss_sum = 0.0
         for offset, size in plan.slices(rank):
             if size == 0:

@@ -57,6 +57,9 @@ def test_ranged_reads(name):
     for start, end in _ranges(entry):
         got = [[len(r), sha256(r)] for r in reader.read(start, end)]
         assert got == entry["records"][start:end], (start, end)
+        listed = reader.records(start, end)  # the list a worker gets per step
+        assert [[len(r), sha256(r)] for r in listed] == entry["records"][start:end], (start, end)
+        assert all(type(r) is bytes for r in listed)
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -72,6 +72,22 @@ def test_roundtrip(tmp_path, compressor):
         assert list(RecordIOReader(out).read(start, end)) == records[start:end]
 
 
+@pytest.mark.parametrize("compressor", ALL_COMPRESSORS)
+def test_fixed_size_records_are_sliced_out_exactly(tmp_path, compressor):
+    """Equal-length records take the stride fast path: every range, within and across chunks."""
+    records = [i.to_bytes(4, "little") * 25 for i in range(300)]
+    out = tmp_path / f"fixed-{compressor.name}.rio"
+    with RecordIOWriter(out, compressor=compressor, max_chunk_size=100 * 64) as writer:
+        for rec in records:
+            writer.write(rec)
+    reader = RecordIOReader(out)
+    assert reader.num_chunks > 2
+    for start, end in [(0, 0), (0, 1), (5, 70), (63, 65), (60, 200), (299, 300), (0, 300), (130, 130)]:
+        got = reader.records(start, end)
+        assert got == records[start:end] and all(type(r) is bytes for r in got), (start, end)
+        assert list(reader.read(start, end)) == records[start:end]
+
+
 def test_big_record_spans_several_snappy_frames(tmp_path):
     out = tmp_path / "big.rio"
     write_records(out, [BIG], compressor=Compressor.SNAPPY)

@@ -1,0 +1,85 @@
+"""AllReduceTrainer's step loop, in process (a world of one needs no process group):
+records are read ahead once, gradients are not zeroed into a buffer nobody reduces."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from flextrain.data.digits import write_digits
+from flextrain.job import JobSpec
+from flextrain.proto import flextrain_pb2 as pb
+from flextrain.worker.backend import TorchBackend
+from flextrain.worker.collective import Collective
+from flextrain.worker.module import load_model_def
+from flextrain.worker.trainer import AllReduceTrainer, WorkerState
+from ft_helpers import MODEL_ZOO, FakeMaster
+
+DIGITS = f"{MODEL_ZOO / 'digits_torch.py'}:Model"
+
+
+def test_every_step_after_a_tasks_first_is_read_ahead_exactly_once(tmp_path):
+    write_digits(tmp_path / "digits")
+    source = str(sorted((tmp_path / "digits" / "train").iterdir())[0])
+    spec = JobSpec(name="j", model_def=DIGITS, training_data=source, job_dir=str(tmp_path / "job"),
+                   global_batch_size=32).validate()
+    model_def = load_model_def(DIGITS)
+    model = model_def.build_model()
+    trainer = AllReduceTrainer(spec=spec, model_def=model_def, model=model,
+                               optimizer=model_def.build_optimizer(model, 0.1), client=FakeMaster([]),
+                               collective=Collective(), state=WorkerState())
+    loads = []
+    load = trainer.loader._load
+    trainer.loader._load = lambda task, start, end: loads.append((task.task_id, start, end)) or load(task, start, end)
+    try:
+        for task_id, start in ((0, 0), (1, 100)):  # 4 steps: 32, 32, 32 and a short 4
+            task = pb.Task(task_id=task_id, source=source, start=start, end=start + 100, global_batch_size=32)
+            assert trainer.run_task(task) is None
+    finally:
+        trainer.loader.close()
+    assert sorted(loads) == [(t, s + o, s + min(o + 32, 100)) for t, s in ((0, 0), (1, 100)) for o in (0, 32, 64, 96)]
+    assert (trainer.loader.ahead, trainer.loader.now) == (6, 2)
+    assert trainer.state.version == 8
+
+
+class WithSpare(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.used = nn.Linear(3, 2)
+        self.spare = nn.Parameter(torch.ones(4))  # gets no gradient
+
+    def forward(self, x):
+        return self.used(x)
+
+
+def _backend(model):
+    model_def = type("Def", (), {"path": "test", "loss": staticmethod(lambda y, p: nn.functional.mse_loss(p, y))})()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    return TorchBackend(model_def=model_def, model=model, optimizer=opt, extra=3), opt
+
+
+def test_gradients_reach_the_buffer_only_when_reduced():
+    torch.manual_seed(0)
+    x, y = torch.randn(8, 3), torch.randn(8, 2)
+    lone, _ = _backend(WithSpare())
+    reduced, _ = _backend(WithSpare())
+    reduced.model.load_state_dict(lone.model.state_dict())
+    expected = torch.autograd.grad(nn.functional.mse_loss(lone.model(x), y), list(lone.model.used.parameters()))
+    for b in (lone, reduced):
+        b.flat.fill_(7.0)  # whatever the buffer held before
+        b.zero()
+        assert all(p.grad is None for p in b.params) and b.flat[b.size:].eq(0).all()
+        for half in (slice(0, 4), slice(4, 8)):  # two micro-batches of one step
+            b.accumulate(x, y, half, scale=0.5)
+    assert lone.flat[: lone.size].eq(7.0).all()  # a world of one: nothing copied, nothing zeroed
+    reduced.gathered()
+    weight, bias = reduced.model.used.weight, reduced.model.used.bias
+    for p, want in zip((weight, bias), expected):
+        torch.testing.assert_close(p.grad, want)
+        assert reduced.flat.untyped_storage().data_ptr() <= p.grad.data_ptr() < reduced.flat[reduced.size:].data_ptr()
+    assert reduced.model.spare.grad is not None and reduced.model.spare.grad.eq(0).all()
+    for b in (lone, reduced):
+        b.apply()  # the spare parameter gets a zero gradient either way: same optimizer state
+        assert b.model.spare.grad.eq(0).all() and "momentum_buffer" in b.optimizer.state[b.model.spare]
+    for a, b in zip(lone.model.parameters(), reduced.model.parameters()):
+        torch.testing.assert_close(a, b)
