@@ -21,6 +21,8 @@ Contracts:
   its worker died, or a minibatch recomputed because another PS rejected it
   as stale, is applied once on every shard, whichever worker pushes it.
   Accepted means applied or (SYNC) collected towards the next update.
+  The bookkeeping is :mod:`flextrain.ps.exactly_once`; parsing, buffer reuse
+  and SYNC accumulation of received gradients are :mod:`flextrain.ps.gradients`.
 * **write-ahead log**: with ``wal`` set (:mod:`flextrain.ps.wal`), every
   state change (configure, init, tables, accepted push, flush) is appended
   under the shard lock before it is applied and before it is answered, so a
@@ -37,24 +39,20 @@ from __future__ import annotations
 import contextlib
 import random
 import threading
-from collections import OrderedDict
 from dataclasses import asdict, replace
 from typing import Callable, Iterator
 
-import numpy as np
 import torch
 
-from flextrain.ps.codec import RowBlock, concat_blocks, merge_rows
+from flextrain.ps.codec import RowBlock
 from flextrain.ps.dense import DenseStore, Spec
 from flextrain.ps.embedding import EmbeddingTable, TableSpec
+from flextrain.ps.exactly_once import AcceptedPushes
+from flextrain.ps.gradients import Accumulator, BufferPool, SparseGrads, parse_dense, parse_sparse
 from flextrain.ps.optimizers import Optimizer, make_optimizer
 from flextrain.ps.settings import PreconditionError, PushResult, SyncSettings
-from flextrain.ps.shard import as_row_ids
 
 STATE_FORMAT = 1
-_DEDUPE_CLIENTS = 4096  # clients remembered for push de-duplication (LRU)
-_SPARE_BUFFERS = 4      # received gradient buffers kept for reuse (fresh big buffers cost page faults)
-_TASKS_REMEMBERED = 1 << 17  # tasks whose accepted minibatches are remembered (LRU; only recent ones matter)
 
 
 class ShardState:
@@ -73,19 +71,11 @@ class ShardState:
         self.tables: dict[str, EmbeddingTable] = {}
         self.on_version: Callable[[int], None] | None = None  # called (outside the lock) after each update
         self._cond = threading.Condition()
-        self._dedupe: OrderedDict[str, tuple[int, PushResult]] = OrderedDict()
+        self._accepted = AcceptedPushes()
         self._pull_cache: tuple[int, int, list[bytes]] | None = None
-        self._spare: list[bytearray] = []
-        self._spare_lock = threading.Lock()
-        self._task_until: OrderedDict[int, int] = OrderedDict()  # task id -> end of the records accepted
+        self._buffers = BufferPool()
         self.wal = None  # flextrain.ps.wal.WriteAheadLog, when the shard is durable
-        self._reset_accumulator()
-
-    def _reset_accumulator(self) -> None:
-        self._pending = 0
-        self._acc_dense = None           # DenseArena summing the pending dense gradients
-        self._acc_absent: set[str] | None = None
-        self._acc_sparse: dict[str, list[tuple[np.ndarray, torch.Tensor]]] = {}
+        self._acc = Accumulator()
 
     # ------------------------------------------------------------------ config
 
@@ -108,8 +98,9 @@ class ShardState:
             if sync is not None:
                 self.sync = sync.validated()
                 # Fewer workers now: the pushes already collected may complete an update.
-                if self.sync.mode == "async" or (self._pending and self._pending >= self.sync.grads_to_wait):
-                    applied = self._pending > 0 and self._apply_pending()
+                pending = self._acc.pending
+                if self.sync.mode == "async" or (pending and pending >= self.sync.grads_to_wait):
+                    applied = pending > 0 and self._apply_pending()
             result = (self.optimizer, self.sync, self.version)
         if applied:
             self._notify_version(result[2])
@@ -121,7 +112,7 @@ class ShardState:
                 "shard_index": self.shard_index, "num_ps": self.num_ps, "version": self.version,
                 "incarnation": self.incarnation, "dense": self.dense, "tables": [t.spec for t in self.tables.values()],
                 "table_rows": {n: len(t) for n, t in self.tables.items()}, "optimizer": self.optimizer,
-                "sync": self.sync, "pending": self._pending,
+                "sync": self.sync, "pending": self._acc.pending,
             }
 
     # ------------------------------------------------------------------ init
@@ -202,17 +193,7 @@ class ShardState:
 
     def receive_buffer(self, nbytes: int) -> bytearray:
         """A buffer for a push's dense bytes, recycled from earlier pushes when possible."""
-        with self._spare_lock:
-            for i, buf in enumerate(self._spare):
-                if len(buf) == nbytes:
-                    return self._spare.pop(i)
-        return bytearray(nbytes)
-
-    def _release(self, grads) -> None:
-        if grads is not None and grads.owner is not None:
-            with self._spare_lock:
-                if len(self._spare) < _SPARE_BUFFERS:
-                    self._spare.append(grads.owner)
+        return self._buffers.take(nbytes)
 
     def push(self, *, client_id: str, seq: int, base_version: int, layout_id: int = 0,
              dense: bytearray | None = None, absent=(), sparse: list[RowBlock] = (),
@@ -223,61 +204,48 @@ class ShardState:
         """
         if step is not None and not 0 <= step[1] < step[2]:
             raise ValueError(f"push names minibatch records [{step[1]}, {step[2]}) of task {step[0]}: not a range")
-        grads, absent_set = self._parse_dense(layout_id, dense, absent)
-        merged = self._parse_sparse(sparse)
+        grads, absent_set = parse_dense(self.dense, layout_id, dense, absent, shard_index=self.shard_index)
+        merged = parse_sparse(sparse, self.table)
         with self._cond:
             if self.optimizer is None:
                 raise PreconditionError(f"PS {self.shard_index} has no optimizer configured; call configure first")
-            if client_id:
-                last = self._dedupe.get(client_id)
-                if last is not None and seq <= last[0]:
-                    self._release(grads)
-                    if seq == last[0]:
-                        return last[1]  # a retry of a push already handled
-                    return PushResult(False, self.version, f"push {seq} of client {client_id} is older than its "
-                                                           f"latest push {last[0]}")
+            answered = self._accepted.answered(client_id, seq, self.version)
+            if answered is not None:
+                self._buffers.give_back(grads)
+                return answered
             result = self._admit(client_id, seq, base_version, step, grads, absent_set, merged, log=True)
         if result.applied:
             self._notify_version(result.version)
         return result
 
-    def _admit(self, client_id: str, seq: int, base: int, step, grads, absent: set[str], sparse: dict, *,
+    def _admit(self, client_id: str, seq: int, base: int, step, grads, absent: set[str], sparse: SparseGrads, *,
                log: bool) -> PushResult:
         """Dedupe by minibatch, judge staleness, log, apply; the caller holds the shard lock."""
-        until = self._task_until.get(step[0]) if step is not None else None
-        if until is not None and step[1] < until:
-            self._release(grads)
-            result = PushResult(True, self.version, f"records [{step[1]}, {step[2]}) of task {step[0]} were "
-                                                    f"already accepted", duplicate=True)
+        result = self._accepted.duplicate(step, self.version)
+        if result is not None:
+            self._buffers.give_back(grads)
         else:
             result = self._stale(base)
             if result is not None:
-                self._release(grads)
+                self._buffers.give_back(grads)
             else:
                 if log and self.wal is not None:  # before applying: applying may reuse the gradient buffers
                     self.wal.log_push(client_id, seq, base, step, grads, absent, sparse)
                 result = self._push_locked(base, grads, absent, sparse)
                 if step is not None:
-                    self._task_until[step[0]] = step[2]
-                    self._task_until.move_to_end(step[0])
-                    if len(self._task_until) > _TASKS_REMEMBERED:
-                        self._task_until.popitem(last=False)
-        if client_id:
-            self._dedupe[client_id] = (seq, result)
-            self._dedupe.move_to_end(client_id)
-            if len(self._dedupe) > _DEDUPE_CLIENTS:
-                self._dedupe.popitem(last=False)
+                    self._accepted.accept_step(step)
+        self._accepted.answer(client_id, seq, result)
         return result
 
     def task_progress(self, task_ids) -> list[int]:
         """Per task id, the end of the records accepted for it (-1: none known)."""
         with self._cond:
-            return [self._task_until.get(int(t), -1) for t in task_ids]
+            return [self._accepted.progress(int(t)) for t in task_ids]
 
     def flush(self, *, log: bool = True) -> tuple[bool, int]:
         """SYNC: apply what was collected even if fewer than ``grads_to_wait``; (applied, version)."""
         with self._cond:
-            applied = self._pending > 0
+            applied = self._acc.pending > 0
             if applied:
                 if log and self.wal is not None:
                     self.wal.log_flush()
@@ -286,40 +254,6 @@ class ShardState:
         if applied:
             self._notify_version(version)
         return applied, version
-
-    def _parse_dense(self, layout_id: int, dense: bytearray | None, absent) -> tuple[object, set[str]]:
-        store = self.dense
-        if dense is None:
-            return None, {s.name for s in store.layout} if store else set()
-        if store is None:
-            raise PreconditionError(f"dense parameters are not initialised on PS {self.shard_index}; "
-                                    f"call init_dense first")
-        if layout_id != store.layout_id or len(dense) != store.total_bytes:
-            raise ValueError(f"dense gradients do not match the layout of PS {self.shard_index} (layout id "
-                             f"{layout_id} vs {store.layout_id}, {len(dense)} vs {store.total_bytes} bytes); "
-                             f"pull the parameters again")
-        absent_set = set(absent)
-        unknown = absent_set - {s.name for s in store.layout}
-        if unknown:
-            raise ValueError(f"unknown dense parameter(s) {sorted(unknown)} on PS {self.shard_index}")
-        grads = store.wrap(dense)
-        store.zero(grads, absent_set)
-        return grads, absent_set
-
-    def _parse_sparse(self, sparse: list[RowBlock]) -> dict[str, tuple[np.ndarray, torch.Tensor]]:
-        """Per table, (unique ids, summed gradient rows): validated, one copy of the received bytes."""
-        blocks: dict[str, list[RowBlock]] = {}
-        for block in sparse:
-            table = self.table(block.table)
-            if block.dim != table.spec.dim:
-                raise ValueError(f"embedding table {block.table!r}: gradient rows of width {block.dim}, "
-                                 f"the table's dim is {table.spec.dim}")
-            blocks.setdefault(block.table, []).append(block)
-        merged = {}
-        for name, parts in blocks.items():
-            ids, values = concat_blocks(parts, self.tables[name].dtype)
-            merged[name] = merge_rows(as_row_ids(ids, name), values)
-        return merged
 
     def _stale(self, base: int) -> PushResult | None:
         """The rejection of a push computed from version ``base``, or None when it is fresh enough."""
@@ -333,47 +267,29 @@ class ShardState:
                                               f"accepts at most {s.max_staleness}")
         return None
 
-    def _push_locked(self, base: int, grads, absent: set[str], sparse: dict) -> PushResult:
+    def _push_locked(self, base: int, grads, absent: set[str], sparse: SparseGrads) -> PushResult:
         """Collect or apply a push :meth:`_stale` accepted."""
         s, version = self.sync, self.version
         if s.mode == "sync":
-            self._accumulate(grads, absent, sparse)
-            if self._pending >= s.grads_to_wait:
+            self._buffers.give_back(self._acc.add(grads, absent, sparse))
+            if self._acc.pending >= s.grads_to_wait:
                 self._apply_pending()
                 return PushResult(True, self.version, applied=True)
-            return PushResult(True, version, f"{self._pending}/{s.grads_to_wait} gradients collected")
+            return PushResult(True, version, f"{self._acc.pending}/{s.grads_to_wait} gradients collected")
         staleness = max(0, version - base)
         self._apply(grads, absent, sparse, 1, 1.0 / (1 + staleness) if s.staleness_lr else 1.0)
-        self._release(grads)
+        self._buffers.give_back(grads)
         return PushResult(True, self.version, applied=True)
 
-    def _accumulate(self, grads, absent: set[str], sparse: dict) -> None:
-        if grads is not None:
-            if self._acc_dense is None:
-                self._acc_dense = grads  # the received buffer is ours: sum into it, no copy
-            else:
-                for acc, g in zip(self._acc_dense.groups, grads.groups):
-                    acc.add_(g)
-                self._release(grads)
-        self._acc_absent = absent if self._acc_absent is None else self._acc_absent & absent
-        for name, block in sparse.items():
-            self._acc_sparse.setdefault(name, []).append(block)
-        self._pending += 1
-
     def _apply_pending(self) -> bool:
-        n = self._pending
-        sparse = {}
-        for name, blocks in self._acc_sparse.items():
-            if len(blocks) == 1:  # already merged on arrival
-                sparse[name] = blocks[0]
-            else:
-                sparse[name] = merge_rows(np.concatenate([b[0] for b in blocks]), torch.cat([b[1] for b in blocks]))
-        self._apply(self._acc_dense, self._acc_absent or set(), sparse, n, 1.0)
-        self._release(self._acc_dense)
-        self._reset_accumulator()
+        """SYNC: apply the collected pushes (their average) and start collecting anew."""
+        acc = self._acc
+        self._apply(acc.dense, acc.absent or set(), acc.sparse(), acc.pending, 1.0)
+        self._buffers.give_back(acc.dense)
+        self._acc = Accumulator()
         return True
 
-    def _apply(self, grads, absent: set[str], sparse: dict, count: int, lr_scale: float) -> None:
+    def _apply(self, grads, absent: set[str], sparse: SparseGrads, count: int, lr_scale: float) -> None:
         """Average ``count`` summed gradients and run the optimizer; bumps the version."""
         if grads is not None and self.dense is not None:
             if count > 1:
@@ -410,7 +326,7 @@ class ShardState:
             "sync": asdict(self.sync),
             "dense": None if self.dense is None else self.dense.state(),
             "tables": {name: t.state() for name, t in self.tables.items()},
-            "tasks": torch.tensor(list(self._task_until.items()), dtype=torch.int64).reshape(-1, 2),
+            "tasks": torch.tensor(self._accepted.tasks(), dtype=torch.int64).reshape(-1, 2),
         }
 
     def load_state(self, tree: dict, *, keep_sync: SyncSettings | None = None) -> None:
@@ -427,10 +343,8 @@ class ShardState:
             self.dense = DenseStore.from_state(tree["dense"]) if tree["dense"] is not None else None
             self.tables = {name: EmbeddingTable.from_state(t) for name, t in tree["tables"].items()}
             self.version = int(tree["version"])
-            self._reset_accumulator()
-            self._dedupe.clear()
+            self._acc = Accumulator()
             tasks = tree.get("tasks")  # absent in checkpoints written before exactly-once per minibatch
-            self._task_until = OrderedDict((int(t), int(u)) for t, u in tasks.tolist()) if tasks is not None \
-                else OrderedDict()
+            self._accepted = AcceptedPushes(tasks.tolist() if tasks is not None else ())  # clients forgotten
             self._pull_cache = None
             self._cond.notify_all()
