@@ -22,6 +22,10 @@ pushes them, and answers a repeat as a duplicate. :meth:`PSClient.task_progress`
 asks every PS how far a task got, so a worker taking over a requeued task
 skips what every PS already has. :meth:`PSClient.flush` applies the gradients
 a SYNC PS collected but did not apply yet (the job's last pushes).
+
+Embedding rows (their layout by owning PS, pulls, sparse pushes) are
+:mod:`flextrain.worker.ps_rows`; this module holds the transport and the dense
+parameters.
 """
 
 from __future__ import annotations
@@ -38,16 +42,15 @@ import torch
 
 from flextrain.proto import ps_pb2 as pb
 from flextrain.proto import ps_pb2_grpc as pb_grpc
-from flextrain.ps.codec import (LayoutView, dense_sources, dense_targets, distinct, dtype_name, hyper_to_wire,
-                                ids_to_proto, raw_bytes, sparse_blocks)
-from flextrain.ps.shard import as_row_ids, dense_owner, distinct_by_owner, owner_bounds, row_owners
-from flextrain.ps.wire import PUSH_DENSE_TAG, Scatter, decode_tensor, fields, gather_chunks
+from flextrain.ps.codec import LayoutView, dense_sources, dense_targets, dtype_name, hyper_to_wire, raw_bytes
+from flextrain.ps.shard import as_row_ids, dense_owner
+from flextrain.ps.wire import PUSH_DENSE_TAG, Scatter, fields, gather_chunks
+from flextrain.worker.ps_rows import distinct_rows, pull_rows, sparse_push_blocks
 
 _TRANSIENT = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED}
 _CHANNEL_OPTIONS = [  # reconnect quickly to a relaunched PS instead of gRPC's default backoff of up to 2 min
     ("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000)]
-_MAX_IDS_PER_REQUEST = 384 * 1024  # 3 MiB of int64 ids: under the default 4 MiB message limit
 _MODES = {"sync": pb.SyncConfig.SYNC, "async": pb.SyncConfig.ASYNC}
 
 
@@ -292,7 +295,7 @@ class PSClient:
     def distinct(self, table: str, ids) -> tuple[np.ndarray, np.ndarray]:
         """``(distinct, inverse)`` of ``table``'s ``ids`` (validated, flattened) in the layout
         :meth:`pull_embedding` and :meth:`push` move fastest; ``distinct[inverse]`` is ``ids``."""
-        return distinct_by_owner(as_row_ids(ids, table), self.num_ps)
+        return distinct_rows(table, ids, self.num_ps)
 
     def pull_embedding(self, table: str, ids) -> torch.Tensor:
         """Rows for ``ids`` (any integer array-like), shape ``ids.shape + (dim,)``.
@@ -305,74 +308,8 @@ class PSClient:
         shape = tuple(np.shape(ids.detach().cpu().numpy() if isinstance(ids, torch.Tensor) else ids))
         flat = as_row_ids(ids, table)
         dim, dtype = self._table(table)
-        if not len(flat):
-            return torch.empty((*shape, dim), dtype=dtype)
-        row_bytes = dim * dtype.itemsize
-        out = np.empty((len(flat), row_bytes), dtype=np.uint8)
-        row = np.dtype((np.void, row_bytes))
-        slots = out.view(row).reshape(len(flat))  # a row as one item: scatters copy rows, not bytes
-        owners = row_owners(flat, self.num_ps)
-        bounds = owner_bounds(flat, owners, self.num_ps)
-        if bounds is not None:  # laid out by distinct_by_owner: each PS's rows are one range of the result
-            first = inverse = rep = wanted = None
-            plain, counts = True, np.diff(bounds)
-        else:
-            # One position per distinct id; requests list ids in order of those positions, so
-            # each PS's rows land in ascending places of the result (cache-friendly writes).
-            first, inverse = distinct(flat)
-            plain = first is inverse  # sorted and distinct: nothing to reorder
-            rep = first if plain else np.sort(first)
-            wanted, owners = (flat, owners) if plain else (flat[rep], owners[rep])
-            counts = np.bincount(owners, minlength=self.num_ps)
-
-        def one(i: int):
-            if bounds is not None:
-                base, mine = int(bounds[i]), None
-                sorted_ids = flat[bounds[i]: bounds[i + 1]]
-            else:
-                # Each PS's share is picked out in its own thread (numpy lets go of the GIL), so
-                # the first request leaves before the other PS's ids are even selected.
-                base, mine = 0, np.flatnonzero(owners == i) if self.num_ps > 1 else np.arange(len(wanted))
-                dest = mine if plain else rep[mine]  # where each requested row goes in the result
-                sorted_ids = wanted[mine]
-            for a in range(0, len(sorted_ids), _MAX_IDS_PER_REQUEST):
-                b = min(len(sorted_ids), a + _MAX_IDS_PER_REQUEST)
-                part = sorted_ids[a:b]
-                req = pb.PullEmbeddingRequest(table=table, chunk_bytes=self.chunk_bytes, ids=ids_to_proto(part))
-
-                def attempt(stub, timeout):
-                    pos, version = a, None
-                    for raw in stub.rows(req, timeout=timeout):  # read in place: rows = 1 (a Tensor)
-                        block_version = 0  # 0 is not sent
-                        for field, wt, value in fields(raw):
-                            if field == 2 and wt == 0:
-                                block_version = value
-                            elif field == 1 and wt == 2:
-                                got, shp, data = decode_tensor(value)
-                                n = shp[0] if len(shp) == 2 else -1
-                                if got != dtype_name(dtype) or n < 0 or shp[1] != dim or pos + n > b \
-                                        or len(data) != n * row_bytes:
-                                    raise ValueError(f"parameter server {i} sent rows {got} {shp} that do not fit "
-                                                     f"the request")
-                                # Straight from the message to the rows' places in the result: one copy.
-                                if mine is None:
-                                    slots[base + pos: base + pos + n] = np.frombuffer(data, row)
-                                else:
-                                    slots[dest[pos: pos + n]] = np.frombuffer(data, row)
-                                pos += n
-                        if version is None:
-                            version = block_version  # the first block's: later ones may be newer
-                    if pos != b:
-                        raise ValueError(f"parameter server {i} sent {pos - a} of {b - a} rows")
-                    return version or 0
-                self._row_versions[i] = self._call(i, "PullEmbedding", attempt, nbytes=(b - a) * row_bytes)
-
-        self._fanout(one, [i for i in range(self.num_ps) if counts[i]])
-        if first is not None and len(first) < len(flat):  # repeated ids: copy the row fetched for another
-            src = first[inverse]
-            again = np.nonzero(src != np.arange(len(flat)))[0]
-            slots[again] = slots[src[again]]
-        return torch.from_numpy(out).view(dtype).view(*shape, dim)
+        return pull_rows(table, flat, shape, dim=dim, dtype=dtype, num_ps=self.num_ps, chunk_bytes=self.chunk_bytes,
+                         call=self._call, fanout=self._fanout, row_versions=self._row_versions)
 
     # ------------------------------------------------------------------ push
 
@@ -402,13 +339,8 @@ class PSClient:
         unknown = sorted(set(dense_grads) - known)
         if unknown:
             raise ValueError(f"gradients for unknown dense parameter(s) {unknown[:5]}; init_dense first")
-        blocks: list[list] = [[] for _ in range(self.num_ps)]  # SparseBlocks: PushChunk{sparse}, encoded as sent
-        for table, (ids, values) in (sparse_grads or {}).items():
-            dim, _ = self._table(table)
-            flat = as_row_ids(ids, table)
-            for i, part in enumerate(sparse_blocks(table, flat, values.detach().cpu().reshape(len(flat), dim),
-                                                   self.num_ps, self.chunk_bytes)):
-                blocks[i].append(part)
+        blocks = sparse_push_blocks(sparse_grads or {}, table_dim=lambda table: self._table(table)[0],
+                                    num_ps=self.num_ps, chunk_bytes=self.chunk_bytes)
         self._seq += 1
         seq, shift = self._seq, 0 if version is None else self.version - version
         bases = self.versions
