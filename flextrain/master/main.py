@@ -56,6 +56,18 @@ def build_ledger(spec: JobSpec) -> TaskLedger:
     )
 
 
+def read_ahead_env(*, cores: int, threads: int, workers: int, gpu: bool) -> dict[str, str]:
+    """Environment for local workers about their read-ahead thread.
+
+    They share this machine's cores, which their torch threads claim: a read-ahead thread would
+    only preempt those (flextrain/worker/prefetch.py) unless a GPU computes or a core is left
+    over for each worker. A user's own ``FLEXTRAIN_READ_AHEAD`` is left alone.
+    """
+    if gpu or "FLEXTRAIN_READ_AHEAD" in os.environ or cores - threads * workers >= workers:
+        return {}
+    return {"FLEXTRAIN_READ_AHEAD": "0"}
+
+
 def run_master(
     spec: JobSpec,
     *,
@@ -76,7 +88,8 @@ def run_master(
     also written to the ElasticJob; ``api_client`` overrides the in-cluster /
     kubeconfig client (tests).
     """
-    import torch.distributed as dist  # heavy import: only the master process needs it here
+    import torch  # heavy import: only the master process needs it here
+    import torch.distributed as dist
 
     console = console or Console(stderr=True)
     job_dir = Path(spec.job_dir)
@@ -151,13 +164,16 @@ def run_master(
     )
     reporter.update()
 
-    threads = max(1, (os.cpu_count() or 1) // spec.effective_max_workers)
+    cores = os.cpu_count() or 1
+    threads = max(1, cores // spec.effective_max_workers)
+    local_env = {} if k8s else read_ahead_env(cores=cores, threads=threads, workers=spec.effective_max_workers,
+                                              gpu=torch.cuda.is_available())
     worker_master = k8s.master_address if k8s else address  # pods dial the master's Service
     manager = InstanceManager(
         backend, desired=spec.workers, relaunch_budget=spec.relaunch_budget,
         worker_args=lambda wid: ("worker", "--master", worker_master, "--worker-id", wid),
         worker_env=lambda wid: {"FLEXTRAIN_NUM_THREADS": str(threads), "FLEXTRAIN_WORKER_ID": wid,
-                                "PYTHONUNBUFFERED": "1"},
+                                "PYTHONUNBUFFERED": "1", **local_env},
         on_launch=job.worker_launched, on_exit=lambda wid, code: job.worker_exited(wid),
         on_budget_exhausted=job.note, on_retire=job.retire, on_failure=job.note,
     )

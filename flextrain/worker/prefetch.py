@@ -10,21 +10,47 @@ Results are keyed by ``(task_id, start, end)``: a prefetch for a span nobody
 asks for (the round ended, the world size changed, the task failed) is simply
 dropped. An error raised while loading surfaces when that span is consumed, in
 the training thread, exactly as if it had been loaded there.
+
+Reading ahead pays only with a core to spare. When the compute threads keep
+every core busy (CPU training with torch using all cores), the loader thread
+can only preempt one of them, and the whole lockstep thread team waits for it:
+the load costs as much as loading in the training thread, plus the thread
+hand-offs (measured with ``bench/overhead.py`` on 2 cores: ~0.5 ms per step
+more). :func:`read_ahead_wanted` decides; without a background thread
+:meth:`StepLoader.prefetch` does nothing and every span is loaded on the spot.
 """
 
 from __future__ import annotations
 
+import os
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable
 
+import torch
+
 Key = tuple[int, int, int]  # task_id, first record, end record
+ENV_READ_AHEAD = "FLEXTRAIN_READ_AHEAD"  # "1"/"0": set by the local launcher, which knows who shares the cores
+
+
+def read_ahead_wanted() -> bool:
+    """``FLEXTRAIN_READ_AHEAD`` if set; else read ahead when training runs on a GPU (the cores
+    are free while it computes) or when this process may use more cores than torch's threads."""
+    raw = os.environ.get(ENV_READ_AHEAD, "").strip()
+    if raw in ("0", "1"):
+        return raw == "1"
+    if torch.cuda.is_available():
+        return True
+    return len(os.sched_getaffinity(0)) > torch.get_num_threads()
 
 
 class StepLoader:
-    def __init__(self, load: Callable[..., Any]) -> None:
-        """``load(task, start, end)`` returns whatever the trainer needs for that span."""
+    def __init__(self, load: Callable[..., Any], *, background: bool = True) -> None:
+        """``load(task, start, end)`` returns whatever the trainer needs for that span;
+        ``background=False``: no loader thread, :meth:`prefetch` is a no-op."""
         self._load = load
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flextrain-prefetch")
+        self.background = background
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flextrain-prefetch") if background \
+            else None
         self._pending: tuple[Key, Future] | None = None
         self.ahead = 0  # spans served from a prefetch
         self.now = 0    # spans loaded on the spot (a task's first step, a missed prefetch)
@@ -43,6 +69,8 @@ class StepLoader:
 
     def prefetch(self, task, start: int, end: int) -> None:
         """Start loading a span the next :meth:`get` will probably ask for."""
+        if self._pool is None:
+            return
         if self._pending is not None:
             self._pending[1].cancel()
         if end <= start:
@@ -52,4 +80,5 @@ class StepLoader:
 
     def close(self) -> None:
         self._pending = None
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)

@@ -41,7 +41,7 @@ from flextrain.worker.client import MasterClient
 from flextrain.worker.backend import make_backend
 from flextrain.worker.collective import Collective
 from flextrain.worker.module import FeedMetadata, Mode, ModelDef, ModelDefError
-from flextrain.worker.prefetch import StepLoader
+from flextrain.worker.prefetch import StepLoader, read_ahead_wanted
 
 END_ROUND, FAILED, STOP = 0, 1, 2
 _CONTROL_SLOTS = 3
@@ -133,7 +133,7 @@ class AllReduceTrainer:
         self.backend = make_backend(model_def=model_def, model=model, optimizer=optimizer, extra=_CONTROL_SLOTS)
         self.flat = self.backend.flat
         self.control = self.flat[self.backend.size:]
-        self.loader = StepLoader(self._load_span)
+        self.loader = StepLoader(self._load_span, background=read_ahead_wanted())
 
     # ---- state transfer ---------------------------------------------------------
     def state_blob(self) -> bytes:

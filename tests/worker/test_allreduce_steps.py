@@ -3,6 +3,9 @@ records are read ahead once, gradients are not zeroed into a buffer nobody reduc
 
 from __future__ import annotations
 
+import threading
+
+import pytest
 import torch
 from torch import nn
 
@@ -18,7 +21,11 @@ from ft_helpers import MODEL_ZOO, FakeMaster
 DIGITS = f"{MODEL_ZOO / 'digits_torch.py'}:Model"
 
 
-def test_every_step_after_a_tasks_first_is_read_ahead_exactly_once(tmp_path):
+@pytest.mark.parametrize("read_ahead", ["1", "0"])
+def test_every_step_is_loaded_exactly_once(tmp_path, monkeypatch, read_ahead):
+    """With a read-ahead thread, every step after a task's first is loaded while the one before
+    computes; without (the cores are taken), each on the spot. The same loads either way."""
+    monkeypatch.setenv("FLEXTRAIN_READ_AHEAD", read_ahead)
     write_digits(tmp_path / "digits")
     source = str(sorted((tmp_path / "digits" / "train").iterdir())[0])
     spec = JobSpec(name="j", model_def=DIGITS, training_data=source, job_dir=str(tmp_path / "job"),
@@ -28,9 +35,15 @@ def test_every_step_after_a_tasks_first_is_read_ahead_exactly_once(tmp_path):
     trainer = AllReduceTrainer(spec=spec, model_def=model_def, model=model,
                                optimizer=model_def.build_optimizer(model, 0.1), client=FakeMaster([]),
                                collective=Collective(), state=WorkerState())
-    loads = []
+    loads, threads = [], set()
     load = trainer.loader._load
-    trainer.loader._load = lambda task, start, end: loads.append((task.task_id, start, end)) or load(task, start, end)
+
+    def counted(task, start, end):
+        loads.append((task.task_id, start, end))
+        threads.add(threading.current_thread() is threading.main_thread())
+        return load(task, start, end)
+
+    trainer.loader._load = counted
     try:
         for task_id, start in ((0, 0), (1, 100)):  # 4 steps: 32, 32, 32 and a short 4
             task = pb.Task(task_id=task_id, source=source, start=start, end=start + 100, global_batch_size=32)
@@ -38,7 +51,10 @@ def test_every_step_after_a_tasks_first_is_read_ahead_exactly_once(tmp_path):
     finally:
         trainer.loader.close()
     assert sorted(loads) == [(t, s + o, s + min(o + 32, 100)) for t, s in ((0, 0), (1, 100)) for o in (0, 32, 64, 96)]
-    assert (trainer.loader.ahead, trainer.loader.now) == (6, 2)
+    if read_ahead == "1":
+        assert (trainer.loader.ahead, trainer.loader.now) == (6, 2) and threads == {True, False}
+    else:
+        assert (trainer.loader.ahead, trainer.loader.now) == (0, 8) and threads == {True}
     assert trainer.state.version == 8
 
 

@@ -50,3 +50,57 @@ def test_a_load_error_surfaces_when_the_span_is_used():
     with pytest.raises(ValueError, match=r"bad record in \[0, 5\)"):
         loader.get(TASK, 0, 5)
     loader.close()
+
+
+def test_read_ahead_only_with_a_core_to_spare(monkeypatch):
+    """The environment decides if set; else a CPU-only process reads ahead only when it may use
+    more cores than torch's threads."""
+    import os
+
+    import torch
+
+    from flextrain.worker.prefetch import read_ahead_wanted
+
+    monkeypatch.setenv("FLEXTRAIN_READ_AHEAD", "0")
+    assert read_ahead_wanted() is False
+    monkeypatch.setenv("FLEXTRAIN_READ_AHEAD", "1")
+    assert read_ahead_wanted() is True
+    monkeypatch.delenv("FLEXTRAIN_READ_AHEAD")
+    if torch.cuda.is_available():
+        assert read_ahead_wanted() is True
+        return
+    cores, before = len(os.sched_getaffinity(0)), torch.get_num_threads()
+    try:
+        torch.set_num_threads(cores)
+        assert read_ahead_wanted() is False
+        if cores > 1:
+            torch.set_num_threads(cores - 1)
+            assert read_ahead_wanted() is True
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_without_a_background_thread_every_span_loads_on_the_spot():
+    loads = Loads()
+    loader = StepLoader(loads, background=False)
+    loader.prefetch(TASK, 10, 20)  # ignored
+    assert loads.calls == []
+    assert loader.get(TASK, 10, 20) == "7:10-20"
+    assert [c[3] for c in loads.calls] == [threading.current_thread().name]
+    assert (loader.ahead, loader.now) == (0, 1)
+    loader.close()
+
+
+def test_local_workers_are_told_whether_a_core_is_left_for_reading_ahead(monkeypatch):
+    from flextrain.master.main import read_ahead_env
+
+    monkeypatch.delenv("FLEXTRAIN_READ_AHEAD", raising=False)
+    # every core claimed by the workers' torch threads (cores // workers each): no thread
+    assert read_ahead_env(cores=2, threads=2, workers=1, gpu=False) == {"FLEXTRAIN_READ_AHEAD": "0"}
+    assert read_ahead_env(cores=16, threads=8, workers=2, gpu=False) == {"FLEXTRAIN_READ_AHEAD": "0"}
+    assert read_ahead_env(cores=5, threads=2, workers=2, gpu=False) == {"FLEXTRAIN_READ_AHEAD": "0"}
+    # a core left for each worker, or a GPU computing: the worker's own rule decides
+    assert read_ahead_env(cores=8, threads=3, workers=2, gpu=False) == {}
+    assert read_ahead_env(cores=2, threads=2, workers=1, gpu=True) == {}
+    monkeypatch.setenv("FLEXTRAIN_READ_AHEAD", "1")  # the user's choice is passed on untouched
+    assert read_ahead_env(cores=2, threads=2, workers=1, gpu=False) == {}
