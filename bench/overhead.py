@@ -1,15 +1,23 @@
-"""flextrain overhead benchmark: a 1-worker flextrain job vs. a plain PyTorch loop.
+"""flextrain overhead benchmark: a 1-worker flextrain job vs. plain PyTorch loops.
 
 Runs the same model (``bench/models/mlp.py``: 256 -> 1024 -> 1024 -> 10 MLP,
 SGD with momentum) on the same synthetic RecordIO data, with the same global
 batch, data order, seed, number of optimizer steps and number of torch
-threads as
+threads as three sides:
 
-  (a) a plain PyTorch loop, in this process: the records are read once with
-      flextrain's RecordIO reader and turned into tensors with the module's
-      ``feed`` (what a user with an in-memory data set writes), then
-      ``zero_grad / forward / loss / backward / step / loss.item()`` per batch;
-  (b) ``flextrain train --workers 1 --no-progress ...`` as a subprocess.
+  stream     a plain PyTorch loop in this process that reads each step's
+             records from the RecordIO files with flextrain's reader and
+             turns them into tensors with the module's ``feed`` as it goes
+             (what a user training on these files writes), then
+             ``zero_grad / forward / loss / backward / step / loss.item()``;
+  memory     the same loop over tensors read and ``feed``-ed once before the
+             clock starts (a data set held in memory: no reading at all);
+  flextrain  ``flextrain train --workers 1 --no-progress ...`` as a subprocess.
+
+``ratio`` = flextrain / memory: flextrain is charged for reading its data
+at all. ``ratio_vs_stream`` = flextrain / stream is like for like: both read
+and ``feed`` the same records during training, so it is what flextrain's
+orchestration costs (tasks, RPCs, heartbeats, the master, its threads).
 
 Both sides time the same thing: the bench module's optimizer carries a
 post-step hook that records ``time.perf_counter()`` after every optimizer
@@ -19,8 +27,9 @@ time from the end of step 1 to the end of step N: process start-up, torch
 import, module loading, rendezvous, the first (warm-up) step and the final
 checkpoint are outside; everything flextrain does per step (reading and
 decoding the step's records, ``feed``, task RPCs, heartbeats, the master's
-work) is inside. Each side runs ``--repeats`` times, alternating; medians are
-reported. The final weights of the last runs are compared as a check that both
+work) is inside. Each side runs ``--repeats`` times, taking turns to go first;
+medians are reported, and paired per-repeat and best-run ratios next to them.
+The final weights of the last runs are compared as a check that all sides
 did the same work (``runs.final_weights_max_abs_diff``).
 
 On a 2-core machine any other busy process slows 2-thread training several-
@@ -30,7 +39,7 @@ runs are discarded and repeated (``--max-other-cpu``, ``--retries``, within
 
 Usage (from the repository root):
 
-    .venv/bin/python bench/overhead.py            # ~2 min on an idle 2-core box
+    .venv/bin/python bench/overhead.py            # ~3 min on an idle 2-core box
     .venv/bin/python bench/overhead.py --repeats 1 --records 4096   # smoke test
 
 stdout: exactly one JSON object; progress goes to stderr.
@@ -59,18 +68,19 @@ TARGET_RATIO = 0.97
 
 METHOD = (
     "per-step clock: the bench module's optimizer has a post-step hook recording time.perf_counter() "
-    "after every optimizer step, identical in both runs (flextrain's worker dumps the list at exit, "
+    "after every optimizer step, identical on every side (flextrain's worker dumps the list at exit, "
     "env FLEXTRAIN_BENCH_STEP_TIMES). samples/s = samples of steps 2..N / (t_N - t_1): start-up, torch "
     "import, module load, rendezvous, the first step's warm-up and the final checkpoint are excluded; "
-    "everything per step is included -- for flextrain reading + decoding each step's records via "
-    "read_shard_range and feed, task RPCs, heartbeats and the master's work on the shared cores. "
-    "plain: in-process loop (zero_grad, forward, loss, backward, step, loss.item()) over tensors "
-    "pre-loaded once with flextrain's RecordIO reader and the module's feed, as a user with an in-memory "
-    "data set would, so flextrain's per-step data reading counts as its overhead. Same module, data "
+    "everything per step is included -- for flextrain reading + decoding each step's records and feed, "
+    "task RPCs, heartbeats and the master's work on the shared cores. stream: in-process loop that reads "
+    "each step's records with flextrain's read_shard_range (reader cache cleared first, so every chunk is "
+    "decoded once, as in a new worker) and feeds them, then zero_grad, forward, loss, backward, step, "
+    "loss.item(). memory: the same loop over tensors fed once before the clock starts. Same module, data "
     "order (files in name order, sequential batches, no shuffle), global batch (no accumulation), seed, "
-    "step count and torch threads (flextrain gives a lone worker cpu_count threads). Repeated with "
-    "plain and flextrain alternating; ratio = median flextrain / median plain. A run during which other "
-    "processes used more than max_other_cpu cores is discarded and repeated."
+    "step count and torch threads (flextrain gives a lone worker cpu_count threads). Repeated with the "
+    "sides taking turns to go first; ratio = median flextrain / median memory, ratio_vs_stream = median "
+    "flextrain / median stream. A run during which other processes used more than max_other_cpu cores "
+    "is discarded and repeated."
 )
 
 
@@ -112,16 +122,16 @@ def step_sizes(file_sizes: list[int], batch: int, epochs: int) -> list[int]:
     return one * epochs
 
 
-# ---- (a) the plain PyTorch loop --------------------------------------------------
-def plain_run(mlp, files: list[str], *, batch: int, epochs: int, seed: int, lr: float | None) -> dict:
-    """A user's loop over pre-loaded tensors."""
-    from flextrain.data import open_reader
+# ---- (a) the plain PyTorch loops ------------------------------------------------
+def plain_run(mlp, files: list[str], *, batch: int, epochs: int, seed: int, lr: float | None,
+              stream: bool) -> dict:
+    """A user's loop: over tensors pre-loaded once (``stream=False``), or reading and ``feed``-ing
+    each step's records from the files as it goes (``stream=True``), with flextrain's reader."""
+    from flextrain.data import clear_reader_cache, open_reader, read_shard_range
 
-    features, labels = [], []
-    for path in files:  # the same files, in the same order, as flextrain's shards
-        x, y = mlp.feed(list(open_reader(path).read()), "training", None)
-        features.append(x)
-        labels.append(y)
+    clear_reader_cache()  # decode every chunk afresh, like flextrain's new worker process
+    sizes = [len(open_reader(path)) for path in files]
+    loaded = None if stream else [mlp.feed(list(open_reader(path).read()), "training", None) for path in files]
     torch.manual_seed(seed)
     model = mlp.Model()
     optimizer = mlp.optimizer(model.parameters()) if lr is None else mlp.optimizer(model.parameters(), lr=lr)
@@ -131,9 +141,12 @@ def plain_run(mlp, files: list[str], *, batch: int, epochs: int, seed: int, lr: 
     samples = 0
     loss_sum = 0.0
     for _ in range(epochs):
-        for x, y in zip(features, labels):
-            for i in range(0, len(y), batch):
-                xb, yb = x[i : i + batch], y[i : i + batch]
+        for f, (path, n) in enumerate(zip(files, sizes)):  # the same files, in the same order, as flextrain's shards
+            for i in range(0, n, batch):
+                if stream:
+                    xb, yb = mlp.feed(read_shard_range(path, i, min(i + batch, n)), "training", None)
+                else:
+                    xb, yb = loaded[f][0][i : i + batch], loaded[f][1][i : i + batch]
                 optimizer.zero_grad()
                 loss = mlp.loss(yb, model(xb))
                 loss.backward()
@@ -305,22 +318,24 @@ def main(argv: list[str] | None = None) -> int:
         sizes = step_sizes([s.size for s in make_shards(data_dir)], G, args.epochs)
         log(f"wrote {args.records} records in {len(files)} files to {data_dir} ({time.perf_counter() - t0:.1f}s); "
             f"G={G}, threads={threads}, {len(sizes)} steps per run, {args.repeats} repeats")
-        plain_run(mlp, files, batch=G, epochs=1, seed=args.seed, lr=args.lr)  # warm-up, discarded
+        for stream in (False, True):  # warm-up, discarded
+            plain_run(mlp, files, batch=G, epochs=1, seed=args.seed, lr=args.lr, stream=stream)
         started = time.perf_counter()
 
-        def run_plain():
-            return plain_run(mlp, files, batch=G, epochs=args.epochs, seed=args.seed, lr=args.lr)
+        def plain(stream: bool):
+            return lambda: plain_run(mlp, files, batch=G, epochs=args.epochs, seed=args.seed, lr=args.lr,
+                                     stream=stream)
 
         def run_flextrain():
             return flextrain_run(mlp, data_dir, root / "job", batch=G, epochs=args.epochs, seed=args.seed,
                                  lr=args.lr)
 
-        runs = {"plain": [], "flextrain": [], "discarded": []}
+        sides = (("stream", plain(True)), ("flextrain", run_flextrain), ("memory", plain(False)))
+        runs = {name: [] for name, _ in sides} | {"discarded": []}
         kept_busy = 0
         last = {}
         for r in range(args.repeats):
-            order = (("plain", run_plain), ("flextrain", run_flextrain))
-            for name, fn in order if r % 2 == 0 else order[::-1]:
+            for name, fn in sides[r % 3:] + sides[: r % 3]:  # rotate who goes first
                 for attempt in range(args.retries + 1):
                     over_budget = time.perf_counter() - started > args.max_seconds
                     waited = 0.0 if over_budget else wait_until_quiet(args.max_other_cpu, args.quiet_wait)
@@ -346,31 +361,40 @@ def main(argv: list[str] | None = None) -> int:
                 runs[name].append(rec)
                 last[name] = res
 
-        plain = median(x["samples_per_s"] for x in runs["plain"])
-        flex = median(x["samples_per_s"] for x in runs["flextrain"])
-        pairs = [f["samples_per_s"] / p_["samples_per_s"] for p_, f in zip(runs["plain"], runs["flextrain"])]
+        speed = {name: median(x["samples_per_s"] for x in runs[name]) for name, _ in sides}
+        best = {name: max(x["samples_per_s"] for x in runs[name]) for name, _ in sides}
+
+        def paired(base: str) -> list[float]:
+            return [f["samples_per_s"] / b["samples_per_s"] for b, f in zip(runs[base], runs["flextrain"])]
+
         ft = final_weights(root / "job")
         summary = {
-            "per_repeat_ratios": [round(x, 4) for x in pairs],
-            "median_of_per_repeat_ratios": round(median(pairs), 4),
-            "best_plain_samples_per_s": max(x["samples_per_s"] for x in runs["plain"]),
-            "best_flextrain_samples_per_s": max(x["samples_per_s"] for x in runs["flextrain"]),
-            "median_step_ms_plain": median(x["step_ms_median"] for x in runs["plain"]),
-            "median_step_ms_flextrain": median(x["step_ms_median"] for x in runs["flextrain"]),
+            "per_repeat_ratios_vs_stream": [round(x, 4) for x in paired("stream")],
+            "per_repeat_ratios_vs_memory": [round(x, 4) for x in paired("memory")],
+            "median_of_per_repeat_ratios_vs_stream": round(median(paired("stream")), 4),
+            "median_of_per_repeat_ratios_vs_memory": round(median(paired("memory")), 4),
+            "best_run_ratio_vs_stream": round(best["flextrain"] / best["stream"], 4),
+            "best_run_ratio_vs_memory": round(best["flextrain"] / best["memory"], 4),
+            "best_samples_per_s": best,
+            "median_step_ms": {name: median(x["step_ms_median"] for x in runs[name]) for name, _ in sides},
             "kept_disturbed_runs": kept_busy,
             # Same model, data, order, seed and step count: the final weights should agree.
             "final_weights_max_abs_diff": max(
-                float((ft[k] - v).abs().max()) for k, v in last["plain"]["model"].state_dict().items()),
+                float((ft[k] - v).abs().max()) for name in ("stream", "memory")
+                for k, v in last[name]["model"].state_dict().items()),
         }
         if kept_busy:
             log(f"WARNING: {kept_busy} kept runs shared the CPU with other processes; numbers are noisy")
+        ratio = speed["flextrain"] / speed["memory"]
         result = {
             "bench": "overhead",
-            "plain_samples_per_s": round(plain, 1),
-            "flextrain_samples_per_s": round(flex, 1),
-            "ratio": round(flex / plain, 4),
+            "memory_samples_per_s": round(speed["memory"], 1),
+            "stream_samples_per_s": round(speed["stream"], 1),
+            "flextrain_samples_per_s": round(speed["flextrain"], 1),
+            "ratio": round(ratio, 4),
+            "ratio_vs_stream": round(speed["flextrain"] / speed["stream"], 4),
             "target_ratio": TARGET_RATIO,
-            "meets_target": flex / plain >= TARGET_RATIO,
+            "meets_target": ratio >= TARGET_RATIO,
             "steps": len(sizes),
             "timed_steps": len(sizes) - 1,
             "global_batch_size": G,
