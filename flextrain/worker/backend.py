@@ -103,17 +103,25 @@ class TorchBackend(ModelBackend):
 
     def gathered(self) -> None:
         for p, view in zip(self.params, self._views):
-            if p.grad is None:
-                view.zero_()
-            elif p.grad.data_ptr() != view.data_ptr():
-                view.copy_(p.grad)
-            p.grad = view
+            self._bind(p, view)
 
     def apply(self) -> None:
         for p, view in zip(self.params, self._views):
-            if p.grad is None:  # untouched this step: still a zero gradient (momentum, weight decay
-                p.grad = view.zero_()  # apply), whatever the world size
+            if p.grad is None or p.grad.is_sparse:  # as if gathered, whatever the world size:
+                self._bind(p, view)  # untouched parameters get a zero gradient, sparse ones a dense one
         self.optimizer.step()
+
+    @staticmethod
+    def _bind(p: torch.Tensor, view: torch.Tensor) -> None:
+        """Make ``view`` hold ``p``'s gradient (zero if none, dense if sparse) and ``p.grad`` it."""
+        grad = p.grad
+        if grad is None:
+            view.zero_()
+        elif grad.is_sparse:  # nn.Embedding(sparse=True): optimizers and reductions get it dense
+            view.zero_().add_(grad)
+        elif grad.data_ptr() != view.data_ptr():
+            view.copy_(grad)
+        p.grad = view
 
     def state(self) -> dict:
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}

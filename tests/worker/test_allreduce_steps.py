@@ -99,3 +99,42 @@ def test_gradients_reach_the_buffer_only_when_reduced():
         assert b.model.spare.grad.eq(0).all() and "momentum_buffer" in b.optimizer.state[b.model.spare]
     for a, b in zip(lone.model.parameters(), reduced.model.parameters()):
         torch.testing.assert_close(a, b)
+
+
+class SparseEmbedding(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(6, 2, sparse=True)
+        self.out = nn.Linear(2, 2)
+
+    def forward(self, ids):
+        return self.out(self.emb(ids))
+
+
+def test_sparse_gradients_are_applied_dense_in_every_world_size():
+    """nn.Embedding(sparse=True) with a dense-only optimizer (Adam) trains alike alone or reduced."""
+    torch.manual_seed(0)
+    ids, y = torch.tensor([0, 1, 1, 3]), torch.randn(4, 2)
+    model_def = type("Def", (), {"path": "test", "loss": staticmethod(lambda y, p: nn.functional.mse_loss(p, y))})()
+    backends = []
+    for _ in range(2):
+        model = SparseEmbedding()
+        if backends:
+            model.load_state_dict(backends[0].model.state_dict())
+        backends.append(TorchBackend(model_def=model_def, model=model, extra=3,
+                                     optimizer=torch.optim.Adam(model.parameters(), lr=0.1)))
+    lone, reduced = backends
+    before = lone.model.emb.weight.detach().clone()
+    for b in backends:
+        b.zero()
+        b.accumulate(ids, y, slice(0, 2), scale=0.5)
+        b.accumulate(ids, y, slice(2, 4), scale=0.5)
+        assert b.model.emb.weight.grad.is_sparse
+    reduced.gathered()
+    for b in backends:
+        b.apply()  # Adam refuses sparse gradients: they must arrive dense
+        assert not b.model.emb.weight.grad.is_sparse
+    for a, b in zip(lone.model.parameters(), reduced.model.parameters()):
+        torch.testing.assert_close(a, b)
+    after = lone.model.emb.weight.detach()
+    assert not torch.equal(after[0], before[0]) and torch.equal(after[5], before[5])  # looked up / never
