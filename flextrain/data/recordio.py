@@ -259,13 +259,8 @@ class RecordIOReader:
         """Records ``[start, end)`` as a list: what a worker asks for once per step."""
         start, end = check_range(self._path, start, end, self._num_records)
         out: list[bytes] = []
-        pos = start
-        while pos < end:
-            c = bisect.bisect_right(self._cum, pos)  # first chunk with pos < cum[c]
-            first = self._cum[c - 1] if c else 0
-            stop = min(end, self._cum[c])
-            out += self._chunk_records(c)[pos - first : stop - first]
-            pos = stop
+        for records, lo, hi in self._pieces(start, end):
+            out += records[lo:hi]
         return out
 
     def __iter__(self) -> Iterator[bytes]:
@@ -280,13 +275,18 @@ class RecordIOReader:
     # -- internals -----------------------------------------------------------
 
     def _iter_range(self, start: int, end: int) -> Iterator[bytes]:
+        for records, lo, hi in self._pieces(start, end):
+            yield from records[lo:hi]
+
+    def _pieces(self, start: int, end: int) -> Iterator[tuple[ChunkRecords, int, int]]:
+        """``(records of a chunk, lo, hi)`` for each chunk overlapping ``[start, end)``, in order,
+        ``[lo, hi)`` being the range's part within the chunk; each chunk decoded when reached."""
         pos = start
         while pos < end:
             c = bisect.bisect_right(self._cum, pos)  # first chunk with pos < cum[c]
             first = self._cum[c - 1] if c else 0
-            records = self._chunk_records(c)
             stop = min(end, self._cum[c])
-            yield from records[pos - first : stop - first]
+            yield self._chunk_records(c), pos - first, stop - first
             pos = stop
 
     def _chunk_records(self, c: int) -> ChunkRecords:
