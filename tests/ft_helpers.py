@@ -77,5 +77,15 @@ class FakeMaster:
             return pb.GetTaskResponse(action=pb.GetTaskResponse.RUN, task=self.tasks.pop(0))
         return pb.GetTaskResponse(action=pb.GetTaskResponse.NO_MORE)
 
+    def get_task_ahead(self, **kw):
+        """No early answers: the trainer falls back to ``get_task``."""
+        from concurrent.futures import Future
+
+        from flextrain.proto import flextrain_pb2 as pb
+
+        answer = Future()
+        answer.set_result(pb.GetTaskResponse(action=pb.GetTaskResponse.WAIT))
+        return answer
+
     def report_task(self, task_id, **kw):
         self.reports.append((task_id, kw))

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Iterable
 
 from flextrain.master.ledger import TaskLedger
-from flextrain.master.rendezvous import Round
+from flextrain.master.rendezvous import Round, RoundState
 from flextrain.proto import flextrain_pb2 as pb
 
 RUN = pb.GetTaskResponse.RUN
@@ -22,6 +22,22 @@ def most_advanced(positions: Iterable[pb.Position], round_id: int) -> pb.Positio
     """The position, among those inside ``round_id``, with the highest model version."""
     inside = [p for p in positions if p.round_id == round_id]
     return max(inside, key=lambda p: p.version, default=None)
+
+
+def commit_passed(ledger: TaskLedger, rnd: Round | None, position: pb.Position) -> None:
+    """A member of ``rnd`` standing at ``position`` has committed every step of the round's
+    tasks before ``position.task_index``; so has every member (lockstep), so they are done.
+
+    Positions are the only commit signal once a worker asks for its next task ahead of
+    time (``GetTaskRequest.ahead``); a settled (closed) round is left to ``settle_round``.
+    """
+    if rnd is None or rnd.state is RoundState.CLOSED or position.round_id != rnd.round_id:
+        return
+    upto = min(position.task_index, len(rnd.answers))
+    for action, task_id in rnd.answers[rnd.committed:upto]:
+        if action == RUN and task_id in ledger.doing:
+            ledger.complete(task_id)
+    rnd.committed = max(rnd.committed, upto)
 
 
 def settle_round(ledger: TaskLedger, old: Round, best: pb.Position | None) -> None:

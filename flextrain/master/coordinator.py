@@ -20,11 +20,12 @@ import time
 from dataclasses import dataclass
 
 from flextrain.job import JobSpec, JobType, Strategy
-from flextrain.master.accounting import ledger_at, most_advanced, settle_round
+from flextrain.master.accounting import commit_passed, ledger_at, most_advanced, settle_round
 from flextrain.master.checkpoints import CheckpointStore
 from flextrain.master.evaluation import Evaluations, evaluation_task, outcome, prediction_task, record_task, task_message
 from flextrain.master.health import Liveness, find_hung
 from flextrain.master.ledger import TaskKind, TaskLedger
+from flextrain.master.lockstep import lockstep_task
 from flextrain.master.ps_tasks import ps_evaluation_task, ps_training_task, release_worker
 from flextrain.master.rendezvous import Rendezvous, Round, RoundState
 from flextrain.proto import flextrain_pb2 as pb
@@ -291,45 +292,7 @@ class JobMaster:
                 response = ps_training_task(self, req.worker_id)
                 self._check_outcome()
                 return response
-            return self._training_task(req)
-
-    def _training_task(self, req: pb.GetTaskRequest) -> pb.GetTaskResponse:
-        rnd = self.assigned.get(req.worker_id)
-        index = req.task_index
-        if rnd is not None and rnd.round_id == req.round_id and index < len(rnd.answers):
-            pass  # answered before: every member gets the same answer, even after the job ended
-        elif self.over:
-            return pb.GetTaskResponse(action=pb.GetTaskResponse.STOP, message=self.message)
-        elif rnd is None or rnd.round_id != req.round_id or rnd.state is RoundState.CLOSED:
-            return pb.GetTaskResponse(action=pb.GetTaskResponse.END_ROUND)
-        if index > len(rnd.answers):
-            raise ValueError(f"{req.worker_id} asked for task {index} of round {rnd.round_id} out of order")
-        if index == len(rnd.answers):
-            if index > 0:  # asking for task i+1 means every step of task i is committed
-                _, prev = rnd.answers[index - 1]
-                if prev in self.ledger.doing:
-                    self.ledger.complete(prev)
-            rnd.answers.append(self._decide(rnd))
-            self._check_outcome()
-        action, task_id = rnd.answers[index]
-        if action == pb.GetTaskResponse.RUN:
-            task = self.ledger.doing.get(task_id)
-            if task is None:  # failed and requeued meanwhile; the round must re-form
-                return pb.GetTaskResponse(action=pb.GetTaskResponse.END_ROUND)
-            return pb.GetTaskResponse(action=action, task=task_message(task))
-        return pb.GetTaskResponse(action=action, message=self.message)
-
-    def _decide(self, rnd: Round) -> tuple[int, int]:
-        if self.over or self.stopping:
-            return pb.GetTaskResponse.STOP, -1
-        if rnd.state is RoundState.CLOSING:
-            return pb.GetTaskResponse.END_ROUND, -1
-        task = self.ledger.next_training_task(owner=f"round-{rnd.round_id}")
-        if task is not None:
-            return pb.GetTaskResponse.RUN, task.task_id
-        if self.ledger.training_finished():
-            return pb.GetTaskResponse.NO_MORE, -1
-        return pb.GetTaskResponse.END_ROUND, -1
+            return lockstep_task(self, req)
 
     def report_task(self, req: pb.ReportTaskRequest) -> None:
         with self.cond:
@@ -384,6 +347,7 @@ class JobMaster:
         if position.round_id >= 0:  # evaluation calls carry no training position
             info.position.CopyFrom(position)
             self.step = max(self.step, position.version)
+            commit_passed(self.ledger, self.assigned.get(worker_id), position)
         return info
 
     # ---- time-driven checks (the master's main loop calls this) ---------------

@@ -47,6 +47,7 @@ class Round:
     state: RoundState = RoundState.ACTIVE
     # Memoized GetTask answers, by task index: (action, task id or -1).
     answers: list[tuple[int, int]] = field(default_factory=list)
+    committed: int = 0  # answers[:committed] are known committed (see accounting.commit_passed)
 
     def rank_of(self, worker_id: str) -> int:
         return self.members.index(worker_id)

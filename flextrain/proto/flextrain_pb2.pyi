@@ -132,20 +132,22 @@ class Task(_message.Message):
     def __init__(self, task_id: _Optional[int] = ..., kind: _Optional[_Union[Task.Kind, str]] = ..., source: _Optional[str] = ..., start: _Optional[int] = ..., end: _Optional[int] = ..., epoch: _Optional[int] = ..., global_batch_size: _Optional[int] = ..., model_version: _Optional[int] = ...) -> None: ...
 
 class GetTaskRequest(_message.Message):
-    __slots__ = ("worker_id", "round_id", "task_index", "position", "kind", "model_version")
+    __slots__ = ("worker_id", "round_id", "task_index", "position", "kind", "model_version", "ahead")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ROUND_ID_FIELD_NUMBER: _ClassVar[int]
     TASK_INDEX_FIELD_NUMBER: _ClassVar[int]
     POSITION_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    AHEAD_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     round_id: int
     task_index: int
     position: Position
     kind: Task.Kind
     model_version: int
-    def __init__(self, worker_id: _Optional[str] = ..., round_id: _Optional[int] = ..., task_index: _Optional[int] = ..., position: _Optional[_Union[Position, _Mapping]] = ..., kind: _Optional[_Union[Task.Kind, str]] = ..., model_version: _Optional[int] = ...) -> None: ...
+    ahead: bool
+    def __init__(self, worker_id: _Optional[str] = ..., round_id: _Optional[int] = ..., task_index: _Optional[int] = ..., position: _Optional[_Union[Position, _Mapping]] = ..., kind: _Optional[_Union[Task.Kind, str]] = ..., model_version: _Optional[int] = ..., ahead: _Optional[bool] = ...) -> None: ...
 
 class GetTaskResponse(_message.Message):
     __slots__ = ("action", "task", "message")

@@ -75,6 +75,15 @@ class MasterClient:
                               position=position, kind=kind, model_version=model_version),
         )
 
+    def get_task_ahead(self, *, round_id: int, task_index: int, position: pb.Position) -> "grpc.Future":
+        """Ask for training task ``task_index`` while the one before it still runs (one try,
+        no retries: :meth:`get_task` is the fallback). The answer is a RUN or nothing (WAIT)."""
+        return self.stub.GetTask.future(
+            pb.GetTaskRequest(worker_id=self.worker_id, round_id=round_id, task_index=task_index,
+                              position=position, kind=pb.Task.TRAINING, ahead=True),
+            timeout=self.deadline,
+        )
+
     def report_task(self, task_id: int, *, ok: bool, steps_done: int = 0, error: str = "",
                     metric_sums: dict[str, float] | None = None, samples: int = 0,
                     metric_states: dict | None = None) -> None:

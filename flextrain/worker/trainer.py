@@ -30,6 +30,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import grpc
 import torch
 
 from flextrain.data import read_shard_range
@@ -134,6 +135,9 @@ class AllReduceTrainer:
         self.flat = self.backend.flat
         self.control = self.flat[self.backend.size:]
         self.loader = StepLoader(self._load_span, background=read_ahead_wanted())
+        # The next task, asked for during the current task's last step: (task index, future).
+        self._ahead: tuple[int, grpc.Future] | None = None
+        self.tasks_ahead = self.tasks_asked = 0  # tasks answered ahead / by a plain ask
 
     # ---- state transfer ---------------------------------------------------------
     def state_blob(self) -> bytes:
@@ -159,17 +163,50 @@ class AllReduceTrainer:
     def run_round(self) -> int:
         """Train until the round ends; returns the GetTask action that ended it."""
         index = 0
+        self._drop_ahead()
         while True:
             self.state.task_index, self.state.steps_done = index, 0
-            resp = self.client.get_task(round_id=self.state.round_id, task_index=index,
-                                        position=self.state.position())
+            resp = self._take_ahead(index)
+            if resp is None:
+                self.tasks_asked += 1
+                resp = self.client.get_task(round_id=self.state.round_id, task_index=index,
+                                            position=self.state.position())
             self.state.mark_progress()
             if resp.action != pb.GetTaskResponse.RUN:
                 return resp.action
             outcome = self.run_task(resp.task)
             if outcome is not None:
+                self._drop_ahead()
                 return outcome
             index += 1
+
+    def _ask_ahead(self) -> None:
+        """Ask for the next task now, so the answer travels while this last step computes
+        (one RPC per task otherwise stalls the step that follows it)."""
+        if self.state.end_round.is_set() or self.state.stop.is_set():
+            return  # the round ends at this boundary anyway
+        index = self.state.task_index + 1
+        self._ahead = (index, self.client.get_task_ahead(round_id=self.state.round_id, task_index=index,
+                                                         position=self.state.position()))
+
+    def _take_ahead(self, index: int) -> pb.GetTaskResponse | None:
+        """The ahead answer for task ``index`` if it runs a task; None: ask the plain way."""
+        pending, self._ahead = self._ahead, None
+        if pending is None or pending[0] != index:
+            return None
+        try:
+            resp = pending[1].result()
+        except grpc.RpcError:  # e.g. the master restarting: the plain ask retries
+            return None
+        if resp.action != pb.GetTaskResponse.RUN:
+            return None
+        self.tasks_ahead += 1
+        return resp
+
+    def _drop_ahead(self) -> None:
+        if self._ahead is not None:
+            self._ahead[1].cancel()  # an answer already given is settled with the round
+            self._ahead = None
 
     def run_task(self, task: pb.Task) -> int | None:
         """Run every step of ``task``; returns END_ROUND/STOP when the round ends inside it."""
@@ -177,6 +214,8 @@ class AllReduceTrainer:
         steps = -(-(task.end - task.start) // G)
         for j in range(steps):
             start, end, plan = self._plan(task, j)
+            if j + 1 == steps:
+                self._ask_ahead()
             self.backend.zero()
             try:
                 batch = self.loader.get(task, start, end) if end > start else None

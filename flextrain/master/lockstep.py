@@ -1,0 +1,76 @@
+"""Training-task hand-out for AllReduce rounds: every member gets the same answers.
+
+The members of a round ask for the round's tasks by index, in order; the first
+ask for an index decides the answer (``Round.answers`` memoizes it) and every
+member gets that same answer, even after the job ended, so all of them leave
+a round, or finish, at the same task boundary.
+
+Committing: a member whose position stands at task ``i`` has committed every
+step of the tasks before it, and so has every member (lockstep), so those
+tasks are done (``accounting.commit_passed``, on every position the master
+hears). A plain ask for task ``i`` carries that position itself.
+
+Ahead (``GetTaskRequest.ahead``): a worker asks for task ``i + 1`` during task
+``i``'s last step, so the answer is there when the step ends. Only a RUN is
+decided that early; a round that is closing, a job that is stopping, or no
+free task (the next epoch's tasks exist only once every task of this one is
+done) answers WAIT and decides nothing, and the worker asks again, plainly,
+once its task is done. An ahead ask commits nothing it has not committed; if
+the round ends before the early task starts, settlement puts it back whole.
+"""
+
+from __future__ import annotations
+
+from flextrain.master.accounting import commit_passed
+from flextrain.master.evaluation import task_message
+from flextrain.master.rendezvous import Round, RoundState
+from flextrain.proto import flextrain_pb2 as pb
+
+RUN, WAIT, END_ROUND, NO_MORE, STOP = (pb.GetTaskResponse.RUN, pb.GetTaskResponse.WAIT,
+                                       pb.GetTaskResponse.END_ROUND, pb.GetTaskResponse.NO_MORE,
+                                       pb.GetTaskResponse.STOP)
+
+
+def lockstep_task(job, req: pb.GetTaskRequest) -> pb.GetTaskResponse:
+    """Answer a member's GetTask for training task ``req.task_index`` (the caller holds the lock)."""
+    rnd = job.assigned.get(req.worker_id)
+    index = req.task_index
+    if rnd is not None and rnd.round_id == req.round_id and index < len(rnd.answers):
+        pass  # answered before
+    elif job.over:
+        return pb.GetTaskResponse(action=STOP, message=job.message)
+    elif rnd is None or rnd.round_id != req.round_id or rnd.state is RoundState.CLOSED:
+        return pb.GetTaskResponse(action=END_ROUND)
+    if index > len(rnd.answers):
+        raise ValueError(f"{req.worker_id} asked for task {index} of round {rnd.round_id} out of order")
+    if index == len(rnd.answers):
+        if req.ahead:
+            task = None if job.over or job.stopping or rnd.state is not RoundState.ACTIVE else \
+                job.ledger.next_training_task(owner=f"round-{rnd.round_id}")
+            if task is None:
+                return pb.GetTaskResponse(action=WAIT)
+            rnd.answers.append((RUN, task.task_id))
+        else:
+            commit_passed(job.ledger, rnd, pb.Position(round_id=rnd.round_id, task_index=index))
+            rnd.answers.append(_decide(job, rnd))
+            job._check_outcome()
+    action, task_id = rnd.answers[index]
+    if action == RUN:
+        task = job.ledger.doing.get(task_id)
+        if task is None:  # failed and requeued meanwhile; the round must re-form
+            return pb.GetTaskResponse(action=END_ROUND)
+        return pb.GetTaskResponse(action=action, task=task_message(task))
+    return pb.GetTaskResponse(action=action, message=job.message)
+
+
+def _decide(job, rnd: Round) -> tuple[int, int]:
+    if job.over or job.stopping:
+        return STOP, -1
+    if rnd.state is RoundState.CLOSING:
+        return END_ROUND, -1
+    task = job.ledger.next_training_task(owner=f"round-{rnd.round_id}")
+    if task is not None:
+        return RUN, task.task_id
+    if job.ledger.training_finished():
+        return NO_MORE, -1
+    return END_ROUND, -1

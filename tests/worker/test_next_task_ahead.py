@@ -1,0 +1,76 @@
+"""A worker asks for its next task during the current task's last step (GetTask ``ahead``):
+driven against the real master over gRPC on loopback, every record is still trained once."""
+
+from __future__ import annotations
+
+import pytest
+
+from flextrain.data import make_shards
+from flextrain.data.digits import write_digits
+from flextrain.job import JobSpec
+from flextrain.master.coordinator import JobMaster, Phase
+from flextrain.master.main import build_ledger
+from flextrain.master.servicer import MasterServicer, start_server
+from flextrain.proto import flextrain_pb2 as pb
+from flextrain.worker.client import MasterClient
+from flextrain.worker.collective import Collective
+from flextrain.worker.module import load_model_def
+from flextrain.worker.trainer import AllReduceTrainer, WorkerState
+from ft_helpers import MODEL_ZOO
+
+DIGITS = f"{MODEL_ZOO / 'digits_torch.py'}:Model"
+
+
+@pytest.fixture
+def job(tmp_path):
+    write_digits(tmp_path / "digits")
+    spec = JobSpec(name="j", model_def=DIGITS, training_data=str(tmp_path / "digits" / "train"),
+                   job_dir=str(tmp_path / "job"), global_batch_size=64, steps_per_task=2, epochs=2,
+                   workers=1).validate()
+    master = JobMaster(spec, build_ledger(spec))
+    servicer = MasterServicer(master, status_json=lambda: "{}", stop=lambda reason: (False, ""),
+                              scale=lambda n: (False, ""), heartbeat_interval=0.5)
+    server, port = start_server(servicer, host="127.0.0.1", port=0, threads=4)
+    client = MasterClient(f"127.0.0.1:{port}", "worker-0")
+    yield spec, master, client
+    client.close()
+    server.stop(grace=None)
+
+
+def test_next_task_arrives_ahead_and_every_record_is_trained_once(job):
+    spec, master, client = job
+    model_def = load_model_def(DIGITS)
+    model = model_def.build_model()
+    state = WorkerState()
+    trainer = AllReduceTrainer(spec=spec, model_def=model_def, model=model,
+                               optimizer=model_def.build_optimizer(model, 0.1), client=client,
+                               collective=Collective(), state=state)
+    loads = []
+    load = trainer.loader._load
+    trainer.loader._load = lambda task, start, end: loads.append((task.source, start, end)) or load(
+        task, start, end)
+
+    client.register(pid=0)
+    joined = client.join(state.position(), "start")
+    assert joined.action == pb.JoinRendezvousResponse.TRAIN
+    state.round_id = joined.round_id
+    try:
+        assert trainer.run_round() == pb.GetTaskResponse.NO_MORE
+    finally:
+        trainer.loader.close()
+
+    ledger = master.ledger
+    assert ledger.training_finished() and not ledger.doing
+    # every step of both epochs was loaded exactly once, and the ledger counts each record once
+    G = spec.global_batch_size
+    shards = make_shards(spec.training_data)
+    steps = [(sh.source, i, min(i + G, sh.end)) for sh in shards for i in range(sh.start, sh.end, G)]
+    assert sorted(loads) == sorted(steps * 2)
+    assert ledger.records_done == 2 * sum(sh.size for sh in shards)
+    assert state.version == len(loads)
+    # every task comes ahead but each epoch's first (the next epoch's tasks exist only once the
+    # last task is done); plain asks: those two and the NO_MORE
+    per_task = G * spec.steps_per_task
+    tasks = 2 * sum(-(-sh.size // per_task) for sh in shards)
+    assert (trainer.tasks_ahead, trainer.tasks_asked) == (tasks - 2, 3)
+    assert master.phase is Phase.RUNNING  # until the final checkpoint is reported
