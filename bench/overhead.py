@@ -39,7 +39,7 @@ runs are discarded and repeated (``--max-other-cpu``, ``--retries``, within
 
 Usage (from the repository root):
 
-    .venv/bin/python bench/overhead.py            # ~3 min on an idle 2-core box
+    .venv/bin/python bench/overhead.py            # ~8 min on an idle 2-core box (12 repeats)
     .venv/bin/python bench/overhead.py --repeats 1 --records 4096   # smoke test
 
 stdout: exactly one JSON object; progress goes to stderr.
@@ -282,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--files", type=int, default=4, help="RecordIO files (shards) the records are spread over")
     p.add_argument("--global-batch-size", type=int, default=256)
     p.add_argument("--epochs", type=int, default=2)
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--repeats", type=int, default=12)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--lr", type=float, default=None, help="learning rate (default: the module's)")
     p.add_argument("--max-other-cpu", type=float, default=0.1,
@@ -290,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--retries", type=int, default=2, help="repeats of a run disturbed by other processes")
     p.add_argument("--quiet-wait", type=float, default=20.0,
                    help="seconds to wait at most, before each run, for other processes to leave the CPU idle")
-    p.add_argument("--max-seconds", type=float, default=300.0,
+    p.add_argument("--max-seconds", type=float, default=900.0,
                    help="after this long, stop waiting for a quiet CPU and stop repeating disturbed runs")
     p.add_argument("--workdir", help="keep data and job dirs here instead of a temp dir")
     args = p.parse_args(argv)
