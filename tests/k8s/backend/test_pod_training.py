@@ -67,7 +67,8 @@ def test_workers_run_as_pods_and_the_cr_status_ends_succeeded(kube_job, node_age
 
 
 def test_deleted_worker_pod_is_replaced_and_training_completes(kube_job, node_agent, k8s_api):
-    job = kube_job("digits", workers=2, epochs=6)
+    # Slow batches: the plain digits job can finish between two polls of the CR (see below).
+    job = kube_job("digits", model_def=SLOW_DIGITS, workers=2, epochs=6)
     job.start()
     # wait until both workers train (the CR shows a round with two members)
     wait_for(lambda: job.status().get("workers", {}).get("active") == 2
