@@ -45,8 +45,8 @@ def lockstep_task(job, req: pb.GetTaskRequest) -> pb.GetTaskResponse:
         raise ValueError(f"{req.worker_id} asked for task {index} of round {rnd.round_id} out of order")
     if index == len(rnd.answers):
         if req.ahead:
-            task = None if job.over or job.stopping or rnd.state is not RoundState.ACTIVE else \
-                job.ledger.next_training_task(owner=f"round-{rnd.round_id}")
+            task = None if job.stopping or rnd.state is not RoundState.ACTIVE else \
+                job.ledger.next_training_task(owner=f"round-{rnd.round_id}")  # (a job over answered STOP above)
             if task is None:
                 return pb.GetTaskResponse(action=WAIT)
             rnd.answers.append((RUN, task.task_id))
