@@ -62,9 +62,10 @@ STEP_TIMES: list[float] = []  # time.perf_counter() after each tracked optimizer
 _dump_path: str | None = None
 
 
-def track_steps(opt) -> None:
-    """Append ``time.perf_counter()`` to ``STEP_TIMES`` after every ``opt.step()``."""
-    opt.register_step_post_hook(lambda *_: STEP_TIMES.append(time.perf_counter()))
+def track_steps(opt, times: list[float] | None = None) -> None:
+    """Append ``time.perf_counter()`` to ``times`` (default ``STEP_TIMES``) after every ``opt.step()``."""
+    into = STEP_TIMES if times is None else times
+    opt.register_step_post_hook(lambda *_: into.append(time.perf_counter()))
 
 
 def _dump_at_exit(path: str) -> None:

@@ -1,0 +1,127 @@
+"""Interleaved timing: a subprocess job and in-process loops take turns in short windows.
+
+Why: on a shared 2-core VM the speed of the *same* loop drifts by 10-15% from one
+run to the next and by ~8% between neighbouring seconds (hypervisor steal, host
+contention), so whole runs timed one after another cannot resolve a 3% overhead.
+Here the job (every process of it: flextrain's master and worker) runs only
+inside its windows and is SIGSTOP-ed outside them, while a plain loop in this
+process runs its own steps. Windows are short (0.5 s by default) and alternate,
+so each job window is compared with baseline windows a second or two away, and
+the drift mostly cancels; the median over ~100 such pairs has a bootstrap
+confidence interval of about +-1%.
+
+What a window measures: every process of the job is stopped between its windows,
+so nothing it does is hidden; its steady per-step cost (reading and ``feed``,
+task RPCs, heartbeats, the master) is inside. The step that straddles a pause is
+not counted: a window's rate runs from the end of its first step to the end of
+its last. One-off costs (start-up, the first decode of each file, the final
+checkpoint) fall outside the windows; ``overhead.py --method runs`` counts those.
+"""
+
+from __future__ import annotations
+
+import bisect
+import subprocess
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from machine import ProcessTree
+
+JOB = "flextrain"
+
+
+@dataclass(frozen=True)
+class Window:
+    side: str
+    start: float  # time.perf_counter() (CLOCK_MONOTONIC: the same clock in every process)
+    end: float
+
+
+@dataclass
+class StepSeries:
+    """Post-step timestamps and the samples of each step, in step order."""
+    times: list[float]
+    samples: list[int]
+
+
+def run_windows(*, proc: subprocess.Popen, tree: ProcessTree, loops: dict[str, Callable[[], None]],
+                order: list[str], seconds: float) -> list[Window]:
+    """Take turns in ``order`` until ``proc`` exits: a ``JOB`` window resumes the job's process
+    tree for ``seconds`` while this process waits, any other side calls its step function for
+    ``seconds`` while the job is stopped. The job is always left running."""
+    windows: list[Window] = []
+    tree.pause()
+    k = 0
+    try:
+        while proc.poll() is None:
+            side = order[k % len(order)]
+            k += 1
+            t0 = time.perf_counter()
+            if side == JOB:
+                tree.resume()
+                try:
+                    proc.wait(timeout=seconds)
+                except subprocess.TimeoutExpired:
+                    pass
+                tree.pause()
+            else:
+                step = loops[side]
+                while time.perf_counter() - t0 < seconds:
+                    step()
+            windows.append(Window(side, t0, time.perf_counter()))
+    finally:
+        tree.resume()
+    return windows
+
+
+def window_rate(series: StepSeries, window: Window, *, min_steps: int) -> tuple[float, int] | None:
+    """``(samples/s, steps)`` over the steps that ended inside ``window``, from the end of the
+    first to the end of the last; None with fewer than ``min_steps`` steps."""
+    lo = bisect.bisect_right(series.times, window.start)
+    hi = bisect.bisect_right(series.times, window.end)
+    if hi - lo < max(2, min_steps):
+        return None
+    span = series.times[hi - 1] - series.times[lo]
+    return sum(series.samples[lo + 1: hi]) / span, hi - lo
+
+
+def rated_windows(windows: list[Window], series: dict[str, StepSeries], *, min_steps: int) -> list[dict]:
+    """One dict per window with enough steps: side, mid-time, samples/s, steps."""
+    out = []
+    for w in windows:
+        rated = window_rate(series[w.side], w, min_steps=min_steps)
+        if rated is not None:
+            out.append({"side": w.side, "t": (w.start + w.end) / 2, "rate": rated[0], "steps": rated[1]})
+    return out
+
+
+def paired_ratios(rated: list[dict], *, side: str, base: str) -> list[float]:
+    """``side``'s rate in each of its windows over ``base``'s rate at the same moment, linearly
+    interpolated between the nearest ``base`` windows before and after (drift cancels to first
+    order). Windows without a ``base`` window on both sides are left out."""
+    base_t = [r["t"] for r in rated if r["side"] == base]
+    base_rate = [r["rate"] for r in rated if r["side"] == base]
+    ratios = []
+    for r in rated:
+        if r["side"] != side:
+            continue
+        i = bisect.bisect_left(base_t, r["t"])
+        if i == 0 or i == len(base_t):
+            continue
+        (ta, ra), (tb, rb) = (base_t[i - 1], base_rate[i - 1]), (base_t[i], base_rate[i])
+        ratios.append(r["rate"] / (ra + (rb - ra) * (r["t"] - ta) / (tb - ta)))
+    return ratios
+
+
+def median_ci(values: list[float], *, level: float = 0.95, resamples: int = 4000,
+              seed: int = 0) -> tuple[float, float]:
+    """Percentile-bootstrap confidence interval of the median (seeded: the same data gives the
+    same interval)."""
+    v = np.asarray(values, dtype=float)
+    rng = np.random.default_rng(seed)
+    medians = np.median(rng.choice(v, size=(resamples, len(v)), replace=True), axis=1)
+    tail = 100 * (1 - level) / 2
+    return float(np.percentile(medians, tail)), float(np.percentile(medians, 100 - tail))

@@ -1,0 +1,146 @@
+"""bench/interleave.py and bench/machine.py: the overhead bench's interleaved timing.
+
+The statistics are checked on series with known rates; the pausing on real processes:
+a job's own clock readings must never fall inside the windows it was stopped for.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+sys.path.insert(0, str(BENCH))
+
+from interleave import JOB, StepSeries, Window, median_ci, paired_ratios, rated_windows, run_windows  # noqa: E402
+from machine import ProcessTree, descendants  # noqa: E402
+
+
+def steady(t0: float, t1: float, rate: float, batch: int = 10) -> StepSeries:
+    """Steps of ``batch`` samples ending every ``batch / rate`` seconds from ``t0`` to ``t1``."""
+    dt = batch / rate
+    times = [t0 + k * dt for k in range(int((t1 - t0) / dt) + 1)]
+    return StepSeries(times, [batch] * len(times))
+
+
+def test_window_rate_counts_from_the_end_of_the_first_step_inside():
+    # 100 samples/s, but the window opens 0.05 s after a step: the straddling step is left out.
+    series = StepSeries([0.0, 0.1, 0.2, 0.3, 0.4, 0.5], [10] * 6)
+    [rated] = rated_windows([Window(JOB, 0.15, 0.45)], {JOB: series}, min_steps=2)
+    assert rated["steps"] == 3  # ends at 0.2, 0.3, 0.4
+    assert rated["rate"] == pytest.approx(20 / 0.2)
+
+
+def test_window_with_too_few_steps_is_dropped():
+    series = StepSeries([0.0, 0.1, 0.2], [10] * 3)
+    assert rated_windows([Window(JOB, 0.05, 0.25)], {JOB: series}, min_steps=3) == []
+
+
+def test_paired_ratios_cancel_a_linear_drift():
+    # The machine slows down linearly; the job always runs at 90% of the baseline's speed then.
+    # Comparing with the nearest baseline window alone would be off by the drift.
+    def speed(t):
+        return 1000.0 - 20.0 * t
+
+    windows, series = [], {JOB: StepSeries([], []), "base": StepSeries([], [])}
+    t = 0.0
+    for k in range(12):
+        side = JOB if k % 2 else "base"
+        mid = t + 0.5
+        part = steady(t, t + 1.0, (0.9 if side == JOB else 1.0) * speed(mid))
+        series[side].times.extend(part.times)
+        series[side].samples.extend(part.samples)
+        windows.append(Window(side, t - 1e-9, t + 1.0 + 1e-9))
+        t += 1.0
+    rated = rated_windows(windows, series, min_steps=5)
+    ratios = paired_ratios(rated, side=JOB, base="base")
+    assert len(ratios) == 5  # the last job window has no baseline window after it
+    assert ratios == pytest.approx([0.9] * 5, rel=0.01)
+    nearest = [r["rate"] / rated[i - 1]["rate"] for i, r in enumerate(rated) if r["side"] == JOB]
+    assert min(nearest) < 0.89  # what the interpolation corrects
+
+
+def test_median_ci_brackets_the_median_and_is_reproducible():
+    values = [0.9 + 0.01 * ((7 * k) % 11) for k in range(40)]
+    lo, hi = median_ci(values)
+    assert lo <= sorted(values)[20] <= hi
+    assert (lo, hi) == median_ci(values)
+    assert hi - lo < max(values) - min(values)
+
+
+CLOCK_JOB = textwrap.dedent("""
+    import json, os, subprocess, sys, time
+    # a grandchild in a session of its own, like flextrain's worker
+    child = subprocess.Popen([sys.executable, "-c", "import time\\nwhile True: time.sleep(0.01)"],
+                             start_new_session=True)
+    print(child.pid, flush=True)
+    times = []
+    for _ in range(1500):  # ~1.5 s of its own running time, however long it is stopped
+        time.sleep(0.001)
+        times.append(time.perf_counter())
+    child.kill()
+    child.wait()
+    json.dump(times, open(sys.argv[1], "w"))
+""")
+
+
+def state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
+def wait_for_state(pid: int, wanted: set[str], timeout: float = 10.0) -> str:
+    deadline = time.monotonic() + timeout
+    while (s := state(pid)) not in wanted and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return s
+
+
+def test_process_tree_pauses_and_resumes_every_descendant(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-c", CLOCK_JOB, str(tmp_path / "t.json")], stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        grandchild = int(proc.stdout.readline())
+        assert grandchild in descendants(proc.pid)
+        tree = ProcessTree(proc.pid)
+        tree.pause()
+        assert {wait_for_state(proc.pid, {"T"}), wait_for_state(grandchild, {"T"})} == {"T"}
+        tree.resume()
+        assert wait_for_state(proc.pid, {"S", "R"}) in {"S", "R"}
+        assert wait_for_state(grandchild, {"S", "R"}) in {"S", "R"}
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_run_windows_never_lets_the_job_run_in_another_sides_window(tmp_path):
+    out = tmp_path / "t.json"
+    proc = subprocess.Popen([sys.executable, "-c", CLOCK_JOB, str(out)], stdout=subprocess.PIPE, text=True)
+    grandchild = int(proc.stdout.readline())
+    loop_times: list[float] = []
+
+    def loop_step():
+        time.sleep(0.001)
+        loop_times.append(time.perf_counter())
+
+    windows = run_windows(proc=proc, tree=ProcessTree(proc.pid), loops={"loop": loop_step},
+                          order=[JOB, "loop"], seconds=0.1)
+    assert proc.wait() == 0
+    job_times = json.loads(out.read_text())
+    assert len(job_times) == 1500
+    loop_windows = [w for w in windows if w.side == "loop"]
+    assert len(loop_windows) >= 5
+    for w in loop_windows:
+        assert not [t for t in job_times if w.start < t < w.end], f"the job ran during {w}"
+        assert [t for t in loop_times if w.start < t < w.end]
+    assert all(any(w.start < t <= w.end for w in windows if w.side == JOB)
+               for t in job_times if t > windows[0].start)
+    with pytest.raises(ProcessLookupError):
+        os.kill(grandchild, 0)
