@@ -98,6 +98,17 @@ def rated_windows(windows: list[Window], series: dict[str, StepSeries], *, min_s
     return out
 
 
+def step_intervals(series: StepSeries, windows: list[Window], *, side: str) -> list[float]:
+    """Seconds between consecutive steps that both ended inside one of ``side``'s windows."""
+    out = []
+    for w in windows:
+        if w.side == side:
+            lo = bisect.bisect_right(series.times, w.start)
+            hi = bisect.bisect_right(series.times, w.end)
+            out.extend(b - a for a, b in zip(series.times[lo:hi - 1], series.times[lo + 1:hi]))
+    return out
+
+
 def paired_ratios(rated: list[dict], *, side: str, base: str) -> list[float]:
     """``side``'s rate in each of its windows over ``base``'s rate at the same moment, linearly
     interpolated between the nearest ``base`` windows before and after (drift cancels to first

@@ -62,7 +62,7 @@ from pathlib import Path
 
 import torch
 
-from interleave import JOB, StepSeries, median_ci, paired_ratios, rated_windows, run_windows
+from interleave import JOB, StepSeries, median_ci, paired_ratios, rated_windows, run_windows, step_intervals
 from machine import CPUMeter, ProcessTree, log, wait_until_quiet
 from overhead_sides import (PlainLoop, finished_job, job_command, job_output, load_module, run_job,
                             step_sizes, write_data)
@@ -131,6 +131,7 @@ def interleaved(args, mlp, files: list[str], *, data_dir: Path, root: Path, size
         raise SystemExit(f"only {min(len(r) for r in ratios.values())} paired windows: run more --epochs")
     rate = {side: statistics.median(r["rate"] for r in rated if r["side"] == side) for side in series}
     ci = {base: median_ci(r) for base, r in ratios.items()}
+    intervals = {side: step_intervals(s, windows, side=side) for side, s in series.items()}
     ratio = statistics.median(ratios["memory"])
     other = None if meter.other_cores is None else round(meter.other_cores, 3)
     if other is not None and other > args.max_other_cpu:
@@ -155,7 +156,11 @@ def interleaved(args, mlp, files: list[str], *, data_dir: Path, root: Path, size
             "pairs": {base: len(r) for base, r in ratios.items()},
             "median_steps_per_window": {side: statistics.median(r["steps"] for r in rated if r["side"] == side)
                                         for side in series},
-            "paired_ratio_range_vs_memory": [round(min(ratios["memory"]), 4), round(max(ratios["memory"]), 4)],
+            # median and mean step inside the windows: a gap between them is a tail of slow steps
+            "step_ms": {side: {"median": round(1e3 * statistics.median(v), 3), "mean": round(1e3 * statistics.fmean(v), 3)}
+                        for side, v in intervals.items()},
+            "paired_ratios_vs_memory": [round(x, 3) for x in ratios["memory"]],  # in time order
+            "paired_ratios_vs_stream": [round(x, 3) for x in ratios["stream"]],
             "other_cpu_cores": other,
             "waited_for_quiet_s": round(waited, 1),
             "job_steps": status.get("step"),

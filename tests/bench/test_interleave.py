@@ -78,8 +78,9 @@ def test_median_ci_brackets_the_median_and_is_reproducible():
 CLOCK_JOB = textwrap.dedent("""
     import json, os, subprocess, sys, time
     # a grandchild in a session of its own, like flextrain's worker
-    child = subprocess.Popen([sys.executable, "-c", "import time\\nwhile True: time.sleep(0.01)"],
-                             start_new_session=True)
+    child = subprocess.Popen(  # it leaves as soon as this process is gone, even if killed
+        [sys.executable, "-c", "import os, sys, time\\nwhile os.getppid() == int(sys.argv[1]): time.sleep(0.05)",
+         str(os.getpid())], start_new_session=True)
     print(child.pid, flush=True)
     times = []
     for _ in range(1500):  # ~1.5 s of its own running time, however long it is stopped
