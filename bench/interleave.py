@@ -8,7 +8,9 @@ inside its windows and is SIGSTOP-ed outside them, while a plain loop in this
 process runs its own steps. Windows are short (0.5 s by default) and alternate,
 so each job window is compared with baseline windows a second or two away, and
 the drift mostly cancels; the median over ~100 such pairs has a bootstrap
-confidence interval of about +-1%.
+confidence interval of about +-1.5%. The interval covers the noise between
+windows only: what differs between whole jobs (two runs of the same flextrain
+job have disagreed by 2-3%) needs more than one run.
 
 What a window measures: every process of the job is stopped between its windows,
 so nothing it does is hidden; its steady per-step cost (reading and ``feed``,
