@@ -79,11 +79,15 @@ def run_windows(*, proc: subprocess.Popen, tree: ProcessTree, loops: dict[str, C
     return windows
 
 
+def _inside(series: StepSeries, window: Window) -> tuple[int, int]:
+    """``[lo, hi)``: the steps of ``series`` that ended inside ``window``."""
+    return bisect.bisect_right(series.times, window.start), bisect.bisect_right(series.times, window.end)
+
+
 def window_rate(series: StepSeries, window: Window, *, min_steps: int) -> tuple[float, int] | None:
     """``(samples/s, steps)`` over the steps that ended inside ``window``, from the end of the
     first to the end of the last; None with fewer than ``min_steps`` steps."""
-    lo = bisect.bisect_right(series.times, window.start)
-    hi = bisect.bisect_right(series.times, window.end)
+    lo, hi = _inside(series, window)
     if hi - lo < max(2, min_steps):
         return None
     span = series.times[hi - 1] - series.times[lo]
@@ -105,8 +109,7 @@ def step_intervals(series: StepSeries, windows: list[Window], *, side: str) -> l
     out = []
     for w in windows:
         if w.side == side:
-            lo = bisect.bisect_right(series.times, w.start)
-            hi = bisect.bisect_right(series.times, w.end)
+            lo, hi = _inside(series, w)
             out.extend(b - a for a, b in zip(series.times[lo:hi - 1], series.times[lo + 1:hi]))
     return out
 

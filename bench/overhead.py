@@ -42,9 +42,10 @@ fold, so the CPU other processes use meanwhile is measured
 
 Usage (from the repository root):
 
-    .venv/bin/python bench/overhead.py                     # interleaved, ~3.5 min on an idle 2-core box
+    .venv/bin/python bench/overhead.py                     # interleaved, ~2.5 min on an idle 2-core box
     .venv/bin/python bench/overhead.py --method runs       # 12 whole runs per side, ~8 min
-    .venv/bin/python bench/overhead.py --epochs 2 --records 4096   # smoke test
+    .venv/bin/python bench/overhead.py --records 8192 --epochs 16             # smoke test, interleaved
+    .venv/bin/python bench/overhead.py --method runs --repeats 1 --records 4096   # smoke test, runs
 
 stdout: exactly one JSON object; progress goes to stderr.
 """
