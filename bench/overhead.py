@@ -107,7 +107,8 @@ def interleaved(args, mlp, files: list[str], *, data_dir: Path, root: Path, size
         loop.series.times.clear()
         loop.series.samples.clear()
     job_dir = root / "job"
-    cmd = job_command(data_dir, job_dir, batch=G, epochs=args.epochs, seed=args.seed, lr=args.lr)
+    cmd = job_command(data_dir, job_dir, batch=G, epochs=args.epochs, seed=args.seed, lr=args.lr,
+                      extra=args.job_arg)
     waited = wait_until_quiet(args.max_other_cpu, args.quiet_wait)
     with CPUMeter() as meter:  # from start to exit: the job's CPU counts as ours once it is reaped
         proc = run_job(mlp, cmd, job_dir)
@@ -190,6 +191,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="seconds to wait at most, before each run, for other processes to leave the CPU idle")
     p.add_argument("--max-seconds", type=float, default=900.0,
                    help="runs: after this long, stop waiting for a quiet CPU and stop repeating disturbed runs")
+    p.add_argument("--job-arg", action="append", default=[], metavar="ARG",
+                   help="one more `flextrain train` argument for the job (repeatable), e.g. --job-arg=--steps-per-task=32")
     p.add_argument("--workdir", help="keep data and job dirs here instead of a temp dir")
     args = p.parse_args(argv)
     args.epochs = args.epochs or DEFAULT_EPOCHS[args.method]
@@ -232,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
             "threads": threads,
             "records": args.records,
             "files": len(files),
+            "job_args": args.job_arg,
             "model": "bench/models/mlp.py:Model (256-1024-1024-10 MLP, SGD momentum 0.9)",
             "method": fields["method"],
             "runs": fields["runs"],

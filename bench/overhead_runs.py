@@ -62,8 +62,8 @@ def plain_run(mlp, files, *, steps: int, batch: int, seed: int, lr, stream: bool
     return {"step_times": loop.series.times, "model": loop.model, "extra": {"mean_loss": loop.mean_loss}}
 
 
-def flextrain_run(mlp, data_dir, job_dir, *, batch: int, epochs: int, seed: int, lr) -> dict:
-    cmd = job_command(data_dir, job_dir, batch=batch, epochs=epochs, seed=seed, lr=lr)
+def flextrain_run(mlp, data_dir, job_dir, *, batch: int, epochs: int, seed: int, lr, extra=()) -> dict:
+    cmd = job_command(data_dir, job_dir, batch=batch, epochs=epochs, seed=seed, lr=lr, extra=extra)
     t0 = time.perf_counter()
     proc = run_job(mlp, cmd, job_dir)
     returncode = proc.wait()
@@ -85,7 +85,8 @@ def measure(args, mlp, files: list[str], *, data_dir, root, sizes: list[int]) ->
         return lambda: plain_run(mlp, files, steps=len(sizes), batch=G, seed=args.seed, lr=args.lr, stream=stream)
 
     def run_flextrain():
-        return flextrain_run(mlp, data_dir, root / "job", batch=G, epochs=epochs, seed=args.seed, lr=args.lr)
+        return flextrain_run(mlp, data_dir, root / "job", batch=G, epochs=epochs, seed=args.seed, lr=args.lr,
+                             extra=args.job_arg)
 
     sides = (("stream", plain(True)), ("flextrain", run_flextrain), ("memory", plain(False)))
     runs = {name: [] for name, _ in sides} | {"discarded": []}

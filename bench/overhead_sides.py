@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 import torch
@@ -110,8 +111,9 @@ def flextrain_cmd() -> list[str]:
 
 
 def job_command(data_dir: Path, job_dir: Path, *, batch: int, epochs: int, seed: int,
-                lr: float | None) -> list[str]:
-    """``flextrain train`` of the bench module with one worker, into a fresh ``job_dir``."""
+                lr: float | None, extra: Sequence[str] = ()) -> list[str]:
+    """``flextrain train`` of the bench module with one worker, into a fresh ``job_dir``;
+    ``extra``: more ``flextrain train`` arguments (the bench's ``--job-arg``)."""
     if job_dir.exists():
         shutil.rmtree(job_dir)
     job_dir.mkdir(parents=True)
@@ -120,7 +122,7 @@ def job_command(data_dir: Path, job_dir: Path, *, batch: int, epochs: int, seed:
         "--workers", "1", "--epochs", str(epochs), "--global-batch-size", str(batch),
         "--seed", str(seed), "--no-progress", "--job-dir", str(job_dir),
     ]
-    return cmd + (["--lr", str(lr)] if lr is not None else [])
+    return cmd + (["--lr", str(lr)] if lr is not None else []) + list(extra)
 
 
 def step_times_file(job_dir: Path) -> Path:
