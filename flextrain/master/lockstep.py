@@ -17,6 +17,13 @@ free task (the next epoch's tasks exist only once every task of this one is
 done) answers WAIT and decides nothing, and the worker asks again, plainly,
 once its task is done. An ahead ask commits nothing it has not committed; if
 the round ends before the early task starts, settlement puts it back whole.
+
+An ahead ask may take several tasks (``ahead_count``): the answers for
+indices ``i, i+1, ...`` are decided at once, RUNs only, and come back as
+``task`` and ``more``. Each is memoized by its index like any other, so every
+member still gets the same tasks in the same order; settlement treats those
+not yet started like any early task. This is what keeps fast steps from
+paying a GetTask every fraction of a second.
 """
 
 from __future__ import annotations
@@ -43,24 +50,45 @@ def lockstep_task(job, req: pb.GetTaskRequest) -> pb.GetTaskResponse:
         return pb.GetTaskResponse(action=END_ROUND)
     if index > len(rnd.answers):
         raise ValueError(f"{req.worker_id} asked for task {index} of round {rnd.round_id} out of order")
-    if index == len(rnd.answers):
-        if req.ahead:
-            task = None if job.stopping or rnd.state is not RoundState.ACTIVE else \
-                job.ledger.next_training_task(owner=f"round-{rnd.round_id}")  # (a job over answered STOP above)
-            if task is None:
-                return pb.GetTaskResponse(action=WAIT)
-            rnd.answers.append((RUN, task.task_id))
-        else:
-            commit_passed(job.ledger, rnd, pb.Position(round_id=rnd.round_id, task_index=index))
-            rnd.answers.append(_decide(job, rnd))
-            job._check_outcome()
+    count = max(1, req.ahead_count) if req.ahead else 1
+    if req.ahead:
+        _decide_early(job, rnd, upto=index + count)
+        if index == len(rnd.answers):
+            return pb.GetTaskResponse(action=WAIT)
+    elif index == len(rnd.answers):
+        commit_passed(job.ledger, rnd, pb.Position(round_id=rnd.round_id, task_index=index))
+        rnd.answers.append(_decide(job, rnd))
+        job._check_outcome()
     action, task_id = rnd.answers[index]
     if action == RUN:
         task = job.ledger.doing.get(task_id)
         if task is None:  # failed and requeued meanwhile; the round must re-form
             return pb.GetTaskResponse(action=END_ROUND)
-        return pb.GetTaskResponse(action=action, task=task_message(task))
+        return pb.GetTaskResponse(action=action, task=task_message(task),
+                                  more=_running(job, rnd, index + 1, index + count))
     return pb.GetTaskResponse(action=action, message=job.message)
+
+
+def _decide_early(job, rnd: Round, *, upto: int) -> None:
+    """Decide answers up to index ``upto`` (exclusive) ahead of time: RUNs of free tasks only."""
+    if job.over or job.stopping or rnd.state is not RoundState.ACTIVE:
+        return
+    while len(rnd.answers) < upto:
+        task = job.ledger.next_training_task(owner=f"round-{rnd.round_id}")
+        if task is None:
+            return
+        rnd.answers.append((RUN, task.task_id))
+
+
+def _running(job, rnd: Round, lo: int, hi: int) -> list[pb.Task]:
+    """The tasks answered for indices ``lo..hi-1``, up to the first that is not a running RUN."""
+    tasks = []
+    for action, task_id in rnd.answers[lo:hi]:
+        task = job.ledger.doing.get(task_id) if action == RUN else None
+        if task is None:
+            break
+        tasks.append(task_message(task))
+    return tasks
 
 
 def _decide(job, rnd: Round) -> tuple[int, int]:

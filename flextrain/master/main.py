@@ -31,8 +31,11 @@ from flextrain.master.status import StatusReporter
 
 log = logging.getLogger(__name__)
 
-HEARTBEAT_INTERVAL = 0.5
-STATUS_INTERVAL = 0.5
+# Each RPC wakes dozens of gRPC threads across worker and master, and on a busy CPU each
+# wake-up preempts a training thread (README, "bench/overhead.py"). A heartbeat a second
+# keeps the signals it carries back (end of round, stop) within a second.
+HEARTBEAT_INTERVAL = 1.0
+STATUS_INTERVAL = 1.0  # status.json and the progress bar
 EXIT_GRACE = 15.0
 STOP_GRACE = 30.0  # how long a stop waits for the workers' stop checkpoint
 

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1f\x66lextrain/proto/flextrain.proto\x12\x0c\x66lextrain.v1\"4\n\x06Tensor\x12\r\n\x05\x64type\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"U\n\x08Position\x12\x10\n\x08round_id\x18\x01 \x01(\x03\x12\x12\n\ntask_index\x18\x02 \x01(\x03\x12\x12\n\nsteps_done\x18\x03 \x01(\x03\x12\x0f\n\x07version\x18\x04 \x01(\x03\"&\n\x11GetJobSpecRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\"]\n\x12GetJobSpecResponse\x12\x15\n\rjob_spec_json\x18\x01 \x01(\t\x12\x1a\n\x12heartbeat_interval\x18\x02 \x01(\x01\x12\x14\n\x0cps_addresses\x18\x03 \x03(\t\"E\n\x15RegisterWorkerRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0c\n\x04host\x18\x02 \x01(\t\x12\x0b\n\x03pid\x18\x03 \x01(\x03\"\x18\n\x16RegisterWorkerResponse\"t\n\x15JoinRendezvousRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12(\n\x08position\x18\x02 \x01(\x0b\x32\x16.flextrain.v1.Position\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x04 \x01(\t\"\xb1\x02\n\x16JoinRendezvousResponse\x12;\n\x06\x61\x63tion\x18\x01 \x01(\x0e\x32+.flextrain.v1.JoinRendezvousResponse.Action\x12\x10\n\x08round_id\x18\x02 \x01(\x03\x12\x0c\n\x04rank\x18\x03 \x01(\x05\x12\x12\n\nworld_size\x18\x04 \x01(\x05\x12\x12\n\nstore_host\x18\x05 \x01(\t\x12\x12\n\nstore_port\x18\x06 \x01(\x05\x12\x0f\n\x07version\x18\x07 \x01(\x03\x12\x1a\n\x12restore_checkpoint\x18\x08 \x01(\t\x12\x0f\n\x07message\x18\t \x01(\t\x12\x17\n\x0fmax_micro_batch\x18\n \x01(\x05\"\'\n\x06\x41\x63tion\x12\x08\n\x04WAIT\x10\x00\x12\t\n\x05TRAIN\x10\x01\x12\x08\n\x04STOP\x10\x02\"\xe1\x01\n\x04Task\x12\x0f\n\x07task_id\x18\x01 \x01(\x03\x12%\n\x04kind\x18\x02 \x01(\x0e\x32\x17.flextrain.v1.Task.Kind\x12\x0e\n\x06source\x18\x03 \x01(\t\x12\r\n\x05start\x18\x04 \x01(\x03\x12\x0b\n\x03\x65nd\x18\x05 \x01(\x03\x12\r\n\x05\x65poch\x18\x06 \x01(\x03\x12\x19\n\x11global_batch_size\x18\x07 \x01(\x05\x12\x15\n\rmodel_version\x18\x08 \x01(\x03\"4\n\x04Kind\x12\x0c\n\x08TRAINING\x10\x00\x12\x0e\n\nEVALUATION\x10\x01\x12\x0e\n\nPREDICTION\x10\x02\"\xc0\x01\n\x0eGetTaskRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x10\n\x08round_id\x18\x02 \x01(\x03\x12\x12\n\ntask_index\x18\x03 \x01(\x03\x12(\n\x08position\x18\x04 \x01(\x0b\x32\x16.flextrain.v1.Position\x12%\n\x04kind\x18\x05 \x01(\x0e\x32\x17.flextrain.v1.Task.Kind\x12\x15\n\rmodel_version\x18\x06 \x01(\x03\x12\r\n\x05\x61head\x18\x07 \x01(\x08\"\xbd\x01\n\x0fGetTaskResponse\x12\x34\n\x06\x61\x63tion\x18\x01 \x01(\x0e\x32$.flextrain.v1.GetTaskResponse.Action\x12 \n\x04task\x18\x02 \x01(\x0b\x32\x12.flextrain.v1.Task\x12\x0f\n\x07message\x18\x03 \x01(\t\"A\n\x06\x41\x63tion\x12\x07\n\x03RUN\x10\x00\x12\x08\n\x04WAIT\x10\x01\x12\r\n\tEND_ROUND\x10\x02\x12\x0b\n\x07NO_MORE\x10\x03\x12\x08\n\x04STOP\x10\x04\"\x8a\x03\n\x11ReportTaskRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\x03\x12\n\n\x02ok\x18\x03 \x01(\x08\x12\x12\n\nsteps_done\x18\x04 \x01(\x03\x12\r\n\x05\x65rror\x18\x05 \x01(\t\x12\x44\n\x0bmetric_sums\x18\x06 \x03(\x0b\x32/.flextrain.v1.ReportTaskRequest.MetricSumsEntry\x12\x0f\n\x07samples\x18\x07 \x01(\x03\x12H\n\rmetric_states\x18\x08 \x03(\x0b\x32\x31.flextrain.v1.ReportTaskRequest.MetricStatesEntry\x1a\x31\n\x0fMetricSumsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1aN\n\x11MetricStatesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12(\n\x05value\x18\x02 \x01(\x0b\x32\x19.flextrain.v1.MetricState:\x02\x38\x01\"+\n\x0bMetricState\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0e\n\x06values\x18\x02 \x03(\x01\"\x14\n\x12ReportTaskResponse\"\xa2\x01\n\x10HeartbeatRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12(\n\x08position\x18\x02 \x01(\x0b\x32\x16.flextrain.v1.Position\x12\x0c\n\x04loss\x18\x03 \x01(\x01\x12\x0f\n\x07samples\x18\x04 \x01(\x03\x12\x19\n\x11waiting_for_peers\x18\x05 \x01(\x08\x12\x17\n\x0fstalled_seconds\x18\x06 \x01(\x01\"4\n\x11HeartbeatResponse\x12\x11\n\tend_round\x18\x01 \x01(\x08\x12\x0c\n\x04stop\x18\x02 \x01(\x08\"\x81\x01\n\x17ReportCheckpointRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\x12(\n\x08position\x18\x03 \x01(\x0b\x32\x16.flextrain.v1.Position\x12\r\n\x05\x66inal\x18\x04 \x01(\x08\x12\x0c\n\x04stop\x18\x05 \x01(\x08\"\x1a\n\x18ReportCheckpointResponse\"\x12\n\x10GetStatusRequest\"(\n\x11GetStatusResponse\x12\x13\n\x0bstatus_json\x18\x01 \x01(\t\"\x1d\n\x0bStopRequest\x12\x0e\n\x06reason\x18\x01 \x01(\t\"1\n\x0cStopResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0f\n\x07message\x18\x02 \x01(\t\"\x1f\n\x0cScaleRequest\x12\x0f\n\x07workers\x18\x01 \x01(\x05\"2\n\rScaleResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0f\n\x07message\x18\x02 \x01(\t2\xac\x06\n\x06Master\x12O\n\nGetJobSpec\x12\x1f.flextrain.v1.GetJobSpecRequest\x1a .flextrain.v1.GetJobSpecResponse\x12[\n\x0eRegisterWorker\x12#.flextrain.v1.RegisterWorkerRequest\x1a$.flextrain.v1.RegisterWorkerResponse\x12[\n\x0eJoinRendezvous\x12#.flextrain.v1.JoinRendezvousRequest\x1a$.flextrain.v1.JoinRendezvousResponse\x12\x46\n\x07GetTask\x12\x1c.flextrain.v1.GetTaskRequest\x1a\x1d.flextrain.v1.GetTaskResponse\x12O\n\nReportTask\x12\x1f.flextrain.v1.ReportTaskRequest\x1a .flextrain.v1.ReportTaskResponse\x12L\n\tHeartbeat\x12\x1e.flextrain.v1.HeartbeatRequest\x1a\x1f.flextrain.v1.HeartbeatResponse\x12\x61\n\x10ReportCheckpoint\x12%.flextrain.v1.ReportCheckpointRequest\x1a&.flextrain.v1.ReportCheckpointResponse\x12L\n\tGetStatus\x12\x1e.flextrain.v1.GetStatusRequest\x1a\x1f.flextrain.v1.GetStatusResponse\x12=\n\x04Stop\x12\x19.flextrain.v1.StopRequest\x1a\x1a.flextrain.v1.StopResponse\x12@\n\x05Scale\x12\x1a.flextrain.v1.ScaleRequest\x1a\x1b.flextrain.v1.ScaleResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1f\x66lextrain/proto/flextrain.proto\x12\x0c\x66lextrain.v1\"4\n\x06Tensor\x12\r\n\x05\x64type\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"U\n\x08Position\x12\x10\n\x08round_id\x18\x01 \x01(\x03\x12\x12\n\ntask_index\x18\x02 \x01(\x03\x12\x12\n\nsteps_done\x18\x03 \x01(\x03\x12\x0f\n\x07version\x18\x04 \x01(\x03\"&\n\x11GetJobSpecRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\"]\n\x12GetJobSpecResponse\x12\x15\n\rjob_spec_json\x18\x01 \x01(\t\x12\x1a\n\x12heartbeat_interval\x18\x02 \x01(\x01\x12\x14\n\x0cps_addresses\x18\x03 \x03(\t\"E\n\x15RegisterWorkerRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0c\n\x04host\x18\x02 \x01(\t\x12\x0b\n\x03pid\x18\x03 \x01(\x03\"\x18\n\x16RegisterWorkerResponse\"t\n\x15JoinRendezvousRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12(\n\x08position\x18\x02 \x01(\x0b\x32\x16.flextrain.v1.Position\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x04 \x01(\t\"\xb1\x02\n\x16JoinRendezvousResponse\x12;\n\x06\x61\x63tion\x18\x01 \x01(\x0e\x32+.flextrain.v1.JoinRendezvousResponse.Action\x12\x10\n\x08round_id\x18\x02 \x01(\x03\x12\x0c\n\x04rank\x18\x03 \x01(\x05\x12\x12\n\nworld_size\x18\x04 \x01(\x05\x12\x12\n\nstore_host\x18\x05 \x01(\t\x12\x12\n\nstore_port\x18\x06 \x01(\x05\x12\x0f\n\x07version\x18\x07 \x01(\x03\x12\x1a\n\x12restore_checkpoint\x18\x08 \x01(\t\x12\x0f\n\x07message\x18\t \x01(\t\x12\x17\n\x0fmax_micro_batch\x18\n \x01(\x05\"\'\n\x06\x41\x63tion\x12\x08\n\x04WAIT\x10\x00\x12\t\n\x05TRAIN\x10\x01\x12\x08\n\x04STOP\x10\x02\"\xe1\x01\n\x04Task\x12\x0f\n\x07task_id\x18\x01 \x01(\x03\x12%\n\x04kind\x18\x02 \x01(\x0e\x32\x17.flextrain.v1.Task.Kind\x12\x0e\n\x06source\x18\x03 \x01(\t\x12\r\n\x05start\x18\x04 \x01(\x03\x12\x0b\n\x03\x65nd\x18\x05 \x01(\x03\x12\r\n\x05\x65poch\x18\x06 \x01(\x03\x12\x19\n\x11global_batch_size\x18\x07 \x01(\x05\x12\x15\n\rmodel_version\x18\x08 \x01(\x03\"4\n\x04Kind\x12\x0c\n\x08TRAINING\x10\x00\x12\x0e\n\nEVALUATION\x10\x01\x12\x0e\n\nPREDICTION\x10\x02\"\xd5\x01\n\x0eGetTaskRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x10\n\x08round_id\x18\x02 \x01(\x03\x12\x12\n\ntask_index\x18\x03 \x01(\x03\x12(\n\x08position\x18\x04 \x01(\x0b\x32\x16.flextrain.v1.Position\x12%\n\x04kind\x18\x05 \x01(\x0e\x32\x17.flextrain.v1.Task.Kind\x12\x15\n\rmodel_version\x18\x06 \x01(\x03\x12\r\n\x05\x61head\x18\x07 \x01(\x08\x12\x13\n\x0b\x61head_count\x18\x08 \x01(\x05\"\xdf\x01\n\x0fGetTaskResponse\x12\x34\n\x06\x61\x63tion\x18\x01 \x01(\x0e\x32$.flextrain.v1.GetTaskResponse.Action\x12 \n\x04task\x18\x02 \x01(\x0b\x32\x12.flextrain.v1.Task\x12\x0f\n\x07message\x18\x03 \x01(\t\x12 \n\x04more\x18\x04 \x03(\x0b\x32\x12.flextrain.v1.Task\"A\n\x06\x41\x63tion\x12\x07\n\x03RUN\x10\x00\x12\x08\n\x04WAIT\x10\x01\x12\r\n\tEND_ROUND\x10\x02\x12\x0b\n\x07NO_MORE\x10\x03\x12\x08\n\x04STOP\x10\x04\"\x8a\x03\n\x11ReportTaskRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\x03\x12\n\n\x02ok\x18\x03 \x01(\x08\x12\x12\n\nsteps_done\x18\x04 \x01(\x03\x12\r\n\x05\x65rror\x18\x05 \x01(\t\x12\x44\n\x0bmetric_sums\x18\x06 \x03(\x0b\x32/.flextrain.v1.ReportTaskRequest.MetricSumsEntry\x12\x0f\n\x07samples\x18\x07 \x01(\x03\x12H\n\rmetric_states\x18\x08 \x03(\x0b\x32\x31.flextrain.v1.ReportTaskRequest.MetricStatesEntry\x1a\x31\n\x0fMetricSumsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1aN\n\x11MetricStatesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12(\n\x05value\x18\x02 \x01(\x0b\x32\x19.flextrain.v1.MetricState:\x02\x38\x01\"+\n\x0bMetricState\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0e\n\x06values\x18\x02 \x03(\x01\"\x14\n\x12ReportTaskResponse\"\xa2\x01\n\x10HeartbeatRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12(\n\x08position\x18\x02 \x01(\x0b\x32\x16.flextrain.v1.Position\x12\x0c\n\x04loss\x18\x03 \x01(\x01\x12\x0f\n\x07samples\x18\x04 \x01(\x03\x12\x19\n\x11waiting_for_peers\x18\x05 \x01(\x08\x12\x17\n\x0fstalled_seconds\x18\x06 \x01(\x01\"4\n\x11HeartbeatResponse\x12\x11\n\tend_round\x18\x01 \x01(\x08\x12\x0c\n\x04stop\x18\x02 \x01(\x08\"\x81\x01\n\x17ReportCheckpointRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0c\n\x04path\x18\x02 \x01(\t\x12(\n\x08position\x18\x03 \x01(\x0b\x32\x16.flextrain.v1.Position\x12\r\n\x05\x66inal\x18\x04 \x01(\x08\x12\x0c\n\x04stop\x18\x05 \x01(\x08\"\x1a\n\x18ReportCheckpointResponse\"\x12\n\x10GetStatusRequest\"(\n\x11GetStatusResponse\x12\x13\n\x0bstatus_json\x18\x01 \x01(\t\"\x1d\n\x0bStopRequest\x12\x0e\n\x06reason\x18\x01 \x01(\t\"1\n\x0cStopResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0f\n\x07message\x18\x02 \x01(\t\"\x1f\n\x0cScaleRequest\x12\x0f\n\x07workers\x18\x01 \x01(\x05\"2\n\rScaleResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0f\n\x07message\x18\x02 \x01(\t2\xac\x06\n\x06Master\x12O\n\nGetJobSpec\x12\x1f.flextrain.v1.GetJobSpecRequest\x1a .flextrain.v1.GetJobSpecResponse\x12[\n\x0eRegisterWorker\x12#.flextrain.v1.RegisterWorkerRequest\x1a$.flextrain.v1.RegisterWorkerResponse\x12[\n\x0eJoinRendezvous\x12#.flextrain.v1.JoinRendezvousRequest\x1a$.flextrain.v1.JoinRendezvousResponse\x12\x46\n\x07GetTask\x12\x1c.flextrain.v1.GetTaskRequest\x1a\x1d.flextrain.v1.GetTaskResponse\x12O\n\nReportTask\x12\x1f.flextrain.v1.ReportTaskRequest\x1a .flextrain.v1.ReportTaskResponse\x12L\n\tHeartbeat\x12\x1e.flextrain.v1.HeartbeatRequest\x1a\x1f.flextrain.v1.HeartbeatResponse\x12\x61\n\x10ReportCheckpoint\x12%.flextrain.v1.ReportCheckpointRequest\x1a&.flextrain.v1.ReportCheckpointResponse\x12L\n\tGetStatus\x12\x1e.flextrain.v1.GetStatusRequest\x1a\x1f.flextrain.v1.GetStatusResponse\x12=\n\x04Stop\x12\x19.flextrain.v1.StopRequest\x1a\x1a.flextrain.v1.StopResponse\x12@\n\x05Scale\x12\x1a.flextrain.v1.ScaleRequest\x1a\x1b.flextrain.v1.ScaleResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -58,41 +58,41 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TASK_KIND']._serialized_start=1022
   _globals['_TASK_KIND']._serialized_end=1074
   _globals['_GETTASKREQUEST']._serialized_start=1077
-  _globals['_GETTASKREQUEST']._serialized_end=1269
-  _globals['_GETTASKRESPONSE']._serialized_start=1272
-  _globals['_GETTASKRESPONSE']._serialized_end=1461
-  _globals['_GETTASKRESPONSE_ACTION']._serialized_start=1396
-  _globals['_GETTASKRESPONSE_ACTION']._serialized_end=1461
-  _globals['_REPORTTASKREQUEST']._serialized_start=1464
-  _globals['_REPORTTASKREQUEST']._serialized_end=1858
-  _globals['_REPORTTASKREQUEST_METRICSUMSENTRY']._serialized_start=1729
-  _globals['_REPORTTASKREQUEST_METRICSUMSENTRY']._serialized_end=1778
-  _globals['_REPORTTASKREQUEST_METRICSTATESENTRY']._serialized_start=1780
-  _globals['_REPORTTASKREQUEST_METRICSTATESENTRY']._serialized_end=1858
-  _globals['_METRICSTATE']._serialized_start=1860
-  _globals['_METRICSTATE']._serialized_end=1903
-  _globals['_REPORTTASKRESPONSE']._serialized_start=1905
-  _globals['_REPORTTASKRESPONSE']._serialized_end=1925
-  _globals['_HEARTBEATREQUEST']._serialized_start=1928
-  _globals['_HEARTBEATREQUEST']._serialized_end=2090
-  _globals['_HEARTBEATRESPONSE']._serialized_start=2092
-  _globals['_HEARTBEATRESPONSE']._serialized_end=2144
-  _globals['_REPORTCHECKPOINTREQUEST']._serialized_start=2147
-  _globals['_REPORTCHECKPOINTREQUEST']._serialized_end=2276
-  _globals['_REPORTCHECKPOINTRESPONSE']._serialized_start=2278
-  _globals['_REPORTCHECKPOINTRESPONSE']._serialized_end=2304
-  _globals['_GETSTATUSREQUEST']._serialized_start=2306
-  _globals['_GETSTATUSREQUEST']._serialized_end=2324
-  _globals['_GETSTATUSRESPONSE']._serialized_start=2326
-  _globals['_GETSTATUSRESPONSE']._serialized_end=2366
-  _globals['_STOPREQUEST']._serialized_start=2368
-  _globals['_STOPREQUEST']._serialized_end=2397
-  _globals['_STOPRESPONSE']._serialized_start=2399
-  _globals['_STOPRESPONSE']._serialized_end=2448
-  _globals['_SCALEREQUEST']._serialized_start=2450
-  _globals['_SCALEREQUEST']._serialized_end=2481
-  _globals['_SCALERESPONSE']._serialized_start=2483
-  _globals['_SCALERESPONSE']._serialized_end=2533
-  _globals['_MASTER']._serialized_start=2536
-  _globals['_MASTER']._serialized_end=3348
+  _globals['_GETTASKREQUEST']._serialized_end=1290
+  _globals['_GETTASKRESPONSE']._serialized_start=1293
+  _globals['_GETTASKRESPONSE']._serialized_end=1516
+  _globals['_GETTASKRESPONSE_ACTION']._serialized_start=1451
+  _globals['_GETTASKRESPONSE_ACTION']._serialized_end=1516
+  _globals['_REPORTTASKREQUEST']._serialized_start=1519
+  _globals['_REPORTTASKREQUEST']._serialized_end=1913
+  _globals['_REPORTTASKREQUEST_METRICSUMSENTRY']._serialized_start=1784
+  _globals['_REPORTTASKREQUEST_METRICSUMSENTRY']._serialized_end=1833
+  _globals['_REPORTTASKREQUEST_METRICSTATESENTRY']._serialized_start=1835
+  _globals['_REPORTTASKREQUEST_METRICSTATESENTRY']._serialized_end=1913
+  _globals['_METRICSTATE']._serialized_start=1915
+  _globals['_METRICSTATE']._serialized_end=1958
+  _globals['_REPORTTASKRESPONSE']._serialized_start=1960
+  _globals['_REPORTTASKRESPONSE']._serialized_end=1980
+  _globals['_HEARTBEATREQUEST']._serialized_start=1983
+  _globals['_HEARTBEATREQUEST']._serialized_end=2145
+  _globals['_HEARTBEATRESPONSE']._serialized_start=2147
+  _globals['_HEARTBEATRESPONSE']._serialized_end=2199
+  _globals['_REPORTCHECKPOINTREQUEST']._serialized_start=2202
+  _globals['_REPORTCHECKPOINTREQUEST']._serialized_end=2331
+  _globals['_REPORTCHECKPOINTRESPONSE']._serialized_start=2333
+  _globals['_REPORTCHECKPOINTRESPONSE']._serialized_end=2359
+  _globals['_GETSTATUSREQUEST']._serialized_start=2361
+  _globals['_GETSTATUSREQUEST']._serialized_end=2379
+  _globals['_GETSTATUSRESPONSE']._serialized_start=2381
+  _globals['_GETSTATUSRESPONSE']._serialized_end=2421
+  _globals['_STOPREQUEST']._serialized_start=2423
+  _globals['_STOPREQUEST']._serialized_end=2452
+  _globals['_STOPRESPONSE']._serialized_start=2454
+  _globals['_STOPRESPONSE']._serialized_end=2503
+  _globals['_SCALEREQUEST']._serialized_start=2505
+  _globals['_SCALEREQUEST']._serialized_end=2536
+  _globals['_SCALERESPONSE']._serialized_start=2538
+  _globals['_SCALERESPONSE']._serialized_end=2588
+  _globals['_MASTER']._serialized_start=2591
+  _globals['_MASTER']._serialized_end=3403
 # @@protoc_insertion_point(module_scope)

@@ -132,7 +132,7 @@ class Task(_message.Message):
     def __init__(self, task_id: _Optional[int] = ..., kind: _Optional[_Union[Task.Kind, str]] = ..., source: _Optional[str] = ..., start: _Optional[int] = ..., end: _Optional[int] = ..., epoch: _Optional[int] = ..., global_batch_size: _Optional[int] = ..., model_version: _Optional[int] = ...) -> None: ...
 
 class GetTaskRequest(_message.Message):
-    __slots__ = ("worker_id", "round_id", "task_index", "position", "kind", "model_version", "ahead")
+    __slots__ = ("worker_id", "round_id", "task_index", "position", "kind", "model_version", "ahead", "ahead_count")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ROUND_ID_FIELD_NUMBER: _ClassVar[int]
     TASK_INDEX_FIELD_NUMBER: _ClassVar[int]
@@ -140,6 +140,7 @@ class GetTaskRequest(_message.Message):
     KIND_FIELD_NUMBER: _ClassVar[int]
     MODEL_VERSION_FIELD_NUMBER: _ClassVar[int]
     AHEAD_FIELD_NUMBER: _ClassVar[int]
+    AHEAD_COUNT_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     round_id: int
     task_index: int
@@ -147,10 +148,11 @@ class GetTaskRequest(_message.Message):
     kind: Task.Kind
     model_version: int
     ahead: bool
-    def __init__(self, worker_id: _Optional[str] = ..., round_id: _Optional[int] = ..., task_index: _Optional[int] = ..., position: _Optional[_Union[Position, _Mapping]] = ..., kind: _Optional[_Union[Task.Kind, str]] = ..., model_version: _Optional[int] = ..., ahead: _Optional[bool] = ...) -> None: ...
+    ahead_count: int
+    def __init__(self, worker_id: _Optional[str] = ..., round_id: _Optional[int] = ..., task_index: _Optional[int] = ..., position: _Optional[_Union[Position, _Mapping]] = ..., kind: _Optional[_Union[Task.Kind, str]] = ..., model_version: _Optional[int] = ..., ahead: _Optional[bool] = ..., ahead_count: _Optional[int] = ...) -> None: ...
 
 class GetTaskResponse(_message.Message):
-    __slots__ = ("action", "task", "message")
+    __slots__ = ("action", "task", "message", "more")
     class Action(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         RUN: _ClassVar[GetTaskResponse.Action]
@@ -166,10 +168,12 @@ class GetTaskResponse(_message.Message):
     ACTION_FIELD_NUMBER: _ClassVar[int]
     TASK_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    MORE_FIELD_NUMBER: _ClassVar[int]
     action: GetTaskResponse.Action
     task: Task
     message: str
-    def __init__(self, action: _Optional[_Union[GetTaskResponse.Action, str]] = ..., task: _Optional[_Union[Task, _Mapping]] = ..., message: _Optional[str] = ...) -> None: ...
+    more: _containers.RepeatedCompositeFieldContainer[Task]
+    def __init__(self, action: _Optional[_Union[GetTaskResponse.Action, str]] = ..., task: _Optional[_Union[Task, _Mapping]] = ..., message: _Optional[str] = ..., more: _Optional[_Iterable[_Union[Task, _Mapping]]] = ...) -> None: ...
 
 class ReportTaskRequest(_message.Message):
     __slots__ = ("worker_id", "task_id", "ok", "steps_done", "error", "metric_sums", "samples", "metric_states")

@@ -75,12 +75,14 @@ class MasterClient:
                               position=position, kind=kind, model_version=model_version),
         )
 
-    def get_task_ahead(self, *, round_id: int, task_index: int, position: pb.Position) -> "grpc.Future":
-        """Ask for training task ``task_index`` while the one before it still runs (one try,
-        no retries: :meth:`get_task` is the fallback). The answer is a RUN or nothing (WAIT)."""
+    def get_task_ahead(self, *, round_id: int, task_index: int, position: pb.Position,
+                       count: int = 1) -> "grpc.Future":
+        """Ask for training task ``task_index`` (and up to ``count - 1`` more after it) while the
+        one before it still runs (one try, no retries: :meth:`get_task` is the fallback). The
+        answer is a RUN or nothing (WAIT)."""
         return self.stub.GetTask.future(
             pb.GetTaskRequest(worker_id=self.worker_id, round_id=round_id, task_index=task_index,
-                              position=position, kind=pb.Task.TRAINING, ahead=True),
+                              position=position, kind=pb.Task.TRAINING, ahead=True, ahead_count=count),
             timeout=self.deadline,
         )
 

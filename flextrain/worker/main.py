@@ -102,7 +102,8 @@ def run_worker(master: str, worker_id: str) -> int:
             finished = _train(spec, client, collective, trainer, state)
             log.info("records of %d steps were read ahead, %d on the spot (read-ahead thread: %s)",
                      trainer.loader.ahead, trainer.loader.now, "on" if trainer.loader.background else "off")
-            log.info("training tasks: %d answered ahead, %d by a plain ask", trainer.tasks_ahead, trainer.tasks_asked)
+            log.info("training tasks: %d answered ahead (in %d asks), %d by a plain ask",
+                     trainer.tasks_ahead, trainer.ahead_asks, trainer.tasks_asked)
         loss, samples = state.take_loss()
         if samples:  # the losses since the last heartbeat: the job's final training loss
             client.heartbeat(state.position(), loss, samples)

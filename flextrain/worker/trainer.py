@@ -46,6 +46,10 @@ from flextrain.worker.prefetch import StepLoader, read_ahead_wanted
 
 END_ROUND, FAILED, STOP = 0, 1, 2
 _CONTROL_SLOTS = 3
+# Ask ahead for enough tasks to last about this long (at most MAX_AHEAD): every GetTask
+# wakes dozens of gRPC threads across worker and master, each preempting a compute thread.
+AHEAD_SECONDS = 2.0
+MAX_AHEAD = 32
 
 
 @dataclass
@@ -137,7 +141,10 @@ class AllReduceTrainer:
         self.loader = StepLoader(self._load_span, background=read_ahead_wanted())
         # The next task, asked for during the current task's last step: (task index, future).
         self._ahead: tuple[int, grpc.Future] | None = None
+        self._queued: dict[int, pb.Task] = {}  # tasks of later indices an ahead answer brought along
+        self._task_seconds = 0.0  # how long a task takes (moving average; 0: not measured yet)
         self.tasks_ahead = self.tasks_asked = 0  # tasks answered ahead / by a plain ask
+        self.ahead_asks = 0  # GetTask calls made ahead
 
     # ---- state transfer ---------------------------------------------------------
     def state_blob(self) -> bytes:
@@ -174,23 +181,37 @@ class AllReduceTrainer:
             self.state.mark_progress()
             if resp.action != pb.GetTaskResponse.RUN:
                 return resp.action
+            started = time.monotonic()
             outcome = self.run_task(resp.task)
             if outcome is not None:
                 self._drop_ahead()
                 return outcome
+            took = time.monotonic() - started
+            self._task_seconds = took if not self._task_seconds else 0.7 * self._task_seconds + 0.3 * took
             index += 1
 
     def _ask_ahead(self) -> None:
         """Ask for the next task now, so the answer travels while this last step computes
         (one RPC per task otherwise stalls the step that follows it)."""
-        if self.state.end_round.is_set() or self.state.stop.is_set():
-            return  # the round ends at this boundary anyway
         index = self.state.task_index + 1
+        if self.state.end_round.is_set() or self.state.stop.is_set() or index in self._queued:
+            return  # the round ends at this boundary anyway, or the next task is already here
+        self.ahead_asks += 1
         self._ahead = (index, self.client.get_task_ahead(round_id=self.state.round_id, task_index=index,
-                                                         position=self.state.position()))
+                                                         position=self.state.position(),
+                                                         count=self._ahead_count()))
+
+    def _ahead_count(self) -> int:
+        """How many tasks to take at once: about AHEAD_SECONDS of work (one until a task is timed)."""
+        if not self._task_seconds:
+            return 1
+        return max(1, min(MAX_AHEAD, math.ceil(AHEAD_SECONDS / self._task_seconds)))
 
     def _take_ahead(self, index: int) -> pb.GetTaskResponse | None:
         """The ahead answer for task ``index`` if it runs a task; None: ask the plain way."""
+        if (task := self._queued.pop(index, None)) is not None:
+            self.tasks_ahead += 1
+            return pb.GetTaskResponse(action=pb.GetTaskResponse.RUN, task=task)
         pending, self._ahead = self._ahead, None
         if pending is None or pending[0] != index:
             return None
@@ -200,10 +221,12 @@ class AllReduceTrainer:
             return None
         if resp.action != pb.GetTaskResponse.RUN:
             return None
+        self._queued = {index + 1 + i: task for i, task in enumerate(resp.more)}
         self.tasks_ahead += 1
         return resp
 
     def _drop_ahead(self) -> None:
+        self._queued.clear()  # tasks handed out but not started are settled with the round
         if self._ahead is not None:
             self._ahead[1].cancel()  # an answer already given is settled with the round
             self._ahead = None

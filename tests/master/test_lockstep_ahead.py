@@ -13,9 +13,13 @@ from flextrain.proto import flextrain_pb2 as pb
 JOIN = pb.JoinRendezvousResponse
 
 
-def ahead(master, wid, round_id, index, position):
+def ahead(master, wid, round_id, index, position, count=0):
     return master.get_task(pb.GetTaskRequest(worker_id=wid, round_id=round_id, task_index=index,
-                                             position=position, ahead=True))
+                                             position=position, ahead=True, ahead_count=count))
+
+
+def starts(resp):
+    return [resp.task.start] + [t.start for t in resp.more]
 
 
 def test_ahead_answer_runs_the_next_task_without_committing_the_current(tmp_path):
@@ -98,3 +102,52 @@ def test_round_ending_after_an_ahead_answer_requeues_that_task_whole(tmp_path):
         t1.task_id, 20, 40)
     r2 = resp.round_id
     assert get(master, "A", r2, 0, pos(r2, 0, 0, 2)).task.start == 20
+
+
+def test_an_ahead_ask_takes_several_tasks_and_every_member_gets_the_same(tmp_path):
+    master, clock = make_master(tmp_path, workers=2, shards=[Shard("s.rio", 0, 120)])  # 6 tasks of 2 steps
+    r = form(master, clock, ["A", "B"]).round_id
+    get(master, "A", r, 0)
+    get(master, "B", r, 0)
+
+    taken = ahead(master, "A", r, 1, pos(r, 0, 1, 1), count=3)
+    assert taken.action == TASK.RUN and starts(taken) == [20, 40, 60]
+    assert len(master.ledger.doing) == 4 and master.ledger.records_done == 0  # nothing committed
+    # B's answers for indices 1..3 are A's, however B asks for them
+    b1 = ahead(master, "B", r, 1, pos(r, 0, 1, 1), count=2)
+    assert [b1.task] + list(b1.more) == [taken.task, taken.more[0]]
+    assert get(master, "B", r, 2).task == taken.more[0]
+    # asking from index 3 for three: index 3 was decided, 4 and 5 are decided now
+    b3 = ahead(master, "B", r, 3, pos(r, 2, 1, 5), count=3)
+    assert b3.task == taken.more[1] and starts(b3) == [60, 80, 100]
+    assert get(master, "A", r, 4).task == b3.more[0]
+    assert ahead(master, "A", r, 6, pos(r, 5, 1, 11), count=4).action == TASK.WAIT  # the epoch is handed out
+    assert len(master.rendezvous.current.answers) == 6
+
+
+def test_round_ending_settles_the_tasks_taken_ahead_and_not_started(tmp_path):
+    master, clock = make_master(tmp_path, workers=2, min_workers=1, max_workers=2, shards=[Shard("s.rio", 0, 120)])
+    r = form(master, clock, ["A", "B"]).round_id
+    get(master, "A", r, 0)
+    get(master, "B", r, 0)
+    assert starts(ahead(master, "A", r, 1, pos(r, 0, 1, 1), count=4)) == [20, 40, 60, 80]
+    heartbeat(master, "A", pos(r, 1, 1, 3))  # task 0 done, task 1 one step in
+    assert master.ledger.records_done == 20
+    master.worker_exited("B")
+    assert master.rendezvous.current.state is RoundState.CLOSED
+
+    clock.now += 1
+    resp = join(master, "A", pos(r, 1, 1, 3))
+    assert resp.action == JOIN.TRAIN
+    # settled by A: task 1's first step counts, its second step and tasks 2-4 go back whole
+    assert master.ledger.records_done == 30 and not master.ledger.doing
+    assert sorted((t.start, t.end) for t in master.ledger.todo) == [(30, 40), (40, 60), (60, 80), (80, 100),
+                                                                   (100, 120)]
+    # the next round trains exactly the rest, taking it ahead in one ask
+    r2 = resp.round_id
+    first = get(master, "A", r2, 0, pos(r2, 0, 0, 3))
+    rest = ahead(master, "A", r2, 1, pos(r2, 0, 0, 3), count=8)
+    assert sorted([(first.task.start, first.task.end)] + [(t.start, t.end) for t in [rest.task, *rest.more]]) == [
+        (30, 40), (40, 60), (60, 80), (80, 100), (100, 120)]
+    assert get(master, "A", r2, 5).action == TASK.NO_MORE
+    assert master.ledger.records_done == 120
