@@ -23,6 +23,8 @@ checkpoint) fall outside the windows; ``overhead.py --method runs`` counts those
 from __future__ import annotations
 
 import bisect
+import math
+import statistics
 import subprocess
 import time
 from dataclasses import dataclass
@@ -112,6 +114,18 @@ def step_intervals(series: StepSeries, windows: list[Window], *, side: str) -> l
             lo, hi = _inside(series, w)
             out.extend(b - a for a, b in zip(series.times[lo:hi - 1], series.times[lo + 1:hi]))
     return out
+
+
+def intervals_by_position(series: StepSeries, windows: list[Window], *, side: str, first: int = 3) -> list[float]:
+    """Median seconds of the 1st, 2nd, ... ``first``-th step interval inside ``side``'s windows,
+    then of all later ones: what resuming after the other sides' windows costs this side."""
+    at: list[list[float]] = [[] for _ in range(first + 1)]
+    for w in windows:
+        if w.side == side:
+            lo, hi = _inside(series, w)
+            for k, (a, b) in enumerate(zip(series.times[lo:hi - 1], series.times[lo + 1:hi])):
+                at[min(k, first)].append(b - a)
+    return [statistics.median(v) if v else math.nan for v in at]
 
 
 def paired_ratios(rated: list[dict], *, side: str, base: str) -> list[float]:

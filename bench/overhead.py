@@ -63,7 +63,8 @@ from pathlib import Path
 
 import torch
 
-from interleave import JOB, StepSeries, median_ci, paired_ratios, rated_windows, run_windows, step_intervals
+from interleave import (JOB, StepSeries, intervals_by_position, median_ci, paired_ratios, rated_windows,
+                        run_windows, step_intervals)
 from machine import CPUMeter, ProcessTree, log, wait_until_quiet
 from overhead_sides import (PlainLoop, finished_job, job_command, job_output, load_module, run_job,
                             step_sizes, write_data)
@@ -161,6 +162,9 @@ def interleaved(args, mlp, files: list[str], *, data_dir: Path, root: Path, size
             # median and mean step inside the windows: a gap between them is a tail of slow steps
             "step_ms": {side: {"median": round(1e3 * statistics.median(v), 3), "mean": round(1e3 * statistics.fmean(v), 3)}
                         for side, v in intervals.items()},
+            # median 1st, 2nd, 3rd step interval in a window, then the rest: the cost of resuming
+            "step_ms_by_position": {side: [round(1e3 * x, 3) for x in intervals_by_position(s, windows, side=side)]
+                                    for side, s in series.items()},
             "paired_ratios_vs_memory": [round(x, 3) for x in ratios["memory"]],  # in time order
             "paired_ratios_vs_stream": [round(x, 3) for x in ratios["stream"]],
             "other_cpu_cores": other,

@@ -7,6 +7,7 @@ a job's own clock readings must never fall inside the windows it was stopped for
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -19,7 +20,8 @@ import pytest
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))
 
-from interleave import JOB, StepSeries, Window, median_ci, paired_ratios, rated_windows, run_windows  # noqa: E402
+from interleave import (JOB, StepSeries, Window, intervals_by_position, median_ci, paired_ratios,  # noqa: E402
+                        rated_windows, run_windows)
 from machine import ProcessTree, descendants  # noqa: E402
 
 
@@ -41,6 +43,21 @@ def test_window_rate_counts_from_the_end_of_the_first_step_inside():
 def test_window_with_too_few_steps_is_dropped():
     series = StepSeries([0.0, 0.1, 0.2], [10] * 3)
     assert rated_windows([Window(JOB, 0.05, 0.25)], {JOB: series}, min_steps=3) == []
+
+
+def test_intervals_by_position_show_a_slow_first_step_after_each_resume():
+    # two windows of the job; in each, the first interval inside is 30 ms, the second 15, the rest 10
+    times = []
+    for start in (0.0, 1.0):
+        t = start
+        for dt in (0.01, 0.03, 0.015, 0.01, 0.01, 0.01, 0.01):
+            t += dt
+            times.append(t)
+    series = StepSeries(times, [10] * len(times))
+    windows = [Window(JOB, 0.005, 0.5), Window("memory", 0.5, 1.0), Window(JOB, 1.005, 1.5)]
+    by_position = intervals_by_position(series, windows, side=JOB, first=2)
+    assert by_position == pytest.approx([0.03, 0.015, 0.01])
+    assert all(math.isnan(x) for x in intervals_by_position(series, windows, side="stream", first=2))
 
 
 def test_paired_ratios_cancel_a_linear_drift():
