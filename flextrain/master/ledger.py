@@ -82,8 +82,13 @@ class TaskLedger:
         max_retries: int = 3,
         evaluation_shards: list[Shard] | None = None,
         prediction_shards: list[Shard] | None = None,
+        renew_ids: bool = False,
     ) -> None:
+        """``renew_ids``: a training remainder put back in TODO gets a new task id (AllReduce,
+        where a round's members report a task separately: a late report must not reach the
+        next hand-out). ParameterServer keeps ids: the parameter servers dedupe pushes by id."""
         self.shards = list(shards)
+        self.renew_ids = renew_ids
         self.epochs = epochs
         self.global_batch_size = global_batch_size
         self.steps_per_task = steps_per_task
@@ -225,6 +230,10 @@ class TaskLedger:
             return task
         task.start += applied
         task.owner = ""
+        if self.renew_ids and task.kind is TaskKind.TRAINING:
+            # A report still naming the old hand-out (a slower member of the round that failed
+            # it) must find nothing, not the next hand-out, whose records it would count as applied.
+            task.task_id, self._next_id = self._next_id, self._next_id + 1
         if failed:
             task.retries += 1
             if task.retries > self.max_retries:

@@ -18,7 +18,7 @@ from pathlib import Path
 from rich.console import Console
 
 from flextrain.data import make_shards
-from flextrain.job import Backend, JobSpec, JobType
+from flextrain.job import Backend, JobSpec, JobType, Strategy
 from flextrain.master import ps_tasks
 from flextrain.master.checkpoints import CheckpointStore
 from flextrain.master.coordinator import JobMaster, Phase
@@ -56,6 +56,7 @@ def build_ledger(spec: JobSpec) -> TaskLedger:
         shards=shards, epochs=spec.epochs if training else 0, global_batch_size=spec.global_batch_size,
         steps_per_task=spec.steps_per_task, shuffle=spec.shuffle, seed=spec.seed,
         max_retries=spec.max_task_retries, evaluation_shards=eval_shards, prediction_shards=pred_shards,
+        renew_ids=spec.strategy is not Strategy.PARAMETER_SERVER,
     )
 
 

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from flextrain.data import Shard
-from flextrain.job import JobSpec
+from flextrain.job import JobSpec, Strategy
 from flextrain.master.status import active_workers, records_done, training_loss
 from flextrain.master.coordinator import JobMaster, Phase
 from flextrain.master.ledger import TaskLedger
@@ -36,6 +36,7 @@ def make_master(tmp_path, *, shards=None, eval_shards=None, steps_per_task=2, ep
     ledger = TaskLedger(
         shards=shards or [Shard("s.rio", 0, 40)], epochs=epochs, global_batch_size=G,
         steps_per_task=steps_per_task, max_retries=retries, evaluation_shards=eval_shards,
+        renew_ids=spec.strategy is not Strategy.PARAMETER_SERVER,  # as build_ledger
     )
     clock = Clock()
     return JobMaster(spec, ledger, clock=clock), clock
@@ -225,11 +226,11 @@ def test_member_exit_closes_round_and_next_round_settles_by_most_advanced(tmp_pa
     # settled by B: 2 steps (20 records) applied, [20, 30) requeued at the front
     assert master.ledger.records_done == 20
     assert t0.task_id not in master.ledger.doing
-    assert (master.ledger.todo[0].task_id, master.ledger.todo[0].start, master.ledger.todo[0].end) == (
-        t0.task_id, 20, 30)
+    assert (master.ledger.todo[0].start, master.ledger.todo[0].end) == (20, 30)
+    assert master.ledger.todo[0].task_id != t0.task_id  # a new id: reports naming t0 no longer count
     r2 = resp.round_id
     nxt = get(master, "B", r2, 0, pos(r2, 0, 0, 2))
-    assert nxt.action == TASK.RUN and (nxt.task.task_id, nxt.task.start, nxt.task.end) == (t0.task_id, 20, 30)
+    assert nxt.action == TASK.RUN and (nxt.task.start, nxt.task.end) == (20, 30)
     assert get(master, "A", r2, 0, pos(r2, 0, 0, 2)).task == nxt.task
     # the rest of the job completes every record exactly once
     assert get(master, "A", r2, 1).task.start == 30
@@ -316,8 +317,8 @@ def test_failed_task_beyond_retry_limit_fails_the_job(tmp_path):
     assert master.ledger.records_done == 10
     again = get(master, "A", r, 1)
     assert again.action == TASK.RUN
-    assert (again.task.task_id, again.task.start, again.task.end) == (t0.task_id, 10, 20)
-    report(master, "A", t0.task_id, ok=False, steps_done=0, error="CorruptRecordIOError: bad crc again")
+    assert (again.task.start, again.task.end) == (10, 20) and again.task.task_id != t0.task_id
+    report(master, "A", again.task.task_id, ok=False, steps_done=0, error="CorruptRecordIOError: bad crc again")
     assert master.phase is Phase.FAILED
     assert "bad crc again" in master.message
     assert "s.rio" in master.message and "[10, 20)" in master.message
@@ -325,6 +326,22 @@ def test_failed_task_beyond_retry_limit_fails_the_job(tmp_path):
     assert stop.action == TASK.STOP and "bad crc again" in stop.message
     assert heartbeat(master, "A", pos(r, 2)).stop
     assert join(master, "A", pos(r, 2)).action == JOIN.STOP
+
+
+def test_a_late_failure_report_does_not_settle_the_retry_of_the_same_records(tmp_path):
+    # Both members read the corrupt records and report; A's report requeues the rest, and an ask
+    # hands it out again before B's report arrives. B names the failed hand-out, not the retry:
+    # its steps_done must not count the retry's records as applied.
+    master, clock = make_master(tmp_path, workers=2, shards=[Shard("s.rio", 0, 40)])
+    r = form(master, clock, ["A", "B"]).round_id
+    t0 = get(master, "A", r, 0).task
+    get(master, "B", r, 0)
+    report(master, "A", t0.task_id, ok=False, steps_done=1, error="CorruptRecordIOError: bad crc")
+    retry = get(master, "A", r, 1).task
+    assert (retry.start, retry.end) == (10, 20)
+    report(master, "B", t0.task_id, ok=False, steps_done=1, error="CorruptRecordIOError: bad crc")
+    assert master.ledger.records_done == 10  # only t0's committed step
+    assert retry.task_id in master.ledger.doing and master.ledger.doing[retry.task_id].retries == 1
 
 
 def test_report_for_settled_task_is_ignored(tmp_path):
