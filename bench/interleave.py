@@ -106,25 +106,26 @@ def rated_windows(windows: list[Window], series: dict[str, StepSeries], *, min_s
     return out
 
 
-def step_intervals(series: StepSeries, windows: list[Window], *, side: str) -> list[float]:
-    """Seconds between consecutive steps that both ended inside one of ``side``'s windows."""
-    out = []
+def _window_intervals(series: StepSeries, windows: list[Window], side: str):
+    """For each of ``side``'s windows, the seconds between consecutive steps that ended inside it."""
     for w in windows:
         if w.side == side:
             lo, hi = _inside(series, w)
-            out.extend(b - a for a, b in zip(series.times[lo:hi - 1], series.times[lo + 1:hi]))
-    return out
+            yield [b - a for a, b in zip(series.times[lo:hi - 1], series.times[lo + 1:hi])]
+
+
+def step_intervals(series: StepSeries, windows: list[Window], *, side: str) -> list[float]:
+    """Seconds between consecutive steps that both ended inside one of ``side``'s windows."""
+    return [dt for intervals in _window_intervals(series, windows, side) for dt in intervals]
 
 
 def intervals_by_position(series: StepSeries, windows: list[Window], *, side: str, first: int = 3) -> list[float]:
     """Median seconds of the 1st, 2nd, ... ``first``-th step interval inside ``side``'s windows,
     then of all later ones: what resuming after the other sides' windows costs this side."""
     at: list[list[float]] = [[] for _ in range(first + 1)]
-    for w in windows:
-        if w.side == side:
-            lo, hi = _inside(series, w)
-            for k, (a, b) in enumerate(zip(series.times[lo:hi - 1], series.times[lo + 1:hi])):
-                at[min(k, first)].append(b - a)
+    for intervals in _window_intervals(series, windows, side):
+        for k, dt in enumerate(intervals):
+            at[min(k, first)].append(dt)
     return [statistics.median(v) if v else math.nan for v in at]
 
 
