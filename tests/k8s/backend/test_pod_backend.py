@@ -96,6 +96,7 @@ def test_a_new_master_removes_the_pods_of_the_previous_one(k8s_api, elasticjob, 
     first.launch(InstanceSpec("worker-0", Role.WORKER, 0, UNREACHABLE))
     wait_for(lambda: "tiny-worker-0" in node_agent.running(), timeout=30, what="worker pod running")
     first._watch.stop()  # the old master dies without cleaning up
+    first._stopped.set()  # (and its resync thread with it)
     second = KubernetesPodBackend(k8s_api, job=elasticjob, master_address="127.0.0.1:1").start()
     try:
         wait_for(lambda: "tiny-worker-0" not in node_agent.running(), timeout=30, what="stale worker killed")
