@@ -1,16 +1,18 @@
-"""Interleaved timing: a subprocess job and in-process loops take turns in short windows.
+"""Interleaved timing: the sides of a comparison, each a process, take turns in short windows.
 
 Why: on a shared 2-core VM the speed of the *same* loop drifts by 10-15% from one
 run to the next and by ~8% between neighbouring seconds (hypervisor steal, host
 contention), so whole runs timed one after another cannot resolve a 3% overhead.
-Here the job (every process of it: flextrain's master and worker) runs only
-inside its windows and is SIGSTOP-ed outside them, while a plain loop in this
-process runs its own steps. Windows are short (0.5 s by default) and alternate,
-so each job window is compared with baseline windows a second or two away, and
-the drift mostly cancels; the median over ~100 such pairs has a bootstrap
-confidence interval of about +-1.5%. The interval covers the noise between
-windows only: what differs between whole jobs (two runs of the same flextrain
-job have disagreed by 2-3%) needs more than one run.
+Here every side (the flextrain job with all its processes, each plain loop) runs
+only inside its own windows and is SIGSTOP-ed outside them. Windows are short
+(0.5 s by default) and alternate, so each job window is compared with baseline
+windows a second or two away, and the drift mostly cancels; the median over ~100
+such pairs has a bootstrap confidence interval of about +-1.5%.
+
+Every side is a paused process, so every side pays what resuming costs (cold
+caches, threads waking): a baseline run inside the bench process paid none of it,
+and an A/A check found that flattered it by 0-4% from run to run. What is left of
+the method's own error shows in a control side, a second copy of a baseline.
 
 What a window measures: every process of the job is stopped between its windows,
 so nothing it does is hidden; its steady per-step cost (reading and ``feed``,
@@ -28,8 +30,6 @@ import statistics
 import subprocess
 import time
 from dataclasses import dataclass
-from typing import Callable
-
 import numpy as np
 
 from machine import ProcessTree
@@ -51,33 +51,30 @@ class StepSeries:
     samples: list[int]
 
 
-def run_windows(*, proc: subprocess.Popen, tree: ProcessTree, loops: dict[str, Callable[[], None]],
-                order: list[str], seconds: float) -> list[Window]:
-    """Take turns in ``order`` until ``proc`` exits: a ``JOB`` window resumes the job's process
-    tree for ``seconds`` while this process waits, any other side calls its step function for
-    ``seconds`` while the job is stopped. The job is always left running."""
+def take_turns(*, trees: dict[str, ProcessTree], order: list[str], seconds: float,
+               until: subprocess.Popen) -> list[Window]:
+    """Each side in ``order`` in turn runs alone for ``seconds``: its process tree is resumed and
+    every other one is stopped. Ends when ``until`` (the job, one of the trees' roots) exits,
+    which cuts its window short. Every tree is left running."""
     windows: list[Window] = []
-    tree.pause()
+    for tree in trees.values():
+        tree.pause()
     k = 0
     try:
-        while proc.poll() is None:
+        while until.poll() is None:
             side = order[k % len(order)]
             k += 1
             t0 = time.perf_counter()
-            if side == JOB:
-                tree.resume()
-                try:
-                    proc.wait(timeout=seconds)
-                except subprocess.TimeoutExpired:
-                    pass
-                tree.pause()
-            else:
-                step = loops[side]
-                while time.perf_counter() - t0 < seconds:
-                    step()
+            trees[side].resume()
+            try:
+                until.wait(timeout=seconds)  # a paused job cannot end: this is the window's length
+            except subprocess.TimeoutExpired:
+                pass
+            trees[side].pause()
             windows.append(Window(side, t0, time.perf_counter()))
     finally:
-        tree.resume()
+        for tree in trees.values():
+            tree.resume()
     return windows
 
 
@@ -154,5 +151,23 @@ def median_ci(values: list[float], *, level: float = 0.95, resamples: int = 4000
     v = np.asarray(values, dtype=float)
     rng = np.random.default_rng(seed)
     medians = np.median(rng.choice(v, size=(resamples, len(v)), replace=True), axis=1)
+    tail = 100 * (1 - level) / 2
+    return float(np.percentile(medians, tail)), float(np.percentile(medians, 100 - tail))
+
+
+def pooled_median_ci(groups: list[list[float]], *, level: float = 0.95, resamples: int = 4000,
+                     seed: int = 0) -> tuple[float, float]:
+    """Confidence interval of the median of all ``groups`` pooled, by a two-level bootstrap:
+    resample the groups (runs), then the values within each. Runs of the same bench can differ
+    by more than their own intervals say; resampling whole runs carries that into the interval.
+    With one group it is :func:`median_ci`'s interval."""
+    if len(groups) == 1:
+        return median_ci(groups[0], level=level, resamples=resamples, seed=seed)
+    rng = np.random.default_rng(seed)
+    arrays = [np.asarray(g, dtype=float) for g in groups]
+    medians = np.empty(resamples)
+    for k in range(resamples):
+        picked = rng.integers(len(arrays), size=len(arrays))
+        medians[k] = np.median(np.concatenate([rng.choice(arrays[i], size=len(arrays[i])) for i in picked]))
     tail = 100 * (1 - level) / 2
     return float(np.percentile(medians, tail)), float(np.percentile(medians, 100 - tail))

@@ -4,10 +4,10 @@ Runs the same model (``bench/models/mlp.py``: 256 -> 1024 -> 1024 -> 10 MLP,
 SGD with momentum) on the same synthetic RecordIO data, with the same global
 batch, data order, seed and number of torch threads as three sides:
 
-  stream     a plain PyTorch loop in this process that reads each step's
-             records from the RecordIO files with flextrain's reader and
-             turns them into tensors with the module's ``feed`` as it goes
-             (what a user training on these files writes), then
+  stream     a plain PyTorch loop that reads each step's records from the
+             RecordIO files with flextrain's reader and turns them into tensors
+             with the module's ``feed`` as it goes (what a user training on
+             these files writes), then
              ``zero_grad / forward / loss / backward / loss.item() / step``;
   memory     the same loop over tensors read and ``feed``-ed once before the
              clock starts (a data set held in memory: no reading at all);
@@ -22,16 +22,18 @@ Every side records ``time.perf_counter()`` after each optimizer step (the bench
 module's optimizer has a post-step hook; the flextrain worker writes its list to
 a file at exit, ``FLEXTRAIN_BENCH_STEP_TIMES``). Two methods:
 
-  interleaved (default)  one long flextrain job and the two plain loops take
-             turns in short windows (``--window``, 0.5 s): flextrain's master
-             and worker are SIGSTOP-ed outside their windows, the plain loops
-             run in this process meanwhile. Each flextrain window's rate is
-             divided by the baseline's rate at the same moment (interpolated
-             between its neighbouring windows), and the median of these paired
-             ratios is reported with a 95% bootstrap interval. This cancels
-             most of the machine's drift (see ``bench/interleave.py``). It
-             measures the steady per-step cost; one-off costs (start-up, the
-             first decode of each file) are outside the windows.
+  interleaved (default, ``bench/overhead_interleaved.py``)  one long flextrain job and three plain-loop processes
+             (``bench/plain_loop.py``: memory, stream, and a control that is a
+             second memory loop) take turns in short windows (``--window``,
+             0.5 s); every side's processes are SIGSTOP-ed outside its windows,
+             so all of them pay the same for being paused. Each flextrain window's
+             rate is divided by the baseline's rate at the same moment
+             (interpolated between its neighbouring windows), and the median of
+             these paired ratios is reported with a 95% bootstrap interval. This
+             cancels most of the machine's drift (see ``bench/interleave.py``).
+             ``control_vs_memory``, two copies of one loop, is the method's own
+             A/A check. It measures the steady per-step cost; one-off costs
+             (start-up, the first decode of each file) are outside the windows.
   runs       whole runs of each side, repeated (``--repeats``), taking turns
              (``bench/overhead_runs.py``); includes the one-off costs but
              cannot resolve a few percent on a noisy 2-core VM.
@@ -42,7 +44,8 @@ fold, so the CPU other processes use meanwhile is measured
 
 Usage (from the repository root):
 
-    .venv/bin/python bench/overhead.py                     # interleaved, ~2.5 min on an idle 2-core box
+    .venv/bin/python bench/overhead.py                     # interleaved, ~4.5 min on an idle 2-core box
+    .venv/bin/python bench/overhead.py --repeats 5         # five interleaved runs pooled, ~22 min
     .venv/bin/python bench/overhead.py --method runs       # 12 whole runs per side, ~8 min
     .venv/bin/python bench/overhead.py --records 8192 --epochs 16             # smoke test, interleaved
     .venv/bin/python bench/overhead.py --method runs --repeats 1 --records 4096   # smoke test, runs
@@ -55,7 +58,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -63,116 +65,12 @@ from pathlib import Path
 
 import torch
 
-from interleave import (JOB, StepSeries, intervals_by_position, median_ci, paired_ratios, rated_windows,
-                        run_windows, step_intervals)
-from machine import CPUMeter, ProcessTree, log, wait_until_quiet
-from overhead_sides import (PlainLoop, finished_job, job_command, job_output, load_module, run_job,
-                            step_sizes, write_data)
+from machine import log
+from overhead_sides import load_module, step_sizes, write_data
 
 TARGET_RATIO = 0.97
 DEFAULT_EPOCHS = {"interleaved": 20, "runs": 2}
-ORDER = [JOB, "memory", JOB, "stream"]  # every flextrain window next to one of each baseline
-
-INTERLEAVED = (
-    "interleaved: one flextrain job of --epochs and the two in-process loops take turns in windows of "
-    "--window seconds (order flextrain, memory, flextrain, stream, ...); the job's processes are "
-    "SIGSTOP-ed outside its windows. A window's samples/s runs from the end of its first step to the "
-    "end of its last (the step straddling a pause is not counted; windows with fewer than "
-    "--min-window-steps steps are dropped). ratio = median over flextrain windows of flextrain's rate "
-    "/ memory's rate interpolated between the memory windows before and after it; ratio_vs_stream "
-    "likewise; *_ci95 = percentile bootstrap of that median. Start-up and the windows' first steps "
-    "excluded; reading, feed, task RPCs, heartbeats and the master's work included."
-)
-
-
-def wait_for_training(proc, job_dir: Path, *, timeout: float = 600.0) -> None:
-    """Until the job's status shows its first steps (start-up runs alone, unmeasured)."""
-    deadline = time.monotonic() + timeout
-    while proc.poll() is None and time.monotonic() < deadline:
-        try:
-            if json.loads((job_dir / "status.json").read_text()).get("step", 0) >= 2:
-                return
-        except (OSError, ValueError):
-            pass  # not written yet, or being replaced
-        time.sleep(0.1)
-
-
-def interleaved(args, mlp, files: list[str], *, data_dir: Path, root: Path, sizes: list[int]) -> dict:
-    G = args.global_batch_size
-    loops = {name: PlainLoop(mlp, files, batch=G, seed=args.seed, lr=args.lr, stream=name == "stream")
-             for name in ("memory", "stream")}
-    for loop in loops.values():  # warm-up, unmeasured: a pass over the data (decodes every chunk once)
-        for _ in range(len(sizes) // args.epochs):
-            loop.step()
-    for loop in loops.values():
-        loop.series.times.clear()
-        loop.series.samples.clear()
-    job_dir = root / "job"
-    cmd = job_command(data_dir, job_dir, batch=G, epochs=args.epochs, seed=args.seed, lr=args.lr,
-                      extra=args.job_arg)
-    waited = wait_until_quiet(args.max_other_cpu, args.quiet_wait)
-    with CPUMeter() as meter:  # from start to exit: the job's CPU counts as ours once it is reaped
-        proc = run_job(mlp, cmd, job_dir)
-        try:
-            wait_for_training(proc, job_dir)
-            log(f"flextrain is training; taking turns in {args.window:g}s windows until it ends")
-            windows = run_windows(proc=proc, tree=ProcessTree(proc.pid),
-                                  loops={name: loop.step for name, loop in loops.items()},
-                                  order=ORDER, seconds=args.window)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-            returncode = proc.wait()
-    status, times = finished_job(job_dir, cmd, returncode, job_output(job_dir))
-    if len(times) != len(sizes):
-        raise SystemExit(f"flextrain recorded {len(times)} optimizer steps, expected {len(sizes)}")
-    series = {JOB: StepSeries(times, sizes), **{name: loop.series for name, loop in loops.items()}}
-    rated = rated_windows(windows, series, min_steps=args.min_window_steps)
-    ratios = {base: paired_ratios(rated, side=JOB, base=base) for base in ("memory", "stream")}
-    stream_cost = paired_ratios(rated, side="stream", base="memory")
-    if min(len(r) for r in ratios.values()) < 10:
-        raise SystemExit(f"only {min(len(r) for r in ratios.values())} paired windows: run more --epochs")
-    rate = {side: statistics.median(r["rate"] for r in rated if r["side"] == side) for side in series}
-    ci = {base: median_ci(r) for base, r in ratios.items()}
-    intervals = {side: step_intervals(s, windows, side=side) for side, s in series.items()}
-    ratio = statistics.median(ratios["memory"])
-    other = None if meter.other_cores is None else round(meter.other_cores, 3)
-    if other is not None and other > args.max_other_cpu:
-        log(f"WARNING: other processes used {other:.2f} cores meanwhile; numbers are noisy")
-    return {
-        "memory_samples_per_s": round(rate["memory"], 1),
-        "stream_samples_per_s": round(rate["stream"], 1),
-        "flextrain_samples_per_s": round(rate[JOB], 1),
-        "ratio": round(ratio, 4),
-        "ratio_ci95": [round(x, 4) for x in ci["memory"]],
-        "ratio_vs_stream": round(statistics.median(ratios["stream"]), 4),
-        "ratio_vs_stream_ci95": [round(x, 4) for x in ci["stream"]],
-        "stream_vs_memory": round(statistics.median(stream_cost), 4),
-        "meets_target_at_ci95_lower_bound": ci["memory"][0] >= TARGET_RATIO,
-        "epochs": args.epochs,
-        "steps": len(sizes),
-        "method": INTERLEAVED,
-        "runs": {
-            "window_seconds": args.window,
-            "windows": {side: sum(r["side"] == side for r in rated) for side in series},
-            "windows_dropped": len(windows) - len(rated),
-            "pairs": {base: len(r) for base, r in ratios.items()},
-            "median_steps_per_window": {side: statistics.median(r["steps"] for r in rated if r["side"] == side)
-                                        for side in series},
-            # median and mean step inside the windows: a gap between them is a tail of slow steps
-            "step_ms": {side: {"median": round(1e3 * statistics.median(v), 3), "mean": round(1e3 * statistics.fmean(v), 3)}
-                        for side, v in intervals.items()},
-            # median 1st, 2nd, 3rd step interval in a window, then the rest: the cost of resuming
-            "step_ms_by_position": {side: [round(1e3 * x, 3) for x in intervals_by_position(s, windows, side=side)]
-                                    for side, s in series.items()},
-            "paired_ratios_vs_memory": [round(x, 3) for x in ratios["memory"]],  # in time order
-            "paired_ratios_vs_stream": [round(x, 3) for x in ratios["stream"]],
-            "other_cpu_cores": other,
-            "waited_for_quiet_s": round(waited, 1),
-            "job_steps": status.get("step"),
-            "mean_loss": {name: loop.mean_loss for name, loop in loops.items()},
-        },
-    }
+DEFAULT_REPEATS = {"interleaved": 1, "runs": 12}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -185,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"epochs of the flextrain job (default {DEFAULT_EPOCHS})")
     p.add_argument("--window", type=float, default=0.5, help="interleaved: seconds per window")
     p.add_argument("--min-window-steps", type=int, default=5, help="interleaved: fewer steps drop a window")
-    p.add_argument("--repeats", type=int, default=12, help="runs: whole runs per side")
+    p.add_argument("--repeats", type=int, default=None,
+                   help=f"interleaved: runs pooled; runs: whole runs per side (default {DEFAULT_REPEATS})")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--lr", type=float, default=None, help="learning rate (default: the module's)")
     p.add_argument("--max-other-cpu", type=float, default=0.1,
@@ -200,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workdir", help="keep data and job dirs here instead of a temp dir")
     args = p.parse_args(argv)
     args.epochs = args.epochs or DEFAULT_EPOCHS[args.method]
+    args.repeats = args.repeats or DEFAULT_REPEATS[args.method]
+    args.target_ratio = TARGET_RATIO
 
     # flextrain's local backend gives its workers cpu_count // max_workers threads
     # (flextrain/master/main.py); with one worker that is every core. Match it.
@@ -226,10 +127,9 @@ def main(argv: list[str] | None = None) -> int:
             f"G={G}, threads={threads}, method {args.method}, {len(sizes)} flextrain steps per run")
         if args.method == "runs":
             from overhead_runs import measure
-
-            fields = measure(args, mlp, files, data_dir=data_dir, root=root, sizes=sizes)
         else:
-            fields = interleaved(args, mlp, files, data_dir=data_dir, root=root, sizes=sizes)
+            from overhead_interleaved import measure
+        fields = measure(args, mlp, files, data_dir=data_dir, root=root, sizes=sizes)
         print(json.dumps({
             "bench": "overhead",
             **{k: v for k, v in fields.items() if k not in ("method", "runs")},

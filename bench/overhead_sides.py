@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Sequence
 
@@ -160,3 +161,43 @@ def final_weights(job_dir: Path) -> dict:
     from flextrain.elastic.statecodec import decode
 
     return decode((job_dir / "checkpoints" / "final.ckpt").read_bytes())["model"]
+
+
+class LoopProcess:
+    """``bench/plain_loop.py`` as a child: one plain loop in a process of its own."""
+
+    def __init__(self, mode: str, files: list[str], workdir: Path, *, name: str, batch: int, seed: int,
+                 lr: float | None) -> None:
+        self.name = name
+        self.ready, self.out = workdir / f"{name}.ready", workdir / f"{name}.json"
+        cmd = [sys.executable, str(HERE / "plain_loop.py"), "--mode", mode, "--batch", str(batch),
+               "--seed", str(seed), "--ready", str(self.ready), "--out", str(self.out), *files]
+        self.proc = subprocess.Popen(cmd + (["--lr", str(lr)] if lr is not None else []), stdin=subprocess.DEVNULL)
+
+    def wait_ready(self, *, timeout: float = 600.0) -> None:
+        """Until it has warmed up (a pass over the data) and steps on its own."""
+        deadline = time.monotonic() + timeout
+        while not self.ready.exists():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"the {self.name} loop process exited ({self.proc.returncode}) or hung "
+                                 "before it was ready")
+            time.sleep(0.05)
+
+    def finish(self) -> tuple[StepSeries, float]:
+        """Stop it (SIGTERM ends its current step) and return its step clock and mean loss."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+        try:
+            code = self.proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            code = self.proc.wait()
+        if code != 0 or not self.out.exists():
+            raise SystemExit(f"the {self.name} loop process failed (exit {code})")
+        result = json.loads(self.out.read_text())
+        return StepSeries(result["times"], result["samples"]), result["mean_loss"]
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()

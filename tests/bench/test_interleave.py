@@ -21,7 +21,7 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))
 
 from interleave import (JOB, StepSeries, Window, intervals_by_position, median_ci, paired_ratios,  # noqa: E402
-                        rated_windows, run_windows)
+                        pooled_median_ci, rated_windows, take_turns)
 from machine import ProcessTree, descendants  # noqa: E402
 
 
@@ -92,6 +92,19 @@ def test_median_ci_brackets_the_median_and_is_reproducible():
     assert hi - lo < max(values) - min(values)
 
 
+def test_pooled_median_ci_widens_when_runs_disagree():
+    # three runs whose windows agree closely within each run but whose levels differ by 4%
+    runs = [[level + 0.001 * ((5 * k) % 7) for k in range(100)] for level in (0.95, 0.97, 0.99)]
+    pooled = [x for run in runs for x in run]
+    lo, hi = pooled_median_ci(runs)
+    assert lo <= sorted(pooled)[150] <= hi
+    assert (lo, hi) == pooled_median_ci(runs)
+    naive_lo, naive_hi = median_ci(pooled)  # as if the 300 windows were one run
+    assert hi - lo > 3 * (naive_hi - naive_lo)
+    assert lo < 0.96 and hi > 0.98  # the run-to-run spread is in the interval
+    assert pooled_median_ci(runs[:1]) == median_ci(runs[0])
+
+
 CLOCK_JOB = textwrap.dedent("""
     import json, os, subprocess, sys, time
     # a grandchild in a session of its own, like flextrain's worker
@@ -138,27 +151,47 @@ def test_process_tree_pauses_and_resumes_every_descendant(tmp_path):
         proc.wait()
 
 
-def test_run_windows_never_lets_the_job_run_in_another_sides_window(tmp_path):
-    out = tmp_path / "t.json"
-    proc = subprocess.Popen([sys.executable, "-c", CLOCK_JOB, str(out)], stdout=subprocess.PIPE, text=True)
-    grandchild = int(proc.stdout.readline())
-    loop_times: list[float] = []
-
-    def loop_step():
+CLOCK_LOOP = textwrap.dedent("""
+    import json, signal, sys, time
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *_: stop.append(True))
+    times = []
+    while not stop:
         time.sleep(0.001)
-        loop_times.append(time.perf_counter())
+        times.append(time.perf_counter())
+    json.dump(times, open(sys.argv[1], "w"))
+""")
 
-    windows = run_windows(proc=proc, tree=ProcessTree(proc.pid), loops={"loop": loop_step},
-                          order=[JOB, "loop"], seconds=0.1)
-    assert proc.wait() == 0
-    job_times = json.loads(out.read_text())
+
+def test_take_turns_never_lets_a_side_run_in_another_sides_window(tmp_path):
+    job_out, loop_out = tmp_path / "job.json", tmp_path / "loop.json"
+    proc = subprocess.Popen([sys.executable, "-c", CLOCK_JOB, str(job_out)], stdout=subprocess.PIPE, text=True)
+    loop = subprocess.Popen([sys.executable, "-c", CLOCK_LOOP, str(loop_out)])
+    try:
+        grandchild = int(proc.stdout.readline())
+        windows = take_turns(trees={JOB: ProcessTree(proc.pid), "loop": ProcessTree(loop.pid)},
+                             order=[JOB, "loop"], seconds=0.1, until=proc)
+        assert proc.wait() == 0
+        loop.terminate()
+        assert loop.wait(timeout=10) == 0
+    finally:
+        for p in (proc, loop):
+            p.kill()
+            p.wait()
+    job_times, loop_times = json.loads(job_out.read_text()), json.loads(loop_out.read_text())
     assert len(job_times) == 1500
     loop_windows = [w for w in windows if w.side == "loop"]
     assert len(loop_windows) >= 5
     for w in loop_windows:
         assert not [t for t in job_times if w.start < t < w.end], f"the job ran during {w}"
-        assert [t for t in loop_times if w.start < t < w.end]
+        assert [t for t in loop_times if w.start < t < w.end], f"the loop did not run during {w}"
+    for w in windows:
+        if w.side == JOB:
+            assert not [t for t in loop_times if w.start < t < w.end], f"the loop ran during {w}"
+    # from the first window to the job's end, each side ran only inside its own windows
     assert all(any(w.start < t <= w.end for w in windows if w.side == JOB)
                for t in job_times if t > windows[0].start)
+    assert all(any(w.start < t <= w.end for w in loop_windows)
+               for t in loop_times if windows[0].start < t < windows[-1].end)
     with pytest.raises(ProcessLookupError):
         os.kill(grandchild, 0)

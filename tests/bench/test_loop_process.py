@@ -1,0 +1,45 @@
+"""bench/plain_loop.py through overhead_sides.LoopProcess: a plain-loop side of the overhead bench.
+
+A real loop process over real RecordIO files: it warms up, reports ready, steps on its own,
+and on SIGTERM writes the clock and samples of every step it took since it was ready.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+sys.path.insert(0, str(BENCH))
+
+from overhead_sides import LoopProcess, load_module, write_data  # noqa: E402
+
+
+def cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        utime, stime = f.read().rsplit(")", 1)[1].split()[11:13]
+    return (int(utime) + int(stime)) / os.sysconf("SC_CLK_TCK")
+
+
+@pytest.mark.parametrize("mode", ["memory", "stream"])
+def test_a_loop_process_steps_after_warm_up_and_reports_its_clock_on_sigterm(tmp_path, mode):
+    files = write_data(tmp_path / "train", load_module(), records=600, files=2, seed=0)
+    loop = LoopProcess(mode, files, tmp_path, name=mode, batch=128, seed=0, lr=None)
+    try:
+        loop.wait_ready()
+        start = cpu_seconds(loop.proc.pid)
+        while cpu_seconds(loop.proc.pid) - start < 0.3:  # after ready it does nothing but step
+            time.sleep(0.01)
+        series, mean_loss = loop.finish()
+    finally:
+        loop.kill()
+    assert len(series.times) == len(series.samples) >= 2
+    assert series.times == sorted(series.times)
+    # the files hold 300 records each: batches of 128, 128 and 44 per file, in file order
+    cycle = [128, 128, 44] * 2
+    assert series.samples == (cycle * (len(series.samples) // 6 + 1))[:len(series.samples)]
+    assert 0.0 < mean_loss < 10.0
