@@ -22,7 +22,7 @@ METHOD = (
     "runs: each side runs the whole job (--epochs) once per repeat, the sides taking turns to go first; "
     "samples/s = samples of steps 2..N / (t_N - t_1) from post-step timestamps (start-up and the first "
     "step's warm-up excluded, the first decode of each file included); ratio = median flextrain run / "
-    "median memory run, ratio_vs_stream likewise. The stream loop's reader cache is cleared first, so "
+    "median stream run, ratio_vs_memory likewise. The stream loop's reader cache is cleared first, so "
     "every chunk is decoded once, as in a new worker. A run during which other processes used more than "
     "max_other_cpu cores is discarded and repeated."
 )
@@ -147,8 +147,8 @@ def measure(args, mlp, files: list[str], *, data_dir, root, sizes: list[int]) ->
         "memory_samples_per_s": round(speed["memory"], 1),
         "stream_samples_per_s": round(speed["stream"], 1),
         "flextrain_samples_per_s": round(speed["flextrain"], 1),
-        "ratio": round(speed["flextrain"] / speed["memory"], 4),
-        "ratio_vs_stream": round(speed["flextrain"] / speed["stream"], 4),
+        "ratio": round(speed["flextrain"] / speed["stream"], 4),
+        "ratio_vs_memory": round(speed["flextrain"] / speed["memory"], 4),
         "epochs": epochs,
         "steps": len(sizes),
         "timed_steps": len(sizes) - 1,
