@@ -170,6 +170,8 @@ class LoopProcess:
                  lr: float | None) -> None:
         self.name = name
         self.ready, self.out = workdir / f"{name}.ready", workdir / f"{name}.json"
+        for stale in (self.ready, self.out):  # a previous run's (--repeats): not this process's
+            stale.unlink(missing_ok=True)
         cmd = [sys.executable, str(HERE / "plain_loop.py"), "--mode", mode, "--batch", str(batch),
                "--seed", str(seed), "--ready", str(self.ready), "--out", str(self.out), *files]
         self.proc = subprocess.Popen(cmd + (["--lr", str(lr)] if lr is not None else []), stdin=subprocess.DEVNULL)
