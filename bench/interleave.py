@@ -30,6 +30,7 @@ import statistics
 import subprocess
 import time
 from dataclasses import dataclass
+
 import numpy as np
 
 from machine import ProcessTree
@@ -150,7 +151,11 @@ def median_ci(values: list[float], *, level: float = 0.95, resamples: int = 4000
     same interval)."""
     v = np.asarray(values, dtype=float)
     rng = np.random.default_rng(seed)
-    medians = np.median(rng.choice(v, size=(resamples, len(v)), replace=True), axis=1)
+    return _percentiles(np.median(rng.choice(v, size=(resamples, len(v)), replace=True), axis=1), level)
+
+
+def _percentiles(medians: np.ndarray, level: float) -> tuple[float, float]:
+    """The central ``level`` interval of bootstrapped medians."""
     tail = 100 * (1 - level) / 2
     return float(np.percentile(medians, tail)), float(np.percentile(medians, 100 - tail))
 
@@ -169,5 +174,4 @@ def pooled_median_ci(groups: list[list[float]], *, level: float = 0.95, resample
     for k in range(resamples):
         picked = rng.integers(len(arrays), size=len(arrays))
         medians[k] = np.median(np.concatenate([rng.choice(arrays[i], size=len(arrays[i])) for i in picked]))
-    tail = 100 * (1 - level) / 2
-    return float(np.percentile(medians, tail)), float(np.percentile(medians, 100 - tail))
+    return _percentiles(medians, level)

@@ -24,7 +24,8 @@ Every side records ``time.perf_counter()`` after each optimizer step (the bench
 module's optimizer has a post-step hook; the flextrain worker writes its list to
 a file at exit, ``FLEXTRAIN_BENCH_STEP_TIMES``). Two methods:
 
-  interleaved (default, ``bench/overhead_interleaved.py``)  one long flextrain job and three plain-loop processes
+  interleaved (default, ``bench/overhead_interleaved.py``)
+             one long flextrain job and three plain-loop processes
              (``bench/plain_loop.py``: memory, stream, and a control that is a
              second memory loop) take turns in short windows (``--window``,
              0.5 s); every side's processes are SIGSTOP-ed outside its windows,
@@ -101,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workdir", help="keep data and job dirs here instead of a temp dir")
     args = p.parse_args(argv)
     args.epochs = args.epochs or DEFAULT_EPOCHS[args.method]
+    if args.repeats is not None and args.repeats < 1:
+        p.error(f"--repeats must be at least 1, got {args.repeats}")
     args.repeats = args.repeats or DEFAULT_REPEATS[args.method]
     args.target_ratio = TARGET_RATIO
 

@@ -99,7 +99,8 @@ def one_run(args, mlp, files: list[str], *, data_dir: Path, root: Path, sizes: l
         "ratios": ratios,
         "rate": {side: statistics.median(r["rate"] for r in rated if r["side"] == side) for side in series},
         "detail": {
-            **summary(ratios),
+            **summary([ratios]),
+            "pairs": {key: len(r) for key, r in ratios.items()},
             "windows": {side: sum(r["side"] == side for r in rated) for side in series},
             "windows_dropped": len(windows) - len(rated),
             "median_steps_per_window": {side: statistics.median(r["steps"] for r in rated if r["side"] == side)
@@ -120,9 +121,8 @@ def one_run(args, mlp, files: list[str], *, data_dir: Path, root: Path, sizes: l
     }
 
 
-def summary(ratios_by_run: dict[str, list[float]] | list[dict[str, list[float]]]) -> dict:
-    """Each paired ratio's pooled median and ``_ci95`` over one run's ratios or several runs'."""
-    runs = ratios_by_run if isinstance(ratios_by_run, list) else [ratios_by_run]
+def summary(runs: list[dict[str, list[float]]]) -> dict:
+    """Each paired ratio's median and ``_ci95`` over the ratios of ``runs`` pooled."""
     out = {}
     for key in PAIRS:
         groups = [run[key] for run in runs]

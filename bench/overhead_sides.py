@@ -180,9 +180,12 @@ class LoopProcess:
         """Until it has warmed up (a pass over the data) and steps on its own."""
         deadline = time.monotonic() + timeout
         while not self.ready.exists():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"the {self.name} loop process exited ({self.proc.returncode}) or hung "
-                                 "before it was ready")
+            if self.proc.poll() is not None:
+                raise SystemExit(f"the {self.name} loop process (bench/plain_loop.py) exited with "
+                                 f"{self.proc.returncode} before it was ready; its error is above")
+            if time.monotonic() > deadline:
+                raise SystemExit(f"the {self.name} loop process (bench/plain_loop.py) was not ready "
+                                 f"after {timeout:.0f}s")
             time.sleep(0.05)
 
     def finish(self) -> tuple[StepSeries, float]:
