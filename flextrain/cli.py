@@ -19,6 +19,23 @@ class CLIError(Exception):
     """A user error: printed as `flextrain: error: ...`, exit code 2."""
 
 
+class HelpFormatter(argparse.HelpFormatter):
+    """Appends ``(default: X)`` to an option's help once.
+
+    Not when the help already says what the default is (``(default: --workers)``),
+    and not for None/False/[] defaults, which mean "not given" rather than a value:
+    ArgumentDefaultsHelpFormatter printed ``(default 1) (default: None)``.
+    """
+
+    def _get_help_string(self, action) -> str:
+        text = action.help or ""
+        default = action.default
+        if ("default" in text or not action.option_strings or default is None or default is False
+                or default is argparse.SUPPRESS or default == []):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
 # ---- train ------------------------------------------------------------------
 def _add_train(sub) -> None:
     p = sub.add_parser(
@@ -30,57 +47,81 @@ def _add_train(sub) -> None:
             "global batch fixed whatever the number of live workers, and exits 0 only when the job "
             "succeeded."
         ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     g = p.add_argument_group("model and data")
     g.add_argument("--model-def", metavar="MODULE:NAME",
                    help="model-zoo module and model callable: path/to/module.py:Name or package.module.Name")
     g.add_argument("--training-data", metavar="DIR", help="directory (or file) of RecordIO/CSV training data")
-    g.add_argument("--validation-data", metavar="DIR", help="evaluated with eval_metrics_fn at the end of training")
+    g.add_argument("--validation-data", metavar="DIR",
+                   help="directory (or file) of records evaluated with eval_metrics_fn at the end of training")
     g.add_argument("--evaluation-steps", type=int, default=0, metavar="N",
                    help="also evaluate on --validation-data every N optimizer steps (0: only at the end)")
     g = p.add_argument_group("workers")
-    g.add_argument("--workers", type=int, help="number of workers to start (default 1)")
-    g.add_argument("--min-workers", type=int, help="fewest workers a round may train with (default: --workers)")
-    g.add_argument("--max-workers", type=int, help="most workers the job may scale to (default: --workers)")
+    # No argparse default for the worker counts: --resume must tell a given count from an unset one.
+    g.add_argument("--workers", type=int, metavar="N", help="number of workers to start (default: 1)")
+    g.add_argument("--min-workers", type=int, metavar="N",
+                   help="fewest workers a round may train with (default: --workers)")
+    g.add_argument("--max-workers", type=int, metavar="N",
+                   help="most workers the job may scale to (default: --workers)")
     g = p.add_argument_group("distribution")
     g.add_argument("--distribution-strategy", choices=("AllReduce", "ParameterServer"), default="AllReduce",
                    help="AllReduce: lockstep workers; ParameterServer: workers push gradients to --ps servers")
-    g.add_argument("--ps", type=int, default=0, help="parameter servers to start (ParameterServer only)")
+    g.add_argument("--ps", type=int, default=0, metavar="N", help="parameter servers to start (ParameterServer only)")
     g.add_argument("--ps-mode", choices=("sync", "async"), default="sync",
                    help="sync: stale pushes are rejected and recomputed; async: every push is applied")
-    g.add_argument("--grads-to-wait", type=int,
-                   help="pushes a sync PS averages into one update (default 1)")
-    g.add_argument("--ps-checkpoint-steps", type=int, default=20,
+    g.add_argument("--grads-to-wait", type=int, metavar="N",
+                   help="pushes a sync PS averages into one update (default: 1)")
+    g.add_argument("--ps-checkpoint-steps", type=int, default=20, metavar="N",
                    help="each PS checkpoints every N of its versions (0: only when it stops)")
     g.add_argument("--ps-wal", action=argparse.BooleanOptionalAction, default=True,
-                   help="each PS logs every acknowledged change before applying it (default); --no-ps-wal: "
+                   help="each PS logs every acknowledged change before applying it; --no-ps-wal: "
                         "faster pushes, but a relaunched PS loses the updates since its last checkpoint")
     g = p.add_argument_group("training")
-    g.add_argument("--epochs", type=int, default=1)
-    g.add_argument("--global-batch-size", type=int, default=64,
+    g.add_argument("--epochs", type=int, default=1, metavar="N", help="passes over the training data")
+    g.add_argument("--global-batch-size", type=int, default=64, metavar="N",
                    help="samples per optimizer step, kept fixed as workers come and go")
-    g.add_argument("--max-micro-batch", type=int,
-                   help="largest batch one worker computes at once; more samples are accumulated (default: global batch)")
-    g.add_argument("--lr", "--learning-rate", dest="learning_rate", type=float,
+    g.add_argument("--max-micro-batch", type=int, metavar="N",
+                   help="largest batch one worker computes at once; more samples are accumulated "
+                        "(default: --global-batch-size)")
+    g.add_argument("--lr", "--learning-rate", dest="learning_rate", type=float, metavar="LR",
                    help="learning rate passed to the module's optimizer (default: the module's own)")
-    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--seed", type=int, default=0, metavar="N",
+                   help="seeds the model's initialisation and the task order of --shuffle")
     g.add_argument("--shuffle", action="store_true", help="shuffle the order of tasks every epoch")
-    g.add_argument("--steps-per-task", type=int, default=8, help="optimizer steps per data task")
+    g.add_argument("--steps-per-task", type=int, default=8, metavar="N",
+                   help="optimizer steps per data task (the unit handed out and re-queued)")
     g = p.add_argument_group("job")
-    g.add_argument("--job-name", help="job name (default: from --job-dir, else module name)")
+    g.add_argument("--job-name", metavar="NAME", help="job name (default: from --job-dir, else the module's name)")
     g.add_argument("--job-dir", metavar="DIR", help=f"logs, checkpoints and status.json (default: ./{DEFAULT_JOBS_DIR}/NAME)")
-    g.add_argument("--max-task-retries", type=int, default=3, help="a failing task is retried this often, then the job fails")
-    g.add_argument("--checkpoint-steps", type=int, default=0, help="checkpoint every N optimizer steps (0: at the end only)")
-    g.add_argument("--rendezvous-timeout", type=float, default=10.0, help="seconds a round waits for stragglers")
-    g.add_argument("--worker-timeout", type=float, default=60.0, help="seconds of silence after which a worker counts as hung")
-    g.add_argument("--relaunch-budget", type=int, default=3, help="relaunches per worker slot before giving up relaunching")
-    g.add_argument("--min-workers-timeout", type=float, default=300.0,
-                   help="seconds the job waits with fewer than --min-workers alive before it fails")
+    g.add_argument("--max-task-retries", type=int, default=3, metavar="N",
+                   help="a failing task is retried this often, then the job fails")
+    g.add_argument("--checkpoint-steps", type=int, default=0, metavar="N",
+                   help="checkpoint every N optimizer steps (0: at the end only)")
+    g.add_argument("--rendezvous-timeout", type=float, default=10.0, metavar="SECONDS",
+                   help="how long a round waits for stragglers once --min-workers are present")
+    g.add_argument("--worker-timeout", type=float, default=60.0, metavar="SECONDS",
+                   help="silence after which a worker counts as hung")
+    g.add_argument("--start-timeout", type=float, default=300.0, metavar="SECONDS",
+                   help="how long a started worker may take to be ready (import the module, build the model "
+                        "and optimizer) before it counts as hung")
+    g.add_argument("--relaunch-budget", type=int, default=3, metavar="N",
+                   help="relaunches per worker slot before giving up relaunching")
+    g.add_argument("--min-workers-timeout", type=float, default=300.0, metavar="SECONDS",
+                   help="how long the job waits with fewer than --min-workers alive before it fails")
     g.add_argument("--resume", metavar="JOBDIR",
                    help="continue a stopped or failed job from its latest checkpoint (model, optimizer and data "
                         "position); --workers/--min-workers/--max-workers may be changed")
     g.add_argument("--no-progress", action="store_true", help="no live progress bar (log lines instead)")
+    g.add_argument("--no-preflight", action="store_true",
+                   help="skip preflight: before anything starts, a child process imports the module and checks "
+                        "its contract on the first records (model, optimizer, feed, loss, one training step); "
+                        "skip it for a module that only works on the workers' hardware")
+    g.add_argument("--nan-policy", choices=("fail", "skip-step"), default="fail",
+                   help="a NaN or infinite loss or gradient: fail the job naming the step and the last good "
+                        "checkpoint, or skip that step (nothing of it is applied) and go on")
+    g.add_argument("--preflight-timeout", type=float, metavar="SECONDS",
+                   help="how long preflight may take (default: $FLEXTRAIN_PREFLIGHT_TIMEOUT, else 120)")
 
 
 def _job_name(args) -> str:
@@ -121,11 +162,11 @@ def build_spec(args):
         learning_rate=args.learning_rate, seed=args.seed, shuffle=args.shuffle,
         steps_per_task=args.steps_per_task, max_task_retries=args.max_task_retries,
         checkpoint_steps=args.checkpoint_steps, rendezvous_timeout=args.rendezvous_timeout,
-        worker_timeout=args.worker_timeout, relaunch_budget=args.relaunch_budget,
+        worker_timeout=args.worker_timeout, start_timeout=args.start_timeout, relaunch_budget=args.relaunch_budget,
         min_workers_timeout=args.min_workers_timeout,
         strategy=Strategy(args.distribution_strategy), ps=args.ps, ps_mode=args.ps_mode,
         grads_to_wait=args.grads_to_wait, ps_checkpoint_steps=args.ps_checkpoint_steps,
-        ps_wal=args.ps_wal,
+        ps_wal=args.ps_wal, nan_policy=args.nan_policy, preflight=not getattr(args, "no_preflight", False),
     )
 
 
@@ -138,6 +179,8 @@ def resume_spec(args):
         raise CLIError(f"--resume {args.resume}: {path} not found (not a flextrain job directory)")
     spec = JobSpec.from_json(path.read_text())
     changes = {k: getattr(args, k) for k in ("workers", "min_workers", "max_workers") if getattr(args, k) is not None}
+    if getattr(args, "no_preflight", False):
+        changes["preflight"] = False
     return spec.replace(**changes) if changes else spec
 
 
@@ -153,9 +196,20 @@ def cmd_train(args) -> int:
             raise CLIError(f"--{missing[0].replace('_', '-')} is required (unless --resume JOBDIR)")
     try:
         spec = (resume_spec(args) if args.resume else build_spec(args)).validate()
-        # Everything checkable is checked before a single process starts.
-        model_def = load_model_def(spec.model_def)
-        if spec.strategy is Strategy.PARAMETER_SERVER:
+        if args.preflight_timeout is not None:
+            from flextrain.job import check_positive_finite
+
+            check_positive_finite("--preflight-timeout", args.preflight_timeout)
+        # Everything checkable is checked before a single process starts; the cheap checks first.
+        make_shards(spec.training_data, what="training data")
+        if spec.validation_data:
+            make_shards(spec.validation_data, what="validation data")
+        if spec.preflight:  # the contract on real records, in a child: the module is code we cannot trust
+            from flextrain.worker.preflight import run_preflight
+
+            run_preflight(spec, timeout=args.preflight_timeout)
+        model_def = load_model_def(spec.model_def)  # without preflight, at least names and signatures
+        if spec.strategy is Strategy.PARAMETER_SERVER and not spec.preflight:  # else preflight did it
             from flextrain.worker.ps_trainer import check_ps_optimizer
 
             check_ps_optimizer(model_def, lr=spec.learning_rate)
@@ -163,9 +217,6 @@ def cmd_train(args) -> int:
                 from flextrain.worker.tf.ps import check_keras_ps_optimizer
 
                 check_keras_ps_optimizer(model_def, lr=spec.learning_rate)
-        make_shards(spec.training_data, what="training data")
-        if spec.validation_data:
-            make_shards(spec.validation_data, what="validation data")
     except (JobSpecError, ModelDefError, DataError) as exc:
         raise CLIError(str(exc)) from exc
     from flextrain.master.main import ResumeError
@@ -229,10 +280,14 @@ def cmd_status(args) -> int:
     print(f"epoch     {status['epoch']}/{status['epochs']}   step {status['step']}")
     print(f"progress  {p['recordsDone']:,}/{p['recordsTotal']:,} records ({p['percent']}%)")
     for name, value in sorted(status.get("metrics", {}).items()):
-        print(f"{name:<9} {value:.4f}")
+        print(f"{name:<9} {value:.4f}" if not isinstance(value, str) else f"{name:<9} {value}")
     if evaluations := status.get("evaluations"):  # the metrics above are the latest evaluation's
         more = f" (of {len(evaluations)} evaluations)" if len(evaluations) > 1 else ""
         print(f"evaluated at step {evaluations[-1]['step']} on {evaluations[-1]['samples']:,} samples{more}")
+    from flextrain.master.failures import failure_lines
+
+    for line in failure_lines(status.get("failure")):
+        print(line)
     return 0
 
 
@@ -250,14 +305,22 @@ def cmd_scale(args) -> int:
 
     status = _read_status(args.job)
     resp = _master_stub(status).Scale(pb.ScaleRequest(workers=args.workers), timeout=10)
-    print(resp.message)
-    if not resp.accepted:
+    if not resp.accepted:  # printed once, by main(), as the error
         raise CLIError(resp.message)
+    print(resp.message)
     return 0
 
 
 # ---- data / worker --------------------------------------------------------------
+def _check_data_flags(args) -> None:
+    if not 0 < args.validation_fraction < 1:  # also refuses nan
+        raise CLIError(f"--validation-fraction must be between 0 and 1 (exclusive), got {args.validation_fraction!r}")
+    if getattr(args, "rows", 2) < 2:  # both splits need a record
+        raise CLIError(f"--rows must be at least 2, got {args.rows}")
+
+
 def cmd_data_digits(args) -> int:
+    _check_data_flags(args)
     if args.format == "example":  # tf.train.Example records, as ElasticDL modules parse them
         from flextrain.data.example import write_digits_examples as write_digits
     else:
@@ -269,6 +332,7 @@ def cmd_data_digits(args) -> int:
 
 
 def cmd_data_ctr(args) -> int:
+    _check_data_flags(args)
     from flextrain.data.ctr import write_ctr
 
     info = write_ctr(args.out, rows=args.rows, validation_fraction=args.validation_fraction, seed=args.seed)
@@ -283,6 +347,13 @@ def cmd_ps(args) -> int:
     return ps_main(args.ps_args)
 
 
+def cmd_preflight(args) -> int:
+    from flextrain.worker.preflight import child_main
+
+    exit_with_parent()
+    return child_main(args.job_spec_json)
+
+
 def cmd_worker(args) -> int:
     from flextrain.worker.main import run_worker
 
@@ -291,7 +362,8 @@ def cmd_worker(args) -> int:
 
 def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="flextrain", description="Elastic deep-learning training.")
-    parser.add_argument("--log-level", default=os.environ.get("FLEXTRAIN_LOG_LEVEL", "WARNING"))
+    parser.add_argument("--log-level", default=os.environ.get("FLEXTRAIN_LOG_LEVEL", "WARNING"),
+                        help="DEBUG, INFO, WARNING or ERROR (default: $FLEXTRAIN_LOG_LEVEL, else WARNING)")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_train(sub)
     for name, fn, help_ in (("status", cmd_status, "show a job's status"),
@@ -302,9 +374,11 @@ def make_parser() -> argparse.ArgumentParser:
         if name == "status":
             p.add_argument("--json", action="store_true", help="print status.json")
         if name == "stop":
-            p.add_argument("--reason", default="stopped by user (flextrain stop)")
+            p.add_argument("--reason", default="stopped by user (flextrain stop)",
+                           help="recorded as the job's final message")
         if name == "scale":
-            p.add_argument("workers", type=int, metavar="N")
+            p.add_argument("workers", type=int, metavar="N",
+                           help="the number of workers wanted, within the job's --min-workers..--max-workers")
         p.set_defaults(fn=fn)
     sub.choices["train"].set_defaults(fn=cmd_train)
     from flextrain.cli_eval import add_commands as add_eval_commands
@@ -314,27 +388,35 @@ def make_parser() -> argparse.ArgumentParser:
 
     add_k8s_commands(sub)  # operator, master; Kubernetes flags on train/status/stop/scale
     data = sub.add_parser("data", help="write demo data sets").add_subparsers(dest="dataset", required=True)
-    d = data.add_parser("digits", help="scikit-learn's handwritten digits as RecordIO train/validation files")
-    d.add_argument("--out", required=True, metavar="DIR")
-    d.add_argument("--validation-fraction", type=float, default=0.2)
-    d.add_argument("--seed", type=int, default=0)
+    d = data.add_parser("digits", help="scikit-learn's handwritten digits as RecordIO train/validation files",
+                        formatter_class=HelpFormatter)
+    d.add_argument("--out", required=True, metavar="DIR", help="writes DIR/train and DIR/validation")
+    d.add_argument("--validation-fraction", type=float, default=0.2, metavar="F",
+                   help="share of the records held out for validation, between 0 and 1")
+    d.add_argument("--seed", type=int, default=0, metavar="N", help="seeds the train/validation split")
     d.add_argument("--format", choices=("raw", "example"), default="raw",
                    help="raw: 65-byte records (64 pixels + label); example: serialized tf.train.Example "
                         "with features image (64 floats) and label (int64)")
     d.set_defaults(fn=cmd_data_digits)
-    d = data.add_parser("ctr", help="a synthetic click log (categorical ids + dense features) as RecordIO")
-    d.add_argument("--out", required=True, metavar="DIR")
-    d.add_argument("--rows", type=int, default=20000)
-    d.add_argument("--validation-fraction", type=float, default=0.2)
-    d.add_argument("--seed", type=int, default=0)
+    d = data.add_parser("ctr", help="a synthetic click log (categorical ids + dense features) as RecordIO",
+                        formatter_class=HelpFormatter)
+    d.add_argument("--out", required=True, metavar="DIR", help="writes DIR/train and DIR/validation")
+    d.add_argument("--rows", type=int, default=20000, metavar="N", help="records to generate (at least 2)")
+    d.add_argument("--validation-fraction", type=float, default=0.2, metavar="F",
+                   help="share of the records held out for validation, between 0 and 1")
+    d.add_argument("--seed", type=int, default=0, metavar="N", help="seeds the generator")
     d.set_defaults(fn=cmd_data_ctr)
     ps = sub.add_parser("ps", help="(internal) run one parameter-server shard (see `flextrain ps -- --help`)",
                         add_help=False)
     ps.add_argument("ps_args", nargs=argparse.REMAINDER)
     ps.set_defaults(fn=cmd_ps)
+    pf = sub.add_parser("preflight", help="(internal) check a job's module on its first records (what "
+                                          "`flextrain train` runs in a child); prints JSON lines")
+    pf.add_argument("--job-spec-json", required=True, metavar="JSON", help="the job's JobSpec as JSON")
+    pf.set_defaults(fn=cmd_preflight)
     w = sub.add_parser("worker", help="(internal) run a worker process")
-    w.add_argument("--master", required=True, metavar="HOST:PORT")
-    w.add_argument("--worker-id", required=True)
+    w.add_argument("--master", required=True, metavar="HOST:PORT", help="the job master's gRPC address")
+    w.add_argument("--worker-id", required=True, help="this worker's id, given by the master that launched it")
     w.set_defaults(fn=cmd_worker)
     return parser
 

@@ -10,12 +10,11 @@ process starts.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 
-from flextrain.cli import DEFAULT_JOBS_DIR, CLIError, _abs, _job_name, _model_def_abs
+from flextrain.cli import DEFAULT_JOBS_DIR, CLIError, HelpFormatter, _abs, _job_name, _model_def_abs
 
 
 def _add_common(p) -> None:
@@ -24,19 +23,21 @@ def _add_common(p) -> None:
     p.add_argument("--checkpoint", metavar="PATH_OR_JOB_DIR", required=True,
                    help="a flextrain checkpoint file, or a training job's directory (its final checkpoint, "
                         "else its latest)")
-    p.add_argument("--workers", type=int, default=1, help="worker processes")
-    p.add_argument("--global-batch-size", type=int, default=64,
+    p.add_argument("--workers", type=int, default=1, metavar="N", help="worker processes")
+    p.add_argument("--global-batch-size", type=int, default=64, metavar="N",
                    help="with --steps-per-task: records per task = steps-per-task x global-batch-size")
-    p.add_argument("--steps-per-task", type=int, default=8)
-    p.add_argument("--max-micro-batch", type=int, help="records one worker runs through the model at once "
-                                                       "(default: --global-batch-size)")
-    p.add_argument("--job-name", help="job name (default: the module's name + '-evaluate' / '-predict')")
+    p.add_argument("--steps-per-task", type=int, default=8, metavar="N",
+                   help="batches of --global-batch-size records per task (the unit handed out and re-queued)")
+    p.add_argument("--max-micro-batch", type=int, metavar="N", help="records one worker runs through the model "
+                                                                    "at once (default: --global-batch-size)")
+    p.add_argument("--job-name", metavar="NAME",
+                   help="job name (default: the module's name + '-evaluate' / '-predict')")
     p.add_argument("--job-dir", metavar="DIR", help=f"logs and status.json (default: ./{DEFAULT_JOBS_DIR}/NAME)")
-    p.add_argument("--max-task-retries", type=int, default=3,
+    p.add_argument("--max-task-retries", type=int, default=3, metavar="N",
                    help="a failing task is retried this often, then the job fails")
-    p.add_argument("--worker-timeout", type=float, default=60.0,
-                   help="seconds of silence after which a worker counts as hung")
-    p.add_argument("--relaunch-budget", type=int, default=3, help="relaunches per worker slot")
+    p.add_argument("--worker-timeout", type=float, default=60.0, metavar="SECONDS",
+                   help="silence after which a worker counts as hung")
+    p.add_argument("--relaunch-budget", type=int, default=3, metavar="N", help="relaunches per worker slot")
     p.add_argument("--no-progress", action="store_true", help="no live progress display")
 
 
@@ -46,7 +47,7 @@ def add_commands(sub) -> None:
         description="Evaluate the model of a flextrain checkpoint with the module's eval_metrics_fn on "
                     "--validation-data, sharded over --workers. Metrics are the mean over every "
                     "validation record; they are printed and written to the job's status.json.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     _add_common(p)
     p.add_argument("--validation-data", metavar="DIR", required=True,
@@ -57,7 +58,7 @@ def add_commands(sub) -> None:
         description="Run the model of a flextrain checkpoint in PREDICTION mode over --prediction-data, "
                     "sharded over --workers, and write one JSON line per input record to --output "
                     "(part-<task>.jsonl files in input order plus manifest.json).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     _add_common(p)
     p.add_argument("--prediction-data", metavar="DIR", required=True,
@@ -124,10 +125,23 @@ def _check_and_run(spec, data: str, what: str, args) -> int:
             load_outputs_processor(model_def)
         make_shards(data, what=what)
         make_predictor(model_def, model_def.build_model()).load_checkpoint(spec.checkpoint)
+        if spec.job_type is JobType.PREDICTION:
+            refuse_nonfinite(spec.checkpoint)
     except (JobSpecError, ModelDefError, DataError) as exc:
         raise CLIError(str(exc)) from exc
     show = sys.stderr.isatty() and not args.no_progress
     return run_master(spec, show_progress=show)
+
+
+def refuse_nonfinite(checkpoint: str) -> None:
+    """Predictions of a model with NaN or infinite weights are NaN: refuse it, naming the weights."""
+    from flextrain.elastic.statecodec import decode, nonfinite
+
+    with open(checkpoint, "rb") as f:
+        bad = nonfinite(decode(f.read()).get("model", {}))
+    if bad:
+        raise CLIError(f"--checkpoint {checkpoint}: the model has non-finite weights ({'; '.join(bad)}), so every "
+                       "prediction would be NaN; use an earlier checkpoint of the job (checkpoints/ckpt-*.ckpt)")
 
 
 def cmd_evaluate(args) -> int:

@@ -50,7 +50,7 @@ def add_train_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dry-run", action="store_true", help="print the ElasticJob YAML, submit nothing")
     g.add_argument("--pvc", action="append", default=[], metavar="CLAIM:/MOUNT/PATH",
                    help="mount a PersistentVolumeClaim into every pod of the job (repeatable)")
-    g.add_argument("--master-port", type=int, help="port of the job's master (default 50051)")
+    g.add_argument("--master-port", type=int, metavar="PORT", help="port of the job's master (default: 50051)")
 
 
 def add_job_flags(p: argparse.ArgumentParser) -> None:
@@ -92,14 +92,14 @@ def add_commands(sub) -> None:
     scope.add_argument("--namespace", action="append", default=[], metavar="NS",
                        help="watch ElasticJobs in NS (repeatable; default: the operator's own namespace)")
     scope.add_argument("--all-namespaces", action="store_true", help="watch ElasticJobs in every namespace")
-    p.add_argument("--sweep-interval", type=float, default=15.0,
-                   help="seconds between level-triggered checks of every job's master")
+    p.add_argument("--sweep-interval", type=float, default=15.0, metavar="SECONDS",
+                   help="time between level-triggered checks of every job's master (default: 15.0)")
     p.set_defaults(fn=cmd_operator)
     p = sub.add_parser("master", help="(internal) run the master of an ElasticJob (what the master pod runs)")
     p.add_argument("--job", required=True, metavar="NAME", help="the ElasticJob")
     p.add_argument("--namespace", help="its namespace (default: this pod's)")
     p.add_argument("--host", default="0.0.0.0", help="address the master's servers bind")
-    p.add_argument("--port", type=int, default=None, help="gRPC port (default 50051)")
+    p.add_argument("--port", type=int, default=None, help="gRPC port (default: 50051)")
     p.set_defaults(fn=cmd_master)
     train = sub.choices["train"]
     add_train_flags(train)
@@ -194,7 +194,7 @@ def elasticjob_from_args(args) -> dict:
         raise CLIError(str(exc)) from exc
     if args.master_port is not None:
         if not 0 < args.master_port < 65536:
-            raise CLIError(f"--master-port must be a port number, got {args.master_port}")
+            raise CLIError(f"--master-port must be a port number (1-65535), got {args.master_port}")
         body["metadata"]["annotations"] = {meta.ANNOTATION_MASTER_PORT: str(args.master_port)}
     return body
 
@@ -302,9 +302,14 @@ def stop(args) -> int:
 
 # ---- operator / master ---------------------------------------------------------------------
 def cmd_operator(args) -> int:
+    from flextrain.job import JobSpecError, check_positive_finite
     from flextrain.k8s import meta
     from flextrain.operator.main import run_operator
 
+    try:
+        check_positive_finite("--sweep-interval", args.sweep_interval)
+    except JobSpecError as exc:
+        raise CLIError(str(exc)) from exc
     api = _api_client()
     namespaces = args.namespace or ([] if args.all_namespaces else [meta.current_namespace()])
     run_operator(api, namespaces=namespaces, clusterwide=args.all_namespaces, sweep_interval=args.sweep_interval)
@@ -317,6 +322,18 @@ def _finished_training(spec) -> str | None:
 
     latest = CheckpointStore(Path(spec.job_dir) / "checkpoints").latest()
     return latest["checkpoint"] if latest and latest.get("final") else None
+
+
+def _preflight(spec) -> None:
+    from flextrain.worker.preflight import PreflightError, run_preflight
+
+    hint = "spec.training.preflight: false skips it"
+    try:
+        run_preflight(spec, skip_hint=hint)
+    except PreflightError as exc:  # say how to skip it: the master pod may lack the workers' hardware
+        if hint in str(exc):
+            raise
+        raise PreflightError(f"{exc} [checked by preflight in the master pod; {hint}]") from None
 
 
 def cmd_master(args) -> int:
@@ -335,6 +352,8 @@ def cmd_master(args) -> int:
     from flextrain.k8s.resource import ResourceError, jobspec_from_resource
     from flextrain.master.main import ResumeError, run_master
 
+    if args.port is not None and not 0 <= args.port < 65536:  # 0: any free port (tests use it)
+        raise CLIError(f"--port must be a port number (0-65535), got {args.port}")
     namespace = args.namespace or meta.current_namespace()
     api = _api_client()
     from flextrain.operator.kube import Kube, now_iso
@@ -363,6 +382,15 @@ def cmd_master(args) -> int:
         kube.patch_status(job, {"phase": "Succeeded", "message": message, "completionTime": now_iso()})
         print(message)
         return 0
+    if spec.preflight and not resume:  # the module's contract, before a single worker pod exists
+        from flextrain.worker.module import ModelDefError
+
+        try:
+            _preflight(spec)
+        except (DataError, JobSpecError, ModelDefError) as exc:  # the job's input: relaunching cannot help
+            message = f"the master cannot start: {exc}"
+            kube.patch_status(job, {"phase": "Failed", "message": message, "completionTime": now_iso()})
+            raise CLIError(message) from None
     outcome: dict = {}
 
     def run() -> None:

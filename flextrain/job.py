@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +41,49 @@ class Backend(str, enum.Enum):
 
 
 _NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+# ---- one rule per kind of number ----------------------------------------------------------------
+# Used by JobSpec.validate and by the CLI for flags that are not JobSpec fields. Messages name the
+# flag; k8s.resource rewrites "--flag" into the ElasticJob field path, so one message serves both.
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)  # JSON/YAML `true` is no count
+
+
+def check_count(flag: str, value) -> None:
+    """How many of something (workers, epochs, samples, steps): an integer >= 1."""
+    if not _is_int(value) or value < 1:
+        raise JobSpecError(f"{flag} must be a positive integer, got {value!r}")
+
+
+def check_non_negative(flag: str, value) -> None:
+    """A budget (retries, relaunches, servers) or a step interval where 0 means none / only at the end."""
+    if not _is_int(value) or value < 0:
+        raise JobSpecError(f"{flag} must be an integer >= 0, got {value!r}")
+
+
+def check_positive_finite(flag: str, value) -> None:
+    """A timeout in seconds or a rate: 0 expires at once (every worker "hung" as it starts), inf never
+    fires, and nan compares false with everything, so each would pass a plain ``> 0`` check or worse."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+        raise JobSpecError(f"{flag} must be positive and finite, got {value!r}")
+
+
+def _flag(field: str) -> str:
+    return {"learning_rate": "--lr"}.get(field, "--" + field.replace("_", "-"))
+
+
+# Every numeric JobSpec field, by kind. _OPTIONAL ones may be None (= derived from another field).
+_NUMBER_RULES = (
+    (check_count, ("workers", "epochs", "global_batch_size", "steps_per_task",
+                   "max_micro_batch", "min_workers", "max_workers", "grads_to_wait")),
+    (check_non_negative, ("evaluation_steps", "max_task_retries", "checkpoint_steps", "relaunch_budget",
+                          "ps_checkpoint_steps")),
+    (check_positive_finite, ("rendezvous_timeout", "worker_timeout", "start_timeout", "min_workers_timeout",
+                             "learning_rate")),
+)
+NAN_POLICIES = ("fail", "skip-step")
+_OPTIONAL = {"max_micro_batch", "min_workers", "max_workers", "grads_to_wait", "learning_rate"}
 
 
 @dataclass(frozen=True)
@@ -79,10 +123,19 @@ class JobSpec:
     rendezvous_timeout: float = 10.0
     # Seconds without a heartbeat after which a worker counts as hung.
     worker_timeout: float = 60.0
+    # Seconds a started worker may take to be ready (import the module, build model and
+    # optimizer) before it counts as hung; a pod not yet scheduled is not started.
+    start_timeout: float = 300.0
     # Seconds a job waits with fewer than min_workers alive before it fails.
     min_workers_timeout: float = 300.0
     # Times a crashed worker is relaunched before the job gives up on it.
     relaunch_budget: int = 3
+    # Before any worker starts, check the module's contract on the first records in a child
+    # process (flextrain.worker.preflight); off for a module that needs the workers' hardware.
+    preflight: bool = True
+    # A non-finite loss or gradient: "fail" stops the job naming the step (nothing is applied);
+    # "skip-step" drops that step (its records count as trained, nothing is applied) and goes on.
+    nan_policy: str = "fail"
     # ---- ParameterServer strategy (ignored by AllReduce) ----------------------
     # Number of parameter-server processes; must be >= 1 with ParameterServer.
     ps: int = 0
@@ -127,43 +180,51 @@ class JobSpec:
     # ---- validation --------------------------------------------------------
     def validate(self) -> "JobSpec":
         """Raise JobSpecError naming the first field that cannot work."""
-
-        def positive(field: str, value: int | None) -> None:
-            if value is None or not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                flag = field.replace("_", "-")
-                raise JobSpecError(f"--{flag} must be a positive integer, got {value!r}")
-
-        if not _NAME_RE.match(self.name or "") or len(self.name) > 53:
+        if not isinstance(self.name, str) or not _NAME_RE.match(self.name) or len(self.name) > 53:
             raise JobSpecError(
                 f"job name {self.name!r} must be a DNS label: lower-case letters, digits and '-', "
                 "at most 53 characters"
             )
         if not self.model_def:
             raise JobSpecError("--model-def is required (e.g. model_zoo/digits_torch.py:Model)")
+        for check, fields in _NUMBER_RULES:
+            for field in fields:
+                value = getattr(self, field)
+                if value is not None or field not in _OPTIONAL:
+                    check(_flag(field), value)
+        if not _is_int(self.seed) or not 0 <= self.seed < 2**63:  # what torch.manual_seed and the CRD take
+            raise JobSpecError(f"--seed must be an integer from 0 to 2**63-1, got {self.seed!r}")
+        if self.nan_policy not in NAN_POLICIES:
+            raise JobSpecError(f"--nan-policy must be one of {', '.join(NAN_POLICIES)}, got {self.nan_policy!r}")
+        for field in ("shuffle", "ps_wal"):
+            if not isinstance(getattr(self, field), bool):
+                raise JobSpecError(f"{_flag(field)} must be true or false, got {getattr(self, field)!r}")
+        for name, field, kind in (("--distribution-strategy", "strategy", Strategy), ("job type", "job_type", JobType),
+                                  ("backend", "backend", Backend)):
+            if not isinstance(getattr(self, field), kind):  # from_json converts; a hand-built spec may not
+                raise JobSpecError(f"{name} must be one of {', '.join(k.value for k in kind)}, "
+                                   f"got {getattr(self, field)!r}")
+        self._validate_worker_range()
         self._validate_job_type()
-        for field in ("workers", "epochs", "global_batch_size", "steps_per_task"):
-            positive(field, getattr(self, field))
-        if self.max_micro_batch is not None:
-            positive("max_micro_batch", self.max_micro_batch)
-        for field in ("min_workers", "max_workers"):
-            if getattr(self, field) is not None:
-                positive(field, getattr(self, field))
-        lo, hi = self.effective_min_workers, self.effective_max_workers
-        if lo > hi:
-            raise JobSpecError(f"--min-workers ({lo}) is greater than --max-workers ({hi})")
-        if not lo <= self.workers <= hi:
-            raise JobSpecError(
-                f"--workers ({self.workers}) must lie between --min-workers ({lo}) "
-                f"and --max-workers ({hi})"
-            )
-        if self.learning_rate is not None and not self.learning_rate > 0:
-            raise JobSpecError(f"--lr must be positive, got {self.learning_rate!r}")
-        if self.max_task_retries < 0:
-            raise JobSpecError(f"--max-task-retries must be >= 0, got {self.max_task_retries}")
-        if self.checkpoint_steps < 0:
-            raise JobSpecError(f"--checkpoint-steps must be >= 0, got {self.checkpoint_steps}")
         self._validate_ps()
         return self
+
+    def _validate_worker_range(self) -> None:
+        """min_workers <= workers <= max_workers, blaming only flags that were given.
+
+        An unset bound defaults to --workers, so it can never be the culprit:
+        ``--workers 3 --max-workers 2`` is about --workers and --max-workers.
+        """
+        lo, n, hi = self.min_workers, self.workers, self.max_workers
+        if lo is not None and hi is not None:
+            if lo > hi:
+                raise JobSpecError(f"--min-workers ({lo}) is greater than --max-workers ({hi})")
+            if not lo <= n <= hi:
+                raise JobSpecError(f"--workers ({n}) must lie between --min-workers ({lo}) and --max-workers ({hi})")
+        elif lo is not None and lo > n:
+            raise JobSpecError(f"--min-workers ({lo}) is greater than --workers ({n})")
+        elif hi is not None and n > hi:
+            raise JobSpecError(f"--workers ({n}) is greater than --max-workers ({hi})")
 
     def _validate_job_type(self) -> None:
         if self.job_type is JobType.TRAINING:
@@ -183,9 +244,6 @@ class JobSpec:
                 raise JobSpecError("--prediction-data is required for a prediction job")
             if not self.output:
                 raise JobSpecError("--output is required for a prediction job (directory for the predictions)")
-        if isinstance(self.evaluation_steps, bool) or not isinstance(self.evaluation_steps, int) \
-                or self.evaluation_steps < 0:
-            raise JobSpecError(f"--evaluation-steps must be >= 0, got {self.evaluation_steps!r}")
         if self.evaluation_steps and not self.validation_data:
             raise JobSpecError(f"--evaluation-steps {self.evaluation_steps} needs --validation-data")
         if self.evaluation_steps and self.job_type is not JobType.TRAINING:
@@ -193,22 +251,17 @@ class JobSpec:
 
     def _validate_ps(self) -> None:
         if self.strategy is Strategy.PARAMETER_SERVER:
-            if isinstance(self.ps, bool) or not isinstance(self.ps, int) or self.ps < 1:
+            if not _is_int(self.ps) or self.ps < 1:
                 raise JobSpecError(
                     f"--distribution-strategy ParameterServer needs --ps N (N >= 1 parameter servers), "
                     f"got {self.ps!r}")
-        elif self.ps:
-            raise JobSpecError(f"--ps {self.ps} needs --distribution-strategy ParameterServer "
-                               f"(the strategy is {self.strategy.value})")
+        else:
+            check_non_negative("--ps", self.ps)
+            if self.ps:
+                raise JobSpecError(f"--ps {self.ps} needs --distribution-strategy ParameterServer "
+                                   f"(the strategy is {self.strategy.value})")
         if self.ps_mode not in ("sync", "async"):
             raise JobSpecError(f"--ps-mode must be 'sync' or 'async', got {self.ps_mode!r}")
-        if self.grads_to_wait is not None and (not isinstance(self.grads_to_wait, int) or self.grads_to_wait < 1):
-            raise JobSpecError(f"--grads-to-wait must be a positive integer, got {self.grads_to_wait!r}")
-        if self.ps_checkpoint_steps < 0:
-            raise JobSpecError(f"--ps-checkpoint-steps must be >= 0, got {self.ps_checkpoint_steps}")
-        if not isinstance(self.ps_wal, bool):
-            raise JobSpecError(f"--ps-wal must be true or false, got {self.ps_wal!r}")
-        return self
 
     # ---- (de)serialisation -------------------------------------------------
     def to_json(self) -> str:

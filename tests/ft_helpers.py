@@ -29,6 +29,21 @@ def read_status(job_dir: Path) -> dict:
     return json.loads((job_dir / "status.json").read_text())
 
 
+def processes_with_args(*args: str) -> list[int]:
+    """Pids of live processes whose command line holds ``args`` in a row (e.g. a job's workers)."""
+    wanted = "\0".join(args).encode()
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if wanted in (proc / "cmdline").read_bytes():
+                found.append(int(proc.name))
+        except OSError:  # gone meanwhile
+            pass
+    return found
+
+
 def wait_for(predicate, *, timeout: float, what: str, interval: float = 0.1):
     """Poll ``predicate`` until it returns a truthy value (observing another process's state)."""
     deadline = time.monotonic() + timeout
@@ -89,3 +104,28 @@ class FakeMaster:
 
     def report_task(self, task_id, **kw):
         self.reports.append((task_id, kw))
+
+
+def ps_counts(job_dir: Path, records: int, num_ps: int = 2):
+    """(dense counts, row counts) per record of the PS counting model (tests/e2e/zoo/counting_ps.py),
+    from the PS's checkpoints and write-ahead logs, in the dtype the PS holds them in."""
+    import numpy as np
+    import torch
+
+    from flextrain.ps.checkpoint import Checkpointer
+    from flextrain.ps.shard import row_owners
+    from flextrain.ps.state import ShardState
+
+    dense, rows = None, None
+    ids = np.arange(records)
+    owners = row_owners(ids, num_ps)
+    for i in range(num_ps):
+        shard = ShardState(i, num_ps)
+        assert Checkpointer(job_dir / "ps-checkpoints", i).restore(shard) is not None
+        if shard.dense is not None and "seen" in shard.dense.params.views:
+            dense = shard.dense.params.views["seen"].clone()
+        table = shard.tables["seen_rows"]
+        rows = torch.zeros(records, dtype=table.dtype) if rows is None else rows
+        mine = ids[owners == i]
+        rows[mine] = table.gather(mine)[:, 0]
+    return dense, rows

@@ -125,3 +125,28 @@ def decode(data: bytes | bytearray | memoryview) -> Any:
         return build(tree)
     except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
         raise StateCodecError(f"state blob skeleton is corrupt: {exc}") from exc
+
+
+def nonfinite(tree: Any, *, limit: int = 5) -> list[str]:
+    """Where a state tree holds NaN or infinite values: ``["model.net.0.weight (3 NaN, 1 inf of 640)"]``
+    for up to ``limit`` float tensors (integer tensors cannot be non-finite)."""
+    found: list[str] = []
+
+    def walk(node: Any, path: str) -> None:
+        if len(found) >= limit:
+            return
+        if isinstance(node, torch.Tensor):
+            if node.is_floating_point() or node.is_complex():
+                nan, inf = int(torch.isnan(node).sum()), int(torch.isinf(node).sum())
+                if nan or inf:
+                    counts = ", ".join(f"{n} {what}" for n, what in ((nan, "NaN"), (inf, "inf")) if n)
+                    found.append(f"{path} ({counts} of {node.numel()})")
+        elif isinstance(node, dict):
+            for key, value in node.items():
+                walk(value, f"{path}.{key}" if path else str(key))
+        elif isinstance(node, (list, tuple)):
+            for i, value in enumerate(node):
+                walk(value, f"{path}[{i}]")
+
+    walk(tree, "")
+    return found

@@ -93,6 +93,9 @@ def job_pod(
         "args": list(args),
         # The pod's identity is ours to set; a user's env may add to it, not change it.
         "env": [dict(e) for e in settings.env if e.get("name") not in taken] + ours,
+        # A container that fails keeps the end of its output in its status: the master names
+        # it in the job's failure even when the process died before it could report.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     if port is not None:
         container["ports"] = [{"name": "grpc", "containerPort": port, "protocol": "TCP"}]

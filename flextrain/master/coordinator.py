@@ -23,6 +23,7 @@ from flextrain.job import JobSpec, JobType, Strategy
 from flextrain.master.accounting import commit_passed, ledger_at, most_advanced, settle_round
 from flextrain.master.checkpoints import CheckpointStore
 from flextrain.master.evaluation import Evaluations, evaluation_task, outcome, prediction_task, record_task, task_message
+from flextrain.master.failures import FailureHandling, FailureTracker, WorkerFailure, failed_message
 from flextrain.master.health import Liveness, find_hung
 from flextrain.master.ledger import TaskKind, TaskLedger
 from flextrain.master.lockstep import lockstep_task
@@ -44,19 +45,20 @@ class WorkerInfo:
     registered: float
     last_seen: float
     position: pb.Position
-    loss: float = math.nan
+    loss: float | None = None  # latest reported training loss (NaN when it was NaN)
     samples: int = 0
     waiting_for_peers: bool = False
     stalled_seconds: float = 0.0
     pid: int = 0
+    skipped_steps: int = 0  # steps it dropped as non-finite (--nan-policy skip-step)
 
 
 __all__ = ["JobMaster", "Phase", "WorkerInfo", "task_message"]
 
 
-class JobMaster:
+class JobMaster(FailureHandling):
     def __init__(self, spec: JobSpec, ledger: TaskLedger, *, checkpoints: CheckpointStore | None = None,
-                 clock=time.monotonic) -> None:
+                 failures: FailureTracker | None = None, clock=time.monotonic) -> None:
         self.spec = spec
         self.ledger = ledger
         self.clock = clock
@@ -76,7 +78,7 @@ class JobMaster:
         self.metrics: dict[str, float] = {}  # the latest evaluation's metrics
         self.rounds_formed = 0
         self.step = 0  # highest model version any worker reported
-        self.last_loss = math.nan
+        self.last_loss: float | None = None  # None: no training loss reported yet (NaN is a loss)
         self.store_host = "127.0.0.1"
         self.store_port = 0
         self.restore_checkpoint = ""  # what the first round's rank 0 loads (resume)
@@ -91,6 +93,12 @@ class JobMaster:
         self.started = time.time()
         self.finished: float | None = None
         self.ps_addresses: list[str] = []  # ParameterServer strategy: PS i's host:port at index i
+        self.failures = failures or FailureTracker()
+        self.failure: WorkerFailure | None = None  # the job's root cause, when it failed of one
+        self.dismissed: set[str] = set()  # told there is nothing more to do: may exit 0
+        self.relaunching = True  # False once the relaunch budget is spent
+        self.skipped_steps = 0  # steps dropped as non-finite, as the workers report them
+        self.launched_at: dict[str, float] = {}  # launch times, for workers that never finish starting
 
     @property
     def ps_mode(self) -> bool:
@@ -114,6 +122,13 @@ class JobMaster:
             self.finished = time.time()
             self.cond.notify_all()
 
+    def fail(self, failure: WorkerFailure, message: str) -> None:
+        """Fail the job of ``failure`` (its root cause, shown in status, CLI and CR status)."""
+        with self.cond:
+            if not self.over:
+                self.failure = failure
+                self.finish(Phase.FAILED, message)
+
     def _check_outcome(self) -> None:
         if self.over:
             return
@@ -133,6 +148,7 @@ class JobMaster:
     def worker_launched(self, worker_id: str) -> None:
         with self.cond:
             self.launched.add(worker_id)
+            self.launched_at[worker_id] = self.clock()
             self.cond.notify_all()
 
     def worker_exited(self, worker_id: str) -> None:
@@ -216,6 +232,7 @@ class JobMaster:
             while True:
                 if self.over or self.stopping or worker_id in self.retiring:
                     self.rendezvous.drop_waiter(worker_id)
+                    self.dismissed.add(worker_id)
                     return pb.JoinRendezvousResponse(action=pb.JoinRendezvousResponse.STOP, message=self.message)
                 self._maybe_form()
                 rnd = self.assigned.get(worker_id)
@@ -277,6 +294,15 @@ class JobMaster:
 
     def get_task(self, req: pb.GetTaskRequest) -> pb.GetTaskResponse:
         with self.cond:
+            response = self._get_task(req)
+            done = response.action == pb.GetTaskResponse.NO_MORE and (
+                req.kind == pb.Task.TRAINING or self.ledger.training_finished())
+            if response.action == pb.GetTaskResponse.STOP or done:
+                self.dismissed.add(req.worker_id)  # its exit (code 0) is no failure
+            return response
+
+    def _get_task(self, req: pb.GetTaskRequest) -> pb.GetTaskResponse:
+        with self.cond:
             self._touch(req.worker_id, req.position)
             if req.kind in (pb.Task.EVALUATION, pb.Task.PREDICTION):
                 if self.over or self.stopping or req.worker_id in self.retiring:
@@ -301,6 +327,8 @@ class JobMaster:
                 return  # already settled (e.g. its round closed first)
             if not req.ok:
                 self.ledger.fail(req.task_id, req.steps_done, f"{req.worker_id}: {req.error}")
+                if req.HasField("failure"):
+                    self._task_failed(req)
             elif task.kind is not TaskKind.TRAINING:
                 record_task(self, task, req)
             else:
@@ -328,6 +356,11 @@ class JobMaster:
             info = self._touch(req.worker_id, req.position)
             if info is not None:
                 info.waiting_for_peers, info.stalled_seconds = req.waiting_for_peers, req.stalled_seconds
+                if req.skipped_steps > info.skipped_steps:
+                    self.note(f"{req.worker_id} skipped {req.skipped_steps - info.skipped_steps} step(s) whose loss "
+                              "or gradient was not finite (--nan-policy skip-step)")
+                    info.skipped_steps = req.skipped_steps
+                    self.skipped_steps = max(self.skipped_steps, req.skipped_steps)
                 if req.samples:
                     info.loss, info.samples = req.loss, info.samples + req.samples
                     self.last_loss = req.loss
@@ -335,7 +368,7 @@ class JobMaster:
             # Only the round the worker is in can be ended; a worker still adopting a
             # newer round reports its previous round id and is left alone.
             end = rnd is not None and rnd.round_id == req.position.round_id and rnd.state is not RoundState.ACTIVE
-            return pb.HeartbeatResponse(end_round=end, stop=self.over or bool(self.stopping))
+            return pb.HeartbeatResponse(end_round=end, stop=self.over or bool(self.stopping), job_over=self.over)
 
     def _touch(self, worker_id: str, position: pb.Position) -> WorkerInfo | None:
         info = self.workers.get(worker_id)
@@ -351,8 +384,9 @@ class JobMaster:
         return info
 
     # ---- time-driven checks (the master's main loop calls this) ---------------
-    def tick(self) -> list[tuple[str, str]]:
-        """Check deadlines; returns ``(worker_id, why)`` for workers that hang."""
+    def tick(self, *, unscheduled: set[str] = frozenset()) -> list[tuple[str, str]]:
+        """Check deadlines; returns ``(worker_id, why)`` for workers that hang (running but silent or
+        stalled, or started and never registered; ``unscheduled`` pods have not started at all)."""
         with self.cond:
             now = self.clock()
             if not self.ps_mode:
@@ -365,16 +399,29 @@ class JobMaster:
                 present = len(self.alive | self.launched)
                 if present < self.spec.effective_min_workers:
                     self.short_since = self.short_since or now
-                    if now - self.short_since > self.spec.min_workers_timeout:
-                        latest = self.checkpoints.latest() if self.checkpoints else None
-                        kept = f"; latest checkpoint kept: {latest['checkpoint']}" if latest else ""
+                    latest = self.checkpoints.latest() if self.checkpoints else None
+                    kept = f"; latest checkpoint kept: {latest['checkpoint']}" if latest else ""
+                    if not self.relaunching and (root := self.failures.root_cause()) is not None:
+                        self.fail(root, failed_message(root, (
+                            f"only {present} worker(s) left, fewer than --min-workers "
+                            f"{self.spec.effective_min_workers}, and the relaunch budget is spent{kept}")))
+                    elif now - self.short_since > self.spec.min_workers_timeout:
                         self.finish(Phase.FAILED, (
                             f"only {present} worker(s) alive, fewer than --min-workers "
                             f"{self.spec.effective_min_workers}, for {self.spec.min_workers_timeout:.0f}s{kept}"))
                 else:
                     self.short_since = None
-            return find_hung(
+            hung = find_hung(
                 [Liveness(w.worker_id, now - w.last_seen, w.stalled_seconds, w.waiting_for_peers)
                  for wid in sorted(self.alive) if (w := self.workers.get(wid)) is not None],
                 limit=self.spec.worker_timeout,
             )
+            limit = self.spec.start_timeout
+            hung += [(w, f"started {now - self.launched_at[w]:.0f}s ago and still not ready: importing the "
+                         f"module or building the model and optimizer (--start-timeout {limit:g}s)")
+                     for w in sorted(self.launched - unscheduled)
+                     if w in self.launched_at and now - self.launched_at[w] > limit]
+            for worker_id, why in hung:
+                self.failures.killing(worker_id, f"hangs ({why})")
+            return hung
+

@@ -27,7 +27,8 @@ def find_hung(workers: list[Liveness], *, limit: float) -> list[tuple[str, str]]
     hung = []
     for w in workers:
         if w.silent_for > limit:
-            hung.append((w.worker_id, f"no heartbeat for {w.silent_for:.0f}s"))
+            hung.append((w.worker_id, f"no heartbeat for {w.silent_for:.0f}s, --worker-timeout {limit:g}s"))
         elif not w.waiting_for_peers and w.stalled_for + w.silent_for > limit:
-            hung.append((w.worker_id, f"no progress for {w.stalled_for + w.silent_for:.0f}s"))
+            hung.append((w.worker_id, f"no progress for {w.stalled_for + w.silent_for:.0f}s, "
+                                      f"--worker-timeout {limit:g}s"))
     return hung

@@ -4,6 +4,8 @@ It launches workers through a :class:`LaunchBackend`, tells the JobMaster
 who is alive, replaces a worker that died while the job runs (each worker
 slot has a relaunch budget, so a worker that keeps crashing is not
 relaunched for ever), and stops surplus workers when the job is scaled down.
+Whether an exit it did not ask for is a failure worth a relaunch is the
+``judge``'s decision (the JobMaster's failure tracker), not this class's.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import logging
 import threading
 from typing import Callable
 
+from flextrain.failures import ExitCode
 from flextrain.master.launcher import InstanceSpec, LaunchBackend, Role
 
 log = logging.getLogger(__name__)
@@ -30,7 +33,7 @@ class InstanceManager:
         on_exit: Callable[[str, int], None],
         on_budget_exhausted: Callable[[str], None],
         on_retire: Callable[[str], None],
-        on_failure: Callable[[str], None] = lambda message: None,
+        judge: Callable[[str, int], bool] = lambda worker_id, code: code != 0,
         retire_grace: float = 30.0,
     ) -> None:
         self.backend = backend
@@ -42,7 +45,7 @@ class InstanceManager:
         self._on_exit = on_exit
         self._on_budget_exhausted = on_budget_exhausted
         self._on_retire = on_retire
-        self._on_failure = on_failure
+        self._judge = judge  # (worker_id, exit code) of an exit we did not ask for -> relaunch?
         self.retire_grace = retire_grace
         self.budget_exhausted = False
         self._lock = threading.Lock()
@@ -103,13 +106,12 @@ class InstanceManager:
             expected = worker_id in self._stopping or self.closed
             self._stopping.discard(worker_id)
             self.exits.append((worker_id, code))
-            if not expected and code != 0:
-                self.failures += 1
         self._on_exit(worker_id, code)
-        if expected or code == 0:
+        if expected or not self._judge(worker_id, code):
             return
-        log.warning("%s exited with code %d", worker_id, code)
-        self._on_failure(f"{worker_id} exited with code {code}")
+        log.info("%s exited with code %d: relaunching", worker_id, code)  # the judge told the user why
+        with self._lock:
+            self.failures += code != ExitCode.RELEASED  # a worker released from a dead round did nothing wrong
         if self.failures > self.relaunch_budget * max(1, self.desired):
             with self._lock:
                 self.budget_exhausted = True

@@ -79,6 +79,7 @@ class _Instance:
     reason: str | None = None
     code: int | None = None
     created: float = 0.0  # monotonic time the API accepted the Pod
+    output: str = ""  # the container's termination message: the end of its log when it failed
 
 
 @dataclass
@@ -245,6 +246,19 @@ class KubernetesPodBackend(LaunchBackend):
         with self._lock:
             return {i for i, inst in self._instances.items() if not inst.reported}
 
+    def log_location(self, instance_id: str) -> str:
+        with self._lock:
+            inst = self._instances.get(instance_id)
+        return f"kubectl logs -n {self.namespace} {inst.pod}" if inst else ""
+
+    def output_tail(self, instance_id: str) -> str:
+        with self._lock:
+            inst = self._instances.get(instance_id)
+        if inst is None:
+            return ""
+        reason = f"[{inst.reason}] " if inst.reason and inst.reason not in ("Error", "Completed") else ""
+        return reason + inst.output
+
     def pending(self) -> set[str]:
         """Instances whose Pod has not started running yet (unscheduled, pulling, ...)."""
         with self._lock:
@@ -300,6 +314,8 @@ class KubernetesPodBackend(LaunchBackend):
                 return
             inst.phase = (pod.get("status") or {}).get("phase") or inst.phase
             ended = pod_exit(kind, pod)
+            if ended is not None:
+                inst.output = termination_message(pod)
         if ended is not None:
             self._report(inst.instance_id, *ended)
 
@@ -319,6 +335,14 @@ class KubernetesPodBackend(LaunchBackend):
         if fatal:
             self._on_fatal(fatal)
         self._on_exit(instance_id, code)
+
+
+def termination_message(pod: Mapping[str, Any]) -> str:
+    """The terminated container's message (``FallbackToLogsOnError``: its last log lines)."""
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        if (term := (cs.get("state") or {}).get("terminated")) and term.get("message"):
+            return str(term["message"])
+    return ""
 
 
 def oom_message(role: str, instance_id: str, kills: int, limit: int) -> str:

@@ -55,10 +55,11 @@ def cr_status(snap: Mapping[str, Any], *, job_name: str) -> dict[str, Any]:
         "progress": {"recordsDone": int(progress.get("recordsDone", 0)),
                      "recordsTotal": int(progress.get("recordsTotal", 0)),
                      "percent": percent, "summary": f"{percent:.1f}%"},
-        "metrics": {k: float(v) for k, v in (snap.get("metrics") or {}).items()},
+        # a non-finite metric is the string "nan"/"inf"/"-inf" (status.shown): JSON has no NaN
+        "metrics": {k: v if isinstance(v, str) else float(v) for k, v in (snap.get("metrics") or {}).items()},
         "samplesPerSecond": float(snap.get("samplesPerSecond", 0.0)),
     }
-    for key in ("startTime", "completionTime"):
+    for key in ("startTime", "completionTime", "failure"):
         if snap.get(key):
             status[key] = snap[key]
     return status

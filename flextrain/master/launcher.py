@@ -81,6 +81,14 @@ class LaunchBackend(abc.ABC):
     def close(self, *, grace: float = 5.0) -> None:
         """Stop every instance, waiting up to ``grace`` seconds before killing."""
 
+    def log_location(self, instance_id: str) -> str:
+        """Where a user finds an instance's output (a file, or the command that shows it)."""
+        return ""
+
+    def output_tail(self, instance_id: str) -> str:
+        """The last lines an instance printed, once it has exited ("" where they cannot be had)."""
+        return ""
+
     def ps_endpoint(self, index: int) -> PSEndpoint | None:
         """Where parameter server ``index`` must listen and how workers reach it, when the backend
         decides (pods behind Services); None: the PS picks a free loopback port and reports it
@@ -124,6 +132,14 @@ class LocalProcessBackend(LaunchBackend):
         with self._lock:
             self._procs.pop(instance_id, None)
         self._on_exit(instance_id, 128 - code if code < 0 else code)
+
+    def log_location(self, instance_id: str) -> str:
+        return str(self.log_dir / f"{instance_id}.log")
+
+    def output_tail(self, instance_id: str) -> str:
+        from flextrain.master.failures import log_tail
+
+        return log_tail(self.log_dir / f"{instance_id}.log")
 
     def pid(self, instance_id: str) -> int | None:
         with self._lock:

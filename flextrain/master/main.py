@@ -16,18 +16,21 @@ from datetime import timedelta
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 
 from flextrain.data import make_shards
 from flextrain.job import Backend, JobSpec, JobType, Strategy
 from flextrain.master import ps_tasks
 from flextrain.master.checkpoints import CheckpointStore
+from flextrain.failures import EXIT_CODE_OF_KIND, ExitCode
 from flextrain.master.coordinator import JobMaster, Phase
+from flextrain.master.failures import FailureTracker, failure_lines
 from flextrain.master.instances import InstanceManager
 from flextrain.master.launcher import LaunchBackend, LocalProcessBackend
 from flextrain.master.ledger import TaskLedger
 from flextrain.master.ps_fleet import PSFleet, PSStartError, is_ps
 from flextrain.master.servicer import MasterServicer, start_server
-from flextrain.master.status import StatusReporter
+from flextrain.master.status import StatusReporter, metric_text
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +104,9 @@ def run_master(
     (job_dir / "jobspec.json").write_text(spec.to_json() + "\n")
     store_dir = CheckpointStore(job_dir / "checkpoints")
     ledger = build_ledger(spec)
-    job = JobMaster(spec, ledger, checkpoints=store_dir)
+    # Closures over `backend`, which is chosen below: a failure is only ever judged once it is.
+    failures = FailureTracker(log_of=lambda w: backend.log_location(w), tail_of=lambda w: backend.output_tail(w))
+    job = JobMaster(spec, ledger, checkpoints=store_dir, failures=failures)
     if spec.job_type is not JobType.TRAINING:  # no training: the model is the given checkpoint's
         job.final_checkpoint = spec.checkpoint
         if spec.output:
@@ -179,7 +184,7 @@ def run_master(
         worker_env=lambda wid: {"FLEXTRAIN_NUM_THREADS": str(threads), "FLEXTRAIN_WORKER_ID": wid,
                                 "PYTHONUNBUFFERED": "1", **local_env},
         on_launch=job.worker_launched, on_exit=lambda wid, code: job.worker_exited(wid),
-        on_budget_exhausted=job.note, on_retire=job.retire, on_failure=job.note,
+        on_budget_exhausted=job.relaunches_exhausted, on_retire=job.retire, judge=job.worker_failed,
     )
     fleet: PSFleet | None = None
     if job.ps_mode:
@@ -201,8 +206,9 @@ def run_master(
         while not job.over:
             with job.cond:
                 job.cond.wait(STATUS_INTERVAL)
-            for worker_id, why in job.tick():
-                job.note(f"{worker_id} hangs ({why}): killing it; its task is recovered")
+            for worker_id, why in job.tick(unscheduled=k8s.backend.pending() if k8s else set()):
+                job.note(f"{worker_id} hangs ({why}): killing it; "
+                         "its task is recovered")
                 manager.kill(worker_id)
             if stop_requested and time.monotonic() - stop_requested[0] > STOP_GRACE:
                 job.finish(Phase.FAILED, f"stopped: {job.stopping} (no stop checkpoint within {STOP_GRACE:.0f}s)")
@@ -232,7 +238,14 @@ def run_master(
         _restore_signal_handlers(previous)
         del store
     _print_summary(console, snap)
-    return 0 if job.phase is Phase.SUCCEEDED else 1
+    return exit_code(job)
+
+
+def exit_code(job: JobMaster) -> int:
+    """0 when the job succeeded; else the code of its failure's kind (docs/troubleshooting.md)."""
+    if job.phase is Phase.SUCCEEDED:
+        return ExitCode.OK
+    return int(EXIT_CODE_OF_KIND.get(job.failure.kind, ExitCode.INTERNAL)) if job.failure else ExitCode.INTERNAL
 
 
 def _reachable_host(host: str) -> str:
@@ -254,9 +267,12 @@ def _status_json(reporter) -> str:
 
 def _print_summary(console: Console, snap: dict) -> None:
     style = "green" if snap["phase"] == Phase.SUCCEEDED.value else "red"
-    console.print(f"[{style}]job {snap['name']} {snap['phase']}[/]: {snap['message']}")
+    console.print(f"[{style}]job {snap['name']} {snap['phase']}[/]: {escape(snap['message'])}", highlight=False,
+                  soft_wrap=True)
+    for line in failure_lines(snap.get("failure")):
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
     for name, value in sorted(snap["metrics"].items()):
-        console.print(f"  {name}: {value:.4f}")
+        console.print(f"  {name}: {metric_text(value)}")
     console.print(f"  status: {Path(snap['jobDir']) / 'status.json'}")
 
 

@@ -61,6 +61,10 @@ class MasterServicer(pb_grpc.MasterServicer):
         self.job.report_checkpoint(request)
         return pb.ReportCheckpointResponse()
 
+    def ReportFailure(self, request, context):
+        self.job.report_failure(request.worker_id, request.failure)
+        return pb.ReportFailureResponse()
+
     def GetStatus(self, request, context):
         return pb.GetStatusResponse(status_json=self._status_json())
 

@@ -15,6 +15,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from flextrain.master.checkpoints import write_json_atomic
@@ -66,8 +67,18 @@ def active_workers(job: JobMaster) -> int:
 
 def training_loss(job: JobMaster) -> float:
     """Mean of the live workers' latest reported losses (else the last one seen)."""
-    losses = [w.loss for w in job.workers.values() if w.worker_id in job.alive and not math.isnan(w.loss)]
+    losses = [w.loss for w in job.workers.values() if w.worker_id in job.alive and w.loss is not None]
     return sum(losses) / len(losses) if losses else job.last_loss
+
+
+def metric_text(value: float | str) -> str:
+    return value if isinstance(value, str) else f"{value:.4f}"
+
+
+def shown(value: float) -> float | str:
+    """A metric as status.json and the ElasticJob hold it: non-finite values as "nan", "inf" or "-inf"
+    (strict JSON has no NaN; dropping the metric would hide that it went wrong)."""
+    return value if math.isfinite(value) else str(float(value))
 
 
 class StatusReporter:
@@ -85,6 +96,7 @@ class StatusReporter:
         self._progress = None
         self._bar = None
         self._evaluations_shown: set[int] = set()  # steps whose evaluation was printed
+        self._events_shown = 0  # job.events printed so far (failures, kills, rollbacks, ...)
         if show_progress:
             self._progress = Progress(
                 TextColumn("[bold]{task.fields[epoch]}"), BarColumn(),
@@ -106,8 +118,9 @@ class StatusReporter:
             else:  # evaluation-only / prediction job: records evaluated or predicted
                 done, total = inference_progress(job)
             loss = training_loss(job)
-            metrics = {"loss": loss} if not math.isnan(loss) else {}
+            metrics = {"loss": loss} if loss is not None else {}
             metrics.update(job.metrics)
+            metrics = {name: shown(value) for name, value in metrics.items()}
             now = time.monotonic()
             self._rate_window.append((now, done))
             t0, d0 = self._rate_window[0]
@@ -128,11 +141,15 @@ class StatusReporter:
                 },
                 "metrics": metrics,
                 # every finished evaluation, oldest first: {step, metrics, samples, time}
-                "evaluations": [dict(e) for e in job.evaluations.history[-100:]],
+                "evaluations": [{**e, "metrics": {k: shown(v) for k, v in e["metrics"].items()}}
+                                for e in job.evaluations.history[-100:]],
                 "samplesPerSecond": round(rate, 1),
                 "rounds": job.rounds_formed,
                 "roundHistory": job.round_history[-50:],
                 "events": job.events[-20:],
+                # the job's root cause when a worker's failure ended it (master/failures.py)
+                "failure": job.failure.to_status() if job.failure else None,
+                "skippedSteps": job.skipped_steps,
                 "startTime": iso(job.started),
                 "completionTime": iso(job.finished),
                 "masterAddress": self.master_address,
@@ -145,10 +162,14 @@ class StatusReporter:
         write_json_atomic(self.path, snap)
         for sink in self.sinks:
             sink(snap)
+        with self.job.cond:
+            events, self._events_shown = self.job.events[self._events_shown:], len(self.job.events)
+        for event in events:  # what happened to the job, as lines above the bar (why a worker died, ...)
+            self.console.print(escape(event), highlight=False, soft_wrap=True)
         for entry in snap["evaluations"]:  # each finished evaluation once, as a line above the bar
             if entry["step"] not in self._evaluations_shown:
                 self._evaluations_shown.add(entry["step"])
-                values = "  ".join(f"{k} {v:.4f}" for k, v in sorted(entry["metrics"].items()))
+                values = "  ".join(f"{k} {metric_text(v)}" for k, v in sorted(entry["metrics"].items()))
                 self.console.print(f"evaluation at step {entry['step']}: {values or 'no metrics'} "
                                    f"({entry['samples']} samples)")
         if self._progress is not None:
@@ -156,7 +177,7 @@ class StatusReporter:
             self._progress.update(
                 self._bar, completed=snap["progress"]["recordsDone"], total=snap["progress"]["recordsTotal"],
                 epoch=f"epoch {snap['epoch']}/{snap['epochs']}",
-                loss=f"{loss:.4f}" if loss is not None else "-",
+                loss=metric_text(loss) if loss is not None else "-",
                 rate=f"{snap['samplesPerSecond']:,.0f}", workers=snap["workers"]["active"],
             )
         return snap

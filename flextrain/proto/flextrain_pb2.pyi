@@ -176,7 +176,7 @@ class GetTaskResponse(_message.Message):
     def __init__(self, action: _Optional[_Union[GetTaskResponse.Action, str]] = ..., task: _Optional[_Union[Task, _Mapping]] = ..., message: _Optional[str] = ..., more: _Optional[_Iterable[_Union[Task, _Mapping]]] = ...) -> None: ...
 
 class ReportTaskRequest(_message.Message):
-    __slots__ = ("worker_id", "task_id", "ok", "steps_done", "error", "metric_sums", "samples", "metric_states")
+    __slots__ = ("worker_id", "task_id", "ok", "steps_done", "error", "metric_sums", "samples", "metric_states", "failure")
     class MetricSumsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -199,6 +199,7 @@ class ReportTaskRequest(_message.Message):
     METRIC_SUMS_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
     METRIC_STATES_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     task_id: int
     ok: bool
@@ -207,7 +208,40 @@ class ReportTaskRequest(_message.Message):
     metric_sums: _containers.ScalarMap[str, float]
     samples: int
     metric_states: _containers.MessageMap[str, MetricState]
-    def __init__(self, worker_id: _Optional[str] = ..., task_id: _Optional[int] = ..., ok: _Optional[bool] = ..., steps_done: _Optional[int] = ..., error: _Optional[str] = ..., metric_sums: _Optional[_Mapping[str, float]] = ..., samples: _Optional[int] = ..., metric_states: _Optional[_Mapping[str, MetricState]] = ...) -> None: ...
+    failure: Failure
+    def __init__(self, worker_id: _Optional[str] = ..., task_id: _Optional[int] = ..., ok: _Optional[bool] = ..., steps_done: _Optional[int] = ..., error: _Optional[str] = ..., metric_sums: _Optional[_Mapping[str, float]] = ..., samples: _Optional[int] = ..., metric_states: _Optional[_Mapping[str, MetricState]] = ..., failure: _Optional[_Union[Failure, _Mapping]] = ...) -> None: ...
+
+class Failure(_message.Message):
+    __slots__ = ("kind", "exit_code", "exception", "message", "location", "traceback", "stage", "step")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    EXCEPTION_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    LOCATION_FIELD_NUMBER: _ClassVar[int]
+    TRACEBACK_FIELD_NUMBER: _ClassVar[int]
+    STAGE_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    exit_code: int
+    exception: str
+    message: str
+    location: str
+    traceback: str
+    stage: str
+    step: int
+    def __init__(self, kind: _Optional[str] = ..., exit_code: _Optional[int] = ..., exception: _Optional[str] = ..., message: _Optional[str] = ..., location: _Optional[str] = ..., traceback: _Optional[str] = ..., stage: _Optional[str] = ..., step: _Optional[int] = ...) -> None: ...
+
+class ReportFailureRequest(_message.Message):
+    __slots__ = ("worker_id", "failure")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    failure: Failure
+    def __init__(self, worker_id: _Optional[str] = ..., failure: _Optional[_Union[Failure, _Mapping]] = ...) -> None: ...
+
+class ReportFailureResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
 
 class MetricState(_message.Message):
     __slots__ = ("kind", "values")
@@ -222,28 +256,32 @@ class ReportTaskResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("worker_id", "position", "loss", "samples", "waiting_for_peers", "stalled_seconds")
+    __slots__ = ("worker_id", "position", "loss", "samples", "waiting_for_peers", "stalled_seconds", "skipped_steps")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     POSITION_FIELD_NUMBER: _ClassVar[int]
     LOSS_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
     WAITING_FOR_PEERS_FIELD_NUMBER: _ClassVar[int]
     STALLED_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    SKIPPED_STEPS_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     position: Position
     loss: float
     samples: int
     waiting_for_peers: bool
     stalled_seconds: float
-    def __init__(self, worker_id: _Optional[str] = ..., position: _Optional[_Union[Position, _Mapping]] = ..., loss: _Optional[float] = ..., samples: _Optional[int] = ..., waiting_for_peers: _Optional[bool] = ..., stalled_seconds: _Optional[float] = ...) -> None: ...
+    skipped_steps: int
+    def __init__(self, worker_id: _Optional[str] = ..., position: _Optional[_Union[Position, _Mapping]] = ..., loss: _Optional[float] = ..., samples: _Optional[int] = ..., waiting_for_peers: _Optional[bool] = ..., stalled_seconds: _Optional[float] = ..., skipped_steps: _Optional[int] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
-    __slots__ = ("end_round", "stop")
+    __slots__ = ("end_round", "stop", "job_over")
     END_ROUND_FIELD_NUMBER: _ClassVar[int]
     STOP_FIELD_NUMBER: _ClassVar[int]
+    JOB_OVER_FIELD_NUMBER: _ClassVar[int]
     end_round: bool
     stop: bool
-    def __init__(self, end_round: _Optional[bool] = ..., stop: _Optional[bool] = ...) -> None: ...
+    job_over: bool
+    def __init__(self, end_round: _Optional[bool] = ..., stop: _Optional[bool] = ..., job_over: _Optional[bool] = ...) -> None: ...
 
 class ReportCheckpointRequest(_message.Message):
     __slots__ = ("worker_id", "path", "position", "final", "stop")

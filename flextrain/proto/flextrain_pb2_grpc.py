@@ -69,6 +69,11 @@ class MasterStub:
                 request_serializer=flextrain_dot_proto_dot_flextrain__pb2.ReportCheckpointRequest.SerializeToString,
                 response_deserializer=flextrain_dot_proto_dot_flextrain__pb2.ReportCheckpointResponse.FromString,
                 _registered_method=True)
+        self.ReportFailure = channel.unary_unary(
+                '/flextrain.v1.Master/ReportFailure',
+                request_serializer=flextrain_dot_proto_dot_flextrain__pb2.ReportFailureRequest.SerializeToString,
+                response_deserializer=flextrain_dot_proto_dot_flextrain__pb2.ReportFailureResponse.FromString,
+                _registered_method=True)
         self.GetStatus = channel.unary_unary(
                 '/flextrain.v1.Master/GetStatus',
                 request_serializer=flextrain_dot_proto_dot_flextrain__pb2.GetStatusRequest.SerializeToString,
@@ -131,6 +136,12 @@ class MasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportFailure(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetStatus(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -186,6 +197,11 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.ReportCheckpoint,
                     request_deserializer=flextrain_dot_proto_dot_flextrain__pb2.ReportCheckpointRequest.FromString,
                     response_serializer=flextrain_dot_proto_dot_flextrain__pb2.ReportCheckpointResponse.SerializeToString,
+            ),
+            'ReportFailure': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportFailure,
+                    request_deserializer=flextrain_dot_proto_dot_flextrain__pb2.ReportFailureRequest.FromString,
+                    response_serializer=flextrain_dot_proto_dot_flextrain__pb2.ReportFailureResponse.SerializeToString,
             ),
             'GetStatus': grpc.unary_unary_rpc_method_handler(
                     servicer.GetStatus,
@@ -392,6 +408,33 @@ class Master:
             '/flextrain.v1.Master/ReportCheckpoint',
             flextrain_dot_proto_dot_flextrain__pb2.ReportCheckpointRequest.SerializeToString,
             flextrain_dot_proto_dot_flextrain__pb2.ReportCheckpointResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportFailure(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/flextrain.v1.Master/ReportFailure',
+            flextrain_dot_proto_dot_flextrain__pb2.ReportFailureRequest.SerializeToString,
+            flextrain_dot_proto_dot_flextrain__pb2.ReportFailureResponse.FromString,
             options,
             channel_credentials,
             insecure,

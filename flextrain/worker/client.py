@@ -31,8 +31,9 @@ class MasterClient:
         self.channel = grpc.insecure_channel(address)
         self.stub = pb_grpc.MasterStub(self.channel)
 
-    def _call(self, name: str, request, *, deadline: float | None = None):
+    def _call(self, name: str, request, *, deadline: float | None = None, give_up: float | None = None):
         method = getattr(self.stub, name)
+        give_up = self.give_up if give_up is None else give_up
         delay, started = 0.05, time.monotonic()
         while True:
             try:
@@ -41,9 +42,9 @@ class MasterClient:
                 code = exc.code()
                 if code not in _TRANSIENT:
                     raise
-                if time.monotonic() - started > self.give_up:
+                if time.monotonic() - started > give_up:
                     raise MasterUnreachable(
-                        f"master at {self.address} did not answer {name} for {self.give_up:.0f}s "
+                        f"master at {self.address} did not answer {name} for {give_up:.0f}s "
                         f"(last error: {code.name}: {exc.details()})"
                     ) from exc
                 time.sleep(delay)  # backoff between retries of a failed call
@@ -86,9 +87,14 @@ class MasterClient:
             timeout=self.deadline,
         )
 
+    def report_failure(self, failure: pb.Failure, *, give_up: float = 10.0) -> None:
+        """Tell the master why this worker is about to exit (a short give-up: it exits either way)."""
+        self._call("ReportFailure", pb.ReportFailureRequest(worker_id=self.worker_id, failure=failure),
+                   deadline=5.0, give_up=give_up)
+
     def report_task(self, task_id: int, *, ok: bool, steps_done: int = 0, error: str = "",
                     metric_sums: dict[str, float] | None = None, samples: int = 0,
-                    metric_states: dict | None = None) -> None:
+                    metric_states: dict | None = None, failure: pb.Failure | None = None) -> None:
         """``metric_states``: name -> (kind, additive state vector) of mergeable metrics."""
         states = {name: pb.MetricState(kind=kind, values=[float(v) for v in values])
                   for name, (kind, values) in (metric_states or {}).items()}
@@ -96,7 +102,7 @@ class MasterClient:
             "ReportTask",
             pb.ReportTaskRequest(worker_id=self.worker_id, task_id=task_id, ok=ok, steps_done=steps_done,
                                  error=error, metric_sums=metric_sums or {}, samples=samples,
-                                 metric_states=states),
+                                 metric_states=states, failure=failure),
         )
 
     def report_checkpoint(self, path: str, position: pb.Position, *, final: bool, stop: bool = False) -> None:
@@ -104,11 +110,12 @@ class MasterClient:
             worker_id=self.worker_id, path=path, position=position, final=final, stop=stop))
 
     def heartbeat(self, position: pb.Position, loss: float, samples: int, *, waiting_for_peers: bool = False,
-                  stalled_seconds: float = 0.0) -> pb.HeartbeatResponse:
+                  stalled_seconds: float = 0.0, skipped_steps: int = 0) -> pb.HeartbeatResponse:
         return self._call(
             "Heartbeat",
             pb.HeartbeatRequest(worker_id=self.worker_id, position=position, loss=loss, samples=samples,
-                                waiting_for_peers=waiting_for_peers, stalled_seconds=stalled_seconds),
+                                waiting_for_peers=waiting_for_peers, stalled_seconds=stalled_seconds,
+                                skipped_steps=skipped_steps),
             deadline=5.0,
         )
 

@@ -15,13 +15,18 @@ on us fail at once too, instead of waiting out the collective timeout.
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Sequence
 
 import torch
 import torch.distributed as dist
+from torch.distributed.distributed_c10d import _set_pg_timeout  # public API has no way to raise it later
 
 
 class CollectiveError(RuntimeError):
     pass
+
+
+FORM_TIMEOUT = timedelta(seconds=15)
 
 
 class Collective:
@@ -44,9 +49,12 @@ class Collective:
             return  # a world of one needs no group: reductions are identities
         prefix = dist.PrefixStore(f"round-{round_id}/", self._store)
         try:
-            dist.init_process_group(
-                self.backend, store=prefix, rank=rank, world_size=world_size, timeout=self.timeout
-            )
+            # Every member got its TRAIN answer within milliseconds of the others: a member that has
+            # not arrived within FORM_TIMEOUT died in between, and waiting the full timeout for it
+            # would stall the survivors (a dead peer cannot break a connection it never opened).
+            dist.init_process_group(self.backend, store=prefix, rank=rank, world_size=world_size,
+                                    timeout=min(self.timeout, FORM_TIMEOUT))
+            _set_pg_timeout(self.timeout, None)  # a step may legitimately wait on a slow peer that long
         except Exception as exc:  # a member died while the group formed
             self.leave()
             raise CollectiveError(f"forming round {round_id} failed: {exc}") from exc
@@ -58,11 +66,20 @@ class Collective:
             except Exception:  # a broken group may fail to tear down; it is dropped either way
                 pass
 
-    def all_reduce_sum(self, flat: torch.Tensor) -> None:
+    def all_reduce_sum(self, tensors: torch.Tensor | Sequence[torch.Tensor]) -> None:
+        """Sum ``tensors`` (one, or several of any dtypes gloo sums: float64/32, bfloat16, float16,
+        integers) across the round, in place, each in its own dtype. Several are all in flight at
+        once and waited for together, so a model of mixed dtypes pays about one round trip."""
         if self.world_size == 1:
             return
+        if isinstance(tensors, torch.Tensor):
+            tensors = [tensors]
         try:
-            dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+            if len(tensors) == 1:
+                dist.all_reduce(tensors[0], op=dist.ReduceOp.SUM)
+            else:
+                for work in [dist.all_reduce(t, op=dist.ReduceOp.SUM, async_op=True) for t in tensors]:
+                    work.wait()
         except Exception as exc:
             self.leave()
             raise CollectiveError(f"all_reduce in round {self.round_id} failed: {exc}") from exc

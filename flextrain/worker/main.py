@@ -15,30 +15,37 @@ import logging
 import os
 import threading
 import time
+from dataclasses import dataclass
 
 import torch
 
+from flextrain.failures import ExitCode
 from flextrain.job import JobSpec, JobType, Strategy
 from flextrain.proto import flextrain_pb2 as pb
 from flextrain.worker.client import MasterClient, MasterUnreachable
 from flextrain.worker.collective import Collective, CollectiveError
 from flextrain.worker.evaluation import evaluate_task, make_predictor
+from flextrain.worker.failure import failure_of, log_failure, one_line
 from flextrain.worker.module import Framework, load_model_def
 from flextrain.worker.prediction import load_outputs_processor, predict_task
 from flextrain.worker.ps_trainer import PSTrainer
 from flextrain.worker.trainer import AllReduceTrainer, WorkerState, describe
 
 log = logging.getLogger("flextrain.worker")
+_KIND_MODE = {pb.Task.TRAINING: "training", pb.Task.EVALUATION: "evaluation", pb.Task.PREDICTION: "prediction"}
 
 EVAL_POLL = 0.2  # seconds between asks while the master has no evaluation task yet
+RELEASE_GRACE = 2.0  # seconds blocked in a collective after the job is over before leaving it
 
 
 def _heartbeat_loop(client: MasterClient, state: WorkerState, interval: float, done: threading.Event) -> None:
+    over_since = None  # since when the master says the job is over while we are blocked in a collective
     while not done.wait(interval):
         loss, samples = state.take_loss()
         try:
             resp = client.heartbeat(state.position(), loss, samples, waiting_for_peers=state.waiting,
-                                    stalled_seconds=time.monotonic() - state.progressed)
+                                    stalled_seconds=time.monotonic() - state.progressed,
+                                    skipped_steps=state.skipped_steps)
         except MasterUnreachable as exc:
             log.error("%s", exc)
             state.stop.set()
@@ -50,13 +57,66 @@ def _heartbeat_loop(client: MasterClient, state: WorkerState, interval: float, d
             state.end_round.set()
         if resp.stop:
             state.stop.set()
+        blocked = state.waiting and not state.in_rendezvous
+        if not (resp.job_over and blocked):
+            over_since = None
+            continue
+        over_since = over_since or time.monotonic()
+        # The job is over but our training thread waits in a collective on a peer that will never
+        # come (it failed while alive, or left): gloo would hold it for --worker-timeout. Give the
+        # normal way out (a broken connection fails it at once) a few steps' time, then leave.
+        if time.monotonic() - over_since >= max(RELEASE_GRACE, 3 * state.step_seconds):
+            log.error("the job is over but this worker is still blocked in a collective of round %d; exiting "
+                      "with code %d instead of waiting out the collective timeout", state.round_id,
+                      ExitCode.RELEASED)
+            logging.shutdown()
+            os._exit(ExitCode.RELEASED)  # gloo cannot abort a collective from another thread
+
+
+@dataclass
+class _Doing:
+    """What the worker is doing, for its failure report."""
+
+    stage: str = "starting"
+    state: WorkerState | None = None
+
+    @property
+    def step(self) -> int:
+        return self.state.version if self.state else 0
 
 
 def run_worker(master: str, worker_id: str) -> int:
+    """Run a worker; returns its exit code (flextrain.failures.ExitCode).
+
+    Whatever ends the worker other than the master's say-so is reported to the master before
+    the process exits: the exception, the user's file and line, the traceback. That includes
+    ``sys.exit()`` called by the user's code; only a signal or ``os._exit`` go unreported (the
+    master then names the exit code and the end of the worker's log).
+    """
+    client = MasterClient(master, worker_id)
+    doing = _Doing()
+    try:
+        return _run_worker(client, worker_id, doing)
+    except MasterUnreachable as exc:
+        log.error("%s", exc)
+        return ExitCode.MASTER_LOST
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - SystemExit too: the user's code must not end us silently
+        failure = failure_of(exc, stage=doing.stage, step=doing.step)
+        log_failure(f"{worker_id} failed while {doing.stage}: {one_line(failure)}", exc)
+        try:
+            client.report_failure(failure)
+        except Exception as report_exc:  # noqa: BLE001 - the exit code still says which kind it was
+            log.error("could not report the failure to the master: %s", describe(report_exc))
+        return failure.exit_code
+
+
+def _run_worker(client: MasterClient, worker_id: str, doing: _Doing) -> int:
+    master = client.address
     threads = int(os.environ.get("FLEXTRAIN_NUM_THREADS", "0"))
     if threads > 0:
         torch.set_num_threads(threads)
-    client = MasterClient(master, worker_id)
     reg = client.job_spec()
     spec = JobSpec.from_json(reg.job_spec_json)
     model_def = load_model_def(spec.model_def)
@@ -67,9 +127,9 @@ def run_worker(master: str, worker_id: str) -> int:
         seed_tf(spec.seed)
     model = model_def.build_model()
     if spec.job_type is not JobType.TRAINING:
-        return _run_inference_job(spec, client, reg, model_def, model, worker_id)
+        return _run_inference_job(spec, client, reg, model_def, model, worker_id, doing)
     optimizer = model_def.build_optimizer(model, spec.learning_rate)
-    state = WorkerState()
+    state = doing.state = WorkerState()
     collective: Collective | None = None
     if spec.strategy is Strategy.PARAMETER_SERVER:
         ps_trainer = PSTrainer
@@ -95,6 +155,7 @@ def run_worker(master: str, worker_id: str) -> int:
     beat = threading.Thread(target=_heartbeat_loop, args=(client, state, reg.heartbeat_interval, done),
                             daemon=True, name="heartbeat")
     beat.start()
+    doing.stage = "training"
     try:
         if collective is None:  # ParameterServer: independent tasks, no rounds
             finished = trainer.train()
@@ -105,9 +166,10 @@ def run_worker(master: str, worker_id: str) -> int:
             log.info("training tasks: %d answered ahead (in %d asks), %d by a plain ask",
                      trainer.tasks_ahead, trainer.ahead_asks, trainer.tasks_asked)
         loss, samples = state.take_loss()
-        if samples:  # the losses since the last heartbeat: the job's final training loss
-            client.heartbeat(state.position(), loss, samples)
+        if samples or state.skipped_steps:  # since the last heartbeat: the final loss, skipped steps
+            client.heartbeat(state.position(), loss, samples, skipped_steps=state.skipped_steps)
         if finished:
+            doing.stage = "evaluating"
             _evaluate(spec, client, model_def, make_predictor(model_def, model), state, state.version)
     finally:
         done.set()
@@ -122,11 +184,11 @@ def _train(spec, client, collective, trainer, state) -> bool:
     """Rounds until training is over; True when it finished, False when told to stop."""
     reason, detail = "start", ""
     while True:
-        state.waiting = True
+        state.waiting = state.in_rendezvous = True
         try:
             resp = client.join(state.position(), reason, detail)
         finally:
-            state.waiting = False
+            state.waiting = state.in_rendezvous = False
             state.mark_progress()
         if resp.action == pb.JoinRendezvousResponse.STOP:
             return False
@@ -136,9 +198,13 @@ def _train(spec, client, collective, trainer, state) -> bool:
         with state.lock:  # adopt the round before anything can report a position
             state.round_id, state.task_index, state.steps_done = resp.round_id, 0, 0
         try:
-            collective.join_round(host=resp.store_host, port=resp.store_port, round_id=resp.round_id,
-                                  rank=resp.rank, world_size=resp.world_size)
-            trainer.sync_state(restore_from=resp.restore_checkpoint)
+            state.waiting = True  # forming the group and the broadcast wait on every member
+            try:
+                collective.join_round(host=resp.store_host, port=resp.store_port, round_id=resp.round_id,
+                                      rank=resp.rank, world_size=resp.world_size)
+                trainer.sync_state(restore_from=resp.restore_checkpoint)
+            finally:
+                state.waiting = False
             log.info("round %d: rank %d of %d at version %d", resp.round_id, resp.rank,
                      resp.world_size, state.version)
             outcome = trainer.run_round()
@@ -160,12 +226,13 @@ def _train(spec, client, collective, trainer, state) -> bool:
         reason, detail = "round_changed", ""
 
 
-def _run_inference_job(spec, client, reg, model_def, model, worker_id) -> int:
+def _run_inference_job(spec, client, reg, model_def, model, worker_id, doing: _Doing) -> int:
     """Evaluation-only or prediction job: load the checkpoint's model, take tasks until none is left."""
     predictor = make_predictor(model_def, model)
     predictor.load_checkpoint(spec.checkpoint)
     processor = load_outputs_processor(model_def) if spec.job_type is JobType.PREDICTION else None
-    state = WorkerState()
+    state = doing.state = WorkerState()
+    doing.stage = spec.job_type.value
     client.register(pid=os.getpid())
     done = threading.Event()
     threading.Thread(target=_heartbeat_loop, args=(client, state, reg.heartbeat_interval, done),
@@ -196,7 +263,9 @@ def _take_tasks(client, state, kind, run, *, model_version: int = 0, position=No
             try:
                 result = run(resp.task)
             except Exception as exc:  # noqa: BLE001 - reported; the master retries or fails the job
-                client.report_task(resp.task.task_id, ok=False, error=describe(exc))
+                failure = failure_of(exc, stage=_KIND_MODE[kind], step=model_version)
+                log_failure(f"task {resp.task.task_id} failed: {one_line(failure)}", exc)
+                client.report_task(resp.task.task_id, ok=False, error=one_line(failure), failure=failure)
                 continue
             sums, n, states = result if isinstance(result, tuple) else ({}, result, {})
             client.report_task(resp.task.task_id, ok=True, metric_sums=sums, samples=n, metric_states=states)

@@ -31,6 +31,7 @@ import enum
 import importlib
 import importlib.util
 import inspect
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +51,16 @@ class Mode(str, enum.Enum):
 
 class ModelDefError(ValueError):
     """The model-zoo module does not satisfy the contract."""
+
+
+def raised(exc: BaseException) -> str:
+    """``ValueError: bad shape``: a user's exception as a message names it."""
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+def returned(value: Any) -> str:
+    """What a user's function returned, for a message: ``None``, else its type (``list``, ``Tensor``)."""
+    return "None" if value is None else type(value).__name__
 
 
 class Framework(str, enum.Enum):
@@ -87,34 +98,51 @@ class ModelDef:
     def path(self) -> str:
         return getattr(self.module, "__file__", self.module.__name__)
 
+    @property
+    def model_name(self) -> str:
+        """The model callable's name (``Model`` of ``path/to/module.py:Model``)."""
+        return self.spec.rsplit(":", 1)[-1] if ":" in self.spec else self.spec.rsplit(".", 1)[-1]
+
     def build_model(self):
+        """Call the model callable and check what it returned (preflight and every worker do)."""
+        call = f"{self.model_name}()"
         try:
             model = self.model_fn()
         except Exception as exc:
-            raise ModelDefError(f"{self.spec}: calling the model callable failed: {exc!r}") from exc
+            raise ModelDefError(f"{self.path}: the model callable {call} raised {raised(exc)}") from exc
         if self.framework is Framework.TENSORFLOW:
             from flextrain.worker.tf.checks import check_keras_model
 
-            return check_keras_model(model, where=self.spec)
+            return check_keras_model(model, where=f"{self.path}: the model callable {call}")
         import torch
 
         if not isinstance(model, torch.nn.Module):
+            raise ModelDefError(f"{self.path}: the model callable {call} returned {returned(model)}, "
+                                "expected a torch.nn.Module")
+        if not any(p.requires_grad for p in model.parameters()):
             raise ModelDefError(
-                f"{self.spec}: the model callable returned {type(model).__name__}, "
-                "expected a torch.nn.Module"
-            )
+                f"{self.path}: the model callable {call} returned a model ({type(model).__name__}) with no trainable "
+                "parameters: there is nothing to train (create layers or nn.Parameter attributes in __init__)")
         return model
 
     def build_optimizer(self, model, lr: float | None):
+        """Call ``optimizer`` for ``model`` and check it returned an optimizer (preflight and every worker do)."""
         kwargs = {} if lr is None else {"lr": lr}
         if self.framework is Framework.TENSORFLOW:
             from flextrain.worker.tf.checks import build_keras_optimizer
 
             return build_keras_optimizer(self.optimizer, model, kwargs, where=self.path)
+        import torch
+
+        call = f"optimizer(params{''.join(f', {k}={v!r}' for k, v in kwargs.items())})"
         try:
-            return self.optimizer(model.parameters(), **kwargs)
+            optimizer = self.optimizer(model.parameters(), **kwargs)
         except Exception as exc:
-            raise ModelDefError(f"{self.path}: optimizer(params, **{kwargs}) failed: {exc!r}") from exc
+            raise ModelDefError(f"{self.path}: {call} raised {raised(exc)}") from exc
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise ModelDefError(f"{self.path}: {call} returned {returned(optimizer)}, expected a "
+                                "torch.optim.Optimizer (e.g. return torch.optim.SGD(params, lr=lr))")
+        return optimizer
 
     def metric_fns(self) -> dict[str, Callable | MergeableMetric]:
         """``eval_metrics_fn()``: name -> per-sample ``fn(labels, predictions)`` or a fresh
@@ -185,7 +213,12 @@ def _split_spec(spec: str) -> tuple[str, str]:
 
 def _import(target: str, spec: str) -> ModuleType:
     path = Path(target)
-    if target.endswith(".py") or path.is_file():
+    # A slash or ".py" means a file path: never a module name to import (that read "No module named 'a/b'").
+    path_like = target.endswith(".py") or "/" in target or os.sep in target
+    if path.is_dir() and (path_like or not (path / "__init__.py").is_file()):  # a package is `pkg:Name`
+        raise ModelDefError(f"--model-def {spec!r}: {target} is a directory, not a module file "
+                            "(expected path/to/module.py:Name)")
+    if path_like or path.is_file():
         if not path.is_file():
             raise ModelDefError(f"--model-def {spec!r}: module file {target} not found")
         return _import_file(path.resolve())
@@ -194,7 +227,7 @@ def _import(target: str, spec: str) -> ModuleType:
         return _import_file(dotted_file.resolve())
     try:
         return importlib.import_module(target)
-    except ImportError as exc:
+    except (ImportError, TypeError) as exc:  # TypeError: a relative name such as ".models"
         _raise_if_tf_missing(exc, target)
         raise ModelDefError(f"--model-def {spec!r}: cannot import module {target!r}: {exc}") from exc
 

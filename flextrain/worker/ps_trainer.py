@@ -52,6 +52,7 @@ version, or to every worker at the end; see master/ps_tasks.py).
 from __future__ import annotations
 
 import logging
+import math
 import time
 
 import torch
@@ -61,11 +62,13 @@ from torch import nn
 from flextrain.data import read_shard_range
 from flextrain.job import JobSpec
 from flextrain.proto import flextrain_pb2 as pb
-from flextrain.ps.codec import torch_optimizer_config
+from flextrain.ps.codec import dtype_name, torch_optimizer_config
 from flextrain.worker.client import MasterClient
+from flextrain.worker.backend import all_finite
+from flextrain.worker.failure import NonFiniteError, failure_of, log_failure, one_line
 from flextrain.worker.module import FeedMetadata, Framework, Mode, ModelDef, ModelDefError
 from flextrain.worker.ps_client import PSClient, PSError
-from flextrain.worker.trainer import WorkerState, describe, feed_tensors, take
+from flextrain.worker.trainer import WorkerState, feed_tensors, take
 
 log = logging.getLogger("flextrain.worker.ps")
 
@@ -119,8 +122,9 @@ def _initializer(weight: torch.Tensor) -> tuple[str, dict[str, float]]:
     return "normal", {"mean": float(weight.mean()), "std": float(weight.std())}
 
 
-def replace_embeddings(model: nn.Module, *, client: PSClient, tape: list) -> dict[str, tuple[int, str, dict]]:
-    """Swap every ``nn.Embedding`` of ``model`` for a :class:`PSEmbedding`; returns table -> (dim, init, args)."""
+def replace_embeddings(model: nn.Module, *, client: PSClient, tape: list) -> dict[str, tuple[int, str, dict, str]]:
+    """Swap every ``nn.Embedding`` of ``model`` for a :class:`PSEmbedding`; returns table -> (dim, init, args,
+    dtype): the table keeps the embedding's dtype (any float dtype), so its rows and gradients do too."""
     tables = {}
     for name, module in list(model.named_modules()):
         if not isinstance(module, nn.Embedding):
@@ -128,7 +132,7 @@ def replace_embeddings(model: nn.Module, *, client: PSClient, tape: list) -> dic
         parent_name, _, attr = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         init, args = _initializer(module.weight.detach())
-        tables[name] = (module.embedding_dim, init, args)
+        tables[name] = (module.embedding_dim, init, args, dtype_name(module.weight.dtype))
         setattr(parent, attr, PSEmbedding(client=client, table=name, dim=module.embedding_dim, tape=tape))
     return tables
 
@@ -156,8 +160,8 @@ class PSTrainer:
     def setup(self) -> None:
         """Configure the optimizer, declare the tables, give the dense parameters (all idempotent)."""
         self.ps.configure(self.opt_name, self.opt_hyper)
-        for table, (dim, init, args) in self.tables.items():
-            self.ps.declare_table(table, dim, initializer=init, init_args=args, seed=self.spec.seed)
+        for table, (dim, init, args, dtype) in self.tables.items():
+            self.ps.declare_table(table, dim, initializer=init, init_args=args, seed=self.spec.seed, dtype=dtype)
         if self.dense:
             self.ps.init_dense({n: p.detach() for n, p in self.dense.items()})
         self.pulled = False
@@ -228,13 +232,18 @@ class PSTrainer:
                 records = read_shard_range(task.source, start, end)
                 features, labels = self._feed(records, FeedMetadata(task.source, start, end, task.epoch))
             except Exception as exc:  # bad data or a failing feed: the rest of the task is retried
-                self.client.report_task(task.task_id, ok=False, steps_done=j, error=describe(exc))
+                failure = failure_of(exc, stage="training", step=self.state.version)
+                log_failure(f"task {task.task_id} (records [{start}, {end}) of {task.source}) failed: "
+                            f"{one_line(failure)}", exc)
+                self.client.report_task(task.task_id, ok=False, steps_done=j, error=one_line(failure),
+                                        failure=failure)
                 return
             loss_sum, version = self._with_ps(
                 lambda: self._step(features, labels, end - start, step=(task.task_id, start, end)))
             with self.state.lock:
                 self.state.version, self.state.steps_done = version, j + 1
-            self.state.add_loss(loss_sum, end - start)
+            if math.isfinite(loss_sum):  # NaN: a minibatch skipped as non-finite
+                self.state.add_loss(loss_sum, end - start)
             self.state.mark_progress()
             self.evaluate_if_due()
         self.client.report_task(task.task_id, ok=True)
@@ -262,6 +271,11 @@ class PSTrainer:
         for _ in range(MAX_STALE_RETRIES):
             self.pull()
             loss_sum, sparse = self._compute(features, labels, n)
+            if not (math.isfinite(loss_sum) and all_finite(
+                    [p.grad for p in self.dense.values() if p.grad is not None]
+                    + [g for _, g in sparse.values()])):
+                self._non_finite(step, loss=not math.isfinite(loss_sum))
+                return math.nan, self.state.version  # skipped: nothing pushed, nothing applied
             result = self.ps.push({name: p.grad for name, p in self.dense.items()}, sparse, step=step)
             if result.accepted:
                 every, v0 = self.spec.evaluation_steps, result.versions[0]
@@ -270,6 +284,15 @@ class PSTrainer:
                 return loss_sum, result.version
             log.debug("push rejected (%s): recomputing after a fresh pull", "; ".join(result.messages))
         raise RuntimeError(f"a minibatch was rejected as stale {MAX_STALE_RETRIES} times")
+
+    def _non_finite(self, step: tuple[int, int, int], *, loss: bool) -> None:
+        """Nothing of a non-finite minibatch is pushed: fail the job, or drop it (--nan-policy skip-step)."""
+        what = f"{'loss' if loss else 'gradient'} of the minibatch of records [{step[1]}, {step[2]}) (task {step[0]})"
+        if self.spec.nan_policy != "skip-step":
+            raise NonFiniteError(f"the {what} is not finite; nothing of it was pushed (--nan-policy fail; "
+                                 "skip-step drops such minibatches)")
+        log.warning("skipped: the %s is not finite; nothing of it is pushed (--nan-policy skip-step)", what)
+        self.state.skipped_steps += 1
 
     def _compute(self, features, labels, n: int) -> tuple[float, dict]:
         for p in self.dense.values():

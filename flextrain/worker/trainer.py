@@ -7,10 +7,11 @@ the backward pass, so after the SUM all-reduce every rank holds exactly the
 gradient of the mean loss over the step's G samples, however they were split.
 
 The protocol is framework-neutral: a model backend (``backend.py``: PyTorch,
-or ``tf/backend.py``: Keras) computes the micro-batches' gradients into one
-flat float32 buffer (torch ``p.grad`` are views into it; Keras gradients are
-added into numpy views of it), applies the optimizer and moves state. The
-buffer is followed by control slots that ride along in the same all-reduce:
+or ``tf/backend.py``: Keras) computes the micro-batches' gradients into flat
+buffers, one per parameter dtype (torch ``p.grad`` are views into them; Keras
+gradients are added into numpy views of them), applies the optimizer and
+moves state. Every buffer is summed in its own dtype, and the first one ends
+with control slots that ride along in the same all-reduce:
 
 * ``END_ROUND`` - some member was asked by the master to leave the round at
   this step boundary; the sum makes every member agree on the same boundary.
@@ -19,10 +20,15 @@ buffer is followed by control slots that ride along in the same all-reduce:
 * ``STOP`` - the job is stopping: after this step rank 0 writes a checkpoint
   (reported with its exact position, so a resumed job applies every record
   once) and every member exits.
+* ``NONFINITE`` - some member's loss was NaN or infinite. With the reduced
+  gradients (also checked), every member decides alike: nothing of the step
+  is applied, and the job fails (``--nan-policy fail``) or the step is
+  dropped (``skip-step``: its records count as trained).
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import threading
@@ -35,17 +41,20 @@ import torch
 
 from flextrain.data import read_shard_range
 from flextrain.elastic.planner import plan_step
-from flextrain.elastic.statecodec import decode, encode
+from flextrain.elastic.statecodec import decode, encode, nonfinite
 from flextrain.job import JobSpec
 from flextrain.proto import flextrain_pb2 as pb
 from flextrain.worker.client import MasterClient
 from flextrain.worker.backend import make_backend
 from flextrain.worker.collective import Collective
+from flextrain.worker.failure import NonFiniteError, failure_of, log_failure, one_line
 from flextrain.worker.module import FeedMetadata, Mode, ModelDef, ModelDefError
 from flextrain.worker.prefetch import StepLoader, read_ahead_wanted
 
-END_ROUND, FAILED, STOP = 0, 1, 2
-_CONTROL_SLOTS = 3
+log = logging.getLogger("flextrain.worker")
+
+END_ROUND, FAILED, STOP, NONFINITE = 0, 1, 2, 3
+_CONTROL_SLOTS = 4
 # Ask ahead for enough tasks to last about this long (at most MAX_AHEAD): every GetTask
 # wakes dozens of gRPC threads across worker and master, each preempting a compute thread.
 AHEAD_SECONDS = 2.0
@@ -63,7 +72,10 @@ class WorkerState:
     loss_sum: float = 0.0
     loss_samples: int = 0
     waiting: bool = False  # blocked on peers: a collective or the rendezvous
+    in_rendezvous: bool = False  # ... and of those, the rendezvous (an RPC, not a collective)
     progressed: float = field(default_factory=time.monotonic)
+    step_seconds: float = 0.0  # moving average of the time between progress marks
+    skipped_steps: int = 0  # steps dropped for a non-finite loss or gradient (--nan-policy skip-step)
     end_round: threading.Event = field(default_factory=threading.Event)
     stop: threading.Event = field(default_factory=threading.Event)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -73,7 +85,9 @@ class WorkerState:
                            steps_done=self.steps_done, version=self.version)
 
     def mark_progress(self) -> None:
-        self.progressed = time.monotonic()
+        now = time.monotonic()
+        took, self.progressed = now - self.progressed, now
+        self.step_seconds = took if not self.step_seconds else 0.9 * self.step_seconds + 0.1 * took
 
     def add_loss(self, loss_sum: float, samples: int) -> None:
         with self.lock:
@@ -120,8 +134,8 @@ def take(value, index: slice):
 
 class AllReduceTrainer:
     """The round protocol, framework-neutral: the model is driven through a
-    :class:`~flextrain.worker.backend.ModelBackend` (PyTorch or Keras) whose flat
-    gradient buffer, followed by the control slots, is what the collective reduces."""
+    :class:`~flextrain.worker.backend.ModelBackend` (PyTorch or Keras) whose per-dtype
+    gradient buffers, the first followed by the control slots, are what the collective reduces."""
 
     def __init__(self, *, spec: JobSpec, model_def: ModelDef, model, optimizer, client: MasterClient,
                  collective: Collective, state: WorkerState, evaluate=None) -> None:
@@ -136,8 +150,7 @@ class AllReduceTrainer:
         self.collective = collective
         self.state = state
         self.backend = make_backend(model_def=model_def, model=model, optimizer=optimizer, extra=_CONTROL_SLOTS)
-        self.flat = self.backend.flat
-        self.control = self.flat[self.backend.size:]
+        self.control = self.backend.slots  # END_ROUND, FAILED, STOP: the end of backend.buffers[0]
         self.loader = StepLoader(self._load_span, background=read_ahead_wanted())
         # The next task, asked for during the current task's last step: (task index, future).
         self._ahead: tuple[int, grpc.Future] | None = None
@@ -247,27 +260,37 @@ class AllReduceTrainer:
                 loss_sum, n = self._compute(batch, plan)
             except Exception as exc:  # bad data or a failing feed: the task fails, the round goes on
                 self.backend.zero()
-                self.client.report_task(task.task_id, ok=False, steps_done=j, error=describe(exc))
+                failure = failure_of(exc, stage="training", step=self.state.version)
+                log_failure(f"step {self.state.version + 1} (task {task.task_id}, records [{start}, {end}) of "
+                            f"{task.source}) failed: {one_line(failure)}", exc)
+                self.client.report_task(task.task_id, ok=False, steps_done=j, error=one_line(failure),
+                                        failure=failure)
                 self.control[FAILED] = 1.0
                 loss_sum, n = 0.0, 0
             if self.state.end_round.is_set():
                 self.control[END_ROUND] = 1.0
             if self.state.stop.is_set():
                 self.control[STOP] = 1.0
+            if not math.isfinite(loss_sum):
+                self.control[NONFINITE] = 1.0
             if self.collective.world_size > 1:
                 self.backend.gathered()
                 self.state.waiting = True
                 try:
-                    self.collective.all_reduce_sum(self.flat)
+                    self.collective.all_reduce_sum(self.backend.buffers)
                 finally:
                     self.state.waiting = False
             control = self.control.tolist()
             if control[FAILED] == 0:
-                self.backend.apply()
+                # Every member sees the same reduced gradients and flags, so all decide alike.
+                if control[NONFINITE] == 0 and self.backend.finite():
+                    self.backend.apply()
+                    self.state.add_loss(loss_sum, n)
+                else:
+                    self._non_finite(task, start, end, loss=control[NONFINITE] > 0)
                 with self.state.lock:
                     self.state.version += 1
                     self.state.steps_done = j + 1
-                self.state.add_loss(loss_sum, n)
             self.state.mark_progress()
             every = self.spec.checkpoint_steps
             if control[STOP] > 0:
@@ -285,13 +308,32 @@ class AllReduceTrainer:
                 return None  # skip the rest of the failed task; go on with the next one
         return None
 
+    def _non_finite(self, task: pb.Task, start: int, end: int, *, loss: bool) -> None:
+        """A step whose loss or gradient is NaN or infinite: nothing of it is applied. Raise (the job
+        fails naming the step) or, with --nan-policy skip-step, drop it and go on."""
+        what = f"{'loss' if loss else 'gradient'} of step {self.state.version + 1}"
+        where = f"records [{start}, {end}) of {task.source} on this worker"
+        if self.spec.nan_policy != "skip-step":
+            raise NonFiniteError(f"the {what} is not finite ({where}); nothing of the step was applied "
+                                 "(--nan-policy fail; skip-step drops such steps)")
+        log.warning("skipped: the %s is not finite (%s); nothing of it is applied (--nan-policy skip-step)",
+                    what, where)
+        self.state.skipped_steps += 1
+
     def checkpoint(self, *, final: bool = False, stop: bool = False) -> Path:
-        """Write model + optimizer state and tell the master where the round stands."""
+        """Write model + optimizer state and tell the master where the round stands.
+
+        A model with NaN or infinite weights is never written (the last good checkpoint stays
+        the latest): a job must not succeed, nor resume, with one."""
         directory = Path(self.spec.job_dir) / "checkpoints"
         directory.mkdir(parents=True, exist_ok=True)
         path = directory / ("final.ckpt" if final else f"ckpt-{self.state.version:09d}.ckpt")
+        tree = {**self.backend.state(), "version": self.state.version}
+        if bad := nonfinite(tree["model"]):
+            raise NonFiniteError(f"the model after step {self.state.version} has non-finite weights "
+                                 f"({'; '.join(bad)}); {path.name} was not written")
         tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_bytes(self.state_blob())
+        tmp.write_bytes(encode(tree))
         os.replace(tmp, path)  # a reader never sees half a checkpoint
         self.client.report_checkpoint(str(path), self.state.position(), final=final, stop=stop)
         return path

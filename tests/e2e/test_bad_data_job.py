@@ -27,7 +27,7 @@ def test_corrupt_chunk_fails_task_retries_then_job_names_file_and_offset(digits_
         "--epochs", "1", "--global-batch-size", "50", "--steps-per-task", "4",
         "--max-task-retries", "2", "--job-dir", str(job_dir),
     )
-    assert proc.returncode == 1, proc.stderr
+    assert proc.returncode == 6, proc.stderr  # ExitCode.DATA
     status = read_status(job_dir)
     assert status["phase"] == "Failed"
     message = status["message"]

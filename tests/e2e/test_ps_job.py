@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from ft_helpers import MODEL_ZOO, flextrain_cmd, read_status, run_flextrain, wait_for
+from ft_helpers import MODEL_ZOO, flextrain_cmd, ps_counts, read_status, run_flextrain, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -187,28 +187,6 @@ def _finish(proc, timeout=180):
             proc.kill()
             proc.communicate()
     return proc.returncode, stderr
-
-
-def ps_counts(job_dir: Path, records: int, num_ps: int = 2):
-    """(dense counts, row counts) per record, from the PS's checkpoints and write-ahead logs."""
-    import numpy as np
-    import torch
-
-    from flextrain.ps.checkpoint import Checkpointer
-    from flextrain.ps.shard import row_owners
-    from flextrain.ps.state import ShardState
-
-    dense, rows = torch.zeros(records), torch.zeros(records)
-    ids = np.arange(records)
-    owners = row_owners(ids, num_ps)
-    for i in range(num_ps):
-        shard = ShardState(i, num_ps)
-        assert Checkpointer(job_dir / "ps-checkpoints", i).restore(shard) is not None
-        if shard.dense is not None and "seen" in shard.dense.params.views:
-            dense += shard.dense.params.views["seen"]
-        mine = ids[owners == i]
-        rows[mine] = shard.tables["seen_rows"].gather(mine)[:, 0]
-    return dense, rows
 
 
 def test_killed_worker_costs_nothing_and_applies_nothing_twice(digits_data, tmp_path):

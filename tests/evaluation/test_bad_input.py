@@ -96,7 +96,7 @@ def test_negative_evaluation_steps(capsys, tmp_path, validation):
     train = write_csv(tmp_path / "train" / "a.csv", range(10))
     code, err = run(capsys, "train", "--model-def", STEPCOUNT, "--training-data", str(train.parent),
                     "--validation-data", str(validation), "--evaluation-steps", "-1", "--job-dir", str(tmp_path / "j"))
-    assert code == 2 and "--evaluation-steps must be >= 0, got -1" in err
+    assert code == 2 and "--evaluation-steps must be an integer >= 0, got -1" in err
 
 
 def test_status_summary_names_the_latest_evaluation(capsys, tmp_path):

@@ -53,6 +53,7 @@ def test_worker_killed_mid_evaluation(tmp_path, validation, monkeypatch):
         "train", "--model-def", STEPCOUNT, "--training-data", str(train.parent),
         "--validation-data", str(validation), "--workers", "2", "--global-batch-size", "32",
         "--evaluation-steps", "5", "--job-dir", str(job_dir), "--no-progress",
+        "--no-preflight",  # preflight's evaluation would wait at the gate too
     ), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         # the validation data is two files: two evaluation tasks, one held by each member

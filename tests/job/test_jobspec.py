@@ -39,7 +39,8 @@ def test_defaults_validate_and_validate_returns_self():
         (dict(min_workers=0), "--min-workers must be a positive integer"),
         (dict(max_workers=-1), "--max-workers must be a positive integer"),
         (dict(workers=2, min_workers=3, max_workers=2), "--min-workers (3) is greater than --max-workers (2)"),
-        (dict(min_workers=2), "--min-workers (2) is greater than --max-workers (1)"),
+        (dict(min_workers=2), "--min-workers (2) is greater than --workers (1)"),  # --max-workers not given
+        (dict(workers=3, max_workers=2), "--workers (3) is greater than --max-workers (2)"),
         (dict(workers=5, min_workers=1, max_workers=4), "--workers (5) must lie between --min-workers (1)"),
         (dict(workers=1, min_workers=2, max_workers=4), "--workers (1) must lie between"),
         (dict(learning_rate=0.0), "--lr must be positive"),

@@ -47,10 +47,11 @@ def test_every_k_versions_keeps_two_and_restores_exactly(tmp_path):
     for k in range(1, 10):
         _step(shard, k)
     assert _wait_for(tmp_path / "ps-1" / "version-9.ckpt") and ckpt.flush(10)
-    # Versions 3, 6 and 9 were due; one the disk could not keep up with may be skipped (only the
-    # newest pending snapshot is written), and only the last two files are kept.
+    # Versions 3, 6 and 9 were due; those the disk could not keep up with may be skipped (only the
+    # newest pending snapshot is written: on a busy machine both 3 and 6 can be), and only the
+    # last two files are kept.
     kept = [v for v, _ in ckpt.checkpoints()]
-    assert kept in ([3, 9], [6, 9])
+    assert kept in ([3, 9], [6, 9], [9])
 
     restored = ShardState(1, 2)
     assert Checkpointer(tmp_path, 1).restore(restored) == 9

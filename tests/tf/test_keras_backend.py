@@ -39,13 +39,14 @@ def test_gradients_land_in_the_flat_buffer_and_control_slots_stay_free():
     features, labels = b.feed(RECORDS, Mode.TRAINING, FeedMetadata("mem", 0, 20, 0))
     b.zero()
     b.accumulate(features, labels, slice(0, 20), scale=1.0)
-    assert b.flat.shape[0] == b.size + 3 and b.size == 64 * 64 + 64 + 64 * 10 + 10
-    assert b.flat[: b.size].abs().sum() > 0 and b.flat[b.size:].abs().sum() == 0
+    (flat,) = b.buffers  # one dtype: one buffer, the control slots at its end
+    assert flat.shape[0] == b.size + 3 and b.size == 64 * 64 + 64 + 64 * 10 + 10
+    assert flat[: b.size].abs().sum() > 0 and b.slots.abs().sum() == 0 and b.slots.data_ptr() == flat[b.size:].data_ptr()
     # the buffer holds exactly the gradient of the mean loss (labels were shuffled with their features)
     with tf.GradientTape() as tape:
         loss = b.model_def.loss(labels, b.model(features, training=True))
     expected = np.concatenate([g.numpy().ravel() for g in tape.gradient(loss, b.model.trainable_variables)])
-    np.testing.assert_allclose(b.flat[: b.size].numpy(), expected, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(flat[: b.size].numpy(), expected, rtol=1e-5, atol=1e-7)
 
 
 def test_newcomer_takes_model_and_optimizer_state_and_then_steps_identically():

@@ -153,12 +153,13 @@ def test_job_with_a_feed_of_the_wrong_structure_fails_naming_feed(digits_example
     spec = keras_module(tmp_path, "pairless", {"return dataset.map(lambda r: (tf.ones([2]), tf.zeros([1])))":
                                                "return dataset.map(lambda r: tf.ones([2]))"})
     job_dir = tmp_path / "job"
+    # --no-preflight: the worker's own check is under test (preflight would refuse the job at submission)
     proc = run_flextrain("train", "--model-def", spec, "--training-data", str(digits_examples / "train"),
                          "--workers", "1", "--epochs", "1", "--global-batch-size", "64", "--max-task-retries", "1",
-                         "--job-dir", str(job_dir), timeout=300)
-    assert proc.returncode == 1, proc.stderr[-3000:]
+                         "--job-dir", str(job_dir), "--no-preflight", timeout=300)
+    assert proc.returncode == 4, proc.stderr[-3000:]  # ExitCode.MODULE_CONTRACT: failed at once, no retries
     status = read_status(job_dir)
-    assert status["phase"] == "Failed"
+    assert status["phase"] == "Failed" and status["failure"]["kind"] == "ModuleContract"
     assert "pairless.py: feed(dataset, 'training', metadata) must return a dataset of (features, labels) pairs, " \
            "got a dataset of 'float32(2,)'" in status["message"], status["message"]
     assert status["progress"]["recordsDone"] == 0  # nothing was applied

@@ -41,16 +41,6 @@ def test_keras_optimizers_map_to_the_ps_optimizers():
         keras_optimizer_config(opts.SGD(clipnorm=1.0))
 
 
-@pytest.fixture
-def two_ps():
-    from flextrain.ps.main import start_ps
-
-    handles = [start_ps(shard_index=i, num_ps=2, host="127.0.0.1") for i in range(2)]
-    yield [h.address for h in handles]
-    for h in handles:
-        h.stop(grace=0.2, checkpoint=False)
-
-
 def test_one_minibatch_updates_the_ps_exactly_like_local_keras_sgd(two_ps, tmp_path):
     """Dense pull, row pull for the batch's distinct ids, micro-batches 24/24/16, dense + merged sparse push."""
     write_ctr(tmp_path / "data", rows=200, seed=3)

@@ -82,17 +82,17 @@ def test_gradients_reach_the_buffer_only_when_reduced():
     reduced.model.load_state_dict(lone.model.state_dict())
     expected = torch.autograd.grad(nn.functional.mse_loss(lone.model(x), y), list(lone.model.used.parameters()))
     for b in (lone, reduced):
-        b.flat.fill_(7.0)  # whatever the buffer held before
+        b.buffers[0].fill_(7.0)  # whatever the buffer held before
         b.zero()
-        assert all(p.grad is None for p in b.params) and b.flat[b.size:].eq(0).all()
+        assert all(p.grad is None for p in b.params) and b.slots.eq(0).all()
         for half in (slice(0, 4), slice(4, 8)):  # two micro-batches of one step
             b.accumulate(x, y, half, scale=0.5)
-    assert lone.flat[: lone.size].eq(7.0).all()  # a world of one: nothing copied, nothing zeroed
+    assert len(lone.buffers) == 1 and lone.buffers[0][: lone.size].eq(7.0).all()  # alone: nothing copied or zeroed
     reduced.gathered()
     weight, bias = reduced.model.used.weight, reduced.model.used.bias
     for p, want in zip((weight, bias), expected):
         torch.testing.assert_close(p.grad, want)
-        assert reduced.flat.untyped_storage().data_ptr() <= p.grad.data_ptr() < reduced.flat[reduced.size:].data_ptr()
+        assert reduced.buffers[0].untyped_storage().data_ptr() <= p.grad.data_ptr() < reduced.slots.data_ptr()
     assert reduced.model.spare.grad is not None and reduced.model.spare.grad.eq(0).all()
     for b in (lone, reduced):
         b.apply()  # the spare parameter gets a zero gradient either way: same optimizer state

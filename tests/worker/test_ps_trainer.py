@@ -39,7 +39,7 @@ def test_embeddings_are_replaced_and_tables_match_their_dims():
     nn.init.zeros_(model[0].weight)
     tables = replace_embeddings(model, client=None, tape=[])
     assert isinstance(model[0], PSEmbedding)
-    assert tables == {"0": (4, "zeros", {})}
+    assert tables == {"0": (4, "zeros", {}, "float32")}  # the table keeps the embedding's dtype
     assert [n for n, _ in model.named_parameters()] == ["1.weight", "1.bias"]
 
 

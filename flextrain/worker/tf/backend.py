@@ -2,10 +2,12 @@
 
 Gradients are computed with ``tf.GradientTape`` inside a ``tf.function``
 (the module's model and loss must therefore be traceable, as Keras models
-are) and added, scaled,
-into numpy views of the trainer's flat float32 torch buffer (shared memory,
-no copy), so the very same gloo all-reduce (``flextrain.worker.collective``)
-sums Keras and PyTorch gradients alike; no Horovod. Sparse gradients
+are) and added, scaled, into numpy views of the per-dtype flat torch buffers
+(``flextrain.worker.backend.gradient_buffers``; shared memory, no copy), so
+the very same gloo all-reduce (``flextrain.worker.collective``) sums Keras
+and PyTorch gradients alike; no Horovod. Trainable weights may be float32,
+float64, bfloat16 or float16, mixed (a layer's ``dtype=``); bfloat16 views are
+``ml_dtypes.bfloat16`` arrays, TensorFlow's own numpy bfloat16. Sparse gradients
 (``tf.IndexedSlices`` from ``Embedding`` layers) are scattered into their
 dense views with ``np.add.at`` (repeated ids add up). After the reduction
 :meth:`KerasBackend.apply` hands the buffer's views to the Keras optimizer.
@@ -22,15 +24,34 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from flextrain.worker.backend import ModelBackend
+from flextrain.worker.backend import FLOAT_DTYPES, ModelBackend, gradient_buffers
 from flextrain.worker.module import ModelDef, ModelDefError
 from flextrain.worker.tf.checks import require_tf
 from flextrain.worker.tf.feed import feed_dataset, take
 
 
+def to_torch(array: np.ndarray, *, copy: bool = True) -> torch.Tensor:
+    """A torch tensor of a numpy array (a copy, or sharing its memory with ``copy=False``),
+    ``ml_dtypes.bfloat16`` included (torch has no numpy bfloat16)."""
+    # np.asarray(order="C"), not np.ascontiguousarray: the latter makes a 0-d array 1-d
+    array = np.array(array) if copy else np.asarray(array, order="C")
+    if array.dtype.name == "bfloat16":
+        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(array)
+
+
+def to_numpy(t: torch.Tensor) -> np.ndarray:
+    """A numpy view of a CPU torch tensor; bfloat16 as ``ml_dtypes.bfloat16`` (what TensorFlow takes)."""
+    if t.dtype == torch.bfloat16:
+        import ml_dtypes  # a TensorFlow dependency
+
+        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return t.numpy()
+
+
 def variables_tree(variables) -> dict[str, torch.Tensor]:
-    """``{"<i>:<path>": tensor}`` for Keras variables (values copied)."""
-    return {f"{i}:{v.path}": torch.from_numpy(np.array(v.numpy())) for i, v in enumerate(variables)}
+    """``{"<i>:<path>": tensor}`` for Keras variables (values copied, dtypes kept)."""
+    return {f"{i}:{v.path}": to_torch(v.numpy()) for i, v in enumerate(variables)}
 
 
 def assign_tree(variables, tree: dict, *, what: str) -> None:
@@ -42,7 +63,7 @@ def assign_tree(variables, tree: dict, *, what: str) -> None:
     for (key, value), v in zip(values, variables):
         if tuple(value.shape) != tuple(v.shape):
             raise ValueError(f"{what} state {key} has shape {tuple(value.shape)}, expected {v.path} {tuple(v.shape)}")
-        v.assign(value.numpy())
+        v.assign(to_numpy(value))
 
 
 class KerasBackend(ModelBackend):
@@ -50,17 +71,16 @@ class KerasBackend(ModelBackend):
         self.tf = require_tf()
         self.model_def, self.model, self.optimizer = model_def, model, optimizer
         self.variables = list(model.trainable_variables)
-        bad = [v.path for v in self.variables if v.dtype != "float32"]
+        dtypes = [getattr(torch, self.tf.as_dtype(v.dtype).name, None) for v in self.variables]
+        bad = [f"{v.path} ({v.dtype})" for v, d in zip(self.variables, dtypes) if d not in FLOAT_DTYPES]
         if bad:
-            raise ModelDefError(f"{model_def.path}: trainable weights must be float32, got {bad[:3]}")
+            raise ModelDefError(f"{model_def.path}: trainable weights must be float32, float64, bfloat16 or "
+                                f"float16, got {bad[:3]}")
         sizes = [int(np.prod(v.shape)) for v in self.variables]
         self.size = sum(sizes)
-        self.flat = torch.zeros(self.size + extra, dtype=torch.float32)
-        buf = self.flat.numpy()  # shares memory with the torch buffer the collective reduces
-        self._views, offset = [], 0
-        for v, n in zip(self.variables, sizes):
-            self._views.append(buf[offset: offset + n].reshape(tuple(v.shape)))
-            offset += n
+        self.buffers, views, self.slots = gradient_buffers(list(zip(dtypes, sizes)), extra)
+        # numpy views share memory with the torch buffers the collective reduces
+        self._views = [to_numpy(view).reshape(tuple(v.shape)) for v, view in zip(self.variables, views)]
         # Compiled once per input signature (micro-batch sizes vary: retracing is relaxed to
         # unknown dimensions); eager Keras spends most of a small model's step in Python.
         self._gradients_fn = self.tf.function(self._gradients, reduce_retracing=True)
@@ -70,7 +90,8 @@ class KerasBackend(ModelBackend):
         return feed_dataset(self.model_def, records, mode, meta)
 
     def zero(self) -> None:
-        self.flat.zero_()
+        for buffer in self.buffers:
+            buffer.zero_()
 
     def _gradients(self, features, labels):
         with self.tf.GradientTape() as tape:

@@ -6,7 +6,7 @@ import os
 from types import ModuleType
 from typing import Any, Callable
 
-from flextrain.worker.module import TF_INSTALL_HINT, ModelDefError
+from flextrain.worker.module import TF_INSTALL_HINT, ModelDefError, raised, returned
 
 
 def require_tf() -> ModuleType:
@@ -28,14 +28,16 @@ def require_tf() -> ModuleType:
 
 
 def check_keras_model(model: Any, *, where: str):
-    """``model`` if it is a Keras model with its weights created; ModelDefError otherwise."""
+    """``model`` if it is a Keras model with its weights created; ModelDefError otherwise.
+
+    ``where`` names the module and the callable (``path.py: the model callable Name()``)."""
     tf = require_tf()
     if not isinstance(model, tf.keras.Model):
-        raise ModelDefError(f"{where}: the model callable returned {type(model).__name__}, "
+        raise ModelDefError(f"{where} returned {returned(model)}, "
                             "expected a tf.keras.Model (this is a TensorFlow module)")
     if not model.trainable_variables:
         raise ModelDefError(
-            f"{where}: the Keras model has no trainable weights yet; give it an input shape "
+            f"{where} returned a Keras model with no trainable weights (yet); give it an input shape "
             "(keras.Input / a functional or Sequential model with input_shape) or call model.build(...) "
             "in the model callable, so every worker creates the same weights before training")
     return model
@@ -44,13 +46,14 @@ def check_keras_model(model: Any, *, where: str):
 def build_keras_optimizer(factory: Callable, model, kwargs: dict, *, where: str):
     """The module's ``optimizer(lr=...)``, built for ``model``'s variables (its slots exist up front)."""
     tf = require_tf()
+    call = f"optimizer({', '.join(f'{k}={v!r}' for k, v in kwargs.items())})"
     try:
         opt = factory(**kwargs)
     except Exception as exc:
-        raise ModelDefError(f"{where}: optimizer(**{kwargs}) failed: {exc!r}") from exc
+        raise ModelDefError(f"{where}: {call} raised {raised(exc)}") from exc
     if not isinstance(opt, tf.keras.optimizers.Optimizer):
-        raise ModelDefError(f"{where}: optimizer(lr=...) returned {type(opt).__name__}, "
-                            "expected a tf.keras optimizer (e.g. tf.keras.optimizers.SGD)")
+        raise ModelDefError(f"{where}: {call} returned {returned(opt)}, "
+                            "expected a tf.keras optimizer (e.g. return tf.keras.optimizers.SGD(learning_rate=lr))")
     opt.build(model.trainable_variables)
     return opt
 

@@ -16,6 +16,8 @@ The task loop, set-up/recovery and push retries are ``PSTrainer``'s
 * The other trainable variables are the dense parameters, named by their
   Keras path; pulls land in torch buffers (in place, only shards that
   changed travel) and are assigned to the variables when they changed.
+* Dtypes are kept: dense parameters, tables, rows and gradients have their
+  variable's dtype (float32, float64, bfloat16 or float16) end to end.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from flextrain.worker.client import MasterClient
 from flextrain.worker.module import FeedMetadata, Mode, ModelDef, ModelDefError
 from flextrain.worker.ps_client import PSClient
 from flextrain.worker.ps_trainer import PSTrainer
+from flextrain.worker.tf.backend import to_numpy, to_torch
 from flextrain.worker.tf.checks import require_tf
 from flextrain.worker.tf.feed import feed_dataset, take
 from flextrain.worker.trainer import WorkerState
@@ -106,12 +109,12 @@ class KerasPSTrainer(PSTrainer):
                 weights = layer.embeddings.numpy()
                 init = ("zeros", {}) if not weights.any() else \
                     ("normal", {"mean": float(weights.mean()), "std": float(weights.std())})
-                self.tables[layer.name] = (int(layer.output_dim), *init)
+                self.tables[layer.name] = (int(layer.output_dim), *init, tf.as_dtype(layer.embeddings.dtype).name)
                 table_vars.add(id(layer.embeddings))
                 object.__setattr__(layer, "call", self._lookup(layer.name, int(layer.output_dim)))
         self.variables = {v.path: v for v in model.trainable_variables if id(v) not in table_vars}
         # torch buffers mirroring the dense variables: what init_dense sends, pulls land in, pushes read .grad of
-        self.dense = {n: torch.from_numpy(np.array(v.numpy(), dtype=np.float32)) for n, v in self.variables.items()}
+        self.dense = {n: to_torch(v.numpy()) for n, v in self.variables.items()}
         self.pulled = False
 
     def _lookup(self, table: str, dim: int):
@@ -120,7 +123,7 @@ class KerasPSTrainer(PSTrainer):
         def call(inputs, *args, **kwargs):
             ids = np.asarray(inputs.numpy() if hasattr(inputs, "numpy") else inputs, dtype=np.int64)
             distinct, inverse = self.ps.distinct(table, ids)  # grouped by PS: pulled and pushed without gathers
-            rows = tf.constant(self.ps.pull_embedding(table, distinct).numpy())
+            rows = tf.constant(to_numpy(self.ps.pull_embedding(table, distinct)))
             if self.tape is not None:
                 self.tape.watch(rows)
                 self.pulled_rows.append((table, distinct, rows))
@@ -133,7 +136,7 @@ class KerasPSTrainer(PSTrainer):
         _, changed = self.ps.pull_dense(0 if self.pulled else None, out=self.dense)
         self.pulled = True
         for name in changed or ():
-            self.variables[name].assign(self.dense[name].numpy())
+            self.variables[name].assign(to_numpy(self.dense[name]))
 
     def _feed(self, records: list[bytes], meta: FeedMetadata):
         # PSTrainer.run_task drives the task; only the feed differs (tf.data, ElasticDL contract).
@@ -143,7 +146,7 @@ class KerasPSTrainer(PSTrainer):
         tf = self.tf
         names = list(self.variables)
         variables = [self.variables[k] for k in names]
-        dense = {k: np.zeros(tuple(v.shape), np.float32) for k, v in zip(names, variables)}
+        dense = {k: np.zeros(tuple(v.shape), to_numpy(self.dense[k]).dtype) for k, v in zip(names, variables)}
         sparse: dict[str, tuple[list, list]] = {}
         micro = self.spec.effective_max_micro_batch
         loss_sum = 0.0
@@ -167,9 +170,10 @@ class KerasPSTrainer(PSTrainer):
                 if g is not None:
                     entry = sparse.setdefault(table, ([], []))
                     entry[0].append(torch.from_numpy(ids))
-                    entry[1].append(torch.from_numpy(scale * tf.convert_to_tensor(g).numpy()))
+                    g = tf.convert_to_tensor(g).numpy()
+                    entry[1].append(to_torch((scale * g).astype(g.dtype), copy=False))
             loss_sum += float(loss) * size
         self.pulled_rows = []
         for k, g in dense.items():
-            self.dense[k].grad = torch.from_numpy(g)
+            self.dense[k].grad = to_torch(g, copy=False)
         return loss_sum, {t: (torch.cat(i), torch.cat(g)) for t, (i, g) in sparse.items()}

@@ -10,11 +10,21 @@ state, so they travel with broadcasts to newcomers and with checkpoints, and
 the final checkpoint shows exactly which records the final model saw.
 
 Env: FT_COUNT_RECORDS (training records), FT_COUNT_G (global batch),
+FT_COUNT_DTYPE: the parameters' dtype (float32 by default; float64, bfloat16,
+float16, or ``mixed``: a float32 body with a float64 head and counter);
+inputs are cast to each layer's dtype. The counts stay exact in every dtype:
+a count's gradient is ``size/G * 1/size`` per application, 1/G within a
+rounding of the dtype (exactly, for power-of-two micro-batches), which the
+optimizer rounds to a whole count; and counts are small integers, exact in
+bfloat16 up to 256 (float16: 2048).
 FT_HANG_WORKER / FT_HANG_FILE: that worker hangs in `feed` once the file exists.
+FT_FEED_DELAY: seconds per `feed` call, standing in for a bigger model's compute (the
+chaos suite uses it so that a job outlasts the workers it starts and kills).
 """
 
 import os
 import threading
+import time
 from pathlib import Path
 
 import torch
@@ -24,6 +34,7 @@ from flextrain.data.digits import decode_digits
 
 RECORDS = int(os.environ.get("FT_COUNT_RECORDS", "1408"))
 G = int(os.environ.get("FT_COUNT_G", "32"))
+DTYPE = os.environ.get("FT_COUNT_DTYPE", "float32")
 
 
 class Model(nn.Module):
@@ -31,11 +42,19 @@ class Model(nn.Module):
         super().__init__()
         self.net = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
         self.seen = nn.Parameter(torch.zeros(RECORDS))
+        if DTYPE == "mixed":
+            self.net[2].double()
+            self.seen = nn.Parameter(torch.zeros(RECORDS, dtype=torch.float64))
+        else:
+            self.to(getattr(torch, DTYPE))
 
     def forward(self, features):
         ids = features["id"]
         marked = self.seen[ids]
-        return {"logits": self.net(features["x"]), "mark": marked - marked.detach()}
+        h = features["x"]
+        for layer in self.net:
+            h = layer(h.to(layer.weight.dtype) if isinstance(layer, nn.Linear) else h)
+        return {"logits": h, "mark": marked - marked.detach()}
 
 
 def loss(labels, predictions):
@@ -70,6 +89,9 @@ def _maybe_hang():
 
 def feed(records, mode, metadata):
     _maybe_hang()
+    delay = float(os.environ.get("FT_FEED_DELAY", "0"))
+    if delay:
+        time.sleep(delay)
     pixels, labels = decode_digits(records)
     features = {"x": torch.from_numpy(pixels), "id": torch.arange(metadata.start, metadata.end)}
     return features, torch.from_numpy(labels)

@@ -189,3 +189,31 @@ def test_scale_down_and_stop_through_the_cli(operator, node_agent, jobs, digits_
                          for r in caplog.records), timeout=120, what="the operator's decision on the master's exit")
     assert list(jobs.master_pods("digits")) == [0]  # a stopped job's master is not relaunched
     assert jobs.status("digits")["masterRelaunches"] == 0
+
+
+def test_a_module_failing_in_the_worker_pods_fails_the_job_with_its_error(operator, node_agent, jobs, digits_data,
+                                                                          tmp_path):
+    """The user's own exception, raised only in worker pods (preflight passes), is the job's reason:
+    phase Failed within seconds, ``status.failure`` naming exception and line, a Warning event."""
+    from ft_helpers import MODEL_ZOO
+
+    module = tmp_path / "ctor.py"
+    module.write_text((MODEL_ZOO / "digits_torch.py").read_text().replace(
+        "        super().__init__()\n",
+        "        super().__init__()\n"
+        "        import os\n"
+        "        if os.environ.get('FLEXTRAIN_WORKER_ID'):\n"
+        "            raise RuntimeError('cannot build model: missing vocab file')\n"))
+    spec = elasticjob("broken", digits_data, tmp_path / "broken", epochs=1, model=f"{module}:Model")
+    spec["spec"]["replicaSpecs"]["worker"]["minWorkersTimeout"] = 600  # it must not be what ends the job
+    jobs.create(spec)
+    status = wait_phase(jobs, node_agent, "broken", "Failed", timeout=120)
+    failure = status["failure"]
+    assert failure["kind"] == "UserCode" and failure["exception"] == "RuntimeError"
+    assert failure["message"] == "cannot build model: missing vocab file"
+    assert failure["location"].startswith(f"{module}:")
+    assert failure["log"].startswith("kubectl logs -n ")
+    assert "cannot build model: missing vocab file" in status["message"]
+    events = wait_for(lambda: [e for e in jobs.events("broken") if e.get("reason") == "JobFailed"],
+                      timeout=30, what="the JobFailed event")
+    assert events[0]["type"] == "Warning" and "missing vocab file" in events[0]["message"]

@@ -74,6 +74,30 @@ def test_master_that_cannot_start_fails_the_job_naming_the_problem(env, jobs, tm
     assert status["message"] == "the master cannot start: training data directory not found: /data/train"
 
 
+def test_master_refuses_a_module_that_fails_preflight_before_any_worker_pod(env, jobs, tmp_path, digits_data,
+                                                                          k8s_api):
+    """The master pod runs the same preflight as `flextrain train`: a broken module fails the job, naming it."""
+    from kubernetes import client
+
+    from ft_helpers import MODEL_ZOO
+
+    module = tmp_path / "optnone.py"
+    module.write_text((MODEL_ZOO / "digits_torch.py").read_text().replace("    return torch.optim.SGD(",
+                                                                          "    torch.optim.SGD("))
+    job = elasticjob("digits")
+    job["spec"].update(modelDef=f"{module}:Model", jobDir=str(tmp_path / "digits"),
+                       data={"training": str(digits_data / "train")})
+    jobs.create(job)
+    res = run(env, "master", "--job", "digits", "--namespace", "default", "--port", "0")
+    assert res.returncode == 2, res.stderr
+    status = jobs.status("digits")
+    assert status["phase"] == "Failed" and "completionTime" in status
+    assert status["message"].startswith(f"the master cannot start: {module}: optimizer(params) returned None")
+    assert "spec.training.preflight: false skips it" in status["message"]
+    assert client.CoreV1Api(k8s_api).list_namespaced_pod("default").items == []  # no worker pod was made
+    assert not (tmp_path / "digits").exists()
+
+
 def test_master_of_a_missing_job_names_it(env):
     res = run(env, "master", "--job", "nosuch", "--namespace", "default")
     assert res.returncode == 2 and "no ElasticJob 'nosuch' in namespace 'default'" in res.stderr

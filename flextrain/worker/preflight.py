@@ -1,0 +1,332 @@
+"""Preflight: the module's contract, checked on real records before any worker starts.
+
+``flextrain train`` (and the master pod of an ElasticJob, before it creates a
+worker pod) runs ``python -m flextrain preflight --job-spec-json JSON`` as a
+child process with a timeout, and refuses the job with the child's message
+when a check fails. The child does what a worker does up to and through its
+first training step, through the worker's own code, so a module that passes
+here gets past the same points in a worker:
+
+1. the training (and validation) data lists: ``make_shards``;
+2. the module imports and has every name with a usable signature: ``load_model_def``;
+3. seeded like a worker, the model callable returns a ``torch.nn.Module`` (a
+   Keras ``Model`` for TensorFlow modules) with trainable parameters:
+   ``ModelDef.build_model``;
+4. ``optimizer(...)`` with the job's learning rate returns a
+   ``torch.optim.Optimizer`` (a Keras optimizer): ``ModelDef.build_optimizer``;
+   ParameterServer jobs: one the parameter servers run;
+5. the first ``min(global batch, max micro-batch)`` records of the first
+   training file go through ``feed(records, "training", metadata)`` and the
+   worker's checks of what it returns;
+6. forward and ``loss`` on them: the loss is a scalar that depends on the
+   parameters (torch: requires grad; Keras: has a gradient); then backward
+   and one optimizer step (AllReduce: through the worker's model backend);
+7. with validation data, its first records go through ``feed(..., "evaluation", ...)``,
+   the model and every ``eval_metrics_fn`` function (one value per sample).
+
+Why a child: the module is user code. It may hang, exit, crash the interpreter,
+print, or load a framework the CLI's process should not carry. The child moves
+its stdout onto stderr before user code runs and writes JSON lines to a
+private copy of the original stdout: ``{"stage": ...}`` as it goes (so a
+timeout can say where it was stuck), then one ``{"ok": ...}`` result whose
+``error`` names the module file, the function, the user's exception and the
+user's file:line. Only JSON crosses the boundary; nothing is pickled or eval'd.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+from contextlib import contextmanager
+
+from flextrain.data import DataError, make_shards, read_shard_range
+from flextrain.job import JobSpec, JobSpecError, Strategy
+from flextrain.orphans import ENV_PARENT_PID
+from flextrain.worker.module import (FeedMetadata, Framework, Mode, ModelDef, ModelDefError, load_model_def,
+                                     raised, returned)
+
+log = logging.getLogger("flextrain.preflight")
+
+DEFAULT_TIMEOUT = 120.0
+ENV_TIMEOUT = "FLEXTRAIN_PREFLIGHT_TIMEOUT"  # the default for `flextrain master` in a pod (no flag there)
+MESSAGE_CHARS = 600  # of a user exception's text in the message
+OUTPUT_TAIL_LINES = 15  # of the child's stderr, shown when it died or hung without a result
+
+
+class PreflightError(ModelDefError):
+    """The module failed preflight, or preflight did not finish; the message says which and why."""
+
+
+def default_timeout() -> float:
+    raw = os.environ.get(ENV_TIMEOUT)
+    try:
+        return float(raw) if raw and float(raw) > 0 else DEFAULT_TIMEOUT
+    except ValueError:
+        return DEFAULT_TIMEOUT
+
+
+# ---- the parent: run the child, turn its answer into an exception ---------------------------------
+def run_preflight(spec: JobSpec, *, timeout: float | None = None, skip_hint: str = "--no-preflight skips it") -> None:
+    """Check ``spec``'s module in a child process; raises PreflightError (or DataError for the data).
+
+    ``skip_hint`` tells the user how to turn preflight off where it cannot work (a hang)."""
+    timeout = default_timeout() if timeout is None else timeout
+    env = {**os.environ, ENV_PARENT_PID: str(os.getpid()), "PYTHONUNBUFFERED": "1"}
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ start-up chatter
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "flextrain", "preflight", "--job-spec-json", spec.to_json()],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace",
+        env=env,
+        start_new_session=True,  # killed as a group: whatever the module started goes too
+    )
+    module = spec.model_def
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill(proc)
+        out, err = _drain(proc)
+        stage = next((m["stage"] for m in reversed(_messages(out)) if "stage" in m), "starting")
+        raise PreflightError(f"preflight of {module} did not finish within {timeout:g}s (it was {stage}); "
+                             f"{skip_hint}{_tail(err)}") from None
+    finally:
+        if proc.poll() is None:  # e.g. KeyboardInterrupt while waiting
+            _kill(proc)
+    log.debug("preflight of %s: exit code %s; its output:\n%s", module, proc.returncode, err)
+    result = next((m for m in reversed(_messages(out)) if "ok" in m), None)
+    if result is None:
+        code = proc.returncode
+        how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+        raise PreflightError(f"preflight of {module} {how} without a result (the module may have exited or "
+                             f"crashed the interpreter){_tail(err)}")
+    if not result["ok"]:
+        raise {"data": DataError, "spec": JobSpecError}.get(result.get("kind"), PreflightError)(result["error"])
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        proc.kill()
+
+
+def _drain(proc: subprocess.Popen) -> tuple[str, str]:
+    try:
+        return proc.communicate(timeout=5)
+    except subprocess.TimeoutExpired:  # a grandchild in its own session holds the pipes
+        return "", ""
+
+
+def _messages(out: str) -> list[dict]:
+    found = []
+    for line in (out or "").splitlines():
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(obj, dict):
+            found.append(obj)
+    return found
+
+
+def _tail(err: str) -> str:
+    lines = [line for line in (err or "").splitlines() if line.strip()][-OUTPUT_TAIL_LINES:]
+    return "; its last output:\n  " + "\n  ".join(lines) if lines else ""
+
+
+# ---- the child: `flextrain preflight` --------------------------------------------------------------
+def child_main(spec_json: str) -> int:
+    """Run every check; write the JSON lines described above to the original stdout. Exit 0 or 1."""
+    result = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)  # from here on anything printed (by Python or C) lands in the captured stderr
+
+    def emit(**obj) -> None:
+        result.write(json.dumps(obj) + "\n")
+        result.flush()
+
+    try:
+        check(JobSpec.from_json(spec_json), on_stage=lambda stage: emit(stage=stage))
+    except (DataError, JobSpecError, ModelDefError) as exc:
+        kind = "data" if isinstance(exc, DataError) else "spec" if isinstance(exc, JobSpecError) else "module"
+        emit(ok=False, kind=kind, error=str(exc))
+        return 1
+    emit(ok=True)
+    return 0
+
+
+def check(spec: JobSpec, *, on_stage=lambda stage: None) -> None:
+    """Every check of the module docstring, in this process; raises ModelDefError/DataError naming the problem."""
+    run = _Stages(spec.model_def, on_stage)
+    with run.stage("listing the data"):
+        shard = make_shards(spec.training_data, what="training data")[0]
+        validation = make_shards(spec.validation_data, what="validation data")[0] if spec.validation_data else None
+    with run.stage(f"importing the module of {spec.model_def}"):
+        md = run.md = load_model_def(spec.model_def)
+    with run.stage("seeding the random generators"):
+        _seed(md, spec.seed)
+    with run.stage(f"building the model: {md.model_name}()", call=f"the model callable {md.model_name}()"):
+        model = md.build_model()
+    with run.stage("building the optimizer: optimizer(...)", call="optimizer(...)"):
+        optimizer = md.build_optimizer(model, spec.learning_rate)
+    if spec.strategy is Strategy.PARAMETER_SERVER:
+        with run.stage("checking the optimizer for the parameter servers"):
+            _check_ps_optimizer(md, spec)
+    n = min(spec.global_batch_size, spec.effective_max_micro_batch, shard.size)
+    with run.stage("reading the first training records"):
+        records = read_shard_range(shard.source, shard.start, shard.start + n)
+    meta = FeedMetadata(shard.source, shard.start, shard.start + n, 0)
+    # AllReduce workers drive the model through a backend; PS workers through their own trainer.
+    backend = None
+    if spec.strategy is Strategy.ALLREDUCE:
+        from flextrain.worker.backend import make_backend
+
+        with run.stage("preparing the model for training"):
+            backend = make_backend(model_def=md, model=model, optimizer=optimizer, extra=0)
+    step = _keras_step if md.framework is Framework.TENSORFLOW else _torch_step
+    step(run, md, model, optimizer, backend, records, meta)
+    if validation is not None:
+        _evaluate(run, md, model, validation, batch=min(spec.global_batch_size, spec.effective_max_micro_batch))
+
+
+class _Stages:
+    """Runs the checks one stage at a time; a user exception becomes a ModelDefError naming the
+    module, what was being called, the exception and the user's file:line."""
+
+    def __init__(self, model_def: str, on_stage) -> None:
+        self.model_def, self.on_stage = model_def, on_stage
+        self.md: ModelDef | None = None  # once the module is loaded
+
+    @contextmanager
+    def stage(self, what: str, *, call: str | None = None):
+        self.on_stage(what)
+        try:
+            yield
+        except DataError:  # names the file and the record already
+            raise
+        except ModelDefError as exc:  # a message already; with the user's line when it came from there
+            at = _user_location(exc)
+            if not at or at[5:-1].split(" in ")[0] in str(exc):  # none, or the message says it already
+                raise
+            raise ModelDefError(f"{exc}{at}") from exc
+        except (Exception, SystemExit) as exc:  # noqa: BLE001 - the user's code, whatever it raised
+            where = self.md.path if self.md is not None else self.model_def
+            text = raised(exc)
+            if len(text) > MESSAGE_CHARS:  # TensorFlow's messages can quote whole graphs and records
+                text = text[:MESSAGE_CHARS] + " ..."
+            raise ModelDefError(f"{where}: {call or what} raised {text}{_user_location(exc)}") from exc
+
+
+def _user_location(exc: BaseException) -> str:
+    """`` (at file.py:12 in feed)``: the innermost frame of the user's code that raised, if any."""
+    from flextrain.worker.failure import user_frame  # the worker's own rule for "the user's frame"
+
+    found = user_frame(exc)
+    if found is not None:
+        return f" (at {found[1].filename}:{found[1].lineno} in {found[1].name})"
+    cause, seen = exc, set()
+    while cause is not None and id(cause) not in seen:  # a syntax error has no frame: it says where it is
+        if isinstance(cause, SyntaxError) and cause.filename:
+            return f" (at {cause.filename}:{cause.lineno})"
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return ""
+
+
+def _seed(md: ModelDef, seed: int) -> None:
+    """As a worker seeds before it builds the model (worker/main.py)."""
+    import torch
+
+    torch.manual_seed(seed)
+    if md.framework is Framework.TENSORFLOW:
+        from flextrain.worker.tf.checks import seed_tf
+
+        seed_tf(seed)
+
+
+def _check_ps_optimizer(md: ModelDef, spec: JobSpec) -> None:
+    from flextrain.worker.ps_trainer import check_ps_optimizer
+
+    check_ps_optimizer(md, lr=spec.learning_rate)
+    if md.framework is Framework.TENSORFLOW:
+        from flextrain.worker.tf.ps import check_keras_ps_optimizer
+
+        check_keras_ps_optimizer(md, lr=spec.learning_rate)
+
+
+_LOSS = "loss(labels, predictions)"
+
+
+def _torch_step(run: _Stages, md: ModelDef, model, optimizer, backend, records, meta) -> None:
+    from flextrain.worker.backend import check_loss
+    from flextrain.worker.trainer import feed_tensors
+
+    with run.stage("feeding the first training records", call="feed(records, 'training', metadata)"):
+        features, labels = feed_tensors(md, records, Mode.TRAINING, meta)
+    if backend is not None:
+        backend.zero()
+    model.train()
+    with run.stage("running the model on them", call=f"the model's forward ({type(model).__name__}.forward)"):
+        predictions = model(features)
+    with run.stage("computing the loss", call=_LOSS):
+        loss = md.loss(labels, predictions)
+    check_loss(md, loss, samples=len(records))  # the check every worker makes on every micro-batch
+    with run.stage("backpropagating the loss", call="loss.backward()"):
+        loss.backward()
+    with run.stage("taking an optimizer step", call=f"the optimizer's step() ({type(optimizer).__name__})"):
+        if backend is not None:
+            backend.apply()
+        else:
+            optimizer.step()
+
+
+def _keras_step(run: _Stages, md: ModelDef, model, optimizer, backend, records, meta) -> None:
+    from flextrain.worker.tf.checks import require_tf
+    from flextrain.worker.tf.feed import feed_dataset
+
+    tf = require_tf()
+    name = getattr(md.feed, "__name__", "feed")
+    with run.stage("feeding the first training records", call=f"{name}(dataset, 'training', metadata)"):
+        features, labels = feed_dataset(md, records, Mode.TRAINING, meta)
+    # Eagerly first, so an error names the model or the loss; then the worker's compiled step.
+    with tf.GradientTape() as tape:
+        with run.stage("running the model on them", call=f"the model ({type(model).__name__})"):
+            predictions = model(features, training=True)
+        with run.stage("computing the loss", call=_LOSS):
+            loss = md.loss(labels, predictions)
+    if not tf.is_tensor(loss) or loss.shape.rank != 0:
+        shape = f"a tensor of shape {tuple(loss.shape)}" if tf.is_tensor(loss) else returned(loss)
+        raise ModelDefError(f"{md.path}: {_LOSS} returned {shape} for {len(records)} samples; it must return "
+                            "the mean over the samples, a scalar tensor (e.g. tf.reduce_mean(...))")
+    with run.stage("computing gradients", call="tf.GradientTape.gradient of the loss"):
+        grads = tape.gradient(loss, model.trainable_variables)
+    if all(g is None for g in grads):
+        raise ModelDefError(f"{md.path}: {_LOSS} returned a value with no gradient for any trainable weight "
+                            "(a constant, or computed outside TensorFlow, e.g. with numpy?)")
+    if backend is None:
+        return
+    with run.stage("running the worker's training step", call="the training step (model and loss under tf.function)"):
+        backend.zero()
+        backend.accumulate(features, labels, slice(0, len(records)), scale=1.0)
+        backend.apply()
+
+
+def _evaluate(run: _Stages, md: ModelDef, model, shard, *, batch: int) -> None:
+    from flextrain.worker.evaluation import make_predictor, metric_sums
+
+    with run.stage("calling eval_metrics_fn()", call="eval_metrics_fn()"):
+        md.metric_fns()
+    n = min(batch, shard.size)
+    with run.stage("reading the first validation records"):
+        records = read_shard_range(shard.source, shard.start, shard.start + n)
+    meta = FeedMetadata(shard.source, shard.start, shard.start + n, 0)
+    with run.stage("evaluating the first validation records",
+                   call="evaluation of the first validation records (feed in 'evaluation' mode, the model, "
+                        "eval_metrics_fn's functions)"):
+        metric_sums(md, make_predictor(md, model), records, metadata=meta, batch_size=n)
+
+
+__all__ = ["DEFAULT_TIMEOUT", "ENV_TIMEOUT", "PreflightError", "check", "child_main", "default_timeout",
+           "run_preflight"]
