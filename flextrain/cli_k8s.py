@@ -252,11 +252,15 @@ def status(args) -> int:
         print(f"progress  {p.get('recordsDone', 0):,}/{p.get('recordsTotal', 0):,} records "
               f"({p.get('percent', 0)}%)")
     for name, value in sorted((st.get("metrics") or {}).items()):
-        print(f"{name:<9} {value:.4f}")
+        print(f"{name:<9} {value:.4f}" if not isinstance(value, str) else f"{name:<9} {value}")  # "nan" as is
     if st.get("masterRelaunches"):
         print(f"master    relaunched {st['masterRelaunches']} time(s)")
     for event in kube.events(namespace, args.job)[-5:]:
         print(f"event     {event.get('type', '')[:7]:<7} {event.get('reason', '')}: {event.get('message', '')}")
+    from flextrain.master.failures import failure_lines
+
+    for line in failure_lines(st.get("failure")):
+        print(line)
     return 0
 
 

@@ -196,7 +196,7 @@ class JobSpec:
             raise JobSpecError(f"--seed must be an integer from 0 to 2**63-1, got {self.seed!r}")
         if self.nan_policy not in NAN_POLICIES:
             raise JobSpecError(f"--nan-policy must be one of {', '.join(NAN_POLICIES)}, got {self.nan_policy!r}")
-        for field in ("shuffle", "ps_wal"):
+        for field in ("shuffle", "ps_wal", "preflight"):
             if not isinstance(getattr(self, field), bool):
                 raise JobSpecError(f"{_flag(field)} must be true or false, got {getattr(self, field)!r}")
         for name, field, kind in (("--distribution-strategy", "strategy", Strategy), ("job type", "job_type", JobType),

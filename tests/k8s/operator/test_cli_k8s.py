@@ -77,6 +77,20 @@ def test_submit_status_scale_stop(cli, jobs):
     assert jobs.get("digits")["metadata"]["annotations"][meta.ANNOTATION_STOP] == "enough"
 
 
+def test_status_of_a_failed_job_prints_its_root_cause_and_non_finite_metrics(cli, jobs):
+    assert cli(*TRAIN).returncode == 0
+    failure = {"worker": "worker-1", "kind": "UserCode", "exitCode": 3, "exception": "RuntimeError",
+               "message": "no vocab", "location": "/opt/zoo/m.py:12 in __init__", "stage": "starting",
+               "log": "kubectl logs -n default digits-worker-1"}
+    jobs.kube.patch_status(jobs.get("digits"), {"phase": "Failed", "message": "worker-1 failed: RuntimeError",
+                                                "metrics": {"loss": "nan", "accuracy": 0.5}, "failure": failure})
+    res = cli("status", "digits", "--backend", "kubernetes")
+    assert res.returncode == 0, res.stderr
+    assert "loss      nan" in res.stdout and "accuracy  0.5000" in res.stdout
+    assert "root cause: worker-1 (UserCode, exit code 3)" in res.stdout
+    assert "at: /opt/zoo/m.py:12 in __init__" in res.stdout and "log: kubectl logs -n default digits-worker-1" in res.stdout
+
+
 def test_commands_on_missing_or_finished_jobs_name_the_problem(cli, jobs):
     res = cli("status", "nosuch", "--namespace", "default")
     assert res.returncode == 2 and "no ElasticJob 'nosuch' in namespace 'default'" in res.stderr
