@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from torch import nn
@@ -94,3 +96,46 @@ def test_bad_records_report_the_pushed_minibatches(start_cluster, tmp_path):
         trainer.close()
     (task_id, kw), = master.reports
     assert task_id == 7 and kw["ok"] is False and kw["steps_done"] == 1
+
+
+@pytest.mark.parametrize("policy", ["fail", "skip-step"])
+def test_a_non_finite_minibatch_is_never_pushed(start_cluster, tmp_path, policy):
+    """--nan-policy with parameter servers: a NaN loss stops the worker (fail) or drops that minibatch
+    (skip-step); either way nothing of it reaches the PS, whose version counts only what was pushed."""
+    from flextrain.worker.failure import NonFiniteError
+
+    write_ctr(tmp_path / "data", rows=1200, seed=3)
+    source = str(tmp_path / "data" / "train" / "ctr-00000.rio")
+    spec = JobSpec(name="j", model_def=DEEPFM, training_data=str(tmp_path / "data" / "train"), job_dir=str(tmp_path),
+                   strategy=Strategy.PARAMETER_SERVER, ps=1, global_batch_size=100, learning_rate=0.05,
+                   nan_policy=policy).validate()
+    handles, _ = start_cluster(1)
+    model_def = load_model_def(DEEPFM)
+    torch.manual_seed(0)
+    model = model_def.build_model()
+    feed = model_def.feed
+
+    def poisoned(records, mode, metadata):  # the minibatch of records [200, 300) reaches the model as NaN
+        features, labels = feed(records, mode, metadata)
+        if metadata.start == 200:
+            features = {k: v.float() * float("nan") if v.is_floating_point() else v for k, v in features.items()}
+        return features, labels
+
+    model_def = dataclasses.replace(model_def, feed=poisoned)
+    master = FakeMaster([pb.Task(task_id=0, kind=pb.Task.TRAINING, source=source, start=0, end=500,
+                                 global_batch_size=100)])
+    state = WorkerState()
+    trainer = PSTrainer(spec=spec, model_def=model_def, model=model,
+                        optimizer=model_def.build_optimizer(model, spec.learning_rate), client=master,
+                        state=state, ps_addresses=[h.address for h in handles])
+    try:
+        if policy == "fail":
+            with pytest.raises(NonFiniteError, match=r"records \[200, 300\)"):
+                trainer.train()
+            assert trainer.ps.describe()[0].version == 2  # the two minibatches before it
+        else:
+            assert trainer.train() is True
+            assert state.skipped_steps == 1 and trainer.ps.describe()[0].version == 4
+            assert all(torch.isfinite(p).all() for p in model.parameters())
+    finally:
+        trainer.close()
