@@ -52,9 +52,12 @@ def _add_train(sub) -> None:
     g = p.add_argument_group("model and data")
     g.add_argument("--model-def", metavar="MODULE:NAME",
                    help="model-zoo module and model callable: path/to/module.py:Name or package.module.Name")
-    g.add_argument("--training-data", metavar="DIR", help="directory (or file) of RecordIO/CSV training data")
-    g.add_argument("--validation-data", metavar="DIR",
-                   help="directory (or file) of records evaluated with eval_metrics_fn at the end of training")
+    g.add_argument("--training-data", metavar="PATH",
+                   help="RecordIO or CSV training data (told by content): a directory, a file, a glob "
+                        "('data/part-*') or a comma-separated list of files")
+    g.add_argument("--validation-data", metavar="PATH",
+                   help="records evaluated with eval_metrics_fn at the end of training (like --training-data)")
+    add_data_flags(g)
     g.add_argument("--evaluation-steps", type=int, default=0, metavar="N",
                    help="also evaluate on --validation-data every N optimizer steps (0: only at the end)")
     g = p.add_argument_group("workers")
@@ -112,6 +115,9 @@ def _add_train(sub) -> None:
     g.add_argument("--resume", metavar="JOBDIR",
                    help="continue a stopped or failed job from its latest checkpoint (model, optimizer and data "
                         "position); --workers/--min-workers/--max-workers may be changed")
+    g.add_argument("--overwrite", action="store_true",
+                   help="start afresh in a --job-dir that holds an earlier job (which is refused otherwise): "
+                        "its state is moved aside to JOBDIR/previous-<time>/, not deleted")
     g.add_argument("--no-progress", action="store_true", help="no live progress bar (log lines instead)")
     g.add_argument("--no-preflight", action="store_true",
                    help="skip preflight: before anything starts, a child process imports the module and checks "
@@ -122,6 +128,15 @@ def _add_train(sub) -> None:
                         "checkpoint, or skip that step (nothing of it is applied) and go on")
     g.add_argument("--preflight-timeout", type=float, metavar="SECONDS",
                    help="how long preflight may take (default: $FLEXTRAIN_PREFLIGHT_TIMEOUT, else 120)")
+
+
+def add_data_flags(g) -> None:
+    """--skip-unknown-files and --csv-header (train, evaluate, predict)."""
+    g.add_argument("--skip-unknown-files", action="store_true",
+                   help="skip files under the data paths that are not RecordIO or CSV data (and dangling links, "
+                        "unreadable files), with a warning naming each; by default such a file is an error")
+    g.add_argument("--csv-header", action="store_true",
+                   help="the first line of every CSV data file is a header, not a record")
 
 
 def _job_name(args) -> str:
@@ -140,6 +155,13 @@ def _abs(path: str | None) -> str | None:
     return str(Path(path).resolve()) if path else None
 
 
+def _data_abs(path: str | None) -> str | None:
+    """A data path made absolute: each part of a comma-separated list (unless the whole path exists)."""
+    if not path or "," not in path or Path(path).exists():
+        return _abs(path)
+    return ",".join(_abs(part.strip()) for part in path.split(",") if part.strip())
+
+
 def _model_def_abs(spec: str) -> str:
     """Make a file-path --model-def absolute so workers resolve it from any directory."""
     target, sep, name = spec.rpartition(":")
@@ -154,8 +176,8 @@ def build_spec(args):
     name = _job_name(args)
     job_dir = args.job_dir or str(DEFAULT_JOBS_DIR / name)
     return JobSpec(
-        name=name, model_def=_model_def_abs(args.model_def), training_data=_abs(args.training_data),
-        validation_data=_abs(args.validation_data), job_dir=_abs(job_dir), workers=1 if args.workers is None else args.workers,
+        name=name, model_def=_model_def_abs(args.model_def), training_data=_data_abs(args.training_data),
+        validation_data=_data_abs(args.validation_data), job_dir=_abs(job_dir), workers=1 if args.workers is None else args.workers,
         evaluation_steps=args.evaluation_steps,
         min_workers=args.min_workers, max_workers=args.max_workers, epochs=args.epochs,
         global_batch_size=args.global_batch_size, max_micro_batch=args.max_micro_batch,
@@ -167,6 +189,7 @@ def build_spec(args):
         strategy=Strategy(args.distribution_strategy), ps=args.ps, ps_mode=args.ps_mode,
         grads_to_wait=args.grads_to_wait, ps_checkpoint_steps=args.ps_checkpoint_steps,
         ps_wal=args.ps_wal, nan_policy=args.nan_policy, preflight=not getattr(args, "no_preflight", False),
+        skip_unknown_files=args.skip_unknown_files, csv_header=args.csv_header,
     )
 
 
@@ -185,25 +208,32 @@ def resume_spec(args):
 
 
 def cmd_train(args) -> int:
-    from flextrain.data import DataError, make_shards
+    from flextrain.data import DataError, DataOptions, make_shards
     from flextrain.job import JobSpecError, Strategy
+    from flextrain.master.jobdir import JobDirError, guard
     from flextrain.master.main import run_master
     from flextrain.worker.module import Framework, ModelDefError, load_model_def
 
+    if args.resume and args.overwrite:  # before the stored job is even read
+        raise CLIError("--resume and --overwrite contradict each other: continue the job or start afresh, not both")
     if not args.resume:
         missing = [f for f in ("model_def", "training_data") if not getattr(args, f)]
         if missing:
             raise CLIError(f"--{missing[0].replace('_', '-')} is required (unless --resume JOBDIR)")
     try:
         spec = (resume_spec(args) if args.resume else build_spec(args)).validate()
+        guard(spec.job_dir, resume=bool(args.resume), overwrite=args.overwrite)  # before anything is written
         if args.preflight_timeout is not None:
             from flextrain.job import check_positive_finite
 
             check_positive_finite("--preflight-timeout", args.preflight_timeout)
         # Everything checkable is checked before a single process starts; the cheap checks first.
-        make_shards(spec.training_data, what="training data")
+        skipped: list[str] = []
+        make_shards(spec.training_data, what="training data", options=DataOptions.of(spec), skipped=skipped)
         if spec.validation_data:
-            make_shards(spec.validation_data, what="validation data")
+            make_shards(spec.validation_data, what="validation data", options=DataOptions.of(spec), skipped=skipped)
+        for warning in skipped:
+            print(f"flextrain: warning: {warning}", file=sys.stderr)
         if spec.preflight:  # the contract on real records, in a child: the module is code we cannot trust
             from flextrain.worker.preflight import run_preflight
 
@@ -217,14 +247,14 @@ def cmd_train(args) -> int:
                 from flextrain.worker.tf.ps import check_keras_ps_optimizer
 
                 check_keras_ps_optimizer(model_def, lr=spec.learning_rate)
-    except (JobSpecError, ModelDefError, DataError) as exc:
+    except (JobSpecError, ModelDefError, DataError, JobDirError) as exc:
         raise CLIError(str(exc)) from exc
     from flextrain.master.main import ResumeError
 
     show = sys.stderr.isatty() and not args.no_progress
     try:
         return run_master(spec, show_progress=show, resume=bool(args.resume))
-    except ResumeError as exc:
+    except (ResumeError, JobDirError) as exc:  # JobDirError: another master took the lock meanwhile
         raise CLIError(str(exc)) from exc
 
 

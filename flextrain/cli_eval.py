@@ -14,7 +14,8 @@ import json
 import sys
 from pathlib import Path
 
-from flextrain.cli import DEFAULT_JOBS_DIR, CLIError, HelpFormatter, _abs, _job_name, _model_def_abs
+from flextrain.cli import (DEFAULT_JOBS_DIR, CLIError, HelpFormatter, _abs, _data_abs, _job_name, _model_def_abs,
+                           add_data_flags)
 
 
 def _add_common(p) -> None:
@@ -33,12 +34,16 @@ def _add_common(p) -> None:
     p.add_argument("--job-name", metavar="NAME",
                    help="job name (default: the module's name + '-evaluate' / '-predict')")
     p.add_argument("--job-dir", metavar="DIR", help=f"logs and status.json (default: ./{DEFAULT_JOBS_DIR}/NAME)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="reuse a --job-dir that holds an earlier job (refused otherwise): its state is moved "
+                        "aside to JOBDIR/previous-<time>/, not deleted")
     p.add_argument("--max-task-retries", type=int, default=3, metavar="N",
                    help="a failing task is retried this often, then the job fails")
     p.add_argument("--worker-timeout", type=float, default=60.0, metavar="SECONDS",
                    help="silence after which a worker counts as hung")
     p.add_argument("--relaunch-budget", type=int, default=3, metavar="N", help="relaunches per worker slot")
     p.add_argument("--no-progress", action="store_true", help="no live progress display")
+    add_data_flags(p)
 
 
 def add_commands(sub) -> None:
@@ -51,7 +56,7 @@ def add_commands(sub) -> None:
     )
     _add_common(p)
     p.add_argument("--validation-data", metavar="DIR", required=True,
-                   help="directory (or file) of RecordIO/CSV records to evaluate on")
+                   help="RecordIO/CSV records to evaluate on: a directory, a file, a glob or a comma-separated list")
     p.set_defaults(fn=cmd_evaluate)
     p = sub.add_parser(
         "predict", help="run a checkpoint's model over data and write predictions (a prediction job)",
@@ -62,7 +67,7 @@ def add_commands(sub) -> None:
     )
     _add_common(p)
     p.add_argument("--prediction-data", metavar="DIR", required=True,
-                   help="directory (or file) of RecordIO/CSV records to predict on")
+                   help="RecordIO/CSV records to predict on: a directory, a file, a glob or a comma-separated list")
     p.add_argument("--output", metavar="DIR", required=True, help="directory for the predictions (empty or new)")
     p.set_defaults(fn=cmd_predict)
 
@@ -101,13 +106,15 @@ def _spec(args, job_type, **fields):
         job_dir=_abs(args.job_dir or str(DEFAULT_JOBS_DIR / name)), checkpoint=resolve_checkpoint(args.checkpoint),
         workers=args.workers, global_batch_size=args.global_batch_size, steps_per_task=args.steps_per_task,
         max_micro_batch=args.max_micro_batch, max_task_retries=args.max_task_retries,
-        worker_timeout=args.worker_timeout, relaunch_budget=args.relaunch_budget, **fields,
+        worker_timeout=args.worker_timeout, relaunch_budget=args.relaunch_budget,
+        skip_unknown_files=args.skip_unknown_files, csv_header=args.csv_header, **fields,
     )
 
 
 def _check_and_run(spec, data: str, what: str, args) -> int:
-    from flextrain.data import DataError, make_shards
+    from flextrain.data import DataError, DataOptions, make_shards
     from flextrain.job import JobSpecError, JobType
+    from flextrain.master.jobdir import JobDirError, guard
     from flextrain.master.main import run_master
     from flextrain.worker.evaluation import make_predictor
     from flextrain.worker.module import ModelDefError, load_model_def
@@ -115,6 +122,7 @@ def _check_and_run(spec, data: str, what: str, args) -> int:
 
     try:
         spec.validate()
+        guard(spec.job_dir, overwrite=args.overwrite, resumable=False)  # before anything is written
         model_def = load_model_def(spec.model_def)
         if spec.job_type is JobType.EVALUATION and model_def.eval_metrics_fn is None:
             raise ModelDefError(f"{model_def.path} defines no `eval_metrics_fn` (required by flextrain evaluate: "
@@ -123,14 +131,20 @@ def _check_and_run(spec, data: str, what: str, args) -> int:
             model_def.metric_fns()
         else:
             load_outputs_processor(model_def)
-        make_shards(data, what=what)
+        skipped: list[str] = []
+        make_shards(data, what=what, options=DataOptions.of(spec), skipped=skipped)
+        for warning in skipped:
+            print(f"flextrain: warning: {warning}", file=sys.stderr)
         make_predictor(model_def, model_def.build_model()).load_checkpoint(spec.checkpoint)
         if spec.job_type is JobType.PREDICTION:
             refuse_nonfinite(spec.checkpoint)
-    except (JobSpecError, ModelDefError, DataError) as exc:
+    except (JobSpecError, ModelDefError, DataError, JobDirError) as exc:
         raise CLIError(str(exc)) from exc
     show = sys.stderr.isatty() and not args.no_progress
-    return run_master(spec, show_progress=show)
+    try:
+        return run_master(spec, show_progress=show)
+    except JobDirError as exc:  # another master took the lock meanwhile
+        raise CLIError(str(exc)) from exc
 
 
 def refuse_nonfinite(checkpoint: str) -> None:
@@ -147,7 +161,7 @@ def refuse_nonfinite(checkpoint: str) -> None:
 def cmd_evaluate(args) -> int:
     from flextrain.job import JobType
 
-    spec = _spec(args, JobType.EVALUATION, validation_data=_abs(args.validation_data))
+    spec = _spec(args, JobType.EVALUATION, validation_data=_data_abs(args.validation_data))
     return _check_and_run(spec, spec.validation_data, "validation data", args)
 
 
@@ -161,5 +175,5 @@ def cmd_predict(args) -> int:
     if output.is_dir() and ((output / MANIFEST).exists() or any(output.glob("part-*.jsonl"))):
         raise CLIError(f"--output {args.output} already holds predictions ({MANIFEST} or part-*.jsonl); "
                        "choose an empty or new directory")
-    spec = _spec(args, JobType.PREDICTION, prediction_data=_abs(args.prediction_data), output=_abs(args.output))
+    spec = _spec(args, JobType.PREDICTION, prediction_data=_data_abs(args.prediction_data), output=_abs(args.output))
     return _check_and_run(spec, spec.prediction_data, "prediction data", args)

@@ -166,6 +166,9 @@ def elasticjob_from_args(args) -> dict:
 
     if args.resume:
         raise CLIError("--resume is for local jobs; a Kubernetes job's relaunched master resumes by itself")
+    if getattr(args, "overwrite", False):
+        raise CLIError("--overwrite is for local jobs; a new ElasticJob's master moves an earlier job's state "
+                       "in its job directory aside by itself")
     missing = [f for f in ("model_def", "training_data") if not getattr(args, f)]
     if missing:
         raise CLIError(f"--{missing[0].replace('_', '-')} is required")

@@ -114,6 +114,11 @@ class JobSpec:
     learning_rate: float | None = None
     seed: int = 0
     shuffle: bool = False
+    # Files under a data path that are not RecordIO or CSV (or dangling links, unreadable files):
+    # skipped with a warning naming each instead of failing the job (flextrain.data.sources).
+    skip_unknown_files: bool = False
+    # The first line of every CSV data file is a header, not a record.
+    csv_header: bool = False
     # Optimizer steps per task: the granularity of hand-out and re-queueing.
     steps_per_task: int = 8
     max_task_retries: int = 3
@@ -196,7 +201,7 @@ class JobSpec:
             raise JobSpecError(f"--seed must be an integer from 0 to 2**63-1, got {self.seed!r}")
         if self.nan_policy not in NAN_POLICIES:
             raise JobSpecError(f"--nan-policy must be one of {', '.join(NAN_POLICIES)}, got {self.nan_policy!r}")
-        for field in ("shuffle", "ps_wal", "preflight"):
+        for field in ("shuffle", "ps_wal", "preflight", "skip_unknown_files", "csv_header"):
             if not isinstance(getattr(self, field), bool):
                 raise JobSpecError(f"{_flag(field)} must be true or false, got {getattr(self, field)!r}")
         for name, field, kind in (("--distribution-strategy", "strategy", Strategy), ("job type", "job_type", JobType),

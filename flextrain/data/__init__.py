@@ -17,6 +17,7 @@ from flextrain.data.recordio import (
 )
 from flextrain.data.sources import (
     SUPPORTED_EXTENSIONS,
+    DataOptions,
     Shard,
     clear_reader_cache,
     list_data_files,
@@ -37,6 +38,7 @@ __all__ = [
     "read_records",
     "CSVReader",
     "SUPPORTED_EXTENSIONS",
+    "DataOptions",
     "Shard",
     "open_reader",
     "list_data_files",

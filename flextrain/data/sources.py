@@ -3,11 +3,21 @@
 A *source* is one data file; a :class:`Shard` is a record range of a source.
 The master calls :func:`make_shards` on the user's data path to plan tasks;
 workers call :func:`read_shard_range` to fetch the records of a task.
-Formats are chosen by file extension (see :data:`SUPPORTED_EXTENSIONS`).
+
+A data path is a file, a directory (its files, sorted by name), a glob
+(``data/part-*``) or a comma-separated list of those. Every file is
+classified by content (:mod:`flextrain.data.formats`), so ElasticDL's
+``data-00000`` shards need no extension. In a directory (or a glob's
+matches) only dot-files and subdirectories are passed over; any other file
+that is not RecordIO or CSV is an error naming it, or with
+``DataOptions(skip_unknown_files=True)`` a warning naming every file skipped.
+One data path holds one format: RecordIO and CSV files mixed are refused.
 """
 
 from __future__ import annotations
 
+import glob
+import logging
 import os
 import threading
 from collections import OrderedDict
@@ -15,10 +25,12 @@ from dataclasses import dataclass
 
 from flextrain.data.csv import CSVReader
 from flextrain.data.errors import DataError
+from flextrain.data.formats import CSV, EMPTY, HINT_EXTENSIONS, RECORDIO, NotDataError, sniff
 from flextrain.data.recordio import RecordIOReader
 
 __all__ = [
     "SUPPORTED_EXTENSIONS",
+    "DataOptions",
     "Shard",
     "open_reader",
     "list_data_files",
@@ -27,21 +39,32 @@ __all__ = [
     "clear_reader_cache",
 ]
 
+log = logging.getLogger(__name__)
+
 Reader = RecordIOReader | CSVReader
 
-#: Extension (lower case) -> reader factory.
-_FACTORIES = {
-    ".rio": RecordIOReader,
-    ".recordio": RecordIOReader,
-    ".csv": CSVReader,  # header=False: every line is a record
-}
-SUPPORTED_EXTENSIONS: tuple[str, ...] = tuple(sorted(_FACTORIES))
-_EXTENSIONS_TEXT = ", ".join(SUPPORTED_EXTENSIONS)
+#: Extensions that name a format; only a hint since formats are told by content.
+SUPPORTED_EXTENSIONS: tuple[str, ...] = HINT_EXTENSIONS
+_SHOWN = 5  # problem files named in one message
 
 # Workers read many tasks from the same few files: keep their indexes.
 _CACHE_SIZE = 32
 _cache: OrderedDict[tuple[str, int, int], Reader] = OrderedDict()
 _cache_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class DataOptions:
+    """How a data path is read: the JobSpec's ``skip_unknown_files`` and ``csv_header``."""
+
+    skip_unknown_files: bool = False  # warn about files that are not data instead of failing
+    csv_header: bool = False  # the first line of each CSV file is a header, not a record
+
+    @classmethod
+    def of(cls, spec) -> DataOptions:
+        """The options of a JobSpec (or anything with those attributes)."""
+        return cls(skip_unknown_files=bool(getattr(spec, "skip_unknown_files", False)),
+                   csv_header=bool(getattr(spec, "csv_header", False)))
 
 
 @dataclass(frozen=True)
@@ -65,40 +88,41 @@ def _extension(path: str) -> str:
     return os.path.splitext(path)[1].lower()
 
 
-def _is_supported(path: str) -> bool:
-    return _extension(path) in _FACTORIES
-
-
 def open_reader(path: str | os.PathLike[str]) -> Reader:
-    """Return a (cached) reader for one data file, chosen by extension.
+    """Return a (cached) reader for one data file of any name, its format told by content.
 
-    Raises DataError for a missing file or an unsupported extension, and
-    CorruptRecordIOError (a DataError) for a structurally damaged RecordIO
-    file. Readers are cached by absolute path, size and mtime, so a file that
-    is rewritten is re-indexed instead of served from a stale index.
+    Raises DataError for a missing file or one that is not RecordIO or CSV,
+    and CorruptRecordIOError (a DataError) for a structurally damaged
+    RecordIO file. Readers are cached by absolute path, size and mtime, so a
+    file that is rewritten is re-sniffed and re-indexed instead of served
+    from a stale index. A CSV reader returns every line: a header is left
+    out by the shards (see :func:`make_shards`), so workers need no options.
     """
-    path = os.fspath(path)
-    factory = _FACTORIES.get(_extension(path))
-    if factory is None:
-        raise DataError(f"unsupported data file {path}: supported extensions are {_EXTENSIONS_TEXT}")
+    return _open(os.fspath(path), None)
+
+
+def _open(path: str, kind: str | None) -> Reader:
     try:
         st = os.stat(path)
     except FileNotFoundError:
         raise DataError(f"data file not found: {path}") from None
+    if os.path.isdir(path):
+        raise DataError(f"expected a data file but found a directory: {path}")
     key = (os.path.abspath(path), st.st_size, st.st_mtime_ns)
     with _cache_lock:
         reader = _cache.get(key)
         if reader is not None:
             _cache.move_to_end(key)
             return reader
-    # Index outside the lock: it does I/O, and two threads racing on the same
-    # file just both build an index (harmless).
+    # Sniff and index outside the lock: it does I/O, and two threads racing on the
+    # same file just both build an index (harmless).
+    kind = kind or sniff(path)
     try:
-        reader = factory(path)
+        reader = CSVReader(path) if kind == CSV else RecordIOReader(path)  # EMPTY: a 0-record RecordIO file
     except FileNotFoundError:
         raise DataError(f"data file not found: {path}") from None
-    except IsADirectoryError:
-        raise DataError(f"expected a data file but found a directory: {path}") from None
+    except PermissionError as exc:
+        raise DataError(f"data file {path} cannot be read ({exc.strerror})") from None
     with _cache_lock:
         _cache[key] = reader
         _cache.move_to_end(key)
@@ -113,50 +137,123 @@ def clear_reader_cache() -> None:
         _cache.clear()
 
 
-def list_data_files(path: str | os.PathLike[str], *, what: str = "data") -> list[str]:
-    """Resolve a user-given data path to the sorted list of files to read.
+def _listing(directory: str) -> list[str]:
+    """A directory's entries to classify: all but dot-files and subdirectories."""
+    try:
+        names = sorted(os.listdir(directory))
+    except OSError as exc:
+        raise DataError(f"data directory {directory} cannot be listed ({exc.strerror})") from None
+    paths = (os.path.join(directory, name) for name in names if not name.startswith("."))
+    return [p for p in paths if not os.path.isdir(p)]
 
-    ``path`` may be one file (which must have a supported extension) or a
-    directory, whose non-hidden regular files with supported extensions are
-    returned sorted by name (no recursion; other files are ignored). ``what``
-    names the data in error messages, e.g. ``"training data"``.
-    """
-    path = os.fspath(path)
-    if not os.path.exists(path):
-        kind = "file" if _is_supported(path) else "directory"
-        raise DataError(f"{what} {kind} not found: {path}")
-    if not os.path.isdir(path):
-        if not _is_supported(path):
-            raise DataError(
-                f"{what} file {path} has an unsupported extension: supported extensions are {_EXTENSIONS_TEXT}"
-            )
-        return [path]
-    files = [
-        os.path.join(path, name)
-        for name in sorted(os.listdir(path))
-        if not name.startswith(".") and _is_supported(name) and os.path.isfile(os.path.join(path, name))
-    ]
+
+def _expand_one(part: str, what: str, *, in_list: bool) -> list[str]:
+    if os.path.lexists(part):
+        return _listing(part) if os.path.isdir(part) else [part]
+    if glob.has_magic(part):
+        matches = sorted(glob.glob(part))
+        if not matches:
+            raise DataError(f"{what} pattern {part} matches no file")
+        return [p for p in matches if not os.path.isdir(p)]
+    kind = "file" if in_list or _extension(part) in HINT_EXTENSIONS else "directory"
+    raise DataError(f"{what} {kind} not found: {part}")
+
+
+def _candidates(path: str, what: str) -> list[str]:
+    """The files a data path names: a file, a directory, a glob, or a comma-separated list of them."""
+    if os.path.lexists(path) or "," not in path:
+        return _expand_one(path, what, in_list=False)
+    files: list[str] = []
+    for part in (p.strip() for p in path.split(",")):
+        if part:
+            files += [f for f in _expand_one(part, what, in_list=True) if f not in files]
     if not files:
-        raise DataError(f"{what} directory {path} contains no data files (looked for {_EXTENSIONS_TEXT} files)")
+        raise DataError(f"{what} {path!r} names no file")
     return files
 
 
-def make_shards(path: str | os.PathLike[str], *, what: str = "data") -> list[Shard]:
+def _problems(items: list[tuple[str, str]]) -> str:
+    text = "; ".join(f"{file}: {reason}" for file, reason in items[:_SHOWN])
+    return text + (f"; and {len(items) - _SHOWN} more" if len(items) > _SHOWN else "")
+
+
+def _classify(path: str, what: str, options: DataOptions) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """``(files with their kind, skipped files with the reason)`` of a data path; raises DataError."""
+    found, bad = [], []
+    for file in _candidates(path, what):
+        try:
+            found.append((file, sniff(file)))
+        except NotDataError as exc:
+            bad.append((file, exc.reason))
+    if bad and not options.skip_unknown_files:
+        if len(bad) == 1 and bad[0][0] == path:  # the one file given
+            raise DataError(f"{what} file {path} is not RecordIO or CSV data: {bad[0][1]}")
+        many = f"{len(bad)} files are" if len(bad) > 1 else "a file is"
+        raise DataError(f"{what} {path}: {many} not RecordIO or CSV data: {_problems(bad)}; remove "
+                        f"{'them' if len(bad) > 1 else 'it'} or pass --skip-unknown-files to skip such files")
+    first = {}
+    for file, kind in found:
+        if kind != EMPTY:
+            first.setdefault(kind, file)
+    if len(first) > 1:
+        raise DataError(f"{what} {path} mixes RecordIO and CSV files ({first[RECORDIO]} is RecordIO, {first[CSV]} "
+                        "is CSV): one data path must hold one format")
+    if not found:
+        where = "directory" if os.path.isdir(path) else "path"
+        skipped = f" ({len(bad)} skipped: {_problems(bad)})" if bad else ""
+        raise DataError(f"{what} {where} {path} contains no data files{skipped} (RecordIO or CSV files, told by "
+                        "their content)")
+    return found, bad
+
+
+def skipped_warning(what: str, path: str, skipped: list[tuple[str, str]]) -> str:
+    """The one-line warning about the files --skip-unknown-files skipped."""
+    return (f"{what} {path}: skipped {len(skipped)} file{'s' if len(skipped) > 1 else ''} that "
+            f"{'are' if len(skipped) > 1 else 'is'} not RecordIO or CSV data (--skip-unknown-files): "
+            + "; ".join(f"{file}: {reason}" for file, reason in skipped))
+
+
+def list_data_files(path: str | os.PathLike[str], *, what: str = "data",
+                    options: DataOptions | None = None) -> list[str]:
+    """Resolve a user-given data path to the list of files to read (see the module docstring).
+
+    ``what`` names the data in error messages, e.g. ``"training data"``.
+    """
+    found, _ = _classify(os.fspath(path), what, options or DataOptions())
+    return [file for file, _ in found]
+
+
+def make_shards(path: str | os.PathLike[str], *, what: str = "data", options: DataOptions | None = None,
+                skipped: list[str] | None = None) -> list[Shard]:
     """One shard per data file under ``path`` covering all of its records.
 
-    Files without records are skipped; raises DataError if no file holds any
-    record (a job over such data could never make progress).
+    With ``options.csv_header`` a CSV shard starts at line 1, so the header
+    is never a record (record ``i`` of a CSV source is always its line ``i``).
+    Files without records are left out; raises DataError if no file holds
+    any record (a job over such data could never make progress). Files
+    skipped under ``options.skip_unknown_files`` give one warning line,
+    appended to ``skipped`` if given, else logged.
     """
-    files = list_data_files(path, what=what)
+    options = options or DataOptions()
+    path = os.fspath(path)
+    found, bad = _classify(path, what, options)
+    if bad:
+        warning = skipped_warning(what, path, bad)
+        if skipped is None:
+            log.warning("%s", warning)
+        else:
+            skipped.append(warning)
     shards = []
-    for file in files:
-        n = open_reader(file).num_records
-        if n:
-            shards.append(Shard(file, 0, n))
+    for file, kind in found:
+        n = _open(file, kind).num_records
+        start = 1 if kind == CSV and options.csv_header else 0
+        if n > start:
+            shards.append(Shard(file, start, n))
     if not shards:
         raise DataError(
-            f"{what}: the file set under {os.fspath(path)} holds no records "
-            f"({len(files)} file{'s' if len(files) != 1 else ''}, all empty)"
+            f"{what}: the file set under {path} holds no records "
+            f"({len(found)} file{'s' if len(found) != 1 else ''}, all empty"
+            f"{' or a CSV header only' if options.csv_header else ''})"
         )
     return shards
 

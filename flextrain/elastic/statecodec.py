@@ -8,21 +8,28 @@ are never unpickled (DESIGN.md, "Wire rules"). The skeleton keeps what
 None/bool/int/float/str, and tensors of any dtype.
 
 Layout: ``b"FTST"`` | uint32 format version | uint64 header length | header
-JSON | tensor bytes back to back. The header holds the skeleton and, per
-tensor, dtype, shape and byte length.
+JSON | tensor bytes back to back | uint32 CRC-32 (zlib) of everything before
+it. The header holds the skeleton and, per tensor, dtype, shape and byte
+length. The checksum makes a flipped byte or a cut-off file an error that
+names it instead of a silently changed weight; it costs one pass over the
+bytes (about 16 ms per 100 MiB on an idle core, 55 ms on a busy one), also
+for the state broadcast to a joining worker. Version 1 blobs (no checksum)
+still decode.
 """
 
 from __future__ import annotations
 
 import json
 import struct
+import zlib
 from typing import Any
 
 import torch
 
 MAGIC = b"FTST"
-VERSION = 1
+VERSION = 2  # 2: CRC-32 trailer; 1: none
 _PREFIX = struct.Struct("<4sIQ")
+_CRC = struct.Struct("<I")
 
 _DTYPES = {
     str(dtype).removeprefix("torch."): dtype
@@ -71,16 +78,19 @@ def encode(tree: Any) -> bytes:
 
     skeleton = walk(tree)
     header = json.dumps({"tree": skeleton, "tensors": metas}).encode()
-    return b"".join([_PREFIX.pack(MAGIC, VERSION, len(header)), header, *blobs])
+    parts = [_PREFIX.pack(MAGIC, VERSION, len(header)), header, *blobs]
+    crc = 0
+    for part in parts:
+        crc = zlib.crc32(part, crc)
+    return b"".join([*parts, _CRC.pack(crc)])
 
 
-def decode(data: bytes | bytearray | memoryview) -> Any:
-    """Rebuild a state tree from :func:`encode` output (tensors on CPU)."""
-    view = memoryview(data)
+def _parse(view: memoryview) -> tuple[int, Any, list, int]:
+    """``(version, tree, tensor metas, start of the tensor bytes)``, the length and checksum verified."""
     if len(view) < _PREFIX.size:
         raise StateCodecError("state blob too short")
     magic, version, header_len = _PREFIX.unpack_from(view, 0)
-    if magic != MAGIC or version != VERSION:
+    if magic != MAGIC or version not in (1, VERSION):
         raise StateCodecError(f"not a flextrain state blob (magic {magic!r}, version {version})")
     start = _PREFIX.size + header_len
     if start > len(view):
@@ -88,8 +98,33 @@ def decode(data: bytes | bytearray | memoryview) -> Any:
     try:
         header = json.loads(bytes(view[_PREFIX.size : start]))
         tree, metas = header["tree"], header["tensors"]
+        data_len = sum(int(meta["nbytes"]) for meta in metas)
     except (ValueError, KeyError, TypeError) as exc:
         raise StateCodecError(f"state blob header is corrupt: {exc}") from exc
+    trailer = _CRC.size if version >= 2 else 0
+    expected = start + data_len + trailer
+    if len(view) < expected:
+        raise StateCodecError(f"state blob tensor data truncated ({len(view)} of {expected} bytes)")
+    if len(view) > expected:
+        raise StateCodecError(f"state blob has {len(view) - expected} trailing bytes")
+    if trailer:
+        (stored,) = _CRC.unpack_from(view, expected - trailer)
+        actual = zlib.crc32(view[: expected - trailer])
+        if actual != stored:
+            raise StateCodecError(f"state blob checksum mismatch (CRC-32 {actual:08x}, stored {stored:08x}): "
+                                  "the bytes were changed after they were written")
+    return version, tree, metas, start
+
+
+def verify(data: bytes | bytearray | memoryview) -> None:
+    """Check a blob's layout and checksum without building tensors; raises :class:`StateCodecError`."""
+    _parse(memoryview(data))
+
+
+def decode(data: bytes | bytearray | memoryview) -> Any:
+    """Rebuild a state tree from :func:`encode` output (tensors on CPU)."""
+    view = memoryview(data)
+    _, tree, metas, start = _parse(view)
     tensors = []
     offset = start
     for meta in metas:

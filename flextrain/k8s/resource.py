@@ -59,6 +59,8 @@ FIELDS: tuple[Field, ...] = (
     Field("data.training", "training_data", str),
     Field("data.validation", "validation_data", str),
     Field("data.prediction", "prediction_data", str),
+    Field("data.skipUnknownFiles", "skip_unknown_files", bool),
+    Field("data.csvHeader", "csv_header", bool),
     Field("training.epochs", "epochs", int),
     Field("training.globalBatchSize", "global_batch_size", int),
     Field("training.maxMicroBatch", "max_micro_batch", int),

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from flextrain.job import JobSpec, JobType, Strategy
 from flextrain.master.accounting import commit_passed, ledger_at, most_advanced, settle_round
-from flextrain.master.checkpoints import CheckpointStore
+from flextrain.master.checkpoints import CheckpointError, CheckpointStore, StateWriteError
 from flextrain.master.evaluation import Evaluations, evaluation_task, outcome, prediction_task, record_task, task_message
 from flextrain.master.failures import FailureHandling, FailureTracker, WorkerFailure, failed_message
 from flextrain.master.health import Liveness, find_hung
@@ -283,7 +283,16 @@ class JobMaster(FailureHandling):
         Go back to the latest checkpoint (or the very start) for both the model
         and the ledger, so what was applied since is applied again exactly once.
         """
-        latest = self.checkpoints.latest() if self.checkpoints else None
+        latest = None
+        if self.checkpoints is not None:
+            try:  # the newest checkpoint that passes its checks; damaged ones are named and skipped
+                latest, damaged = self.checkpoints.resume_point(check=self.ledger.check_state)
+            except CheckpointError as exc:
+                self.finish(Phase.FAILED, f"no worker of the last round survived and {exc}")
+                return
+            if damaged and latest is not None:
+                self.note(f"damaged checkpoint state skipped: {'; '.join(damaged)}; using {latest['checkpoint']} "
+                          f"(step {latest['version']})")
         self.ledger.restore(latest["ledger"] if latest else self.initial_ledger)
         self.evaluations.forget_unfinished()  # the restore dropped their tasks
         rnd.restore_checkpoint = latest["checkpoint"] if latest else ""
@@ -340,9 +349,18 @@ class JobMaster(FailureHandling):
         with self.cond:
             self._touch(req.worker_id, req.position)
             if self.checkpoints is not None:
-                self.checkpoints.record(checkpoint=req.path, version=req.position.version,
-                                        ledger=ledger_at(self.ledger, self.rendezvous.current, req.position),
-                                        final=req.final)
+                try:
+                    self.checkpoints.record(checkpoint=req.path, version=req.position.version,
+                                            ledger=ledger_at(self.ledger, self.rendezvous.current, req.position),
+                                            final=req.final)
+                except StateWriteError as exc:  # e.g. a full disk: the previous checkpoint stays the latest
+                    latest = self.checkpoints.latest()
+                    kept = (f"; the last good checkpoint is kept: {latest['checkpoint']} (step {latest['version']})"
+                            if latest else "")
+                    self.finish(Phase.FAILED, f"cannot record the checkpoint of step {req.position.version}: "
+                                f"{exc}{kept}")
+                    self.cond.notify_all()
+                    return
             if req.final:
                 self.final_checkpoint = req.path
             if req.stop and self.stopping:

@@ -69,6 +69,10 @@ class LedgerError(RuntimeError):
     """The job cannot go on: a task failed more often than allowed."""
 
 
+class LedgerStateError(ValueError):
+    """A persisted ledger does not fit the job's data; the message names the field."""
+
+
 class TaskLedger:
     def __init__(
         self,
@@ -293,7 +297,61 @@ class TaskLedger:
         state["todo"] = todo
         return state
 
+    def check_state(self, state: dict) -> None:
+        """Refuse (:class:`LedgerStateError`, naming the field) a persisted ledger that cannot
+        belong to this job: epoch beyond the epochs, more records done than the job has, a task
+        of an unknown source or outside its records, a malformed entry."""
+        def integer(value, field: str) -> int:
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise LedgerStateError(f"{field} is {value!r}, not an integer")
+            return value
+
+        if not isinstance(state, dict):
+            raise LedgerStateError(f"the ledger is a {type(state).__name__}, not an object")
+        for field in ("epoch", "records_done", "next_id", "todo"):
+            if field not in state:
+                raise LedgerStateError(f"field {field!r} is missing")
+        epoch = integer(state["epoch"], "epoch")
+        if not -1 <= epoch <= self.epochs - 1:
+            raise LedgerStateError(f"epoch is {epoch}, beyond the job's {self.epochs} epoch(s) "
+                                   f"(counted from 0: at most {self.epochs - 1})")
+        done = integer(state["records_done"], "records_done")
+        if not 0 <= done <= self.records_total:
+            raise LedgerStateError(f"records_done is {done}, but the job has {self.records_total} records "
+                                   f"({self.records_per_epoch} per epoch, {self.epochs} epoch(s))")
+        next_id = integer(state["next_id"], "next_id")
+        if next_id < 0:
+            raise LedgerStateError(f"next_id is {next_id}")
+        if not isinstance(state["todo"], list):
+            raise LedgerStateError("todo is not a list")
+        shards = {TaskKind.TRAINING.value: self.shards, TaskKind.PREDICTION.value: self.prediction_shards,
+                  TaskKind.EVALUATION.value: self.evaluation_shards}
+        fields = set(Task.__dataclass_fields__)
+        required = {"task_id", "kind", "source", "start", "end", "epoch", "global_batch_size"}
+        for i, task in enumerate(state["todo"]):
+            where = f"todo[{i}]"
+            if not isinstance(task, dict) or not required <= set(task) <= fields:
+                raise LedgerStateError(f"{where} is not a task (fields {sorted(fields)})")
+            if task["kind"] not in shards:
+                raise LedgerStateError(f"{where}.kind is {task['kind']!r}")
+            for field in ("task_id", "start", "end", "epoch", "global_batch_size", "retries", "model_version"):
+                if field in task:
+                    integer(task[field], f"{where}.{field}")
+            if not any(s.source == task["source"] for s in shards[task["kind"]]):
+                raise LedgerStateError(f"{where}.source {task['source']!r} is not a source of the job's "
+                                       f"{task['kind']} data")
+            if not any(s.source == task["source"] and s.start <= task["start"] < task["end"] <= s.end
+                       for s in shards[task["kind"]]):
+                raise LedgerStateError(f"{where} records [{task['start']}, {task['end']}) are not within "
+                                       f"the records of {task['source']}")
+            if task["kind"] == TaskKind.TRAINING.value and not 0 <= task["epoch"] <= epoch:
+                raise LedgerStateError(f"{where}.epoch is {task['epoch']}, the ledger's epoch {epoch}")
+            if task["global_batch_size"] <= 0:
+                raise LedgerStateError(f"{where}.global_batch_size is {task['global_batch_size']}")
+
     def restore(self, state: dict) -> None:
+        """Take over a persisted state (:meth:`to_dict`); :meth:`check_state` refuses one that does not fit."""
+        self.check_state(state)
         self.epoch = state["epoch"]
         self.records_done = state["records_done"]
         self._next_id = state["next_id"]

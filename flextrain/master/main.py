@@ -18,10 +18,10 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
-from flextrain.data import make_shards
+from flextrain.data import DataOptions, make_shards
 from flextrain.job import Backend, JobSpec, JobType, Strategy
 from flextrain.master import ps_tasks
-from flextrain.master.checkpoints import CheckpointStore
+from flextrain.master.checkpoints import CheckpointError, CheckpointStore
 from flextrain.failures import EXIT_CODE_OF_KIND, ExitCode
 from flextrain.master.coordinator import JobMaster, Phase
 from flextrain.master.failures import FailureTracker, failure_lines
@@ -47,14 +47,17 @@ class ResumeError(RuntimeError):
     pass
 
 
-def build_ledger(spec: JobSpec) -> TaskLedger:
-    """The job's tasks: training epochs, evaluations of the validation data, or prediction tasks."""
+def build_ledger(spec: JobSpec, skipped: list[str] | None = None) -> TaskLedger:
+    """The job's tasks: training epochs, evaluations of the validation data, or prediction tasks.
+
+    Warnings about data files skipped under --skip-unknown-files go to ``skipped`` (else the log)."""
+    opts = {"options": DataOptions.of(spec), "skipped": skipped}
     training = spec.job_type is JobType.TRAINING
-    shards = make_shards(spec.training_data, what="training data") if training else []
+    shards = make_shards(spec.training_data, what="training data", **opts) if training else []
     evaluate = spec.validation_data and spec.job_type is not JobType.PREDICTION
-    eval_shards = make_shards(spec.validation_data, what="validation data") if evaluate else []
+    eval_shards = make_shards(spec.validation_data, what="validation data", **opts) if evaluate else []
     predict = spec.job_type is JobType.PREDICTION
-    pred_shards = make_shards(spec.prediction_data, what="prediction data") if predict else []
+    pred_shards = make_shards(spec.prediction_data, what="prediction data", **opts) if predict else []
     return TaskLedger(
         shards=shards, epochs=spec.epochs if training else 0, global_batch_size=spec.global_batch_size,
         steps_per_task=spec.steps_per_task, shuffle=spec.shuffle, seed=spec.seed,
@@ -75,7 +78,35 @@ def read_ahead_env(*, cores: int, threads: int, workers: int, gpu: bool) -> dict
     return {"FLEXTRAIN_READ_AHEAD": "0"}
 
 
-def run_master(
+def run_master(spec: JobSpec, *, resume: bool = False, console: Console | None = None, **kwargs) -> int:
+    """Run a job's master until the job ends, holding the job directory's lock throughout.
+
+    The lock (flextrain/master/jobdir.py) refuses a second master on the same
+    directory (JobDirError naming the holder); a Kubernetes master waits a while
+    for a predecessor's to go. A run that does not resume first moves whatever
+    an earlier job left in the directory aside to ``previous-<time>/``: the
+    CLI only gets here for such a directory with ``--overwrite``. Keyword
+    arguments are :func:`_run_master`'s.
+    """
+    from flextrain.master.jobdir import JobDirLock, inspect, move_aside
+
+    console = console or Console(stderr=True)
+    wait = 60.0 if spec.backend is Backend.KUBERNETES and kwargs.get("backend") is None else 0.0
+    lock = JobDirLock(spec.job_dir).acquire(wait=wait)
+    try:
+        moved = None
+        if not resume and inspect(spec.job_dir).holds_job:
+            moved = move_aside(spec.job_dir, keep=(spec.training_data, spec.validation_data, spec.prediction_data,
+                                                   spec.checkpoint, spec.output))
+        if moved is not None:
+            console.print(f"the earlier job's state in {spec.job_dir} was moved to {moved}", markup=False,
+                          highlight=False, soft_wrap=True)
+        return _run_master(spec, resume=resume, console=console, moved_to=moved, **kwargs)
+    finally:
+        lock.release()
+
+
+def _run_master(
     spec: JobSpec,
     *,
     host: str = "127.0.0.1",
@@ -86,8 +117,9 @@ def run_master(
     resume: bool = False,
     namespace: str | None = None,
     api_client=None,
+    moved_to: Path | None = None,
 ) -> int:
-    """Run a job's master until the job ends.
+    """Run a job's master until the job ends (the caller holds the directory's lock).
 
     With ``spec.backend`` kubernetes (and no ``backend`` given) workers and PS
     run as Pods of the ElasticJob ``spec.name`` in ``namespace`` (default: this
@@ -103,10 +135,15 @@ def run_master(
     job_dir.mkdir(parents=True, exist_ok=True)
     (job_dir / "jobspec.json").write_text(spec.to_json() + "\n")
     store_dir = CheckpointStore(job_dir / "checkpoints")
-    ledger = build_ledger(spec)
+    skipped: list[str] = []  # data files --skip-unknown-files leaves out: noted once the job exists
+    ledger = build_ledger(spec, skipped)
     # Closures over `backend`, which is chosen below: a failure is only ever judged once it is.
     failures = FailureTracker(log_of=lambda w: backend.log_location(w), tail_of=lambda w: backend.output_tail(w))
     job = JobMaster(spec, ledger, checkpoints=store_dir, failures=failures)
+    for warning in skipped:  # --skip-unknown-files: the files left out, in the job's events and status
+        job.note(warning)
+    if moved_to is not None:
+        job.note(f"not resuming: the earlier job's state was moved to {moved_to}")
     if spec.job_type is not JobType.TRAINING:  # no training: the model is the given checkpoint's
         job.final_checkpoint = spec.checkpoint
         if spec.output:
@@ -116,7 +153,14 @@ def run_master(
         if refused:
             raise ResumeError(refused)
     elif resume:
-        latest = store_dir.latest()
+        try:  # the newest checkpoint whose files pass their checks; damaged ones are named and skipped
+            latest, damaged = store_dir.resume_point(check=ledger.check_state)
+        except CheckpointError as exc:
+            raise ResumeError(f"cannot resume {job_dir}: {exc}") from exc
+        if latest is not None and damaged:
+            job.note(f"damaged checkpoint state skipped: {'; '.join(damaged)}; using {latest['checkpoint']} "
+                     f"(step {latest['version']})")
+            log.warning("%s", job.events[-1])
         if latest is not None:
             if latest["final"]:
                 raise ResumeError(f"{job_dir} already finished training (final checkpoint {latest['checkpoint']})")

@@ -21,10 +21,11 @@ Exits are reported by the backend through :meth:`exited` (the master routes
 ``ps-*`` instance ids here). Each PS slot has ``relaunch_budget`` relaunches;
 past it ``on_failure`` is called with the reason (the master fails the job).
 
-A job that is not resumed starts its PS from nothing: checkpoints and logs
-of an earlier run in the same job directory are moved aside to
-``ps-checkpoints.previous-<n>`` (never deleted). A resumed job's PS restore
-them (checkpoint + write-ahead log).
+A job that is not resumed starts its PS from nothing: the master has moved
+an earlier run's state in the same job directory aside to
+``<job_dir>/previous-<time>/`` (never deleted; flextrain/master/jobdir.py)
+before the fleet starts. A resumed job's PS restore theirs (checkpoint +
+write-ahead log).
 """
 
 from __future__ import annotations
@@ -99,13 +100,6 @@ class PSFleet:
         except (RuntimeError, ValueError) as exc:  # LaunchError (the API refused a Service), a bad annotation
             raise PSStartError(f"parameter servers cannot be placed: {exc}") from None
         self.address_dir.mkdir(parents=True, exist_ok=True)
-        state = Path(self.spec.ps_checkpoint_dir)
-        if not self.resume and state.is_dir() and any(state.iterdir()):
-            n = 1
-            while state.with_name(f"{state.name}.previous-{n}").exists():
-                n += 1
-            state.rename(state.with_name(f"{state.name}.previous-{n}"))
-            self._on_note(f"not resuming: the earlier parameter-server state moved to {state.name}.previous-{n}")
         for i, endpoint in enumerate(self.endpoints):
             self._address_file(i).unlink(missing_ok=True)
             self._launch(i, 0 if endpoint is None else endpoint.port)

@@ -36,10 +36,11 @@ which checkpoint themselves: the PS checkpoint directory stands for the
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
+from flextrain.master.checkpoints import (StateFileError, StateWriteError, read_json_checked,
+                                          write_json_atomic)
 from flextrain.master.evaluation import evaluation_task
 from flextrain.master.evaluation import task_message as evaluation_task_message
 from flextrain.master.ledger import Task, TaskKind
@@ -111,34 +112,63 @@ def release_worker(job, worker_id: str) -> None:
 
 
 LEDGER_FILE = "ps-ledger.json"
+PREVIOUS_LEDGER_FILE = "ps-ledger.previous.json"  # the one before: a resume falls back to it
 
 
 def save_ledger(job) -> Path:
-    """Write the ledger (and whether training finished) for ``--resume``; atomic."""
+    """Write the ledger (and whether training finished) for ``--resume``: atomic, with a CRC-32;
+    the file it replaces stays as ``ps-ledger.previous.json``. A failed write (a full disk) fails the job."""
     with job.cond:
         data = {"ledger": job.ledger.to_dict(), "training_finished": job.ledger.training_finished()}
     path = Path(job.spec.job_dir) / LEDGER_FILE
-    tmp = path.with_name(f".{LEDGER_FILE}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, path)
+    try:
+        if path.is_file():  # keep the previous ledger (any moment's is a safe point, see above)
+            link = path.with_name(f".{PREVIOUS_LEDGER_FILE}.tmp-{os.getpid()}")
+            try:
+                link.unlink(missing_ok=True)
+                os.link(path, link)
+                os.replace(link, path.with_name(PREVIOUS_LEDGER_FILE))
+            except OSError:  # no hard links here: no previous ledger either
+                link.unlink(missing_ok=True)
+        write_json_atomic(path, data, checksum=True)  # temp file, fsync, rename; a CRC-32 the resume checks
+    except StateWriteError as exc:  # e.g. a full disk: the previous file is kept
+        from flextrain.master.coordinator import Phase
+
+        job.finish(Phase.FAILED, f"cannot save the task ledger: {exc}")
     return path
 
 
 def resume_ledger(job) -> str | None:
-    """Restore the ledger :func:`save_ledger` wrote; None, or why the job cannot resume."""
+    """Restore the ledger :func:`save_ledger` wrote; None, or why the job cannot resume.
+
+    A ledger file that fails its checksum or does not fit the job is named and the previous
+    one used (with a note); with neither usable the resume is refused, naming both."""
     path = Path(job.spec.job_dir) / LEDGER_FILE
-    if not path.is_file():
+    previous = path.with_name(PREVIOUS_LEDGER_FILE)
+    if not path.is_file() and not previous.is_file():
         job.note(f"no {LEDGER_FILE} in {job.spec.job_dir}: the task ledger starts over; the parameter servers "
                  "restore their shards and skip the records they applied already")
         return None
-    try:
-        data = json.loads(path.read_text())
-        if data["training_finished"]:
-            return (f"{job.spec.job_dir} already finished training (parameter-server checkpoints in "
-                    f"{job.spec.ps_checkpoint_dir})")
+    damaged: list[str] = []
+    for candidate in (path, previous):
+        try:
+            data = read_json_checked(candidate)
+            if data["training_finished"] is True:  # whatever its ledger holds: nothing is left to resume
+                return (f"{job.spec.job_dir} already finished training (parameter-server checkpoints in "
+                        f"{job.spec.ps_checkpoint_dir})")
+            job.ledger.check_state(data["ledger"])
+        except FileNotFoundError:
+            continue
+        except StateFileError as exc:
+            damaged.append(str(exc))
+            continue
+        except (ValueError, KeyError, TypeError) as exc:  # LedgerStateError: the ledger does not fit the job
+            damaged.append(f"{candidate}: {type(exc).__name__}: {exc}")
+            continue
         job.ledger.restore(data["ledger"])
-    except (ValueError, KeyError, TypeError) as exc:
-        return f"cannot resume from {path}: {type(exc).__name__}: {exc}"
-    job.note(f"resumed from {path}: {job.ledger.records_done} of {job.ledger.records_total} records done; "
-             "the parameter servers restore their shards")
-    return None
+        if damaged:
+            job.note(f"damaged task ledger skipped: {'; '.join(damaged)}; using {candidate}")
+        job.note(f"resumed from {candidate}: {job.ledger.records_done} of {job.ledger.records_total} records "
+                 "done; the parameter servers restore their shards")
+        return None
+    return f"cannot resume: no usable task ledger: {'; '.join(damaged)}"

@@ -43,7 +43,7 @@ import subprocess
 import sys
 from contextlib import contextmanager
 
-from flextrain.data import DataError, make_shards, read_shard_range
+from flextrain.data import DataError, DataOptions, make_shards, read_shard_range
 from flextrain.job import JobSpec, JobSpecError, Strategy
 from flextrain.orphans import ENV_PARENT_PID
 from flextrain.worker.module import (FeedMetadata, Framework, Mode, ModelDef, ModelDefError, load_model_def,
@@ -161,8 +161,10 @@ def check(spec: JobSpec, *, on_stage=lambda stage: None) -> None:
     """Every check of the module docstring, in this process; raises ModelDefError/DataError naming the problem."""
     run = _Stages(spec.model_def, on_stage)
     with run.stage("listing the data"):
-        shard = make_shards(spec.training_data, what="training data")[0]
-        validation = make_shards(spec.validation_data, what="validation data")[0] if spec.validation_data else None
+        opts = {"options": DataOptions.of(spec), "skipped": []}  # the CLI warned about skipped files already
+        shard = make_shards(spec.training_data, what="training data", **opts)[0]
+        validation = (make_shards(spec.validation_data, what="validation data", **opts)[0]
+                      if spec.validation_data else None)
     with run.stage(f"importing the module of {spec.model_def}"):
         md = run.md = load_model_def(spec.model_def)
     with run.stage("seeding the random generators"):

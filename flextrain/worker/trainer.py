@@ -41,7 +41,7 @@ import torch
 
 from flextrain.data import read_shard_range
 from flextrain.elastic.planner import plan_step
-from flextrain.elastic.statecodec import decode, encode, nonfinite
+from flextrain.elastic.statecodec import StateCodecError, decode, encode, nonfinite
 from flextrain.job import JobSpec
 from flextrain.proto import flextrain_pb2 as pb
 from flextrain.worker.client import MasterClient
@@ -172,7 +172,11 @@ class AllReduceTrainer:
         """Rank 0 (the most advanced member) sends model + optimizer to the round."""
         if restore_from and self.collective.rank == 0:
             with open(restore_from, "rb") as f:
-                self.load_blob(f.read())
+                blob = f.read()
+            try:
+                self.load_blob(blob)
+            except StateCodecError as exc:  # the master verified it: changed since, or a different file
+                raise StateCodecError(f"checkpoint {restore_from} cannot be restored: {exc}") from exc
         if self.collective.world_size == 1:
             return
         blob = self.collective.broadcast_bytes(self.state_blob() if self.collective.rank == 0 else None)
@@ -333,8 +337,17 @@ class AllReduceTrainer:
             raise NonFiniteError(f"the model after step {self.state.version} has non-finite weights "
                                  f"({'; '.join(bad)}); {path.name} was not written")
         tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_bytes(encode(tree))
-        os.replace(tmp, path)  # a reader never sees half a checkpoint
+        try:
+            with open(tmp, "wb") as f:
+                f.write(encode(tree))
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)  # a reader never sees half a checkpoint
+        except OSError as exc:  # e.g. a full disk: no temp file left, the previous checkpoint stays the latest
+            tmp.unlink(missing_ok=True)
+            raise CheckpointWriteError(f"cannot write checkpoint {path}: {exc.strerror or exc}; the previous "
+                                       "checkpoint is kept") from exc
+        _fsync_dir(directory)
         self.client.report_checkpoint(str(path), self.state.position(), final=final, stop=stop)
         return path
 
@@ -365,6 +378,24 @@ class AllReduceTrainer:
             loss = self.backend.accumulate(features, labels, sl, scale=size / plan.global_batch)
             loss_sum += loss * size
         return loss_sum, hi - lo
+
+
+class CheckpointWriteError(RuntimeError):
+    """A checkpoint could not be written (e.g. no space left on the device); the message names it."""
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Make a rename in ``directory`` durable (best effort where directories cannot be opened)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def describe(exc: BaseException) -> str:

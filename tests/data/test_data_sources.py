@@ -29,10 +29,9 @@ def data_dir(tmp_path):
     d.mkdir()
     write_records(d / "b-part.rio", MULTI_RECORDS[:30], max_chunk_size=500)
     write_records(d / "a-part.recordio", MULTI_RECORDS[30:40])
-    (d / "c.csv").write_bytes(b"1,2\n3,4\n5,6\n")
+    (tmp_path / "c.csv").write_bytes(b"1,2\n3,4\n5,6\n")  # beside: one data path holds one format
     shutil.copyfile(TESTDATA / "zero_records.rio", d / "d-empty.rio")
-    (d / ".hidden.rio").write_bytes(b"garbage")
-    (d / "notes.txt").write_text("ignored")
+    (d / ".hidden.rio").write_bytes(b"garbage")  # dot-files are passed over
     (d / "sub.rio").mkdir()  # a directory, even with a data extension, is skipped
     return d
 
@@ -50,9 +49,9 @@ def test_shard():
 
 def test_list_data_files(data_dir):
     names = [os.path.basename(p) for p in list_data_files(data_dir)]
-    assert names == ["a-part.recordio", "b-part.rio", "c.csv", "d-empty.rio"]
+    assert names == ["a-part.recordio", "b-part.rio", "d-empty.rio"]
     assert all(os.path.dirname(p) == str(data_dir) for p in list_data_files(data_dir))
-    single = data_dir / "c.csv"
+    single = data_dir.parent / "c.csv"
     assert list_data_files(single) == [str(single)]
 
 
@@ -66,12 +65,14 @@ def test_missing_directory(tmp_path):
 
 
 def test_empty_directory(tmp_path):
-    (tmp_path / "readme.md").write_text("no data here")
+    (tmp_path / ".hidden").write_text("passed over")
     with pytest.raises(DataError) as info:
         make_shards(tmp_path, what="validation data")
-    msg = str(info.value)
-    assert msg.startswith(f"validation data directory {tmp_path} contains no data files")
-    assert all(ext in msg for ext in SUPPORTED_EXTENSIONS)
+    assert str(info.value).startswith(f"validation data directory {tmp_path} contains no data files")
+    (tmp_path / "readme.md").write_text("no data here")  # not skipped in silence
+    with pytest.raises(DataError, match=f"^validation data {tmp_path}: a file is not RecordIO or CSV data: "
+                                        f"{tmp_path / 'readme.md'}: text that is not CSV"):
+        make_shards(tmp_path, what="validation data")
 
 
 def test_only_zero_record_files(tmp_path):
@@ -83,14 +84,14 @@ def test_only_zero_record_files(tmp_path):
     assert str(info.value).startswith("training data")
 
 
-def test_unsupported_extension(tmp_path):
+def test_unknown_content(tmp_path):
     path = tmp_path / "data.parquet"
-    path.write_bytes(b"PAR1")
+    path.write_bytes(b"PAR1\x00\x15")
     for call in (lambda: list_data_files(path), lambda: open_reader(path)):
         with pytest.raises(DataError) as info:
             call()
-        assert str(path) in str(info.value)
-        assert all(ext in str(info.value) for ext in SUPPORTED_EXTENSIONS)
+        assert str(path) in str(info.value) and "not RecordIO" in str(info.value)
+    assert set(SUPPORTED_EXTENSIONS) == {".csv", ".recordio", ".rio"}  # hints only
 
 
 def test_make_shards_skips_empty_files(data_dir):
@@ -98,23 +99,22 @@ def test_make_shards_skips_empty_files(data_dir):
     assert [(os.path.basename(s.source), s.start, s.end) for s in shards] == [
         ("a-part.recordio", 0, 10),
         ("b-part.rio", 0, 30),
-        ("c.csv", 0, 3),
     ]
-    assert sum(s.size for s in shards) == 43
+    assert sum(s.size for s in shards) == 40
 
 
 def test_read_shard_range(data_dir):
     assert read_shard_range(str(data_dir / "b-part.rio"), 4, 9) == MULTI_RECORDS[4:9]
     assert read_shard_range(data_dir / "a-part.recordio", 0, 10) == MULTI_RECORDS[30:40]
-    assert read_shard_range(data_dir / "c.csv", 1, 3) == [b"3,4", b"5,6"]
+    assert read_shard_range(data_dir.parent / "c.csv", 1, 3) == [b"3,4", b"5,6"]
     with pytest.raises(ValueError, match="out of bounds"):
-        read_shard_range(data_dir / "c.csv", 0, 4)
+        read_shard_range(data_dir.parent / "c.csv", 0, 4)
 
 
 def test_open_reader_types_and_cache(data_dir):
     rio = open_reader(data_dir / "b-part.rio")
     assert isinstance(rio, RecordIOReader)
-    assert isinstance(open_reader(data_dir / "c.csv"), CSVReader)
+    assert isinstance(open_reader(data_dir.parent / "c.csv"), CSVReader)
     assert isinstance(open_reader(data_dir / "a-part.recordio"), RecordIOReader)
     assert open_reader(str(data_dir / "b-part.rio")) is rio  # cached
     with pytest.raises(DataError, match="found a directory"):

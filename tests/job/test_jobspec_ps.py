@@ -59,7 +59,7 @@ def test_ps_subcommand_passes_its_flags_to_the_ps(monkeypatch):
 
 @pytest.mark.parametrize("saved, why", [
     ('{"ledger": {}, "training_finished": true}', "already finished training"),
-    ("{not json", "cannot resume from"),
+    ("{not json", "ps-ledger.json: not valid JSON"),
 ])
 def test_resume_of_a_finished_or_unreadable_ps_job_is_refused(tmp_path, saved, why):
     from flextrain.data import write_records

@@ -29,6 +29,8 @@ FIELD_PATHS = {
     "training_data": "spec.data.training",
     "validation_data": "spec.data.validation",
     "prediction_data": "spec.data.prediction",
+    "skip_unknown_files": "spec.data.skipUnknownFiles",
+    "csv_header": "spec.data.csvHeader",
     "strategy": "spec.strategy",
     "workers": "spec.replicaSpecs.worker.replicas",
     "min_workers": "spec.replicaSpecs.worker.minReplicas",

@@ -1,0 +1,147 @@
+"""What a data file holds, told by its content rather than its name.
+
+:func:`sniff` reads the first bytes of a file once and says which reader it
+needs:
+
+* ``RECORDIO``: the file starts with a RecordIO chunk header's magic
+  (``04 03 02 01``), whatever its name (ElasticDL writes ``data-00000``).
+  Records holding serialized ``tf.train.Example`` are RecordIO like any other.
+* ``CSV``: text (no NUL or other control bytes) whose lines parse as CSV rows
+  with one number of fields, two or more. A text file named ``*.csv`` is CSV
+  whatever its lines look like (single-column data).
+* ``EMPTY``: a 0-byte file, zero records of either format.
+
+The name settles only what the content alone cannot: a ``*.rio`` or
+``*.recordio`` file that is not text is read as RecordIO, so damage at its
+first chunk is reported as a corrupt RecordIO file (with the byte offset)
+rather than as an unknown one. Anything else raises :class:`NotDataError`
+with the reason: a binary file of no known format (a TFRecord file is named
+as such), text that is not CSV, a dangling symbolic link, a directory, a
+FIFO or device, or a file that cannot be read.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import stat
+import struct
+
+from flextrain.data.errors import DataError
+
+__all__ = ["RECORDIO", "CSV", "EMPTY", "NotDataError", "sniff", "HINT_EXTENSIONS"]
+
+RECORDIO = "RecordIO"
+CSV = "CSV"
+EMPTY = "empty"
+
+_SAMPLE = 64 * 1024  # bytes read to classify a file
+_RECORDIO_MAGIC = struct.pack("<I", 0x01020304)
+_RECORDIO_EXTENSIONS = (".rio", ".recordio")
+#: Extensions that settle what content cannot (see the module docstring).
+HINT_EXTENSIONS: tuple[str, ...] = (".csv", ".recordio", ".rio")
+# Bytes a text file may hold: printable ASCII and above, tab, newlines, form feed, escape.
+_TEXT_BYTES = bytes(range(0x20, 0x100)) + b"\t\n\r\f\v\x1b"
+
+
+class NotDataError(DataError):
+    """A file that is not data flextrain can read; ``reason`` says what it is."""
+
+    def __init__(self, path: str | os.PathLike[str], reason: str):
+        self.path = os.fspath(path)
+        self.reason = reason
+        super().__init__(f"{self.path} is not a data file: {reason}")
+
+    def __reduce__(self):
+        return (type(self), (self.path, self.reason))
+
+
+def _stat(path: str) -> os.stat_result:
+    try:
+        return os.stat(path)
+    except FileNotFoundError:
+        if os.path.islink(path):
+            target = os.readlink(path)
+            raise NotDataError(path, f"a dangling symbolic link to {target}") from None
+        raise NotDataError(path, "no such file") from None
+    except OSError as exc:
+        raise NotDataError(path, f"cannot be read ({exc.strerror})") from None
+
+
+def _special(mode: int) -> str | None:
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISREG(mode):
+        return None
+    for test, name in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return f"{name}, not a regular file"
+    return "not a regular file"
+
+
+def sniff(path: str | os.PathLike[str]) -> str:
+    """``RECORDIO``, ``CSV`` or ``EMPTY`` for the file ``path``; raises NotDataError otherwise."""
+    path = os.fspath(path)
+    st = _stat(path)
+    special = _special(st.st_mode)
+    if special:
+        raise NotDataError(path, special)
+    try:
+        with open(path, "rb") as f:
+            head = f.read(_SAMPLE)
+    except OSError as exc:
+        raise NotDataError(path, f"cannot be read ({exc.strerror})") from None
+    if not head:
+        return EMPTY
+    ext = os.path.splitext(path)[1].lower()
+    if head.startswith(_RECORDIO_MAGIC):
+        return RECORDIO
+    if not head.translate(None, _TEXT_BYTES):  # nothing but text bytes
+        if ext == ".csv" or _parses_as_csv(head, whole=len(head) == st.st_size):
+            return CSV
+        if ext not in _RECORDIO_EXTENSIONS:
+            raise NotDataError(path, "text that is not CSV (its lines do not all hold one number of comma-"
+                                     "separated fields, 2 or more: name a single-column CSV file *.csv)")
+    if ext in _RECORDIO_EXTENSIONS:
+        return RECORDIO  # the reader names what is wrong with the first chunk
+    if _looks_like_tfrecord(head):
+        raise NotDataError(path, "a TFRecord file, and flextrain reads RecordIO (rewrite the records with "
+                                 "flextrain.data.write_records)")
+    raise NotDataError(path, f"binary, and not RecordIO (its first bytes are {head[:4].hex(' ')}, not the chunk "
+                             "magic 04 03 02 01)")
+
+
+def _parses_as_csv(head: bytes, *, whole: bool) -> bool:
+    lines = head.split(b"\n")
+    if not whole:
+        lines = lines[:-1]  # cut by the sample
+    widths = set()
+    try:
+        for line in lines:
+            line = line.rstrip(b"\r")
+            if line:
+                widths.add(len(next(csv.reader([line.decode("latin-1")]))))
+                if len(widths) > 1:
+                    return False
+    except csv.Error:
+        return False
+    return len(widths) == 1 and widths.pop() >= 2
+
+
+def _crc32c(data: bytes) -> int:
+    crc = 0xFFFFFFFF
+    for byte in data:
+        crc ^= byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ (0x82F63B78 & -(crc & 1))
+    return crc ^ 0xFFFFFFFF
+
+
+def _looks_like_tfrecord(head: bytes) -> bool:
+    """A TFRecord file starts with a uint64 length and the masked CRC-32C of those 8 bytes."""
+    if len(head) < 12:
+        return False
+    crc = _crc32c(head[:8])
+    masked = (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+    return struct.unpack_from("<I", head, 8)[0] == masked
