@@ -30,6 +30,8 @@ import zlib
 from pathlib import Path
 from typing import Callable
 
+from flextrain.durable import fsync_dir
+
 CHECKSUM_KEY = "crc32"
 
 
@@ -50,19 +52,6 @@ class CheckpointError(RuntimeError):
 
 def _canonical(data: dict) -> bytes:
     return json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
-
-
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:  # e.g. a platform without directory fds: the rename is still atomic
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def write_bytes_atomic(path: Path, data: bytes | str) -> None:
@@ -96,7 +85,7 @@ def write_bytes_atomic(path: Path, data: bytes | str) -> None:
             raise StateWriteError(code, f"cannot write {path}: {reason}"
                                   + ("; the previous file is kept" if path.exists() else "")) from exc
         raise
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 def write_json_atomic(path: Path, data: dict, *, checksum: bool = False) -> None:

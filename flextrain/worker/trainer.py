@@ -40,6 +40,7 @@ import grpc
 import torch
 
 from flextrain.data import read_shard_range
+from flextrain.durable import fsync_dir
 from flextrain.elastic.planner import plan_step
 from flextrain.elastic.statecodec import StateCodecError, decode, encode, nonfinite
 from flextrain.job import JobSpec
@@ -347,7 +348,7 @@ class AllReduceTrainer:
             tmp.unlink(missing_ok=True)
             raise CheckpointWriteError(f"cannot write checkpoint {path}: {exc.strerror or exc}; the previous "
                                        "checkpoint is kept") from exc
-        _fsync_dir(directory)
+        fsync_dir(directory)
         self.client.report_checkpoint(str(path), self.state.position(), final=final, stop=stop)
         return path
 
@@ -382,20 +383,6 @@ class AllReduceTrainer:
 
 class CheckpointWriteError(RuntimeError):
     """A checkpoint could not be written (e.g. no space left on the device); the message names it."""
-
-
-def _fsync_dir(directory: Path) -> None:
-    """Make a rename in ``directory`` durable (best effort where directories cannot be opened)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def describe(exc: BaseException) -> str:
