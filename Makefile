@@ -18,12 +18,13 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q -e '.[dev,tensorflow]'
 	touch $(STAMP)
 
+# --overwrite: a second `make demo` moves the first run's job directory aside instead of being refused.
 demo: $(STAMP)
 	$(VENV)/bin/flextrain data digits --out $(DEMO)
 	$(VENV)/bin/flextrain train --model-def model_zoo/digits_torch.py:Model \
 		--training-data $(DEMO)/train --validation-data $(DEMO)/validation \
 		--workers 2 --epochs 8 --global-batch-size 64 --max-micro-batch 32 --lr 0.1 \
-		--job-dir $(JOBS)/digits-demo
+		--job-dir $(JOBS)/digits-demo --overwrite
 
 test: $(STAMP)
 	$(VENV)/bin/lint-imports

@@ -96,17 +96,22 @@ def write_json_atomic(path: Path, data: dict, *, checksum: bool = False) -> None
     write_bytes_atomic(Path(path), json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
+def _read(path: Path) -> bytes:
+    """The file's bytes; FileNotFoundError passes, any other OSError is a StateFileError naming it."""
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise StateFileError(f"{path}: cannot read it ({exc.strerror or exc})") from exc
+
+
 def read_json_checked(path: Path) -> dict:
     """A JSON object written by :func:`write_json_atomic`, its checksum (when it has one) verified.
 
     FileNotFoundError passes; anything else wrong raises :class:`StateFileError` naming the file."""
     path = Path(path)
-    try:
-        text = path.read_bytes()
-    except FileNotFoundError:
-        raise
-    except OSError as exc:
-        raise StateFileError(f"{path}: cannot read it ({exc.strerror or exc})") from exc
+    text = _read(path)
     try:
         data = json.loads(text)
     except ValueError as exc:
@@ -223,12 +228,7 @@ class CheckpointStore:
     def _verify_blob(path: Path) -> None:
         from flextrain.elastic.statecodec import StateCodecError, verify
 
-        try:
-            data = path.read_bytes()
-        except FileNotFoundError:
-            raise
-        except OSError as exc:
-            raise StateFileError(f"{path}: cannot read it ({exc.strerror or exc})") from exc
+        data = _read(path)
         try:
             verify(data)
         except StateCodecError as exc:
