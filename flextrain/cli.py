@@ -113,8 +113,9 @@ def _add_train(sub) -> None:
     g.add_argument("--min-workers-timeout", type=float, default=300.0, metavar="SECONDS",
                    help="how long the job waits with fewer than --min-workers alive before it fails")
     g.add_argument("--resume", metavar="JOBDIR",
-                   help="continue a stopped or failed job from its latest checkpoint (model, optimizer and data "
-                        "position); --workers/--min-workers/--max-workers may be changed")
+                   help="continue a stopped, failed or finished job from its latest checkpoint (model, optimizer and "
+                        "data position); --workers, --epochs (more), --lr, --validation-data, timeouts and budgets may "
+                        "be given to change them; other flags are refused (README: Resuming a job)")
     g.add_argument("--overwrite", action="store_true",
                    help="start afresh in a --job-dir that holds an earlier job (which is refused otherwise): "
                         "its state is moved aside to JOBDIR/previous-<time>/, not deleted")
@@ -193,18 +194,43 @@ def build_spec(args):
     )
 
 
-def resume_spec(args):
-    """The stored JobSpec of a job directory, with the worker counts optionally changed."""
-    from flextrain.job import JobSpec
+# flags of `train` that are not JobSpec fields: how each reaches the spec on --resume
+_DEST_FIELD = {"distribution_strategy": "strategy", "job_name": "name", "no_preflight": "preflight"}
+_RESUME_CLI_ONLY = {"resume", "no_progress", "preflight_timeout", "backend", "fn", "command"}
 
-    path = Path(args.resume) / "jobspec.json"
-    if not path.is_file():
-        raise CLIError(f"--resume {args.resume}: {path} not found (not a flextrain job directory)")
-    spec = JobSpec.from_json(path.read_text())
-    changes = {k: getattr(args, k) for k in ("workers", "min_workers", "max_workers") if getattr(args, k) is not None}
-    if getattr(args, "no_preflight", False):
-        changes["preflight"] = False
-    return spec.replace(**changes) if changes else spec
+
+def given_flags(parser: argparse.ArgumentParser, argv: list[str], args) -> set[str]:
+    """The dests of the ``train`` flags given on the command line (a default is not given).
+
+    argparse tells no given value from a default, so the arguments are parsed again into a
+    namespace whose every attribute is a sentinel: argparse fills in defaults only for missing ones.
+    """
+    unset = object()
+    namespace = argparse.Namespace(**{dest: unset for dest in vars(args)})
+    parser.train_parser.parse_known_args(argv[argv.index("train") + 1:], namespace)
+    return {dest for dest, value in vars(namespace).items() if value is not unset}
+
+
+def resume_spec(args):
+    """The stored job of ``--resume DIR`` (re-rooted at DIR) with the changeable flags given applied."""
+    from flextrain.job import Strategy
+    from flextrain.master.resume import resumed_spec
+
+    given, refused = {}, []
+    for dest in sorted(getattr(args, "given", set()) - _RESUME_CLI_ONLY):
+        field, value = _DEST_FIELD.get(dest, dest), getattr(args, dest)
+        if dest == "no_preflight":
+            value = not value
+        elif dest == "distribution_strategy":
+            value = Strategy(value)
+        elif dest in ("validation_data", "training_data"):
+            value = _data_abs(value)
+        elif dest in ("image", "namespace", "dry_run", "pvc", "master_port"):
+            refused.append(f"--{dest.replace('_', '-')}")
+            continue
+        given[field] = value
+    resumed = resumed_spec(args.resume, given, refused=tuple(refused))
+    return resumed
 
 
 def cmd_train(args) -> int:
@@ -221,8 +247,12 @@ def cmd_train(args) -> int:
         if missing:
             raise CLIError(f"--{missing[0].replace('_', '-')} is required (unless --resume JOBDIR)")
     try:
-        spec = (resume_spec(args) if args.resume else build_spec(args)).validate()
+        resumed = resume_spec(args) if args.resume else None
+        spec = (resumed.spec if resumed else build_spec(args)).validate()
         guard(spec.job_dir, resume=bool(args.resume), overwrite=args.overwrite)  # before anything is written
+        if resumed and resumed.moved_from:
+            print(f"flextrain: {spec.job_dir} was recorded at {resumed.moved_from}: resuming from its own "
+                  "state here", file=sys.stderr)
         if args.preflight_timeout is not None:
             from flextrain.job import check_positive_finite
 
@@ -253,7 +283,8 @@ def cmd_train(args) -> int:
 
     show = sys.stderr.isatty() and not args.no_progress
     try:
-        return run_master(spec, show_progress=show, resume=bool(args.resume))
+        return run_master(spec, show_progress=show, resume=bool(args.resume),
+                          changes=resumed.changes if resumed else (), moved_from=resumed.moved_from if resumed else None)
     except (ResumeError, JobDirError) as exc:  # JobDirError: another master took the lock meanwhile
         raise CLIError(str(exc)) from exc
 
@@ -267,12 +298,19 @@ def _job_dir(job: str) -> Path:
     raise CLIError(f"no job {job!r}: neither {path}/status.json nor {DEFAULT_JOBS_DIR / job}/status.json exists")
 
 
-def _read_status(job: str) -> dict:
+def _read_status(job: str, *, complete: bool = True) -> dict:
+    """status.json of a local job; ``complete``: with every field `flextrain status` prints (else
+    stop and scale need only an object with the master's address)."""
+    from flextrain.master.status import check_status
+
     path = _job_dir(job) / "status.json"
     try:
-        return json.loads(path.read_text())
+        data = json.loads(path.read_text())
+        if not isinstance(data, dict) or complete:
+            check_status(data, path)
+        return data
     except (OSError, ValueError) as exc:
-        raise CLIError(f"cannot read {path}: {exc}") from exc
+        raise CLIError(f"cannot read {path}: {exc}" if not str(exc).startswith(str(path)) else str(exc)) from exc
 
 
 def _master_alive(status: dict) -> bool:
@@ -293,6 +331,8 @@ def _master_stub(status: dict):
 
     if status.get("phase") in ("Succeeded", "Failed") or not _master_alive(status):
         raise CLIError(f"job {status.get('name')} is not running (phase {status.get('phase')})")
+    if not isinstance(status.get("masterAddress"), str):
+        raise CLIError(f"job {status.get('name')}: its status.json names no master address (masterAddress)")
     return pb_grpc.MasterStub(grpc.insecure_channel(status["masterAddress"]))
 
 
@@ -324,7 +364,7 @@ def cmd_status(args) -> int:
 def cmd_stop(args) -> int:
     from flextrain.proto import flextrain_pb2 as pb
 
-    status = _read_status(args.job)
+    status = _read_status(args.job, complete=False)
     resp = _master_stub(status).Stop(pb.StopRequest(reason=args.reason), timeout=10)
     print(resp.message)
     return 0 if resp.accepted else 1
@@ -333,7 +373,7 @@ def cmd_stop(args) -> int:
 def cmd_scale(args) -> int:
     from flextrain.proto import flextrain_pb2 as pb
 
-    status = _read_status(args.job)
+    status = _read_status(args.job, complete=False)
     resp = _master_stub(status).Scale(pb.ScaleRequest(workers=args.workers), timeout=10)
     if not resp.accepted:  # printed once, by main(), as the error
         raise CLIError(resp.message)
@@ -411,6 +451,7 @@ def make_parser() -> argparse.ArgumentParser:
                            help="the number of workers wanted, within the job's --min-workers..--max-workers")
         p.set_defaults(fn=fn)
     sub.choices["train"].set_defaults(fn=cmd_train)
+    parser.train_parser = sub.choices["train"]  # given_flags parses its arguments again
     from flextrain.cli_eval import add_commands as add_eval_commands
 
     add_eval_commands(sub)  # evaluate, predict
@@ -461,6 +502,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if args.command in ("worker", "ps"):
         exit_with_parent()
+    if args.command == "train" and args.resume:
+        args.given = given_flags(parser, sys.argv[1:] if argv is None else list(argv), args)
     try:
         return args.fn(args)
     except CLIError as exc:

@@ -10,7 +10,6 @@ process starts.
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -82,15 +81,15 @@ def resolve_checkpoint(value: str) -> str:
     for directory in (path / "checkpoints", path):
         if (directory / "final.ckpt").is_file():
             return str((directory / "final.ckpt").resolve())
-        latest = directory / "latest.json"
-        if latest.is_file():
-            try:
-                name = json.loads(latest.read_text())["checkpoint"]
-            except (OSError, ValueError, KeyError, TypeError) as exc:
-                raise CLIError(f"--checkpoint {value}: cannot read {latest}: {exc}") from exc
-            if not Path(name).is_file():
-                raise CLIError(f"--checkpoint {value}: {latest} names {name}, which does not exist")
-            return str(Path(name).resolve())
+        if (directory / "latest.json").is_file():
+            from flextrain.master.checkpoints import CheckpointStore
+
+            newest, damaged = CheckpointStore(directory).newest_model()  # in this directory, checksum checked
+            if newest is None:
+                raise CLIError(f"--checkpoint {value}: no usable checkpoint in {directory}: {'; '.join(damaged)}")
+            if damaged:
+                print(f"flextrain: warning: damaged checkpoints skipped: {'; '.join(damaged)}", file=sys.stderr)
+            return str(newest.resolve())
     raise CLIError(f"--checkpoint {value}: a directory without a checkpoint "
                    f"(no checkpoints/final.ckpt or checkpoints/latest.json)")
 

@@ -69,8 +69,10 @@ def check_positive_finite(flag: str, value) -> None:
         raise JobSpecError(f"{flag} must be positive and finite, got {value!r}")
 
 
-def _flag(field: str) -> str:
-    return {"learning_rate": "--lr"}.get(field, "--" + field.replace("_", "-"))
+def flag_of(field: str) -> str:
+    """The ``flextrain train`` flag of a JobSpec field."""
+    return {"learning_rate": "--lr", "strategy": "--distribution-strategy", "name": "--job-name",
+            "preflight": "--no-preflight"}.get(field, "--" + field.replace("_", "-"))
 
 
 # Every numeric JobSpec field, by kind. _OPTIONAL ones may be None (= derived from another field).
@@ -196,14 +198,14 @@ class JobSpec:
             for field in fields:
                 value = getattr(self, field)
                 if value is not None or field not in _OPTIONAL:
-                    check(_flag(field), value)
+                    check(flag_of(field), value)
         if not _is_int(self.seed) or not 0 <= self.seed < 2**63:  # what torch.manual_seed and the CRD take
             raise JobSpecError(f"--seed must be an integer from 0 to 2**63-1, got {self.seed!r}")
         if self.nan_policy not in NAN_POLICIES:
             raise JobSpecError(f"--nan-policy must be one of {', '.join(NAN_POLICIES)}, got {self.nan_policy!r}")
         for field in ("shuffle", "ps_wal", "preflight", "skip_unknown_files", "csv_header"):
             if not isinstance(getattr(self, field), bool):
-                raise JobSpecError(f"{_flag(field)} must be true or false, got {getattr(self, field)!r}")
+                raise JobSpecError(f"{'--preflight' if field == 'preflight' else flag_of(field)} must be true or false, got {getattr(self, field)!r}")
         for name, field, kind in (("--distribution-strategy", "strategy", Strategy), ("job type", "job_type", JobType),
                                   ("backend", "backend", Backend)):
             if not isinstance(getattr(self, field), kind):  # from_json converts; a hand-built spec may not

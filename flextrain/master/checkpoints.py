@@ -141,11 +141,12 @@ class CheckpointStore:
         :class:`StateWriteError` (previous files kept) when a write fails."""
         self.directory.mkdir(parents=True, exist_ok=True)
         ledger_path = self.directory / f"ledger-{version:09d}.json"
-        entry = {"checkpoint": checkpoint, "version": version, "final": final}
+        # Names, not paths: a moved or copied job directory resumes from its own files.
+        entry = {"checkpoint": Path(checkpoint).name, "version": version, "final": final}
         # The ledger file (the ledger's state fields) names its checkpoint too: an older pair is
         # usable without latest.json.
         write_json_atomic(ledger_path, {**ledger, **entry}, checksum=True)
-        write_json_atomic(self.latest_path, {**entry, "ledger": str(ledger_path)}, checksum=True)
+        write_json_atomic(self.latest_path, {**entry, "ledger": ledger_path.name}, checksum=True)
         self._prune()
 
     def latest(self) -> dict | None:
@@ -202,10 +203,31 @@ class CheckpointStore:
             raise CheckpointError(f"no usable checkpoint in {self.directory}: " + "; ".join(damaged))
         return None, []
 
+    def newest_model(self) -> tuple[Path | None, list[str]]:
+        """``(checkpoint, damaged)``: the newest checkpoint file that passes its checksum (what
+        evaluation needs: no ledger) and a line per damaged one skipped on the way; None if none passes."""
+        named: list[Path] = []
+        try:
+            named.append(self._here(read_json_checked(self.latest_path)["checkpoint"]))
+        except (OSError, StateFileError, KeyError, TypeError):
+            pass  # latest.json is a pointer: the files themselves are what is checked
+        damaged = []
+        for path in dict.fromkeys([*named, *sorted(self.directory.glob("ckpt-*.ckpt"), reverse=True)]):
+            try:
+                self._verify_blob(path)
+            except FileNotFoundError:
+                damaged.append(f"{path}: missing")
+                continue
+            except StateFileError as exc:
+                damaged.append(str(exc))
+                continue
+            return path, damaged
+        return None, damaged
+
     def _here(self, name: str) -> Path:
-        """A file named in latest.json; one whose directory moved is looked for in this one."""
-        path = Path(name)
-        return path if path.exists() or not (self.directory / path.name).exists() else self.directory / path.name
+        """A file named in latest.json or a ledger file: always the one in this directory (older
+        versions stored absolute paths, which in a moved or copied directory name another job's)."""
+        return self.directory / Path(name).name
 
     def _entry(self, ledger_path: Path, meta: dict | None) -> dict:
         data = read_json_checked(ledger_path)

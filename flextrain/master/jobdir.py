@@ -92,7 +92,9 @@ def inspect(job_dir: str | Path) -> JobDirInfo:
     info.step = status.get("step") if isinstance(status.get("step"), int) else None
     latest = _read_json(root / "checkpoints" / "latest.json", info)
     if latest is not None:
-        info.checkpoint, info.final = latest.get("checkpoint"), bool(latest.get("final"))
+        name = latest.get("checkpoint")  # a name (older versions: a path) in checkpoints/
+        info.checkpoint = str(root / "checkpoints" / Path(name).name) if isinstance(name, str) else None
+        info.final = bool(latest.get("final"))
         if info.step is None and isinstance(latest.get("version"), int):
             info.step = latest["version"]
     elif ps_state.is_dir() and any(ps_state.iterdir()):  # PS mode: the model is the PS checkpoints
@@ -105,6 +107,12 @@ def inspect(job_dir: str | Path) -> JobDirInfo:
 def _who(fd: int) -> str:
     words = os.pread(fd, 256, 0).decode(errors="replace").split()
     return f"pid {words[0]} on host {words[1]}" if len(words) >= 2 else "a process that has not said who"
+
+
+def finished_message(root: str | Path, epochs: int, checkpoint: str) -> str:
+    """Why a resume of a job that finished training has nothing to do, and how to train more."""
+    return (f"{root} already finished training its {epochs} epoch(s) (final checkpoint {checkpoint}); "
+            f"`flextrain train --resume {root} --epochs N` with N > {epochs} trains more")
 
 
 def _in_use(path: Path, who: str) -> JobDirError:
@@ -170,7 +178,7 @@ def guard(job_dir: str | Path, *, resume: bool = False, overwrite: bool = False,
         if not resumable:
             how = ""
         elif info.final:
-            how = f"it finished training, so `flextrain train --resume {path}` has nothing left to do; "
+            how = f"it finished training (`flextrain train --resume {path} --epochs N` trains more epochs); "
         else:
             how = f"resume with `flextrain train --resume {path}`; "
         raise JobDirError(f"job directory {path} already holds a job ({info.describe()}): {how}"
@@ -260,4 +268,5 @@ def move_aside(job_dir: str | Path, *, keep: tuple = ()) -> Path | None:
     return dest
 
 
-__all__ = ["JobDirError", "JobDirInfo", "JobDirLock", "check_usable", "guard", "holder", "inspect", "move_aside"]
+__all__ = ["JobDirError", "JobDirInfo", "JobDirLock", "check_usable", "finished_message", "guard", "holder",
+           "inspect", "move_aside"]

@@ -21,14 +21,16 @@ from rich.markup import escape
 from flextrain.data import DataOptions, make_shards
 from flextrain.job import Backend, JobSpec, JobType, Strategy
 from flextrain.master import ps_tasks
-from flextrain.master.checkpoints import CheckpointError, CheckpointStore
+from flextrain.master.checkpoints import CheckpointStore, StateWriteError, write_bytes_atomic
 from flextrain.failures import EXIT_CODE_OF_KIND, ExitCode
 from flextrain.master.coordinator import JobMaster, Phase
 from flextrain.master.failures import FailureTracker, failure_lines
 from flextrain.master.instances import InstanceManager
+from flextrain.master.jobdir import JobDirError
 from flextrain.master.launcher import LaunchBackend, LocalProcessBackend
 from flextrain.master.ledger import TaskLedger
 from flextrain.master.ps_fleet import PSFleet, PSStartError, is_ps
+from flextrain.master.resume import HISTORY_FILE, record_run, restore
 from flextrain.master.servicer import MasterServicer, start_server
 from flextrain.master.status import StatusReporter, metric_text
 
@@ -118,6 +120,8 @@ def _run_master(
     namespace: str | None = None,
     api_client=None,
     moved_to: Path | None = None,
+    changes: tuple[str, ...] = (),
+    moved_from: str | None = None,
 ) -> int:
     """Run a job's master until the job ends (the caller holds the directory's lock).
 
@@ -125,7 +129,8 @@ def _run_master(
     run as Pods of the ElasticJob ``spec.name`` in ``namespace`` (default: this
     pod's), dialling the master through its Service, and the job's status is
     also written to the ElasticJob; ``api_client`` overrides the in-cluster /
-    kubeconfig client (tests).
+    kubeconfig client (tests). ``changes`` and ``moved_from`` are what a resume changed and
+    where the directory was recorded (flextrain/master/resume.py), for the job's history.
     """
     import torch  # heavy import: only the master process needs it here
     import torch.distributed as dist
@@ -133,7 +138,6 @@ def _run_master(
     console = console or Console(stderr=True)
     job_dir = Path(spec.job_dir)
     job_dir.mkdir(parents=True, exist_ok=True)
-    (job_dir / "jobspec.json").write_text(spec.to_json() + "\n")
     store_dir = CheckpointStore(job_dir / "checkpoints")
     skipped: list[str] = []  # data files --skip-unknown-files leaves out: noted once the job exists
     ledger = build_ledger(spec, skipped)
@@ -148,27 +152,21 @@ def _run_master(
         job.final_checkpoint = spec.checkpoint
         if spec.output:
             Path(spec.output).mkdir(parents=True, exist_ok=True)
-    if resume and job.ps_mode:  # the model is on the PS, which restore themselves; the ledger is ours
-        refused = ps_tasks.resume_ledger(job)
+    if changes:  # what this resume changed (flextrain/master/resume.py), in the job's events and history
+        job.note(f"resumed with {'; '.join(changes)}")
+    if moved_from:
+        job.note(f"{job_dir} was recorded at {moved_from}: resuming from its own state here")
+    if resume:
+        refused = restore(job, ledger, store_dir, moved_from=moved_from)
         if refused:
             raise ResumeError(refused)
-    elif resume:
-        try:  # the newest checkpoint whose files pass their checks; damaged ones are named and skipped
-            latest, damaged = store_dir.resume_point(check=ledger.check_state)
-        except CheckpointError as exc:
-            raise ResumeError(f"cannot resume {job_dir}: {exc}") from exc
-        if latest is not None and damaged:
-            job.note(f"damaged checkpoint state skipped: {'; '.join(damaged)}; using {latest['checkpoint']} "
-                     f"(step {latest['version']})")
-            log.warning("%s", job.events[-1])
-        if latest is not None:
-            if latest["final"]:
-                raise ResumeError(f"{job_dir} already finished training (final checkpoint {latest['checkpoint']})")
-            ledger.restore(latest["ledger"])
-            job.restore_checkpoint, job.step = latest["checkpoint"], latest["version"]
-            job.note(f"resumed from {latest['checkpoint']} (step {latest['version']})")
-        else:
-            job.note(f"no checkpoint in {store_dir.directory}: starting from the beginning")
+    try:  # after the resume's checks: a refused resume leaves the directory as it was
+        write_bytes_atomic(job_dir / "jobspec.json", spec.to_json() + "\n")
+        record_run(job_dir, "resume" if resume else "start", changes=changes, moved_from=moved_from,
+                   previous=str(moved_to) if moved_to else None)
+    except OSError as exc:  # StateWriteError names the file; a full disk fails before anything starts
+        raise JobDirError(str(exc) if isinstance(exc, StateWriteError) else
+                          f"cannot write {job_dir / HISTORY_FILE}: {exc.strerror or exc}") from exc
 
     # One long-lived TCPStore for the whole job; every round uses its own
     # key prefix over it, which is what makes re-forming gloo groups cheap.

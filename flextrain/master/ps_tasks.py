@@ -38,10 +38,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Callable
 
 from flextrain.master.checkpoints import (StateFileError, StateWriteError, read_json_checked,
                                           write_json_atomic)
 from flextrain.master.evaluation import evaluation_task
+from flextrain.master.jobdir import finished_message
 from flextrain.master.evaluation import task_message as evaluation_task_message
 from flextrain.master.ledger import Task, TaskKind
 from flextrain.proto import flextrain_pb2 as pb
@@ -138,11 +140,13 @@ def save_ledger(job) -> Path:
     return path
 
 
-def resume_ledger(job) -> str | None:
+def resume_ledger(job, *, relocate: Callable[[dict], dict] = lambda state: state) -> str | None:
     """Restore the ledger :func:`save_ledger` wrote; None, or why the job cannot resume.
 
     A ledger file that fails its checksum or does not fit the job is named and the previous
-    one used (with a note); with neither usable the resume is refused, naming both."""
+    one used (with a note); with neither usable the resume is refused, naming both. ``relocate``
+    re-roots a moved job directory's task sources (flextrain/master/resume.py). A job that
+    finished training is refused unless its epochs were extended."""
     path = Path(job.spec.job_dir) / LEDGER_FILE
     previous = path.with_name(PREVIOUS_LEDGER_FILE)
     if not path.is_file() and not previous.is_file():
@@ -153,10 +157,8 @@ def resume_ledger(job) -> str | None:
     for candidate in (path, previous):
         try:
             data = read_json_checked(candidate)
-            if data["training_finished"] is True:  # whatever its ledger holds: nothing is left to resume
-                return (f"{job.spec.job_dir} already finished training (parameter-server checkpoints in "
-                        f"{job.spec.ps_checkpoint_dir})")
-            job.ledger.check_state(data["ledger"])
+            state = relocate(data["ledger"])
+            job.ledger.check_state(state)
         except FileNotFoundError:
             continue
         except StateFileError as exc:
@@ -165,7 +167,9 @@ def resume_ledger(job) -> str | None:
         except (ValueError, KeyError, TypeError) as exc:  # LedgerStateError: the ledger does not fit the job
             damaged.append(f"{candidate}: {type(exc).__name__}: {exc}")
             continue
-        job.ledger.restore(data["ledger"])
+        job.ledger.restore(state)
+        if data.get("training_finished") is True and job.ledger.training_finished():
+            return finished_message(job.spec.job_dir, job.spec.epochs, str(job.spec.ps_checkpoint_dir))
         if damaged:
             job.note(f"damaged task ledger skipped: {'; '.join(damaged)}; using {candidate}")
         job.note(f"resumed from {candidate}: {job.ledger.records_done} of {job.ledger.records_total} records "

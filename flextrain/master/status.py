@@ -18,9 +18,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from flextrain.master.checkpoints import write_json_atomic
 from flextrain.job import JobType
-from flextrain.master.coordinator import JobMaster
+from flextrain.master.checkpoints import StateWriteError, write_json_atomic
+from flextrain.master.coordinator import JobMaster, Phase
 from flextrain.master.evaluation import inference_progress
 from flextrain.master.rendezvous import RoundState
 from flextrain.proto import flextrain_pb2 as pb
@@ -81,11 +81,61 @@ def shown(value: float) -> float | str:
     return value if math.isfinite(value) else str(float(value))
 
 
+# What `flextrain status` reads from status.json, by field: a file without them is refused naming one.
+_STATUS_FIELDS = {"name": str, "phase": str, "jobDir": str, "epoch": int, "epochs": int, "step": int, "metrics": dict,
+                  "workers": {"active": int, "desired": int},
+                  "progress": {"recordsDone": int, "recordsTotal": int, "percent": (int, float)}}
+
+
+def check_status(data, path: Path) -> dict:
+    """``data`` read from ``path`` if it has the fields and types the status commands use; else
+    ValueError naming the file and the first field that is wrong."""
+    def check(value, want, where: str) -> None:
+        if isinstance(want, dict):
+            if not isinstance(value, dict):
+                raise ValueError(f"{path}: {'field ' + where if where else 'the file'} holds a "
+                                 f"{type(value).__name__}, not an object: "
+                                 "the file is damaged or not a flextrain status")
+            for key, inner in want.items():
+                if key not in value:
+                    raise ValueError(f"{path}: field {where + '.' if where else ''}{key} is missing: "
+                                     "the file is damaged or not a flextrain status")
+                check(value[key], inner, f"{where + '.' if where else ''}{key}")
+        elif isinstance(value, bool) or not isinstance(value, want):
+            names = " or ".join(t.__name__ for t in (want if isinstance(want, tuple) else (want,)))
+            raise ValueError(f"{path}: field {where} is {value!r}, not {names}: the file is damaged")
+
+    check(data, _STATUS_FIELDS, "")
+    return data
+
+
+RESERVE_NAME = ".status-reserve"
+RESERVE_BYTES = 256 * 1024  # room for a final status.json (tens of kB) once the disk is full
+
+
+def _reserve(path: Path) -> None:
+    """Set aside space for the last status.json: on a full disk a new file cannot be made, and
+    the job's end must still reach its status (not a stale "Running"). Best effort."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            os.posix_fallocate(fd, 0, RESERVE_BYTES)
+        finally:
+            os.close(fd)
+    except (OSError, AttributeError):  # no space even for this, or no fallocate: nothing is reserved
+        try:
+            path.unlink(missing_ok=True)
+        except OSError:
+            pass
+
+
 class StatusReporter:
     def __init__(self, job: JobMaster, *, path: Path, desired: callable, master_address: str,
                  show_progress: bool, console: Console | None = None, sinks: tuple = ()) -> None:
         self.job = job
         self.path = path
+        self._reserve = path.with_name(RESERVE_NAME)
+        _reserve(self._reserve)
         # Other destinations of every snapshot (e.g. the ElasticJob's status); each must
         # return quickly and never raise.
         self.sinks = tuple(sinks)
@@ -159,7 +209,10 @@ class StatusReporter:
 
     def update(self) -> dict:
         snap = self.snapshot()
-        write_json_atomic(self.path, snap)
+        try:
+            write_json_atomic(self.path, snap)
+        except StateWriteError as exc:  # e.g. a full disk: the job cannot report, so it stops (its checkpoint kept)
+            snap = self._write_failed(exc)
         for sink in self.sinks:
             sink(snap)
         with self.job.cond:
@@ -182,6 +235,22 @@ class StatusReporter:
             )
         return snap
 
+    def _write_failed(self, exc: StateWriteError) -> dict:
+        """Fail the job naming the write that failed; then try once more to leave its final status."""
+        if not self.job.over:
+            latest = self.job.checkpoints.latest() if self.job.checkpoints else None
+            kept = (f"; the last good checkpoint is kept: {latest['checkpoint']} (step {latest['version']})"
+                    if latest else "")
+            self.job.finish(Phase.FAILED, f"cannot write the job's status: {exc}{kept}")
+        snap = self.snapshot()
+        self._reserve.unlink(missing_ok=True)  # its space is what the write below needs
+        try:
+            write_json_atomic(self.path, snap)
+        except StateWriteError:
+            pass  # the message above reaches the CLI and the ElasticJob; the last good file stays
+        return snap
+
     def close(self) -> None:
+        self._reserve.unlink(missing_ok=True)
         if self._progress is not None:
             self._progress.stop()

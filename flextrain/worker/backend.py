@@ -115,9 +115,14 @@ class ModelBackend(ABC):
     def state(self) -> dict:
         """``{"model": ..., "optimizer": ...}`` as trees of torch tensors (dtypes as in the model)."""
 
+    # The job's --lr was given: load_state keeps the learning rate the optimizer was built with
+    # (a checkpoint's would undo a learning rate changed on --resume).
+    keep_lr: bool = False
+
     @abstractmethod
     def load_state(self, tree: dict) -> None:
-        """Load what :meth:`state` returned (on any worker of the same module)."""
+        """Load what :meth:`state` returned (on any worker of the same module); with
+        :attr:`keep_lr` the optimizer keeps its learning rate(s) as built."""
 
 
 class TorchBackend(ModelBackend):
@@ -196,7 +201,11 @@ class TorchBackend(ModelBackend):
 
     def load_state(self, tree: dict) -> None:
         self.model.load_state_dict(tree["model"])
+        built = [group["lr"] for group in self.optimizer.param_groups]  # per group, as the module set them
         self.optimizer.load_state_dict(tree["optimizer"])
+        if self.keep_lr:
+            for group, lr in zip(self.optimizer.param_groups, built):
+                group["lr"] = lr
         self.zero()
 
 
@@ -216,10 +225,14 @@ def check_loss(model_def: ModelDef, loss, *, samples: int):
     return loss
 
 
-def make_backend(*, model_def: ModelDef, model, optimizer, extra: int) -> ModelBackend:
-    """The backend for the module's framework."""
+def make_backend(*, model_def: ModelDef, model, optimizer, extra: int, keep_lr: bool = False) -> ModelBackend:
+    """The backend for the module's framework. ``keep_lr``: the job's ``--lr`` was given, so the
+    optimizer's learning rate as built stays when a state is loaded (a resume may change it)."""
     if model_def.framework is Framework.TENSORFLOW:
         from flextrain.worker.tf.backend import KerasBackend
 
-        return KerasBackend(model_def=model_def, model=model, optimizer=optimizer, extra=extra)
-    return TorchBackend(model_def=model_def, model=model, optimizer=optimizer, extra=extra)
+        backend = KerasBackend(model_def=model_def, model=model, optimizer=optimizer, extra=extra)
+    else:
+        backend = TorchBackend(model_def=model_def, model=model, optimizer=optimizer, extra=extra)
+    backend.keep_lr = keep_lr
+    return backend

@@ -150,7 +150,8 @@ class AllReduceTrainer:
         self.client = client
         self.collective = collective
         self.state = state
-        self.backend = make_backend(model_def=model_def, model=model, optimizer=optimizer, extra=_CONTROL_SLOTS)
+        self.backend = make_backend(model_def=model_def, model=model, optimizer=optimizer, extra=_CONTROL_SLOTS,
+                                    keep_lr=self.spec.learning_rate is not None)
         self.control = self.backend.slots  # END_ROUND, FAILED, STOP: the end of backend.buffers[0]
         self.loader = StepLoader(self._load_span, background=read_ahead_wanted())
         # The next task, asked for during the current task's last step: (task index, future).

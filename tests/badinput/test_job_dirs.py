@@ -19,6 +19,7 @@ import pytest
 
 from flextrain.cli import main
 from flextrain.master.jobdir import JobDirError, JobDirLock, guard, holder, inspect
+from badinput_support import run_without_dac_override
 from ft_helpers import DIGITS_MODEL, read_status, run_flextrain
 
 SMALL = ("--workers", "1", "--epochs", "1", "--global-batch-size", "64", "--no-preflight")
@@ -148,8 +149,15 @@ def test_resume_and_overwrite_together_are_refused(capsys, tmp_path):
 
 @pytest.mark.parametrize("where", ["file", "under-file", "unwritable"])
 def test_an_unusable_job_dir_is_one_line_exit_2(capsys, digits_data, tmp_path, where):
-    if where == "unwritable" and os.geteuid() == 0:
-        pytest.skip("root writes through permissions")
+    if where == "unwritable" and os.geteuid() == 0:  # root writes through file modes: drop that capability
+        blocker = tmp_path / "blocker"
+        blocker.mkdir(mode=0o500)
+        proc = run_without_dac_override(*train_args(digits_data, blocker / "job"))
+        assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+        assert proc.stderr.startswith(f"flextrain: error: job directory {blocker / 'job'} cannot be created: "
+                                      f"{blocker} is not writable (permission denied)"), proc.stderr
+        assert list(blocker.iterdir()) == []
+        return
     blocker = tmp_path / "blocker"
     if where == "unwritable":
         blocker.mkdir(mode=0o500)

@@ -291,7 +291,7 @@ def test_resume_falls_back_past_a_damaged_checkpoint_and_applies_each_record_onc
     finally:
         proc.kill()
     ckpt_dir = job_dir / "checkpoints"
-    newest = Path(json.loads((ckpt_dir / "latest.json").read_text())["checkpoint"])
+    newest = ckpt_dir / json.loads((ckpt_dir / "latest.json").read_text())["checkpoint"]
     older = [p for p in sorted(ckpt_dir.glob("ckpt-*.ckpt")) if p != newest]
     assert older, sorted(ckpt_dir.iterdir())
     intact = {p: p.read_bytes() for p in (newest, older[-1])}
@@ -313,3 +313,23 @@ def test_resume_falls_back_past_a_damaged_checkpoint_and_applies_each_record_onc
     assert version == epochs * records // G
     assert seen[:records].min().item() == seen[:records].max().item() == epochs  # each record once per epoch
     assert not seen[records:].any()  # (the counter has room for more records than this data holds)
+
+
+# ---- status.json, as `flextrain status` reads it ----------------------------------------------
+@pytest.mark.parametrize("text, named", [
+    ("{truncated", "cannot read"),
+    ("[1, 2]", "the file holds a list, not an object"),
+    ('{"name": "a", "phase": 3}', "field phase is 3, not str"),
+    ('{"name": "a", "phase": "Running", "jobDir": "/j", "epoch": 1, "epochs": 2, "step": 3, "metrics": {}, '
+     '"workers": {"active": 1, "desired": "2"}, "progress": {}}', "field workers.desired is '2', not int"),
+    ('{"name": "a", "phase": "Running", "jobDir": "/j", "epoch": 1, "epochs": 2, "step": 3, "metrics": {}, '
+     '"workers": {"active": 1, "desired": 2}, "progress": {"recordsDone": 1}}', "field progress.recordsTotal is missing"),
+])
+def test_a_damaged_status_file_is_one_line_naming_the_field(capsys, tmp_path, text, named):
+    from flextrain.cli import main
+
+    (tmp_path / "status.json").write_text(text)
+    assert main(["status", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"flextrain: error: ") and err.count("\n") == 1, err
+    assert str(tmp_path / "status.json") in err and named in err, err

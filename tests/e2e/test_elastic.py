@@ -71,7 +71,7 @@ def validation_accuracy(job_dir, digits_data):
     zoo = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(zoo)
     meta = json.loads((job_dir / "checkpoints" / "latest.json").read_text())
-    state = decode(open(meta["checkpoint"], "rb").read())
+    state = decode(open(job_dir / "checkpoints" / meta["checkpoint"], "rb").read())
     model = zoo.Model()
     model.load_state_dict(state["model"])
     records = [r for f in sorted((digits_data / "validation").glob("*.rio")) for r in read_records(f)]
@@ -126,7 +126,7 @@ def applied_at_checkpoint(job_dir):
     """Per-record counts of the latest checkpoint and the records its ledger still owes."""
     meta = json.loads((job_dir / "checkpoints" / "latest.json").read_text())
     seen, version = seen_counts(job_dir, os.path.basename(meta["checkpoint"]))
-    ledger = json.loads(open(meta["ledger"]).read())
+    ledger = json.loads((job_dir / "checkpoints" / meta["ledger"]).read_text())
     return seen, version, ledger
 
 
@@ -273,4 +273,4 @@ def test_every_worker_lost_job_waits_for_min_then_fails_keeping_checkpoint(digit
     assert any("over the relaunch budget" in e for e in final["events"]), final["events"]
     assert not any(m["id"] not in {"worker-0", "worker-1"} for r in final["roundHistory"] for m in r["members"])
     latest = json.loads((job_dir / "checkpoints" / "latest.json").read_text())
-    assert os.path.exists(latest["checkpoint"])
+    assert (job_dir / "checkpoints" / latest["checkpoint"]).is_file()

@@ -58,7 +58,8 @@ def test_ps_subcommand_passes_its_flags_to_the_ps(monkeypatch):
 
 
 @pytest.mark.parametrize("saved, why", [
-    ('{"ledger": {}, "training_finished": true}', "already finished training"),
+    ('{"ledger": {"epoch": 0, "records_done": 4, "next_id": 1, "todo": []}, "training_finished": true}',
+     "already finished training its 1 epoch"),
     ("{not json", "ps-ledger.json: not valid JSON"),
 ])
 def test_resume_of_a_finished_or_unreadable_ps_job_is_refused(tmp_path, saved, why):

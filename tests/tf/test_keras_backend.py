@@ -71,3 +71,16 @@ def test_state_of_another_model_is_refused_naming_the_mismatch():
     foreign = make_backend(model_def=other, model=model, optimizer=other.build_optimizer(model, None), extra=3)
     with pytest.raises(ValueError, match="model state has .* variables, this model has"):
         backend(1).load_state(foreign.state())
+
+
+@pytest.mark.parametrize("keep_lr, expected", [(True, 0.01), (False, 0.1)])
+def test_a_given_learning_rate_outlives_the_loaded_optimizer_state(keep_lr, expected):
+    saved = backend(0)
+    features, labels = saved.feed(RECORDS, Mode.TRAINING, FeedMetadata("mem", 0, 20, 0))
+    step(saved, features, labels)  # the optimizer has state (and its learning rate, 0.1) to load
+    md = load_model_def(DIGITS)
+    model = md.build_model()
+    b = make_backend(model_def=md, model=model, optimizer=md.build_optimizer(model, 0.01), extra=3, keep_lr=keep_lr)
+    b.load_state(decode(encode(saved.state())))
+    assert float(b.optimizer.learning_rate) == pytest.approx(expected)
+    assert int(b.optimizer.iterations.numpy()) == 1  # the rest of the optimizer's state is the loaded one

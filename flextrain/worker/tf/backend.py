@@ -125,5 +125,13 @@ class KerasBackend(ModelBackend):
 
     def load_state(self, tree: dict) -> None:
         assign_tree(self.model.weights, tree["model"], what="model")
+        built = None
+        if self.keep_lr:
+            try:
+                built = float(self.optimizer.learning_rate)
+            except (TypeError, ValueError):  # a schedule: it is a function of the restored step count
+                pass
         assign_tree(self.optimizer.variables, tree["optimizer"], what="optimizer")
+        if built is not None:
+            self.optimizer.learning_rate = built
         self.zero()
