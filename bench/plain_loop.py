@@ -3,7 +3,7 @@
 Every side of that method is a process that the bench stops (SIGSTOP) outside its windows,
 so all of them pay the same for being paused and resumed (cold caches, sleeping threads);
 an in-process baseline paid nothing for it and flattered itself by up to ~4% (the earlier
-A/A check, see the README).
+A/A check, see bench/README.md).
 
 Usage (by the bench): ``plain_loop.py --mode memory|stream --batch G --ready PATH --out PATH FILE...``.
 Builds the loop of ``overhead_sides.PlainLoop``, runs one unmeasured pass over the data

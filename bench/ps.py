@@ -155,7 +155,7 @@ def main() -> None:
     import numpy as np
     import torch
 
-    from flextrain.ps.shard import dense_owner, row_owners
+    from flextrain.protocol.shard import dense_owner, row_owners
     from flextrain.worker.ps_client import PSClient
 
     torch.manual_seed(0)

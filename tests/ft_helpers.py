@@ -113,7 +113,7 @@ def ps_counts(job_dir: Path, records: int, num_ps: int = 2):
     import torch
 
     from flextrain.ps.checkpoint import Checkpointer
-    from flextrain.ps.shard import row_owners
+    from flextrain.protocol.shard import row_owners
     from flextrain.ps.state import ShardState
 
     dense, rows = None, None

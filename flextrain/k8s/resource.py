@@ -51,7 +51,7 @@ class Field:
 
 
 # The mapping, in the order ``resource_from_jobspec`` writes it. A JobSpec field
-# that another component has not added yet is skipped (see ``_active_fields``).
+# that another component has not added yet is skipped (see ``active_fields``).
 FIELDS: tuple[Field, ...] = (
     Field("modelDef", "model_def", str),
     Field("strategy", "strategy", str, ("--distribution-strategy",)),
@@ -103,7 +103,7 @@ def _jobspec_fields() -> set[str]:
     return {f.name for f in dataclasses.fields(JobSpec)}
 
 
-def _active_fields() -> tuple[Field, ...]:
+def active_fields() -> tuple[Field, ...]:
     have = _jobspec_fields()
     return tuple(f for f in FIELDS if f.jobspec in have)
 
@@ -185,7 +185,7 @@ def jobspec_from_resource(obj: Mapping[str, Any]) -> JobSpec:
     spec = obj.get("spec")
     if not isinstance(spec, Mapping):
         raise ResourceError("spec", "is required")
-    fields = _active_fields()
+    fields = active_fields()
     _check_unknown(spec, {f.path for f in FIELDS} | POD_LEVEL)
     for path in REQUIRED:
         value = _get(spec, path)
@@ -197,6 +197,10 @@ def jobspec_from_resource(obj: Mapping[str, Any]) -> JobSpec:
         raise ResourceError("spec.replicaSpecs.master.relaunchBudget", f"must be >= 0, got {budget}")
     _check_volumes(spec.get("volumes"))
 
+    for f in FIELDS:  # in the CRD, with no behaviour yet: refused, never silently dropped
+        if f not in fields and _get(spec, f.path) is not None:
+            raise ResourceError(f.full_path, "is not supported yet: flextrain does not act on it, so the job would "
+                                             "run as if it were not there; remove it")
     values: dict[str, Any] = {}
     for f in fields:
         value = _get(spec, f.path)
@@ -322,7 +326,7 @@ def resource_from_jobspec(
             raise ResourceError(f"JobSpec.{field}", f"{getattr(spec, field)!r} has no ElasticJob field yet "
                                                     "(run this job with the local backend)")
     body: dict[str, Any] = {"image": image}
-    for f in _active_fields():
+    for f in active_fields():
         value = getattr(spec, f.jobspec)
         if f.jobspec == "job_dir" and value == f"{DEFAULT_JOBS_ROOT}/{spec.name}":
             continue

@@ -14,7 +14,6 @@ prediction jobs have no training stage (``evaluation.py``).
 from __future__ import annotations
 
 import enum
-import math
 import threading
 import time
 from dataclasses import dataclass
@@ -22,13 +21,14 @@ from dataclasses import dataclass
 from flextrain.job import JobSpec, JobType, Strategy
 from flextrain.master.accounting import commit_passed, ledger_at, most_advanced, settle_round
 from flextrain.master.checkpoints import CheckpointError, CheckpointStore, StateWriteError
-from flextrain.master.evaluation import Evaluations, evaluation_task, outcome, prediction_task, record_task, task_message
+from flextrain.master.evaluation import Evaluations, outcome, prediction_task, record_task, task_message
 from flextrain.master.failures import FailureHandling, FailureTracker, WorkerFailure, failed_message
 from flextrain.master.health import Liveness, find_hung
 from flextrain.master.ledger import TaskKind, TaskLedger
-from flextrain.master.lockstep import lockstep_task
-from flextrain.master.ps_tasks import ps_evaluation_task, ps_training_task, release_worker
+from flextrain.master.lockstep import AllReduceStrategy
+from flextrain.master.ps_tasks import ParameterServerStrategy
 from flextrain.master.rendezvous import Rendezvous, Round, RoundState
+from flextrain.master.strategy import TrainingStrategy
 from flextrain.proto import flextrain_pb2 as pb
 
 
@@ -53,7 +53,12 @@ class WorkerInfo:
     skipped_steps: int = 0  # steps it dropped as non-finite (--nan-policy skip-step)
 
 
-__all__ = ["JobMaster", "Phase", "WorkerInfo", "task_message"]
+__all__ = ["JobMaster", "Phase", "WorkerInfo", "strategy_for", "task_message"]
+
+
+def strategy_for(spec: JobSpec) -> TrainingStrategy:
+    """The training strategy of ``spec`` (flextrain/master/strategy.py)."""
+    return ParameterServerStrategy() if spec.strategy is Strategy.PARAMETER_SERVER else AllReduceStrategy()
 
 
 class JobMaster(FailureHandling):
@@ -99,11 +104,7 @@ class JobMaster(FailureHandling):
         self.relaunching = True  # False once the relaunch budget is spent
         self.skipped_steps = 0  # steps dropped as non-finite, as the workers report them
         self.launched_at: dict[str, float] = {}  # launch times, for workers that never finish starting
-
-    @property
-    def ps_mode(self) -> bool:
-        """ParameterServer strategy: no rendezvous, one training task per worker (ps_tasks.py)."""
-        return self.spec.strategy is Strategy.PARAMETER_SERVER
+        self.strategy = strategy_for(spec)  # what differs between AllReduce and ParameterServer
 
     def mark_running(self) -> None:
         if self.phase is Phase.PENDING:
@@ -122,14 +123,15 @@ class JobMaster(FailureHandling):
             self.finished = time.time()
             self.cond.notify_all()
 
-    def fail(self, failure: WorkerFailure, message: str) -> None:
-        """Fail the job of ``failure`` (its root cause, shown in status, CLI and CR status)."""
+    def fail(self, failure: WorkerFailure | None, message: str) -> None:
+        """Fail the job with ``message``; ``failure``, a worker's, is its root cause (shown in
+        status, CLI and CR status). A no-op once the job is over."""
         with self.cond:
             if not self.over:
                 self.failure = failure
                 self.finish(Phase.FAILED, message)
 
-    def _check_outcome(self) -> None:
+    def check_outcome(self) -> None:
         if self.over:
             return
         if self.ledger.error:
@@ -161,10 +163,7 @@ class JobMaster(FailureHandling):
             self.alive.discard(worker_id)
             self.launched.discard(worker_id)
             self.retiring.discard(worker_id)
-            if self.ps_mode:
-                release_worker(self, worker_id)
-            else:
-                self.ledger.release_owner(worker_id)
+            self.strategy.worker_left(self, worker_id)
             self.rendezvous.drop(worker_id)
             self.assigned.pop(worker_id, None)
             self.cond.notify_all()
@@ -194,7 +193,7 @@ class JobMaster(FailureHandling):
                 return False, f"job already {self.phase.value}"
             self.stopping = reason
             rnd = self.rendezvous.current
-            if self.ps_mode and not self.ledger.training_finished():  # the model is on the PS: no stop checkpoint
+            if self.strategy.stops_at_once(self):  # e.g. the model is on the PS: no stop checkpoint
                 self.finish(Phase.FAILED, f"stopped: {reason}; resume with `flextrain train --resume "
                                           f"{self.spec.job_dir}`")
             elif rnd is None or rnd.state is RoundState.CLOSED or self.ledger.training_finished():
@@ -234,7 +233,7 @@ class JobMaster(FailureHandling):
                     self.rendezvous.drop_waiter(worker_id)
                     self.dismissed.add(worker_id)
                     return pb.JoinRendezvousResponse(action=pb.JoinRendezvousResponse.STOP, message=self.message)
-                self._maybe_form()
+                self.form_round()
                 rnd = self.assigned.get(worker_id)
                 if rnd is not None:
                     return pb.JoinRendezvousResponse(
@@ -249,7 +248,7 @@ class JobMaster(FailureHandling):
                     return pb.JoinRendezvousResponse(action=pb.JoinRendezvousResponse.WAIT)
                 self.cond.wait(min(left, 0.05))  # time-based readiness (straggler timeout)
 
-    def _maybe_form(self) -> None:
+    def form_round(self) -> None:
         # The first round waits for every worker started; later ones only for
         # registered workers: a newcomer still importing torch must not stall
         # the survivors of a failure (it joins at a later step boundary).
@@ -262,7 +261,7 @@ class JobMaster(FailureHandling):
             rnd.restore_checkpoint = self.restore_checkpoint
         elif (best := most_advanced((w.position for w in waiters), previous.round_id)) is not None:
             settle_round(self.ledger, previous, best)
-            self._check_outcome()
+            self.check_outcome()
         else:
             self._rollback(rnd)
         self.short_since = None
@@ -316,18 +315,13 @@ class JobMaster(FailureHandling):
             if req.kind in (pb.Task.EVALUATION, pb.Task.PREDICTION):
                 if self.over or self.stopping or req.worker_id in self.retiring:
                     return pb.GetTaskResponse(action=pb.GetTaskResponse.STOP, message=self.message)
-                hand_out = prediction_task if req.kind == pb.Task.PREDICTION else \
-                    ps_evaluation_task if self.ps_mode else evaluation_task
-                response = hand_out(self, req)
-                self._check_outcome()
+                response = (prediction_task(self, req) if req.kind == pb.Task.PREDICTION
+                            else self.strategy.evaluation_task(self, req))
+                self.check_outcome()
                 if self.over and response.action != pb.GetTaskResponse.RUN:
                     return pb.GetTaskResponse(action=pb.GetTaskResponse.STOP, message=self.message)
                 return response
-            if self.ps_mode:
-                response = ps_training_task(self, req.worker_id)
-                self._check_outcome()
-                return response
-            return lockstep_task(self, req)
+            return self.strategy.training_task(self, req)
 
     def report_task(self, req: pb.ReportTaskRequest) -> None:
         with self.cond:
@@ -342,7 +336,7 @@ class JobMaster(FailureHandling):
                 record_task(self, task, req)
             else:
                 self.ledger.complete(req.task_id)
-            self._check_outcome()
+            self.check_outcome()
             self.cond.notify_all()
 
     def report_checkpoint(self, req: pb.ReportCheckpointRequest) -> None:
@@ -366,7 +360,7 @@ class JobMaster(FailureHandling):
             if req.stop and self.stopping:
                 self.finish(Phase.FAILED, f"stopped: {self.stopping}; checkpoint at step "
                             f"{req.position.version}: resume with `flextrain train --resume {self.spec.job_dir}`")
-            self._check_outcome()
+            self.check_outcome()
             self.cond.notify_all()
 
     def heartbeat(self, req: pb.HeartbeatRequest) -> pb.HeartbeatResponse:
@@ -407,8 +401,7 @@ class JobMaster(FailureHandling):
         stalled, or started and never registered; ``unscheduled`` pods have not started at all)."""
         with self.cond:
             now = self.clock()
-            if not self.ps_mode:
-                self._maybe_form()
+            self.strategy.tick(self)
             if self.over:
                 return []
             rnd = self.rendezvous.current

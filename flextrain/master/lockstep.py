@@ -28,10 +28,18 @@ paying a GetTask every fraction of a second.
 
 from __future__ import annotations
 
+import logging
+from typing import Callable
+
 from flextrain.master.accounting import commit_passed
-from flextrain.master.evaluation import task_message
+from flextrain.master.checkpoints import CheckpointError, CheckpointStore
+from flextrain.master.evaluation import evaluation_task, task_message
+from flextrain.master.jobdir import finished_message
 from flextrain.master.rendezvous import Round, RoundState
+from flextrain.master.strategy import TrainingStrategy
 from flextrain.proto import flextrain_pb2 as pb
+
+log = logging.getLogger(__name__)
 
 RUN, WAIT, END_ROUND, NO_MORE, STOP = (pb.GetTaskResponse.RUN, pb.GetTaskResponse.WAIT,
                                        pb.GetTaskResponse.END_ROUND, pb.GetTaskResponse.NO_MORE,
@@ -58,7 +66,7 @@ def lockstep_task(job, req: pb.GetTaskRequest) -> pb.GetTaskResponse:
     elif index == len(rnd.answers):
         commit_passed(job.ledger, rnd, pb.Position(round_id=rnd.round_id, task_index=index))
         rnd.answers.append(_decide(job, rnd))
-        job._check_outcome()
+        job.check_outcome()
     action, task_id = rnd.answers[index]
     if action == RUN:
         task = job.ledger.doing.get(task_id)
@@ -102,3 +110,42 @@ def _decide(job, rnd: Round) -> tuple[int, int]:
     if job.ledger.training_finished():
         return NO_MORE, -1
     return END_ROUND, -1
+
+
+class AllReduceStrategy(TrainingStrategy):
+    """Rounds of lockstep workers: every member of a round gets the same task answers
+    (:func:`lockstep_task`); rounds form as workers come and go (``JobMaster.form_round``)."""
+
+    def training_task(self, job, req: pb.GetTaskRequest) -> pb.GetTaskResponse:
+        return lockstep_task(job, req)
+
+    def evaluation_task(self, job, req: pb.GetTaskRequest) -> pb.GetTaskResponse:
+        return evaluation_task(job, req)
+
+    def worker_left(self, job, worker_id: str) -> None:
+        job.ledger.release_owner(worker_id)
+
+    def tick(self, job) -> None:
+        job.form_round()  # a round may be due by time alone (the straggler timeout)
+
+    def restore(self, job, store: CheckpointStore, *, relocate: Callable[[dict], dict]) -> str | None:
+        """The newest checkpoint whose files pass their checks (damaged ones are named in a note and
+        skipped): its ledger, and the checkpoint the first round's rank 0 loads."""
+        root = job.spec.job_dir
+        try:
+            latest, damaged = store.resume_point(check=lambda state: job.ledger.check_state(relocate(state)))
+        except CheckpointError as exc:
+            return f"cannot resume {root}: {exc}"
+        if latest is None:
+            job.note(f"no checkpoint in {store.directory}: starting from the beginning")
+            return None
+        if damaged:
+            job.note(f"damaged checkpoint state skipped: {'; '.join(damaged)}; using {latest['checkpoint']} "
+                     f"(step {latest['version']})")
+            log.warning("%s", job.events[-1])
+        job.ledger.restore(relocate(latest["ledger"]))
+        if latest["final"] and job.ledger.training_finished():
+            return finished_message(root, job.spec.epochs, latest["checkpoint"])
+        job.restore_checkpoint, job.step = latest["checkpoint"], latest["version"]
+        job.note(f"resumed from {latest['checkpoint']} (step {latest['version']})")
+        return None

@@ -20,7 +20,6 @@ from rich.markup import escape
 
 from flextrain.data import DataOptions, make_shards
 from flextrain.job import Backend, JobSpec, JobType, Strategy
-from flextrain.master import ps_tasks
 from flextrain.master.checkpoints import CheckpointStore, StateWriteError, write_bytes_atomic
 from flextrain.failures import EXIT_CODE_OF_KIND, ExitCode
 from flextrain.master.coordinator import JobMaster, Phase
@@ -37,7 +36,7 @@ from flextrain.master.status import StatusReporter, metric_text
 log = logging.getLogger(__name__)
 
 # Each RPC wakes dozens of gRPC threads across worker and master, and on a busy CPU each
-# wake-up preempts a training thread (README, "bench/overhead.py"). A heartbeat a second
+# wake-up preempts a training thread (bench/README.md, "bench/overhead.py"). A heartbeat a second
 # keeps the signals it carries back (end of round, stop) within a second.
 HEARTBEAT_INTERVAL = 1.0
 STATUS_INTERVAL = 1.0  # status.json and the progress bar
@@ -157,7 +156,7 @@ def _run_master(
     if moved_from:
         job.note(f"{job_dir} was recorded at {moved_from}: resuming from its own state here")
     if resume:
-        refused = restore(job, ledger, store_dir, moved_from=moved_from)
+        refused = restore(job, store_dir, moved_from=moved_from)
         if refused:
             raise ResumeError(refused)
     try:  # after the resume's checks: a refused resume leaves the directory as it was
@@ -229,7 +228,7 @@ def _run_master(
         on_budget_exhausted=job.relaunches_exhausted, on_retire=job.retire, judge=job.worker_failed,
     )
     fleet: PSFleet | None = None
-    if job.ps_mode:
+    if spec.strategy is Strategy.PARAMETER_SERVER:  # the servers to launch (the strategy is in job.strategy)
         fleet = PSFleet(backend, spec, relaunch_budget=spec.relaunch_budget, on_note=job.note,
                         on_failure=lambda message: job.finish(Phase.FAILED, message), resume=resume,
                         start_timeout=300.0 if k8s else 60.0)  # pods may wait for a node or an image pull
@@ -256,8 +255,7 @@ def _run_master(
                 job.finish(Phase.FAILED, f"stopped: {job.stopping} (no stop checkpoint within {STOP_GRACE:.0f}s)")
             if time.monotonic() - last >= STATUS_INTERVAL:
                 reporter.update()
-                if job.ps_mode:
-                    ps_tasks.save_ledger(job)  # what --resume continues from
+                job.strategy.save(job)  # what --resume continues from, beyond the checkpoints
                 last = time.monotonic()
         # Workers learn the outcome from their next RPC or heartbeat and exit.
         deadline = time.monotonic() + EXIT_GRACE
@@ -270,7 +268,7 @@ def _run_master(
     finally:
         if fleet is not None:
             fleet.close()
-            ps_tasks.save_ledger(job)
+        job.strategy.close(job)
         manager.close(grace=5.0)
         snap = reporter.update()
         reporter.close()

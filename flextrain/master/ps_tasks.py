@@ -46,6 +46,7 @@ from flextrain.master.evaluation import evaluation_task
 from flextrain.master.jobdir import finished_message
 from flextrain.master.evaluation import task_message as evaluation_task_message
 from flextrain.master.ledger import Task, TaskKind
+from flextrain.master.strategy import TrainingStrategy
 from flextrain.proto import flextrain_pb2 as pb
 
 
@@ -134,9 +135,7 @@ def save_ledger(job) -> Path:
                 link.unlink(missing_ok=True)
         write_json_atomic(path, data, checksum=True)  # temp file, fsync, rename; a CRC-32 the resume checks
     except StateWriteError as exc:  # e.g. a full disk: the previous file is kept
-        from flextrain.master.coordinator import Phase
-
-        job.finish(Phase.FAILED, f"cannot save the task ledger: {exc}")
+        job.fail(None, f"cannot save the task ledger: {exc}")
     return path
 
 
@@ -176,3 +175,28 @@ def resume_ledger(job, *, relocate: Callable[[dict], dict] = lambda state: state
                  "done; the parameter servers restore their shards")
         return None
     return f"cannot resume: no usable task ledger: {'; '.join(damaged)}"
+
+
+class ParameterServerStrategy(TrainingStrategy):
+    """Independent workers pushing to parameter servers (module docstring): no rounds, a task per
+    worker, the task ledger saved for ``--resume`` (the servers checkpoint the model themselves)."""
+
+    def training_task(self, job, req: pb.GetTaskRequest) -> pb.GetTaskResponse:
+        response = ps_training_task(job, req.worker_id)
+        job.check_outcome()
+        return response
+
+    def evaluation_task(self, job, req: pb.GetTaskRequest) -> pb.GetTaskResponse:
+        return ps_evaluation_task(job, req)
+
+    def worker_left(self, job, worker_id: str) -> None:
+        release_worker(job, worker_id)
+
+    def stops_at_once(self, job) -> bool:
+        return not job.ledger.training_finished()  # the model is on the PS: no stop checkpoint to wait for
+
+    def restore(self, job, store, *, relocate: Callable[[dict], dict]) -> str | None:
+        return resume_ledger(job, relocate=relocate)
+
+    def save(self, job) -> None:
+        save_ledger(job)

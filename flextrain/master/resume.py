@@ -21,7 +21,6 @@ Contract:
 from __future__ import annotations
 
 import json
-import logging
 import os
 import socket
 import time
@@ -29,11 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from flextrain.job import JobSpec, JobSpecError, Strategy, flag_of
-from flextrain.master import ps_tasks
-from flextrain.master.checkpoints import CheckpointError, CheckpointStore
-from flextrain.master.jobdir import finished_message
-
-log = logging.getLogger(__name__)
+from flextrain.master.checkpoints import CheckpointStore
 
 HISTORY_FILE = "history.jsonl"
 
@@ -138,36 +133,12 @@ def reroot_ledger(state: dict, old: str, new: str) -> dict:
                               if isinstance(t, dict) and isinstance(t.get("source"), str) else t for t in todo]}
 
 
-def restore(job, ledger, store: CheckpointStore, *, moved_from: str | None = None) -> str | None:
-    """Restore a resumed job's ledger and the checkpoint its first round loads; None, or why it cannot resume.
-
-    AllReduce: the newest checkpoint whose files pass their checks (damaged ones are named in a
-    note and skipped). ParameterServer: the task ledger (the servers restore their own shards).
+def restore(job, store: CheckpointStore, *, moved_from: str | None = None) -> str | None:
+    """Take over a resumed job's saved state through its strategy; None, or why it cannot resume.
     A job that finished training is refused unless its epochs were extended."""
     root = job.spec.job_dir
-
-    def relocated(state: dict) -> dict:
-        return reroot_ledger(state, moved_from, root) if moved_from else state
-
-    if job.ps_mode:
-        return ps_tasks.resume_ledger(job, relocate=relocated)
-    try:
-        latest, damaged = store.resume_point(check=lambda state: ledger.check_state(relocated(state)))
-    except CheckpointError as exc:
-        return f"cannot resume {root}: {exc}"
-    if latest is None:
-        job.note(f"no checkpoint in {store.directory}: starting from the beginning")
-        return None
-    if damaged:
-        job.note(f"damaged checkpoint state skipped: {'; '.join(damaged)}; using {latest['checkpoint']} "
-                 f"(step {latest['version']})")
-        log.warning("%s", job.events[-1])
-    ledger.restore(relocated(latest["ledger"]))
-    if latest["final"] and ledger.training_finished():
-        return finished_message(root, job.spec.epochs, latest["checkpoint"])
-    job.restore_checkpoint, job.step = latest["checkpoint"], latest["version"]
-    job.note(f"resumed from {latest['checkpoint']} (step {latest['version']})")
-    return None
+    return job.strategy.restore(job, store, relocate=lambda state: reroot_ledger(state, moved_from, root)
+                                if moved_from else state)
 
 
 def _shown(value) -> str:

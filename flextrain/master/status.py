@@ -147,6 +147,7 @@ class StatusReporter:
         self._bar = None
         self._evaluations_shown: set[int] = set()  # steps whose evaluation was printed
         self._events_shown = 0  # job.events printed so far (failures, kills, rollbacks, ...)
+        self._workers_shown = 0  # the bar's worker count: the last one seen while the job ran
         if show_progress:
             self._progress = Progress(
                 TextColumn("[bold]{task.fields[epoch]}"), BarColumn(),
@@ -226,12 +227,14 @@ class StatusReporter:
                 self.console.print(f"evaluation at step {entry['step']}: {values or 'no metrics'} "
                                    f"({entry['samples']} samples)")
         if self._progress is not None:
+            if not self.job.over:  # once it is over the workers leave: the bar keeps who trained last
+                self._workers_shown = snap["workers"]["active"]
             loss = snap["metrics"].get("loss")
             self._progress.update(
                 self._bar, completed=snap["progress"]["recordsDone"], total=snap["progress"]["recordsTotal"],
                 epoch=f"epoch {snap['epoch']}/{snap['epochs']}",
                 loss=metric_text(loss) if loss is not None else "-",
-                rate=f"{snap['samplesPerSecond']:,.0f}", workers=snap["workers"]["active"],
+                rate=f"{snap['samplesPerSecond']:,.0f}", workers=self._workers_shown,
             )
         return snap
 

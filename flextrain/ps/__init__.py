@@ -4,7 +4,7 @@ Start one with :func:`flextrain.ps.main.run_ps` (or ``python -m flextrain.ps.mai
 Workers reach it only over gRPC (``proto/ps.proto``) through
 ``flextrain.worker.ps_client.PSClient``. The modules a worker may import from
 here are the protocol ones, shared by both ends and holding no server state:
-:mod:`~flextrain.ps.shard` (routing), :mod:`~flextrain.ps.wire` (hot-path
-byte codec) and :mod:`~flextrain.ps.codec` (tensors <-> messages). Everything
+:mod:`~flextrain.protocol.shard` (routing), :mod:`~flextrain.protocol.wire` (hot-path
+byte codec) and :mod:`~flextrain.protocol.codec` (tensors <-> messages). Everything
 else is PS internals. Keep this ``__init__`` free of imports.
 """

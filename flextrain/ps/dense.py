@@ -22,9 +22,9 @@ from dataclasses import dataclass
 
 import torch
 
-from flextrain.ps.codec import FLOAT_DTYPES
+from flextrain.protocol.codec import FLOAT_DTYPES
 from flextrain.ps.optimizers import Optimizer
-from flextrain.ps.wire import PULL_DATA_TAG, gather_chunks
+from flextrain.protocol.wire import PULL_DATA_TAG, gather_chunks
 
 DTYPES = FLOAT_DTYPES
 _ALIGN = 64

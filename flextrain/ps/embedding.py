@@ -21,11 +21,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from flextrain.ps.codec import FLOAT_DTYPES, int_view, take_rows
+from flextrain.protocol.codec import FLOAT_DTYPES, int_view, take_rows
 from flextrain.ps.idindex import IdIndex
 from flextrain.ps.initializers import check_initializer, initial_rows
 from flextrain.ps.optimizers import Optimizer
-from flextrain.ps.shard import as_row_ids
+from flextrain.protocol.shard import as_row_ids
 
 
 

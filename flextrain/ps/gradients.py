@@ -24,11 +24,11 @@ from typing import Callable
 import numpy as np
 import torch
 
-from flextrain.ps.codec import RowBlock, concat_blocks, merge_rows
+from flextrain.protocol.codec import RowBlock, concat_blocks, merge_rows
 from flextrain.ps.dense import DenseStore
 from flextrain.ps.embedding import EmbeddingTable
 from flextrain.ps.settings import PreconditionError
-from flextrain.ps.shard import as_row_ids
+from flextrain.protocol.shard import as_row_ids
 
 _SPARE_BUFFERS = 4  # received gradient buffers kept for reuse
 

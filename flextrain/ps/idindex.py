@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from flextrain.ps.shard import mix64_array
+from flextrain.protocol.shard import mix64_array
 
 _EMPTY = -1  # ids are >= 0, so -1 marks a free slot
 

@@ -19,7 +19,7 @@ from typing import Mapping
 import numpy as np
 import torch
 
-from flextrain.ps.shard import mix64_array
+from flextrain.protocol.shard import mix64_array
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 

@@ -22,11 +22,11 @@ import grpc
 from flextrain.proto import ps_pb2 as pb
 from flextrain.proto import ps_pb2_grpc as pb_grpc
 from flextrain.ps.checkpoint import Checkpointer
-from flextrain.ps.codec import decode_sparse_block, encode_rows, ids_from_proto
+from flextrain.protocol.codec import decode_sparse_block, encode_rows, ids_from_proto
 from flextrain.ps.dense import Spec, check_specs
 from flextrain.ps.embedding import TableSpec
 from flextrain.ps.state import PreconditionError, ShardState, SyncSettings
-from flextrain.ps.wire import Encoder, Scatter, fields
+from flextrain.protocol.wire import Encoder, Scatter, fields
 
 log = logging.getLogger(__name__)
 MIN_CHUNK, MAX_CHUNK = 4 << 10, 3 << 20  # stay well under gRPC's default 4 MiB message limit
@@ -197,7 +197,7 @@ class PSServicer(pb_grpc.ParameterServerServicer):
     @_rpc
     def PushGradients(self, request_iterator, context):
         # Requests arrive as raw bytes (see add_to_server) and are read in place
-        # (flextrain.ps.wire): dense pieces go straight into a recycled buffer.
+        # (flextrain.protocol.wire): dense pieces go straight into a recycled buffer.
         it = iter(request_iterator)
         first = list(fields(next(it, b"")))
         header = next((v for f, wt, v in first if f == 1 and wt == 2), None)
@@ -257,7 +257,7 @@ def _serialize(message) -> bytes:
 def add_to_server(servicer: PSServicer, server: grpc.Server) -> None:
     """Register every RPC of ``proto/ps.proto``'s ParameterServer with its protobuf (de)serialisers,
     except the bulk streams: PushGradients gets raw request bytes, and PullDense and
-    PullEmbedding may yield pre-encoded messages (flextrain.ps.wire). The wire format
+    PullEmbedding may yield pre-encoded messages (flextrain.protocol.wire). The wire format
     is the same either way."""
     service = pb.DESCRIPTOR.services_by_name["ParameterServer"]
     handlers = {}

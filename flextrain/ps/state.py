@@ -44,7 +44,7 @@ from typing import Callable, Iterator
 
 import torch
 
-from flextrain.ps.codec import RowBlock
+from flextrain.protocol.codec import RowBlock
 from flextrain.ps.dense import DenseStore, Spec
 from flextrain.ps.embedding import EmbeddingTable, TableSpec
 from flextrain.ps.exactly_once import AcceptedPushes

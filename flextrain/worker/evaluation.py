@@ -2,8 +2,9 @@
 
 A :class:`Predictor` runs the user's model over raw records in inference
 mode; everything above it (evaluation tasks, prediction output) is
-framework-neutral. ``TorchPredictor`` implements it for PyTorch; the Keras
-implementation lives in ``flextrain/worker/tf/``.
+framework-neutral. ``flextrain.worker.pytorch.TorchPredictor`` and
+``flextrain.worker.tf.evaluation.KerasPredictor`` implement it; the registry
+(:func:`flextrain.worker.frameworks.make_predictor`) picks one.
 
 Metrics: ``eval_metrics_fn()`` maps names to ``fn(labels, predictions)``
 returning per-sample values; a worker reports, per metric, the sum of those
@@ -16,14 +17,17 @@ reports its additive state instead, which the master adds up.
 from __future__ import annotations
 
 import abc
-from typing import Any, Iterator, NamedTuple
+from typing import TYPE_CHECKING, Any, Iterator, NamedTuple
 
 import numpy as np
 
 from flextrain.data import read_shard_range
 from flextrain.elastic.metrics import MergeableMetric
 from flextrain.proto import flextrain_pb2 as pb
-from flextrain.worker.module import FeedMetadata, Framework, Mode, ModelDef, ModelDefError
+from flextrain.worker.contract import FeedMetadata, Mode, ModelDefError
+
+if TYPE_CHECKING:  # the implementations import this module; ModelDef is only a type here
+    from flextrain.worker.module import ModelDef
 
 
 class EvalSums(NamedTuple):
@@ -121,19 +125,6 @@ def metric_sums(model_def: ModelDef, predictor: Predictor, records: list[bytes],
     return EvalSums(sums, seen, states)
 
 
-def make_predictor(model_def: ModelDef, model) -> Predictor:
-    """The :class:`Predictor` for ``model``'s framework."""
-    if model_def.framework is Framework.TENSORFLOW:
-        from flextrain.worker.tf.evaluation import KerasPredictor
-
-        return KerasPredictor(model_def, model)
-    import torch
-
-    if isinstance(model, torch.nn.Module):
-        return TorchPredictor(model_def, model)
-    raise ModelDefError(f"{model_def.spec}: no predictor for a model of type {type(model).__name__}")
-
-
 def evaluate_task(model_def: ModelDef, predictor: Predictor, task: pb.Task, *,
                   batch_size: int) -> EvalSums:
     """Read an evaluation task's records and return its metric sums and sample count."""
@@ -149,39 +140,3 @@ def batch_len(value: Any) -> int:
     elif isinstance(value, (tuple, list)):
         value = value[0]
     return int(value.shape[0])
-
-
-class TorchPredictor(Predictor):
-    """:class:`Predictor` for a ``torch.nn.Module`` (also a PS-backed one: its rows are pulled)."""
-
-    def __init__(self, model_def: ModelDef, model) -> None:
-        self.model_def = model_def
-        self.model = model
-
-    def batches(self, records, *, mode, metadata, batch_size):
-        import torch
-
-        from flextrain.worker.trainer import feed_tensors, take
-
-        features, labels = feed_tensors(self.model_def, records, mode, metadata)
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            with torch.no_grad():
-                for lo in range(0, len(records), batch_size):
-                    sl = slice(lo, min(lo + batch_size, len(records)))
-                    yield self.model(take(features, sl)), (None if labels is None else take(labels, sl))
-        finally:
-            self.model.train(was_training)
-
-    def load_checkpoint(self, path: str) -> None:
-        from flextrain.elastic.statecodec import StateCodecError, decode
-
-        try:
-            with open(path, "rb") as f:
-                tree = decode(f.read())
-            self.model.load_state_dict(tree["model"])
-        except (OSError, StateCodecError, KeyError, TypeError, RuntimeError) as exc:
-            raise ModelDefError(f"checkpoint {path} does not fit the model of {self.model_def.spec}: "
-                                f"{type(exc).__name__}: {exc}") from exc
-        self.checkpoint_version = int(tree.get("version", 0))

@@ -24,7 +24,8 @@ from flextrain.job import JobSpec, JobType, Strategy
 from flextrain.proto import flextrain_pb2 as pb
 from flextrain.worker.client import MasterClient, MasterUnreachable
 from flextrain.worker.collective import Collective, CollectiveError
-from flextrain.worker.evaluation import evaluate_task, make_predictor
+from flextrain.worker.evaluation import evaluate_task
+from flextrain.worker.frameworks import make_predictor
 from flextrain.worker.failure import failure_of, log_failure, one_line
 from flextrain.worker.module import Framework, load_model_def
 from flextrain.worker.prediction import load_outputs_processor, predict_task
@@ -135,7 +136,7 @@ def _run_worker(client: MasterClient, worker_id: str, doing: _Doing) -> int:
         ps_trainer = PSTrainer
         predictor = make_predictor(model_def, model)  # evaluates the model with the PS trainer's embeddings
         if model_def.framework is Framework.TENSORFLOW:
-            from flextrain.worker.tf.ps import KerasPSTrainer as ps_trainer
+            from flextrain.worker.ps_keras import KerasPSTrainer as ps_trainer
         trainer = ps_trainer(spec=spec, model_def=model_def, model=model, optimizer=optimizer, client=client,
                             state=state, ps_addresses=list(reg.ps_addresses),
                             evaluate=lambda version: _evaluate(spec, client, model_def, predictor, state, version,

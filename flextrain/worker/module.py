@@ -27,7 +27,6 @@ directory, e.g. ``model_zoo.digits_torch.Model``).
 
 from __future__ import annotations
 
-import enum
 import importlib
 import importlib.util
 import inspect
@@ -41,45 +40,10 @@ from typing import Any, Callable
 from flextrain.elastic.metrics import AUC, MergeableMetric
 
 
-class Mode(str, enum.Enum):
-    """What ``feed`` is asked to prepare records for."""
+from flextrain.worker.contract import (TF_INSTALL_HINT, FeedMetadata, Framework, Mode,  # noqa: F401 (re-exported)
+                                      ModelDefError, raised, returned)
 
-    TRAINING = "training"
-    EVALUATION = "evaluation"
-    PREDICTION = "prediction"
-
-
-class ModelDefError(ValueError):
-    """The model-zoo module does not satisfy the contract."""
-
-
-def raised(exc: BaseException) -> str:
-    """``ValueError: bad shape``: a user's exception as a message names it."""
-    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-
-
-def returned(value: Any) -> str:
-    """What a user's function returned, for a message: ``None``, else its type (``list``, ``Tensor``)."""
-    return "None" if value is None else type(value).__name__
-
-
-class Framework(str, enum.Enum):
-    PYTORCH = "pytorch"
-    TENSORFLOW = "tensorflow"
-
-
-TF_INSTALL_HINT = "pip install 'flextrain[tensorflow]'"
 _TF_PACKAGES = ("tensorflow", "keras", "tf_keras")
-
-
-@dataclass(frozen=True)
-class FeedMetadata:
-    """What ``feed`` is told about the records it gets."""
-
-    source: str
-    start: int
-    end: int
-    epoch: int
 
 
 @dataclass(frozen=True)
@@ -105,44 +69,21 @@ class ModelDef:
 
     def build_model(self):
         """Call the model callable and check what it returned (preflight and every worker do)."""
+        from flextrain.worker.frameworks import support
+
         call = f"{self.model_name}()"
         try:
             model = self.model_fn()
         except Exception as exc:
             raise ModelDefError(f"{self.path}: the model callable {call} raised {raised(exc)}") from exc
-        if self.framework is Framework.TENSORFLOW:
-            from flextrain.worker.tf.checks import check_keras_model
-
-            return check_keras_model(model, where=f"{self.path}: the model callable {call}")
-        import torch
-
-        if not isinstance(model, torch.nn.Module):
-            raise ModelDefError(f"{self.path}: the model callable {call} returned {returned(model)}, "
-                                "expected a torch.nn.Module")
-        if not any(p.requires_grad for p in model.parameters()):
-            raise ModelDefError(
-                f"{self.path}: the model callable {call} returned a model ({type(model).__name__}) with no trainable "
-                "parameters: there is nothing to train (create layers or nn.Parameter attributes in __init__)")
-        return model
+        return support(self.framework).check_model(model, where=f"{self.path}: the model callable {call}")
 
     def build_optimizer(self, model, lr: float | None):
         """Call ``optimizer`` for ``model`` and check it returned an optimizer (preflight and every worker do)."""
+        from flextrain.worker.frameworks import support
+
         kwargs = {} if lr is None else {"lr": lr}
-        if self.framework is Framework.TENSORFLOW:
-            from flextrain.worker.tf.checks import build_keras_optimizer
-
-            return build_keras_optimizer(self.optimizer, model, kwargs, where=self.path)
-        import torch
-
-        call = f"optimizer(params{''.join(f', {k}={v!r}' for k, v in kwargs.items())})"
-        try:
-            optimizer = self.optimizer(model.parameters(), **kwargs)
-        except Exception as exc:
-            raise ModelDefError(f"{self.path}: {call} raised {raised(exc)}") from exc
-        if not isinstance(optimizer, torch.optim.Optimizer):
-            raise ModelDefError(f"{self.path}: {call} returned {returned(optimizer)}, expected a "
-                                "torch.optim.Optimizer (e.g. return torch.optim.SGD(params, lr=lr))")
-        return optimizer
+        return support(self.framework).build_optimizer(self.optimizer, model, kwargs, where=self.path)
 
     def metric_fns(self) -> dict[str, Callable | MergeableMetric]:
         """``eval_metrics_fn()``: name -> per-sample ``fn(labels, predictions)`` or a fresh

@@ -183,7 +183,7 @@ def check(spec: JobSpec, *, on_stage=lambda stage: None) -> None:
     # AllReduce workers drive the model through a backend; PS workers through their own trainer.
     backend = None
     if spec.strategy is Strategy.ALLREDUCE:
-        from flextrain.worker.backend import make_backend
+        from flextrain.worker.frameworks import make_backend
 
         with run.stage("preparing the model for training"):
             backend = make_backend(model_def=md, model=model, optimizer=optimizer, extra=0)
@@ -253,7 +253,7 @@ def _check_ps_optimizer(md: ModelDef, spec: JobSpec) -> None:
 
     check_ps_optimizer(md, lr=spec.learning_rate)
     if md.framework is Framework.TENSORFLOW:
-        from flextrain.worker.tf.ps import check_keras_ps_optimizer
+        from flextrain.worker.ps_keras import check_keras_ps_optimizer
 
         check_keras_ps_optimizer(md, lr=spec.learning_rate)
 
@@ -262,8 +262,7 @@ _LOSS = "loss(labels, predictions)"
 
 
 def _torch_step(run: _Stages, md: ModelDef, model, optimizer, backend, records, meta) -> None:
-    from flextrain.worker.backend import check_loss
-    from flextrain.worker.trainer import feed_tensors
+    from flextrain.worker.pytorch import check_loss, feed_tensors
 
     with run.stage("feeding the first training records", call="feed(records, 'training', metadata)"):
         features, labels = feed_tensors(md, records, Mode.TRAINING, meta)
@@ -316,7 +315,8 @@ def _keras_step(run: _Stages, md: ModelDef, model, optimizer, backend, records, 
 
 
 def _evaluate(run: _Stages, md: ModelDef, model, shard, *, batch: int) -> None:
-    from flextrain.worker.evaluation import make_predictor, metric_sums
+    from flextrain.worker.evaluation import metric_sums
+    from flextrain.worker.frameworks import make_predictor
 
     with run.stage("calling eval_metrics_fn()", call="eval_metrics_fn()"):
         md.metric_fns()

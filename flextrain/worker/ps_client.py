@@ -1,7 +1,7 @@
 """PSClient: a worker's view of the parameter servers (``proto/ps.proto``).
 
-Routing follows :mod:`flextrain.ps.shard`; tensors and the bulk streams are
-encoded by :mod:`flextrain.ps.codec` and :mod:`flextrain.ps.wire`: the protocol
+Routing follows :mod:`flextrain.protocol.shard`; tensors and the bulk streams are
+encoded by :mod:`flextrain.protocol.codec` and :mod:`flextrain.protocol.wire`: the protocol
 modules shared with the PS (no PS internals are imported). Calls fan out to
 the PS in parallel. Every attempt has a deadline (longer for big streams); a call
 failing with UNAVAILABLE / DEADLINE_EXCEEDED / RESOURCE_EXHAUSTED is retried
@@ -42,9 +42,9 @@ import torch
 
 from flextrain.proto import ps_pb2 as pb
 from flextrain.proto import ps_pb2_grpc as pb_grpc
-from flextrain.ps.codec import LayoutView, dense_sources, dense_targets, dtype_name, hyper_to_wire, raw_bytes
-from flextrain.ps.shard import as_row_ids, dense_owner
-from flextrain.ps.wire import PUSH_DENSE_TAG, Scatter, fields, gather_chunks
+from flextrain.protocol.codec import LayoutView, dense_sources, dense_targets, dtype_name, hyper_to_wire, raw_bytes
+from flextrain.protocol.shard import as_row_ids, dense_owner
+from flextrain.protocol.wire import PUSH_DENSE_TAG, Scatter, fields, gather_chunks
 from flextrain.worker.ps_rows import distinct_rows, pull_rows, sparse_push_blocks
 
 _TRANSIENT = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED}
@@ -77,7 +77,7 @@ def _serialize(message) -> bytes:
 
 
 class _Stub:
-    """The generated stub, plus the bulk streams with byte-level (de)serialisers (flextrain.ps.wire)."""
+    """The generated stub, plus the bulk streams with byte-level (de)serialisers (flextrain.protocol.wire)."""
 
     def __init__(self, channel: grpc.Channel) -> None:
         self.rpc = pb_grpc.ParameterServerStub(channel)

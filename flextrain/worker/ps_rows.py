@@ -4,7 +4,7 @@ The transport (retries, deadlines, errors, parallel fan-out) is the caller's:
 :class:`flextrain.worker.ps_client.PSClient` passes its ``call`` and
 ``fanout``. Here, only what rows go where:
 
-* **layout**: row ``id`` lives on PS ``row_owner(id)`` (:mod:`flextrain.ps.shard`).
+* **layout**: row ``id`` lives on PS ``row_owner(id)`` (:mod:`flextrain.protocol.shard`).
   :func:`distinct_rows` lays a batch's distinct ids out grouped by owning PS;
   ids in that layout are pulled straight into one range of the result per PS,
   any other ids are de-duplicated and scattered row by row.
@@ -14,7 +14,7 @@ The transport (retries, deadlines, errors, parallel fan-out) is the caller's:
   to the row's place in the result. Repeated ids are fetched once. Per PS, the
   version of the first block of each request is recorded in ``row_versions``.
 * **push** (:func:`sparse_push_blocks`): per table, gradient rows are summed
-  by id and encoded into SparseBlocks per owning PS (:func:`flextrain.ps.codec.sparse_blocks`).
+  by id and encoded into SparseBlocks per owning PS (:func:`flextrain.protocol.codec.sparse_blocks`).
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ import numpy as np
 import torch
 
 from flextrain.proto import ps_pb2 as pb
-from flextrain.ps.codec import distinct, dtype_name, ids_to_proto, sparse_blocks
-from flextrain.ps.shard import as_row_ids, distinct_by_owner, owner_bounds, row_owners
-from flextrain.ps.wire import decode_tensor, fields
+from flextrain.protocol.codec import distinct, dtype_name, ids_to_proto, sparse_blocks
+from flextrain.protocol.shard import as_row_ids, distinct_by_owner, owner_bounds, row_owners
+from flextrain.protocol.wire import decode_tensor, fields
 
 MAX_IDS_PER_REQUEST = 384 * 1024  # 3 MiB of int64 ids: under the default 4 MiB message limit
 

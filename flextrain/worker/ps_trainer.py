@@ -62,13 +62,14 @@ from torch import nn
 from flextrain.data import read_shard_range
 from flextrain.job import JobSpec
 from flextrain.proto import flextrain_pb2 as pb
-from flextrain.ps.codec import dtype_name, torch_optimizer_config
+from flextrain.protocol.codec import dtype_name, torch_optimizer_config
 from flextrain.worker.client import MasterClient
 from flextrain.worker.backend import all_finite
 from flextrain.worker.failure import NonFiniteError, failure_of, log_failure, one_line
 from flextrain.worker.module import FeedMetadata, Framework, Mode, ModelDef, ModelDefError
 from flextrain.worker.ps_client import PSClient, PSError
-from flextrain.worker.trainer import WorkerState, feed_tensors, take
+from flextrain.worker.pytorch import feed_tensors, take
+from flextrain.worker.trainer import WorkerState
 
 log = logging.getLogger("flextrain.worker.ps")
 

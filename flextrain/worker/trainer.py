@@ -37,7 +37,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
-import torch
 
 from flextrain.data import read_shard_range
 from flextrain.durable import fsync_dir
@@ -46,10 +45,10 @@ from flextrain.elastic.statecodec import StateCodecError, decode, encode, nonfin
 from flextrain.job import JobSpec
 from flextrain.proto import flextrain_pb2 as pb
 from flextrain.worker.client import MasterClient
-from flextrain.worker.backend import make_backend
+from flextrain.worker.frameworks import make_backend
 from flextrain.worker.collective import Collective
 from flextrain.worker.failure import NonFiniteError, failure_of, log_failure, one_line
-from flextrain.worker.module import FeedMetadata, Mode, ModelDef, ModelDefError
+from flextrain.worker.module import FeedMetadata, Mode, ModelDef
 from flextrain.worker.prefetch import StepLoader, read_ahead_wanted
 
 log = logging.getLogger("flextrain.worker")
@@ -100,37 +99,6 @@ class WorkerState:
             n, s = self.loss_samples, self.loss_sum
             self.loss_sum, self.loss_samples = 0.0, 0
         return (s / n if n else math.nan), n
-
-
-def feed_tensors(model_def: ModelDef, records: list[bytes], mode: Mode, meta: FeedMetadata):
-    """Call the module's ``feed`` and check what it returned."""
-    out = model_def.feed(records, mode.value, meta)
-    if mode is Mode.PREDICTION:
-        features, labels = out, None
-    else:
-        if not isinstance(out, tuple) or len(out) != 2:
-            raise ModelDefError(
-                f"{model_def.path}: feed(records, {mode.value!r}, metadata) must return "
-                f"(features, labels), got {type(out).__name__}"
-            )
-        features, labels = out
-    n = len(records)
-    for what, value in (("features", features), ("labels", labels)):
-        tensors = value.values() if isinstance(value, dict) else [] if value is None else [value]
-        for t in tensors:
-            if not isinstance(t, torch.Tensor) or t.shape[:1] != (n,):
-                raise ModelDefError(
-                    f"{model_def.path}: feed returned {what} "
-                    f"{type(t).__name__}{tuple(getattr(t, 'shape', ()))}; expected tensors whose "
-                    f"first dimension is the number of records ({n})"
-                )
-    return features, labels
-
-
-def take(value, index: slice):
-    if isinstance(value, dict):
-        return {k: v[index] for k, v in value.items()}
-    return value[index]
 
 
 class AllReduceTrainer:

@@ -157,7 +157,7 @@ def test_a_copied_finished_job_trains_more_epochs_from_its_own_state(digits_data
 def test_a_given_learning_rate_outlives_the_loaded_optimizer_state(keep_lr, expected):
     import torch
 
-    from flextrain.worker.backend import make_backend
+    from flextrain.worker.frameworks import make_backend
     from flextrain.worker.module import load_model_def
 
     model_def = load_model_def(COUNTING_MODEL)

@@ -99,7 +99,8 @@ def test_status_of_unknown_job(capsys, tmp_path, monkeypatch):
     ("pkg.mod:Model", "mod"),
 ])
 def test_default_job_name_is_the_module_name(model_def, expected):
-    from flextrain.cli import _job_name, make_parser
+    from flextrain.cli import make_parser
+    from flextrain.cli.common import job_name
 
     args = make_parser().parse_args(["train", "--model-def", model_def, "--training-data", "d"])
-    assert _job_name(args) == expected
+    assert job_name(args) == expected

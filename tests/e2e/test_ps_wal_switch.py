@@ -37,7 +37,7 @@ def test_the_switch_is_one_name_on_the_command_line_in_jobspec_and_in_the_elasti
 
 @pytest.mark.e2e
 def test_without_the_log_a_killed_ps_loses_the_updates_since_its_checkpoint(digits_data, tmp_path):
-    from flextrain.ps.shard import row_owners
+    from flextrain.protocol.shard import row_owners
 
     # no PS checkpoint while the job runs: the relaunched ps-1 starts from nothing
     # the master's ledger counts every record (it does not know what the PS lost)

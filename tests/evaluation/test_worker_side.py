@@ -11,7 +11,9 @@ import torch
 from evalcases import STEPCOUNT, stepcount_checkpoint, write_csv
 from flextrain.data.predictions import part_name
 from flextrain.proto import flextrain_pb2 as pb
-from flextrain.worker.evaluation import TorchPredictor, evaluate_task, make_predictor, metric_sums
+from flextrain.worker.evaluation import evaluate_task, metric_sums
+from flextrain.worker.frameworks import make_predictor
+from flextrain.worker.pytorch import TorchPredictor
 from flextrain.worker.module import FeedMetadata, Mode, ModelDefError, load_model_def
 from flextrain.worker.prediction import load_outputs_processor, predict_task
 

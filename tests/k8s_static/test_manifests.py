@@ -145,7 +145,7 @@ def test_operator_deployment_runs_a_real_cli_command():
     parser = make_parser()
     subcommands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
     if "operator" not in subcommands:
-        pytest.skip("`flextrain operator` is not in flextrain/cli.py yet (OPERATOR engineer)")
+        pytest.skip("`flextrain operator` is not in flextrain/cli/ yet")
     (deployment,) = load_docs(MANIFESTS / "operator.yaml")
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     args = parser.parse_args(container["args"])

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from flextrain.ps.checkpoint import Checkpointer
-from flextrain.ps.codec import RowBlock
+from flextrain.protocol.codec import RowBlock
 from flextrain.ps.dense import Spec
 from flextrain.ps.embedding import TableSpec
 from flextrain.ps.optimizers import make_optimizer

@@ -10,7 +10,7 @@ import torch
 from flextrain.elastic import statecodec
 from flextrain.ps.embedding import EmbeddingTable, TableSpec
 from flextrain.ps.idindex import IdIndex
-from flextrain.ps.shard import INT64_MAX
+from flextrain.protocol.shard import INT64_MAX
 
 
 @pytest.mark.parametrize("snapshot", [True, False])

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from flextrain.ps.main import start_ps
-from flextrain.ps.shard import dense_owner
+from flextrain.protocol.shard import dense_owner
 from flextrain.worker.ps_client import PSClient
 
 W0 = torch.zeros(4)

@@ -134,7 +134,7 @@ def test_unknown_or_bad_hyperparameters_are_clear_errors():
 
 @pytest.mark.parametrize("name,hyper,cls,kwargs", CASES, ids=IDS)
 def test_config_taken_from_a_torch_optimizer_reproduces_it(name, hyper, cls, kwargs):
-    from flextrain.ps.codec import torch_optimizer_config
+    from flextrain.protocol.codec import torch_optimizer_config
 
     gen = torch.Generator().manual_seed(4)
     start = torch.randn(9, generator=gen)
@@ -149,7 +149,7 @@ def test_config_taken_from_a_torch_optimizer_reproduces_it(name, hyper, cls, kwa
 
 
 def test_torch_optimizers_the_ps_cannot_run_are_refused():
-    from flextrain.ps.codec import torch_optimizer_config
+    from flextrain.protocol.codec import torch_optimizer_config
 
     params = [torch.nn.Parameter(torch.zeros(2))]
     with pytest.raises(ValueError, match="cannot run RMSprop; it runs torch.optim.SGD"):

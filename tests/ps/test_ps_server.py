@@ -9,7 +9,7 @@ import torch
 
 from flextrain.proto import flextrain_pb2 as fpb
 from flextrain.proto import ps_pb2 as pb
-from flextrain.ps.shard import dense_owner
+from flextrain.protocol.shard import dense_owner
 from flextrain.worker.ps_client import PSClient, PSError
 
 

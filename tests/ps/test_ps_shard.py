@@ -11,7 +11,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from flextrain.ps.shard import INT64_MAX, as_row_ids, dense_owner, row_owner, row_owners
+from flextrain.protocol.shard import INT64_MAX, as_row_ids, dense_owner, row_owner, row_owners
 
 NAMES = [f"layer{i}.{kind}" for i in range(200) for kind in ("weight", "bias")] + ["embedding.weight", "héllo"]
 IDS = [0, 1, 2, 3, 1000, 2**31, 2**40 + 7, INT64_MAX]
@@ -19,7 +19,7 @@ PINNED_DENSE = [3, 3, 3, 1, 2, 3]  # crc32 % 4 of the names in test_known_values
 
 
 def test_owners_are_identical_in_other_processes_with_other_hash_seeds():
-    code = ("import json, sys; from flextrain.ps.shard import dense_owner, row_owner; "
+    code = ("import json, sys; from flextrain.protocol.shard import dense_owner, row_owner; "
             "names, ids = json.load(sys.stdin); "
             "print(json.dumps([[dense_owner(n, k) for n in names] for k in (1, 2, 3, 7)] + "
             "[[row_owner(i, k) for i in ids] for k in (1, 2, 3, 7)]))")
@@ -77,7 +77,7 @@ def test_non_integer_ids_are_rejected():
 
 
 def test_distinct_by_owner_groups_each_ps_ids_in_one_ascending_range():
-    from flextrain.ps.shard import distinct_by_owner, owner_bounds
+    from flextrain.protocol.shard import distinct_by_owner, owner_bounds
     rng = np.random.default_rng(5)
     ids = rng.integers(0, 1 << 40, 3000).astype(np.int64)
     ids[::7] = ids[3]  # repeats

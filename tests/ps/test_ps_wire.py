@@ -8,9 +8,9 @@ import torch
 
 from flextrain.proto import flextrain_pb2 as fpb
 from flextrain.proto import ps_pb2 as pb
-from flextrain.ps import wire
-from flextrain.ps.codec import RowBlock, concat_blocks, decode_sparse_block, sparse_chunks
-from flextrain.ps.shard import row_owners
+from flextrain.protocol import wire
+from flextrain.protocol.codec import RowBlock, concat_blocks, decode_sparse_block, sparse_chunks
+from flextrain.protocol.shard import row_owners
 
 
 @pytest.mark.parametrize("n", [1, 127, 128, 300, 70_000])

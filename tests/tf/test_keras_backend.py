@@ -12,7 +12,7 @@ from flextrain.worker.module import FeedMetadata, Mode, load_model_def
 
 tf = pytest.importorskip("tensorflow")
 
-from flextrain.worker.backend import make_backend  # noqa: E402
+from flextrain.worker.frameworks import make_backend  # noqa: E402
 
 DIGITS = f"{MODEL_ZOO / 'digits_keras.py'}:custom_model"
 RNG = np.random.default_rng(0)

@@ -15,7 +15,7 @@ from flextrain.worker.module import FeedMetadata, Framework, Mode, ModelDefError
 
 tf = pytest.importorskip("tensorflow")
 
-from flextrain.worker.backend import make_backend  # noqa: E402  (after TF is known to be there)
+from flextrain.worker.frameworks import make_backend  # noqa: E402  (after TF is known to be there)
 from flextrain.worker.tf.feed import feed_dataset  # noqa: E402
 
 META = FeedMetadata("mem", 0, 4, 0)

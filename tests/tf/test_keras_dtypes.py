@@ -142,7 +142,7 @@ def test_keras_ps_keeps_the_dtype_of_dense_weights_and_tables(two_ps, tmp_path, 
     from flextrain.job import JobSpec, Strategy
     from flextrain.proto import flextrain_pb2 as pb
     from flextrain.worker.module import load_model_def
-    from flextrain.worker.tf.ps import KerasPSTrainer
+    from flextrain.worker.ps_keras import KerasPSTrainer
     from flextrain.worker.trainer import WorkerState
     from ft_helpers import FakeMaster
 

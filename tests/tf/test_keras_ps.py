@@ -19,7 +19,7 @@ from flextrain.worker.trainer import WorkerState
 tf = pytest.importorskip("tensorflow")
 
 from flextrain.worker.tf.feed import feed_dataset  # noqa: E402
-from flextrain.worker.tf.ps import KerasPSTrainer, keras_optimizer_config  # noqa: E402
+from flextrain.worker.ps_keras import KerasPSTrainer, keras_optimizer_config  # noqa: E402
 
 DEEPFM_KERAS = f"{MODEL_ZOO / 'deepfm_keras.py'}:custom_model"
 

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from flextrain.elastic.planner import plan_step
-from flextrain.worker.backend import TorchBackend
+from flextrain.worker.pytorch import TorchBackend
 
 KINDS = ("float64", "bfloat16", "float16", "mixed")
 G, M = 10, 3

@@ -12,7 +12,7 @@ from torch import nn
 from flextrain.data.digits import write_digits
 from flextrain.job import JobSpec
 from flextrain.proto import flextrain_pb2 as pb
-from flextrain.worker.backend import TorchBackend
+from flextrain.worker.pytorch import TorchBackend
 from flextrain.worker.collective import Collective
 from flextrain.worker.module import load_model_def
 from flextrain.worker.trainer import AllReduceTrainer, WorkerState

@@ -20,7 +20,7 @@ from torch import nn
 
 from dtype_cases import KINDS, G, Net, accumulate, backend, data, loss
 from flextrain.elastic.statecodec import decode, encode
-from flextrain.worker.backend import TorchBackend
+from flextrain.worker.pytorch import TorchBackend
 from flextrain.worker.module import ModelDefError
 
 HERE = Path(__file__).resolve().parent

@@ -7,7 +7,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from flextrain.worker.backend import TorchBackend, all_finite, check_loss
+from flextrain.worker.backend import all_finite
+from flextrain.worker.pytorch import TorchBackend, check_loss
 from flextrain.worker.module import ModelDefError
 
 MODULE = SimpleNamespace(path="/zoo/m.py")

@@ -21,13 +21,18 @@ processes).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
 
 from flextrain.worker.backend import FLOAT_DTYPES, ModelBackend, gradient_buffers
-from flextrain.worker.module import ModelDef, ModelDefError
+from flextrain.worker.contract import ModelDefError
 from flextrain.worker.tf.checks import require_tf
 from flextrain.worker.tf.feed import feed_dataset, take
+
+if TYPE_CHECKING:  # the registry (flextrain.worker.frameworks) imports this module; ModelDef is only a type here
+    from flextrain.worker.module import ModelDef
 
 
 def to_torch(array: np.ndarray, *, copy: bool = True) -> torch.Tensor:

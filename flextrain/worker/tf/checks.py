@@ -6,7 +6,7 @@ import os
 from types import ModuleType
 from typing import Any, Callable
 
-from flextrain.worker.module import TF_INSTALL_HINT, ModelDefError, raised, returned
+from flextrain.worker.contract import TF_INSTALL_HINT, ModelDefError, raised, returned
 
 
 def require_tf() -> ModuleType:

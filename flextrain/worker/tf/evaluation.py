@@ -4,7 +4,7 @@
 training) and runs the model with ``training=False`` (dropout and batch-norm
 in inference behaviour), no tape, one batch of at most ``batch_size`` records
 at a time, in record order. Under the ParameterServer strategy the model's
-``Embedding`` layers pull their rows from the PS (``tf/ps.py``), so a PS
+``Embedding`` layers pull their rows from the PS (``flextrain/worker/ps_keras.py``), so a PS
 worker evaluates the PS's current parameters.
 
 ``load_checkpoint`` reads a checkpoint written by the Keras AllReduce trainer
@@ -13,10 +13,15 @@ worker evaluates the PS's current parameters.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from flextrain.worker.evaluation import Predictor
-from flextrain.worker.module import ModelDef, ModelDefError
+from flextrain.worker.contract import ModelDefError
 from flextrain.worker.tf.backend import assign_tree
 from flextrain.worker.tf.feed import feed_dataset, take
+
+if TYPE_CHECKING:  # the registry (flextrain.worker.frameworks) imports this module; ModelDef is only a type here
+    from flextrain.worker.module import ModelDef
 
 
 class KerasPredictor(Predictor):

@@ -13,10 +13,13 @@ and what it returned: exactly-once accounting needs one element per record.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
-from flextrain.worker.module import FeedMetadata, Mode, ModelDef, ModelDefError
+from flextrain.worker.contract import FeedMetadata, Mode, ModelDefError
 from flextrain.worker.tf.checks import require_tf
+
+if TYPE_CHECKING:  # the registry (flextrain.worker.frameworks) imports this module; ModelDef is only a type here
+    from flextrain.worker.module import ModelDef
 
 
 _OPTIONS = None

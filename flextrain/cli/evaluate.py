@@ -13,8 +13,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from flextrain.cli import (DEFAULT_JOBS_DIR, CLIError, HelpFormatter, _abs, _data_abs, _job_name, _model_def_abs,
-                           add_data_flags)
+from flextrain.cli.common import (DEFAULT_JOBS_DIR, CLIError, HelpFormatter, abs_path, add_data_flags, data_abs,
+                                  job_name, model_def_abs)
 
 
 def _add_common(p) -> None:
@@ -97,12 +97,12 @@ def resolve_checkpoint(value: str) -> str:
 def _spec(args, job_type, **fields):
     from flextrain.job import JobSpec, JobType
 
-    name = _job_name(args)
+    name = job_name(args)
     if not args.job_name and not args.job_dir:  # not the training job's own name and directory
         name = f"{name[:44]}-{'evaluate' if job_type is JobType.EVALUATION else 'predict'}"
     return JobSpec(
-        name=name, model_def=_model_def_abs(args.model_def), training_data=None, job_type=job_type,
-        job_dir=_abs(args.job_dir or str(DEFAULT_JOBS_DIR / name)), checkpoint=resolve_checkpoint(args.checkpoint),
+        name=name, model_def=model_def_abs(args.model_def), training_data=None, job_type=job_type,
+        job_dir=abs_path(args.job_dir or str(DEFAULT_JOBS_DIR / name)), checkpoint=resolve_checkpoint(args.checkpoint),
         workers=args.workers, global_batch_size=args.global_batch_size, steps_per_task=args.steps_per_task,
         max_micro_batch=args.max_micro_batch, max_task_retries=args.max_task_retries,
         worker_timeout=args.worker_timeout, relaunch_budget=args.relaunch_budget,
@@ -115,7 +115,7 @@ def _check_and_run(spec, data: str, what: str, args) -> int:
     from flextrain.job import JobSpecError, JobType
     from flextrain.master.jobdir import JobDirError, guard
     from flextrain.master.main import run_master
-    from flextrain.worker.evaluation import make_predictor
+    from flextrain.worker.frameworks import make_predictor
     from flextrain.worker.module import ModelDefError, load_model_def
     from flextrain.worker.prediction import load_outputs_processor
 
@@ -160,7 +160,7 @@ def refuse_nonfinite(checkpoint: str) -> None:
 def cmd_evaluate(args) -> int:
     from flextrain.job import JobType
 
-    spec = _spec(args, JobType.EVALUATION, validation_data=_data_abs(args.validation_data))
+    spec = _spec(args, JobType.EVALUATION, validation_data=data_abs(args.validation_data))
     return _check_and_run(spec, spec.validation_data, "validation data", args)
 
 
@@ -174,5 +174,5 @@ def cmd_predict(args) -> int:
     if output.is_dir() and ((output / MANIFEST).exists() or any(output.glob("part-*.jsonl"))):
         raise CLIError(f"--output {args.output} already holds predictions ({MANIFEST} or part-*.jsonl); "
                        "choose an empty or new directory")
-    spec = _spec(args, JobType.PREDICTION, prediction_data=_data_abs(args.prediction_data), output=_abs(args.output))
+    spec = _spec(args, JobType.PREDICTION, prediction_data=data_abs(args.prediction_data), output=abs_path(args.output))
     return _check_and_run(spec, spec.prediction_data, "prediction data", args)

@@ -17,8 +17,8 @@ import torch
 
 from flextrain.proto import flextrain_pb2 as fpb
 from flextrain.proto import ps_pb2 as pb
-from flextrain.ps import wire
-from flextrain.ps.shard import as_row_ids, owner_bounds, row_owners
+from flextrain.protocol import wire
+from flextrain.protocol.shard import as_row_ids, owner_bounds, row_owners
 
 FLOAT_DTYPES = {name: getattr(torch, name) for name in ("float16", "bfloat16", "float32", "float64")}
 

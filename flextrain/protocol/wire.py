@@ -10,7 +10,7 @@ received message. Small messages (headers, requests) use the generated
 classes. Either way the bytes on the wire are plain protobuf, readable by any
 protobuf implementation (tests compare both encoders byte for byte).
 
-Like :mod:`flextrain.ps.shard`, this is protocol, not PS internals: it
+Like :mod:`flextrain.protocol.shard`, this is protocol, not PS internals: it
 depends only on the standard library, and workers may import it.
 
 The "flat stream" of a dense transfer is the tensors' raw bytes at their

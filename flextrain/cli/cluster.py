@@ -1,0 +1,172 @@
+"""The commands that run inside the cluster: ``flextrain operator`` and ``flextrain master``.
+
+* ``flextrain operator [--namespace NS ... | --all-namespaces]`` runs the operator
+  (what the chart's Deployment runs).
+* ``flextrain master --job NAME --namespace NS`` is what the master pod runs:
+  the master of one ElasticJob, resuming from its job directory when relaunched.
+
+What acts on ElasticJobs from outside the cluster (``train --backend
+kubernetes``, status, scale, stop) is in flextrain.cli.kubernetes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from flextrain.cli.common import CLIError, api_client, get_job
+
+log = logging.getLogger(__name__)
+
+
+def add_commands(sub) -> None:
+    """The ``operator`` and ``master`` subcommands."""
+    p = sub.add_parser("operator", help="run the ElasticJob operator (what the chart's Deployment runs)")
+    scope = p.add_mutually_exclusive_group()
+    scope.add_argument("--namespace", action="append", default=[], metavar="NS",
+                       help="watch ElasticJobs in NS (repeatable; default: the operator's own namespace)")
+    scope.add_argument("--all-namespaces", action="store_true", help="watch ElasticJobs in every namespace")
+    p.add_argument("--sweep-interval", type=float, default=15.0, metavar="SECONDS",
+                   help="time between level-triggered checks of every job's master (default: 15.0)")
+    p.set_defaults(fn=cmd_operator)
+    p = sub.add_parser("master", help="(internal) run the master of an ElasticJob (what the master pod runs)")
+    p.add_argument("--job", required=True, metavar="NAME", help="the ElasticJob")
+    p.add_argument("--namespace", help="its namespace (default: this pod's)")
+    p.add_argument("--host", default="0.0.0.0", help="address the master's servers bind")
+    p.add_argument("--port", type=int, default=None, help="gRPC port (default: 50051)")
+    p.set_defaults(fn=cmd_master)
+
+
+def cmd_operator(args) -> int:
+    from flextrain.job import JobSpecError, check_positive_finite
+    from flextrain.k8s import meta
+    from flextrain.operator.main import run_operator
+
+    try:
+        check_positive_finite("--sweep-interval", args.sweep_interval)
+    except JobSpecError as exc:
+        raise CLIError(str(exc)) from exc
+    api = api_client()
+    namespaces = args.namespace or ([] if args.all_namespaces else [meta.current_namespace()])
+    run_operator(api, namespaces=namespaces, clusterwide=args.all_namespaces, sweep_interval=args.sweep_interval)
+    return 0
+
+
+def _finished_training(spec) -> str | None:
+    """The final checkpoint of ``spec``'s job directory, if training finished there."""
+    from flextrain.master.checkpoints import CheckpointStore
+
+    latest = CheckpointStore(Path(spec.job_dir) / "checkpoints").latest()
+    return latest["checkpoint"] if latest and latest.get("final") else None
+
+
+def _preflight(spec) -> None:
+    from flextrain.worker.preflight import PreflightError, run_preflight
+
+    hint = "spec.training.preflight: false skips it"
+    try:
+        run_preflight(spec, skip_hint=hint)
+    except PreflightError as exc:  # say how to skip it: the master pod may lack the workers' hardware
+        if hint in str(exc):
+            raise
+        raise PreflightError(f"{exc} [checked by preflight in the master pod; {hint}]") from None
+
+
+def cmd_master(args) -> int:
+    """Run the master of an ElasticJob; a relaunched master resumes from the job's latest checkpoint.
+
+    SIGTERM (the pod deleted, preempted or drained) ends the process at once
+    without concluding the job: the operator relaunches the master, and the new
+    one resumes from the checkpoint and ledger in the job directory. Only a
+    master that finishes the job writes its final phase -- or one that cannot
+    start because of the job's input (data, spec, resume state), which fails
+    the job naming the problem instead of being relaunched in vain.
+    """
+    from flextrain.data import DataError
+    from flextrain.job import JobSpecError
+    from flextrain.k8s import meta
+    from flextrain.k8s.resource import ResourceError, jobspec_from_resource
+    from flextrain.master.main import ResumeError, run_master
+
+    if args.port is not None and not 0 <= args.port < 65536:  # 0: any free port (tests use it)
+        raise CLIError(f"--port must be a port number (0-65535), got {args.port}")
+    namespace = args.namespace or meta.current_namespace()
+    api = api_client()
+    from flextrain.operator.kube import Kube, now_iso
+
+    kube = Kube(api)
+    job = get_job(kube, namespace, args.job)
+    try:
+        spec = jobspec_from_resource(job)
+    except ResourceError as exc:
+        raise CLIError(f"ElasticJob {namespace}/{args.job}: {exc}") from exc
+    stop_reason = (job["metadata"].get("annotations") or {}).get(meta.ANNOTATION_STOP)
+    if stop_reason:  # stopped while no master ran (or before this relaunch): do not train
+        message = f"stopped: {stop_reason} (requested before this master started)"
+        kube.patch_status(job, {"phase": "Failed", "message": message, "completionTime": now_iso()})
+        print(message)
+        return 1
+    port = args.port if args.port is not None else meta.MASTER_PORT
+    relaunches = int((job.get("status") or {}).get("masterRelaunches") or 0)
+    # A relaunch (told by the operator's count) resumes; a first master starts afresh even if
+    # an older job of the same name left a directory behind.
+    resume = relaunches > 0 and (Path(spec.job_dir) / "jobspec.json").is_file()
+    if resume and (done := _finished_training(spec)) is not None:
+        # The previous master was lost after the final checkpoint, before it concluded the job.
+        message = (f"training finished (final checkpoint {done}) before master pod {relaunches - 1} was lost; "
+                   "concluded by its relaunch, without the final evaluation")
+        kube.patch_status(job, {"phase": "Succeeded", "message": message, "completionTime": now_iso()})
+        print(message)
+        return 0
+    if spec.preflight and not resume:  # the module's contract, before a single worker pod exists
+        from flextrain.worker.module import ModelDefError
+
+        try:
+            _preflight(spec)
+        except (DataError, JobSpecError, ModelDefError) as exc:  # the job's input: relaunching cannot help
+            message = f"the master cannot start: {exc}"
+            kube.patch_status(job, {"phase": "Failed", "message": message, "completionTime": now_iso()})
+            raise CLIError(message) from None
+    outcome: dict = {}
+
+    def run() -> None:
+        try:
+            outcome["code"] = run_master(spec, host=args.host, port=port, resume=resume, namespace=namespace,
+                                         api_client=api)
+        except ResumeError as exc:
+            outcome["error"] = f"the relaunched master cannot resume: {exc}"
+        except (DataError, JobSpecError) as exc:  # the job's input: no relaunch can fix it
+            outcome["error"] = f"the master cannot start: {exc}"
+        except BaseException as exc:  # reported below; the pod fails and the operator relaunches
+            log.exception("master of %s/%s crashed", namespace, args.job)
+            outcome["crash"] = exc
+
+    def on_signal(signum, frame) -> None:
+        log.warning("signal %d: leaving without concluding the job (the operator relaunches the master)", signum)
+        sys.stderr.flush()
+        os._exit(128 + signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_signal)
+    thread = threading.Thread(target=run, name="master", daemon=True)  # the main thread keeps the signals
+    thread.start()
+    while thread.is_alive():
+        thread.join(1.0)  # short waits: the main thread stays responsive to signals
+    if "error" in outcome:
+        message = outcome["error"]
+        kube.patch_status(job, {"phase": "Failed", "message": message, "completionTime": now_iso()})
+        raise CLIError(message)
+    if "crash" in outcome:
+        return 1
+    return outcome["code"]
+
+
+__all__ = [
+    "add_commands",
+    "cmd_master",
+    "cmd_operator",
+]

@@ -1,0 +1,116 @@
+"""What more than one ``flextrain`` command module needs.
+
+The user-error exception and help formatter every command uses, the default
+jobs directory, the job name and absolute paths a job spec is built from, the
+data flags shared by train, evaluate and predict, and access to the Kubernetes
+API for the commands that act on ElasticJobs. Imports no other
+``flextrain.cli`` module, so every command module may import it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+
+DEFAULT_JOBS_DIR = Path("flextrain-jobs")
+
+
+class CLIError(Exception):
+    """A user error: printed as `flextrain: error: ...`, exit code 2."""
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Appends ``(default: X)`` to an option's help once.
+
+    Not when the help already says what the default is (``(default: --workers)``),
+    and not for None/False/[] defaults, which mean "not given" rather than a value:
+    ArgumentDefaultsHelpFormatter printed ``(default 1) (default: None)``.
+    """
+
+    def _get_help_string(self, action) -> str:
+        text = action.help or ""
+        default = action.default
+        if ("default" in text or not action.option_strings or default is None or default is False
+                or default is argparse.SUPPRESS or default == []):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+def add_data_flags(g) -> None:
+    """--skip-unknown-files and --csv-header (train, evaluate, predict)."""
+    g.add_argument("--skip-unknown-files", action="store_true",
+                   help="skip files under the data paths that are not RecordIO or CSV data (and dangling links, "
+                        "unreadable files), with a warning naming each; by default such a file is an error")
+    g.add_argument("--csv-header", action="store_true",
+                   help="the first line of every CSV data file is a header, not a record")
+
+
+# ---- job names and paths --------------------------------------------------------
+def job_name(args) -> str:
+    """``--job-name``, else the last part of ``--job-dir``, else the module's name (made DNS-safe)."""
+    if args.job_name:
+        return args.job_name
+    if args.job_dir:
+        base = Path(args.job_dir).name
+    else:  # the module's name: path/to/deepfm_torch.py:Model or pkg.deepfm_torch.Model -> deepfm_torch
+        target = args.model_def.rsplit(":", 1)[0] if ":" in args.model_def else args.model_def.rsplit(".", 1)[0]
+        base = Path(target).stem if target.endswith(".py") else target.rsplit(".", 1)[-1]
+    name = re.sub(r"[^a-z0-9-]+", "-", base.lower()).strip("-")
+    return name[:53] or "job"
+
+
+def abs_path(path: str | None) -> str | None:
+    """``path`` made absolute (None or empty: None)."""
+    return str(Path(path).resolve()) if path else None
+
+
+def data_abs(path: str | None) -> str | None:
+    """A data path made absolute: each part of a comma-separated list (unless the whole path exists)."""
+    if not path or "," not in path or Path(path).exists():
+        return abs_path(path)
+    return ",".join(abs_path(part.strip()) for part in path.split(",") if part.strip())
+
+
+def model_def_abs(spec: str) -> str:
+    """Make a file-path --model-def absolute so workers resolve it from any directory."""
+    target, sep, name = spec.rpartition(":")
+    if sep and (target.endswith(".py") or Path(target).is_file()):
+        return f"{Path(target).resolve()}:{name}"
+    return spec
+
+
+# ---- Kubernetes API access ------------------------------------------------------
+def api_client():
+    """A Kubernetes API client (in-cluster config, else the kubeconfig); CLIError when neither works."""
+    from kubernetes import client
+
+    from flextrain.k8s import meta
+
+    try:
+        meta.load_client_config()
+    except Exception as exc:  # no in-cluster config and no usable kubeconfig, whatever the cause
+        raise CLIError(f"cannot reach Kubernetes: {exc} (set KUBECONFIG or run in a pod)") from exc
+    return client.ApiClient()
+
+
+def get_job(kube, namespace: str, name: str) -> dict:
+    """The ElasticJob ``namespace/name`` (through a flextrain.operator.kube.Kube); CLIError if there is none."""
+    job = kube.get_job(namespace, name)
+    if job is None:
+        raise CLIError(f"no ElasticJob {name!r} in namespace {namespace!r}")
+    return job
+
+
+__all__ = [
+    "DEFAULT_JOBS_DIR",
+    "CLIError",
+    "HelpFormatter",
+    "abs_path",
+    "add_data_flags",
+    "api_client",
+    "data_abs",
+    "get_job",
+    "job_name",
+    "model_def_abs",
+]

@@ -1,0 +1,124 @@
+"""``flextrain status``, ``stop`` and ``scale`` of a local job.
+
+A local job is found by its directory (or its name under ./flextrain-jobs);
+status reads its status.json, stop and scale call its master over gRPC.
+flextrain.cli.kubernetes adds the flags that send these commands to an
+ElasticJob instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from flextrain.cli.common import DEFAULT_JOBS_DIR, CLIError
+
+
+def add_commands(sub) -> None:
+    """The ``status``, ``stop`` and ``scale`` subcommands."""
+    for name, fn, help_ in (("status", cmd_status, "show a job's status"),
+                            ("stop", cmd_stop, "stop a running job"),
+                            ("scale", cmd_scale, "change the number of workers of a running job")):
+        p = sub.add_parser(name, help=help_)
+        p.add_argument("job", metavar="JOB", help="job name or job directory")
+        if name == "status":
+            p.add_argument("--json", action="store_true", help="print status.json")
+        if name == "stop":
+            p.add_argument("--reason", default="stopped by user (flextrain stop)",
+                           help="recorded as the job's final message")
+        if name == "scale":
+            p.add_argument("workers", type=int, metavar="N",
+                           help="the number of workers wanted, within the job's --min-workers..--max-workers")
+        p.set_defaults(fn=fn)
+
+
+def _job_dir(job: str) -> Path:
+    path = Path(job)
+    for candidate in (path, DEFAULT_JOBS_DIR / job):
+        if (candidate / "status.json").is_file():
+            return candidate
+    raise CLIError(f"no job {job!r}: neither {path}/status.json nor {DEFAULT_JOBS_DIR / job}/status.json exists")
+
+
+def _read_status(job: str, *, complete: bool = True) -> dict:
+    """status.json of a local job; ``complete``: with every field `flextrain status` prints (else
+    stop and scale need only an object with the master's address)."""
+    from flextrain.master.status import check_status
+
+    path = _job_dir(job) / "status.json"
+    try:
+        data = json.loads(path.read_text())
+        if not isinstance(data, dict) or complete:
+            check_status(data, path)
+        return data
+    except (OSError, ValueError) as exc:
+        raise CLIError(f"cannot read {path}: {exc}" if not str(exc).startswith(str(path)) else str(exc)) from exc
+
+
+def _master_alive(status: dict) -> bool:
+    pid = status.get("pid")
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+def _master_stub(status: dict):
+    import grpc
+
+    from flextrain.proto import flextrain_pb2_grpc as pb_grpc
+
+    if status.get("phase") in ("Succeeded", "Failed") or not _master_alive(status):
+        raise CLIError(f"job {status.get('name')} is not running (phase {status.get('phase')})")
+    if not isinstance(status.get("masterAddress"), str):
+        raise CLIError(f"job {status.get('name')}: its status.json names no master address (masterAddress)")
+    return pb_grpc.MasterStub(grpc.insecure_channel(status["masterAddress"]))
+
+
+def cmd_status(args) -> int:
+    status = _read_status(args.job)
+    if status.get("phase") in ("Pending", "Running") and not _master_alive(status):
+        status["message"] = f"master process {status.get('pid')} is gone; status is from its last write"
+    if args.json:
+        print(json.dumps(status, indent=2, sort_keys=True))
+        return 0
+    p, w = status["progress"], status["workers"]
+    print(f"job       {status['name']}  ({status['jobDir']})")
+    print(f"phase     {status['phase']}" + (f"  - {status['message']}" if status.get("message") else ""))
+    print(f"workers   {w['active']} active / {w['desired']} desired")
+    print(f"epoch     {status['epoch']}/{status['epochs']}   step {status['step']}")
+    print(f"progress  {p['recordsDone']:,}/{p['recordsTotal']:,} records ({p['percent']}%)")
+    for name, value in sorted(status.get("metrics", {}).items()):
+        print(f"{name:<9} {value:.4f}" if not isinstance(value, str) else f"{name:<9} {value}")
+    if evaluations := status.get("evaluations"):  # the metrics above are the latest evaluation's
+        more = f" (of {len(evaluations)} evaluations)" if len(evaluations) > 1 else ""
+        print(f"evaluated at step {evaluations[-1]['step']} on {evaluations[-1]['samples']:,} samples{more}")
+    from flextrain.master.failures import failure_lines
+
+    for line in failure_lines(status.get("failure")):
+        print(line)
+    return 0
+
+
+def cmd_stop(args) -> int:
+    from flextrain.proto import flextrain_pb2 as pb
+
+    status = _read_status(args.job, complete=False)
+    resp = _master_stub(status).Stop(pb.StopRequest(reason=args.reason), timeout=10)
+    print(resp.message)
+    return 0 if resp.accepted else 1
+
+
+def cmd_scale(args) -> int:
+    from flextrain.proto import flextrain_pb2 as pb
+
+    status = _read_status(args.job, complete=False)
+    resp = _master_stub(status).Scale(pb.ScaleRequest(workers=args.workers), timeout=10)
+    if not resp.accepted:  # printed once, by main(), as the error
+        raise CLIError(resp.message)
+    print(resp.message)
+    return 0

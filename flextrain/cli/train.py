@@ -1,0 +1,231 @@
+"""``flextrain train``: its flags, the job spec they make, ``--resume`` and the local run.
+
+With the local backend this process becomes the job's master (cmd_train);
+``--backend kubernetes`` is dispatched by flextrain.cli.kubernetes, which
+builds its ElasticJob from the same :func:`build_spec`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from flextrain.cli.common import (DEFAULT_JOBS_DIR, CLIError, HelpFormatter, abs_path, add_data_flags, data_abs,
+                                  job_name, model_def_abs)
+
+
+def add_commands(sub) -> None:
+    """The ``train`` subcommand (running cmd_train)."""
+    p = sub.add_parser(
+        "train",
+        help="run an elastic training job",
+        description=(
+            "Run an elastic training job. With the local backend this process becomes the job's "
+            "master: it shards the data into tasks, launches --workers worker processes, keeps the "
+            "global batch fixed whatever the number of live workers, and exits 0 only when the job "
+            "succeeded."
+        ),
+        formatter_class=HelpFormatter,
+    )
+    g = p.add_argument_group("model and data")
+    g.add_argument("--model-def", metavar="MODULE:NAME",
+                   help="model-zoo module and model callable: path/to/module.py:Name or package.module.Name")
+    g.add_argument("--training-data", metavar="PATH",
+                   help="RecordIO or CSV training data (told by content): a directory, a file, a glob "
+                        "('data/part-*') or a comma-separated list of files")
+    g.add_argument("--validation-data", metavar="PATH",
+                   help="records evaluated with eval_metrics_fn at the end of training (like --training-data)")
+    add_data_flags(g)
+    g.add_argument("--evaluation-steps", type=int, default=0, metavar="N",
+                   help="also evaluate on --validation-data every N optimizer steps (0: only at the end)")
+    g = p.add_argument_group("workers")
+    # No argparse default for the worker counts: --resume must tell a given count from an unset one.
+    g.add_argument("--workers", type=int, metavar="N", help="number of workers to start (default: 1)")
+    g.add_argument("--min-workers", type=int, metavar="N",
+                   help="fewest workers a round may train with (default: --workers)")
+    g.add_argument("--max-workers", type=int, metavar="N",
+                   help="most workers the job may scale to (default: --workers)")
+    g = p.add_argument_group("distribution")
+    g.add_argument("--distribution-strategy", choices=("AllReduce", "ParameterServer"), default="AllReduce",
+                   help="AllReduce: lockstep workers; ParameterServer: workers push gradients to --ps servers")
+    g.add_argument("--ps", type=int, default=0, metavar="N", help="parameter servers to start (ParameterServer only)")
+    g.add_argument("--ps-mode", choices=("sync", "async"), default="sync",
+                   help="sync: stale pushes are rejected and recomputed; async: every push is applied")
+    g.add_argument("--grads-to-wait", type=int, metavar="N",
+                   help="pushes a sync PS averages into one update (default: 1)")
+    g.add_argument("--ps-checkpoint-steps", type=int, default=20, metavar="N",
+                   help="each PS checkpoints every N of its versions (0: only when it stops)")
+    g.add_argument("--ps-wal", action=argparse.BooleanOptionalAction, default=True,
+                   help="each PS logs every acknowledged change before applying it; --no-ps-wal: "
+                        "faster pushes, but a relaunched PS loses the updates since its last checkpoint")
+    g = p.add_argument_group("training")
+    g.add_argument("--epochs", type=int, default=1, metavar="N", help="passes over the training data")
+    g.add_argument("--global-batch-size", type=int, default=64, metavar="N",
+                   help="samples per optimizer step, kept fixed as workers come and go")
+    g.add_argument("--max-micro-batch", type=int, metavar="N",
+                   help="largest batch one worker computes at once; more samples are accumulated "
+                        "(default: --global-batch-size)")
+    g.add_argument("--lr", "--learning-rate", dest="learning_rate", type=float, metavar="LR",
+                   help="learning rate passed to the module's optimizer (default: the module's own)")
+    g.add_argument("--seed", type=int, default=0, metavar="N",
+                   help="seeds the model's initialisation and the task order of --shuffle")
+    g.add_argument("--shuffle", action="store_true", help="shuffle the order of tasks every epoch")
+    g.add_argument("--steps-per-task", type=int, default=8, metavar="N",
+                   help="optimizer steps per data task (the unit handed out and re-queued)")
+    g = p.add_argument_group("job")
+    g.add_argument("--job-name", metavar="NAME", help="job name (default: from --job-dir, else the module's name)")
+    g.add_argument("--job-dir", metavar="DIR", help=f"logs, checkpoints and status.json (default: ./{DEFAULT_JOBS_DIR}/NAME)")
+    g.add_argument("--max-task-retries", type=int, default=3, metavar="N",
+                   help="a failing task is retried this often, then the job fails")
+    g.add_argument("--checkpoint-steps", type=int, default=0, metavar="N",
+                   help="checkpoint every N optimizer steps (0: at the end only)")
+    g.add_argument("--rendezvous-timeout", type=float, default=10.0, metavar="SECONDS",
+                   help="how long a round waits for stragglers once --min-workers are present")
+    g.add_argument("--worker-timeout", type=float, default=60.0, metavar="SECONDS",
+                   help="silence after which a worker counts as hung")
+    g.add_argument("--start-timeout", type=float, default=300.0, metavar="SECONDS",
+                   help="how long a started worker may take to be ready (import the module, build the model "
+                        "and optimizer) before it counts as hung")
+    g.add_argument("--relaunch-budget", type=int, default=3, metavar="N",
+                   help="relaunches per worker slot before giving up relaunching")
+    g.add_argument("--min-workers-timeout", type=float, default=300.0, metavar="SECONDS",
+                   help="how long the job waits with fewer than --min-workers alive before it fails")
+    g.add_argument("--resume", metavar="JOBDIR",
+                   help="continue a stopped, failed or finished job from its latest checkpoint (model, optimizer and "
+                        "data position); --workers, --epochs (more), --lr, --validation-data, timeouts and budgets may "
+                        "be given to change them; other flags are refused (README: Resuming a job)")
+    g.add_argument("--overwrite", action="store_true",
+                   help="start afresh in a --job-dir that holds an earlier job (which is refused otherwise): "
+                        "its state is moved aside to JOBDIR/previous-<time>/, not deleted")
+    g.add_argument("--no-progress", action="store_true", help="no live progress bar (log lines instead)")
+    g.add_argument("--no-preflight", action="store_true",
+                   help="skip preflight: before anything starts, a child process imports the module and checks "
+                        "its contract on the first records (model, optimizer, feed, loss, one training step); "
+                        "skip it for a module that only works on the workers' hardware")
+    g.add_argument("--nan-policy", choices=("fail", "skip-step"), default="fail",
+                   help="a NaN or infinite loss or gradient: fail the job naming the step and the last good "
+                        "checkpoint, or skip that step (nothing of it is applied) and go on")
+    g.add_argument("--preflight-timeout", type=float, metavar="SECONDS",
+                   help="how long preflight may take (default: $FLEXTRAIN_PREFLIGHT_TIMEOUT, else 120)")
+    p.set_defaults(fn=cmd_train)
+
+
+def build_spec(args):
+    """The JobSpec of a new ``train`` job from its flags (paths made absolute; not validated)."""
+    from flextrain.job import JobSpec, Strategy
+
+    name = job_name(args)
+    job_dir = args.job_dir or str(DEFAULT_JOBS_DIR / name)
+    return JobSpec(
+        name=name, model_def=model_def_abs(args.model_def), training_data=data_abs(args.training_data),
+        validation_data=data_abs(args.validation_data), job_dir=abs_path(job_dir),
+        workers=1 if args.workers is None else args.workers,
+        evaluation_steps=args.evaluation_steps,
+        min_workers=args.min_workers, max_workers=args.max_workers, epochs=args.epochs,
+        global_batch_size=args.global_batch_size, max_micro_batch=args.max_micro_batch,
+        learning_rate=args.learning_rate, seed=args.seed, shuffle=args.shuffle,
+        steps_per_task=args.steps_per_task, max_task_retries=args.max_task_retries,
+        checkpoint_steps=args.checkpoint_steps, rendezvous_timeout=args.rendezvous_timeout,
+        worker_timeout=args.worker_timeout, start_timeout=args.start_timeout, relaunch_budget=args.relaunch_budget,
+        min_workers_timeout=args.min_workers_timeout,
+        strategy=Strategy(args.distribution_strategy), ps=args.ps, ps_mode=args.ps_mode,
+        grads_to_wait=args.grads_to_wait, ps_checkpoint_steps=args.ps_checkpoint_steps,
+        ps_wal=args.ps_wal, nan_policy=args.nan_policy, preflight=not getattr(args, "no_preflight", False),
+        skip_unknown_files=args.skip_unknown_files, csv_header=args.csv_header,
+    )
+
+
+# flags of `train` that are not JobSpec fields: how each reaches the spec on --resume
+_DEST_FIELD = {"distribution_strategy": "strategy", "job_name": "name", "no_preflight": "preflight"}
+_RESUME_CLI_ONLY = {"resume", "no_progress", "preflight_timeout", "backend", "fn", "command"}
+
+
+def given_flags(parser: argparse.ArgumentParser, argv: list[str], args) -> set[str]:
+    """The dests of the ``train`` flags given on the command line (a default is not given).
+
+    argparse tells no given value from a default, so the arguments are parsed again into a
+    namespace whose every attribute is a sentinel: argparse fills in defaults only for missing ones.
+    """
+    unset = object()
+    namespace = argparse.Namespace(**{dest: unset for dest in vars(args)})
+    parser.train_parser.parse_known_args(argv[argv.index("train") + 1:], namespace)
+    return {dest for dest, value in vars(namespace).items() if value is not unset}
+
+
+def resume_spec(args):
+    """The stored job of ``--resume DIR`` (re-rooted at DIR) with the changeable flags given applied."""
+    from flextrain.job import Strategy
+    from flextrain.master.resume import resumed_spec
+
+    given, refused = {}, []
+    for dest in sorted(getattr(args, "given", set()) - _RESUME_CLI_ONLY):
+        field, value = _DEST_FIELD.get(dest, dest), getattr(args, dest)
+        if dest == "no_preflight":
+            value = not value
+        elif dest == "distribution_strategy":
+            value = Strategy(value)
+        elif dest in ("validation_data", "training_data"):
+            value = data_abs(value)
+        elif dest in ("image", "namespace", "dry_run", "pvc", "master_port"):
+            refused.append(f"--{dest.replace('_', '-')}")
+            continue
+        given[field] = value
+    resumed = resumed_spec(args.resume, given, refused=tuple(refused))
+    return resumed
+
+
+def cmd_train(args) -> int:
+    from flextrain.data import DataError, DataOptions, make_shards
+    from flextrain.job import JobSpecError, Strategy
+    from flextrain.master.jobdir import JobDirError, guard
+    from flextrain.master.main import run_master
+    from flextrain.worker.module import Framework, ModelDefError, load_model_def
+
+    if args.resume and args.overwrite:  # before the stored job is even read
+        raise CLIError("--resume and --overwrite contradict each other: continue the job or start afresh, not both")
+    if not args.resume:
+        missing = [f for f in ("model_def", "training_data") if not getattr(args, f)]
+        if missing:
+            raise CLIError(f"--{missing[0].replace('_', '-')} is required (unless --resume JOBDIR)")
+    try:
+        resumed = resume_spec(args) if args.resume else None
+        spec = (resumed.spec if resumed else build_spec(args)).validate()
+        guard(spec.job_dir, resume=bool(args.resume), overwrite=args.overwrite)  # before anything is written
+        if resumed and resumed.moved_from:
+            print(f"flextrain: {spec.job_dir} was recorded at {resumed.moved_from}: resuming from its own "
+                  "state here", file=sys.stderr)
+        if args.preflight_timeout is not None:
+            from flextrain.job import check_positive_finite
+
+            check_positive_finite("--preflight-timeout", args.preflight_timeout)
+        # Everything checkable is checked before a single process starts; the cheap checks first.
+        skipped: list[str] = []
+        make_shards(spec.training_data, what="training data", options=DataOptions.of(spec), skipped=skipped)
+        if spec.validation_data:
+            make_shards(spec.validation_data, what="validation data", options=DataOptions.of(spec), skipped=skipped)
+        for warning in skipped:
+            print(f"flextrain: warning: {warning}", file=sys.stderr)
+        if spec.preflight:  # the contract on real records, in a child: the module is code we cannot trust
+            from flextrain.worker.preflight import run_preflight
+
+            run_preflight(spec, timeout=args.preflight_timeout)
+        model_def = load_model_def(spec.model_def)  # without preflight, at least names and signatures
+        if spec.strategy is Strategy.PARAMETER_SERVER and not spec.preflight:  # else preflight did it
+            from flextrain.worker.ps_trainer import check_ps_optimizer
+
+            check_ps_optimizer(model_def, lr=spec.learning_rate)
+            if model_def.framework is Framework.TENSORFLOW:
+                from flextrain.worker.ps_keras import check_keras_ps_optimizer
+
+                check_keras_ps_optimizer(model_def, lr=spec.learning_rate)
+    except (JobSpecError, ModelDefError, DataError, JobDirError) as exc:
+        raise CLIError(str(exc)) from exc
+    from flextrain.master.main import ResumeError
+
+    show = sys.stderr.isatty() and not args.no_progress
+    try:
+        return run_master(spec, show_progress=show, resume=bool(args.resume),
+                          changes=resumed.changes if resumed else (), moved_from=resumed.moved_from if resumed else None)
+    except (ResumeError, JobDirError) as exc:  # JobDirError: another master took the lock meanwhile
+        raise CLIError(str(exc)) from exc
+

@@ -1,0 +1,207 @@
+"""PyTorch: the model backend, the predictor, the torch feed and the module checks.
+
+What :mod:`flextrain.worker.frameworks` hands out for a PyTorch module; the
+Keras counterparts live in ``flextrain/worker/tf/``. Framework-neutral code
+(the trainers, evaluation, preflight) reaches these through the registry.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from flextrain.worker.backend import FLOAT_DTYPES, ModelBackend, all_finite, gradient_buffers
+from flextrain.worker.contract import FeedMetadata, Mode, ModelDefError, raised, returned
+from flextrain.worker.evaluation import Predictor
+
+if TYPE_CHECKING:  # module.py reaches this module through the registry; ModelDef is only a type here
+    from flextrain.worker.module import ModelDef
+
+
+def check_model(model, *, where: str):
+    """The model callable's result (``where`` names it): a torch.nn.Module with trainable parameters."""
+    if not isinstance(model, torch.nn.Module):
+        raise ModelDefError(f"{where} returned {returned(model)}, expected a torch.nn.Module")
+    if not any(p.requires_grad for p in model.parameters()):
+        raise ModelDefError(
+            f"{where} returned a model ({type(model).__name__}) with no trainable "
+            "parameters: there is nothing to train (create layers or nn.Parameter attributes in __init__)")
+    return model
+
+
+def build_optimizer(optimizer_fn, model, kwargs: dict, *, where: str):
+    """``optimizer(model.parameters(), **kwargs)``, checked to be a torch.optim.Optimizer."""
+    call = f"optimizer(params{''.join(f', {k}={v!r}' for k, v in kwargs.items())})"
+    try:
+        optimizer = optimizer_fn(model.parameters(), **kwargs)
+    except Exception as exc:
+        raise ModelDefError(f"{where}: {call} raised {raised(exc)}") from exc
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise ModelDefError(f"{where}: {call} returned {returned(optimizer)}, expected a "
+                            "torch.optim.Optimizer (e.g. return torch.optim.SGD(params, lr=lr))")
+    return optimizer
+
+
+def feed_tensors(model_def: ModelDef, records: list[bytes], mode: Mode, meta: FeedMetadata):
+    """Call the module's ``feed`` and check what it returned."""
+    out = model_def.feed(records, mode.value, meta)
+    if mode is Mode.PREDICTION:
+        features, labels = out, None
+    else:
+        if not isinstance(out, tuple) or len(out) != 2:
+            raise ModelDefError(
+                f"{model_def.path}: feed(records, {mode.value!r}, metadata) must return "
+                f"(features, labels), got {type(out).__name__}"
+            )
+        features, labels = out
+    n = len(records)
+    for what, value in (("features", features), ("labels", labels)):
+        tensors = value.values() if isinstance(value, dict) else [] if value is None else [value]
+        for t in tensors:
+            if not isinstance(t, torch.Tensor) or t.shape[:1] != (n,):
+                raise ModelDefError(
+                    f"{model_def.path}: feed returned {what} "
+                    f"{type(t).__name__}{tuple(getattr(t, 'shape', ()))}; expected tensors whose "
+                    f"first dimension is the number of records ({n})"
+                )
+    return features, labels
+
+
+def take(value, index: slice):
+    if isinstance(value, dict):
+        return {k: v[index] for k, v in value.items()}
+    return value[index]
+
+
+
+class TorchBackend(ModelBackend):
+    """``torch.nn.Module`` + ``torch.optim``; ``p.grad`` becomes a view into its dtype's buffer when reduced.
+
+    Like ``optimizer.zero_grad(set_to_none=True)`` in a plain loop, a step starts without
+    gradients, so its first backward writes fresh ones: zeroing the buffers and adding into
+    them would cost two passes over every gradient per step. :meth:`gathered` copies them into
+    the buffers only when a reduction needs them there (one pass); a lone worker never copies.
+    """
+
+    def __init__(self, *, model_def: ModelDef, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                 extra: int) -> None:
+        self.model_def, self.model, self.optimizer = model_def, model, optimizer
+        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        for name, p in named:
+            if p.dtype not in FLOAT_DTYPES:
+                raise ModelDefError(f"{model_def.path}: parameter {name!r} is {p.dtype}; trainable parameters "
+                                    "must be float32, float64, bfloat16 or float16")
+        self.params = [p for _, p in named]
+        self.size = sum(p.numel() for p in self.params)
+        self.buffers, views, self.slots = gradient_buffers([(p.dtype, p.numel()) for p in self.params], extra)
+        self._views = [view.view_as(p) for p, view in zip(self.params, views)]
+        self._gathered = False  # the step's gradients are in the buffers (not only in p.grad)
+
+    def feed(self, records, mode, meta):
+        return feed_tensors(self.model_def, records, mode, meta)
+
+    def zero(self) -> None:
+        for p in self.params:
+            p.grad = None
+        self.slots.zero_()
+        self._gathered = False
+
+    def accumulate(self, features, labels, index: slice, *, scale: float) -> float:
+        self.model.train()
+        loss = check_loss(self.model_def, self.model_def.loss(take(labels, index), self.model(take(features, index))),
+                          samples=index.stop - index.start)
+        (loss if scale == 1.0 else loss * scale).backward()
+        return float(loss.detach())
+
+    def finite(self) -> bool:
+        if self._gathered:
+            return all_finite(self.buffers)
+        return all_finite(g._values() if g.is_sparse else g for p in self.params if (g := p.grad) is not None)
+
+    def gathered(self) -> None:
+        for p, view in zip(self.params, self._views):
+            self._bind(p, view)
+        self._gathered = True
+
+    def apply(self) -> None:
+        for p, view in zip(self.params, self._views):
+            if p.grad is None or p.grad.is_sparse:  # as if gathered, whatever the world size:
+                self._bind(p, view)  # untouched parameters get a zero gradient, sparse ones a dense one
+        self.optimizer.step()
+
+    @staticmethod
+    def _bind(p: torch.Tensor, view: torch.Tensor) -> None:
+        """Make ``view`` hold ``p``'s gradient (zero if none, dense if sparse) and ``p.grad`` it."""
+        grad = p.grad
+        if grad is None:
+            view.zero_()
+        elif grad.is_sparse:  # nn.Embedding(sparse=True): optimizers and reductions get it dense
+            view.zero_().add_(grad)
+        elif grad.data_ptr() != view.data_ptr():
+            view.copy_(grad)
+        p.grad = view
+
+    def state(self) -> dict:
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}
+
+    def load_state(self, tree: dict) -> None:
+        self.model.load_state_dict(tree["model"])
+        built = [group["lr"] for group in self.optimizer.param_groups]  # per group, as the module set them
+        self.optimizer.load_state_dict(tree["optimizer"])
+        if self.keep_lr:
+            for group, lr in zip(self.optimizer.param_groups, built):
+                group["lr"] = lr
+        self.zero()
+
+
+def check_loss(model_def: ModelDef, loss, *, samples: int):
+    """The module's loss as the contract wants it: a scalar tensor that requires grad (ModelDefError else)."""
+    call = "loss(labels, predictions)"
+    if not isinstance(loss, torch.Tensor):
+        raise ModelDefError(f"{model_def.path}: {call} returned {type(loss).__name__}, expected a scalar "
+                            "torch.Tensor (the mean loss over the samples)")
+    if loss.numel() != 1:
+        raise ModelDefError(f"{model_def.path}: {call} returned a tensor of shape {tuple(loss.shape)} for {samples} "
+                            "samples; it must return the mean over the samples, a scalar (e.g. end with .mean())")
+    if not loss.requires_grad:
+        raise ModelDefError(f"{model_def.path}: {call} returned a tensor that does not require grad, so no gradient "
+                            "reaches the model's parameters (a constant, or computed under torch.no_grad(), "
+                            "with .detach(), .item() or numpy?)")
+    return loss
+
+
+
+
+class TorchPredictor(Predictor):
+    """:class:`Predictor` for a ``torch.nn.Module`` (also a PS-backed one: its rows are pulled)."""
+
+    def __init__(self, model_def: ModelDef, model) -> None:
+        self.model_def = model_def
+        self.model = model
+
+    def batches(self, records, *, mode, metadata, batch_size):
+        import torch
+
+        features, labels = feed_tensors(self.model_def, records, mode, metadata)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                for lo in range(0, len(records), batch_size):
+                    sl = slice(lo, min(lo + batch_size, len(records)))
+                    yield self.model(take(features, sl)), (None if labels is None else take(labels, sl))
+        finally:
+            self.model.train(was_training)
+
+    def load_checkpoint(self, path: str) -> None:
+        from flextrain.elastic.statecodec import StateCodecError, decode
+
+        try:
+            with open(path, "rb") as f:
+                tree = decode(f.read())
+            self.model.load_state_dict(tree["model"])
+        except (OSError, StateCodecError, KeyError, TypeError, RuntimeError) as exc:
+            raise ModelDefError(f"checkpoint {path} does not fit the model of {self.model_def.spec}: "
+                                f"{type(exc).__name__}: {exc}") from exc
+        self.checkpoint_version = int(tree.get("version", 0))
