@@ -127,6 +127,19 @@ def read_json_checked(path: Path) -> dict:
     return data
 
 
+def _first_usable(candidates, use: Callable, damaged: list[str], *, name: Callable = lambda c: c):
+    """``use(c)`` of the first candidate it accepts, newest first; each it refuses (a missing
+    file, a :class:`StateFileError`) adds a line naming it to ``damaged``. None if none passes."""
+    for candidate in candidates:
+        try:
+            return use(candidate)
+        except FileNotFoundError as exc:
+            damaged.append(f"{exc.filename or name(candidate)}: missing")
+        except StateFileError as exc:
+            damaged.append(str(exc))
+    return None
+
+
 class CheckpointStore:
     def __init__(self, directory: Path, *, keep: int = 2) -> None:
         self.directory = Path(directory)
@@ -182,22 +195,21 @@ class CheckpointStore:
         listed = {path for path, _ in candidates}
         candidates += [(p, None) for p in sorted(self.directory.glob("ledger-*.json"), reverse=True)
                        if p not in listed]
-        for ledger_path, meta in candidates:
-            try:
-                entry = self._entry(ledger_path, meta)
-                if check is not None:
-                    try:
-                        check(entry["ledger"])
-                    except (ValueError, KeyError, TypeError) as exc:
-                        raise StateFileError(f"{ledger_path}: inconsistent ledger: {exc}") from exc
-                if verify_blobs:
-                    self._verify_blob(Path(entry["checkpoint"]))
-            except FileNotFoundError as exc:
-                damaged.append(f"{exc.filename or ledger_path}: missing")
-                continue
-            except StateFileError as exc:
-                damaged.append(str(exc))
-                continue
+
+        def usable(candidate: tuple[Path, dict | None]) -> dict:
+            ledger_path, meta = candidate
+            entry = self._entry(ledger_path, meta)
+            if check is not None:
+                try:
+                    check(entry["ledger"])
+                except (ValueError, KeyError, TypeError) as exc:
+                    raise StateFileError(f"{ledger_path}: inconsistent ledger: {exc}") from exc
+            if verify_blobs:
+                self._verify_blob(Path(entry["checkpoint"]))
+            return entry
+
+        entry = _first_usable(candidates, usable, damaged, name=lambda candidate: candidate[0])
+        if entry is not None:
             return entry, damaged
         if damaged:
             raise CheckpointError(f"no usable checkpoint in {self.directory}: " + "; ".join(damaged))
@@ -211,18 +223,14 @@ class CheckpointStore:
             named.append(self._here(read_json_checked(self.latest_path)["checkpoint"]))
         except (OSError, StateFileError, KeyError, TypeError):
             pass  # latest.json is a pointer: the files themselves are what is checked
-        damaged = []
-        for path in dict.fromkeys([*named, *sorted(self.directory.glob("ckpt-*.ckpt"), reverse=True)]):
-            try:
-                self._verify_blob(path)
-            except FileNotFoundError:
-                damaged.append(f"{path}: missing")
-                continue
-            except StateFileError as exc:
-                damaged.append(str(exc))
-                continue
-            return path, damaged
-        return None, damaged
+        damaged: list[str] = []
+        candidates = dict.fromkeys([*named, *sorted(self.directory.glob("ckpt-*.ckpt"), reverse=True)])
+
+        def verified(path: Path) -> Path:
+            self._verify_blob(path)
+            return path
+
+        return _first_usable(candidates, verified, damaged), damaged
 
     def _here(self, name: str) -> Path:
         """A file named in latest.json or a ledger file: always the one in this directory (older

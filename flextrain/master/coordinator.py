@@ -106,6 +106,12 @@ class JobMaster(FailureHandling):
         self.launched_at: dict[str, float] = {}  # launch times, for workers that never finish starting
         self.strategy = strategy_for(spec)  # what differs between AllReduce and ParameterServer
 
+    def kept_checkpoint(self) -> str:
+        """``"; the last good checkpoint is kept: PATH (step N)"``, or "" without one: how a message
+        about a failed write says what a resume continues from."""
+        latest = self.checkpoints.latest() if self.checkpoints else None
+        return f"; the last good checkpoint is kept: {latest['checkpoint']} (step {latest['version']})" if latest else ""
+
     def mark_running(self) -> None:
         if self.phase is Phase.PENDING:
             self.phase = Phase.RUNNING
@@ -348,11 +354,8 @@ class JobMaster(FailureHandling):
                                             ledger=ledger_at(self.ledger, self.rendezvous.current, req.position),
                                             final=req.final)
                 except StateWriteError as exc:  # e.g. a full disk: the previous checkpoint stays the latest
-                    latest = self.checkpoints.latest()
-                    kept = (f"; the last good checkpoint is kept: {latest['checkpoint']} (step {latest['version']})"
-                            if latest else "")
                     self.finish(Phase.FAILED, f"cannot record the checkpoint of step {req.position.version}: "
-                                f"{exc}{kept}")
+                                f"{exc}{self.kept_checkpoint()}")
                     self.cond.notify_all()
                     return
             if req.final:

@@ -21,7 +21,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from flextrain.job import JobType
 from flextrain.master.checkpoints import StateWriteError, write_json_atomic
 from flextrain.master.coordinator import JobMaster, Phase
-from flextrain.master.evaluation import inference_progress
+from flextrain.master.evaluation import describe, inference_progress
 from flextrain.master.rendezvous import RoundState
 from flextrain.proto import flextrain_pb2 as pb
 
@@ -218,8 +218,10 @@ class StatusReporter:
             sink(snap)
         with self.job.cond:
             events, self._events_shown = self.job.events[self._events_shown:], len(self.job.events)
+            evaluated = {describe(entry) for entry in self.job.evaluations.history}  # printed below, once
         for event in events:  # what happened to the job, as lines above the bar (why a worker died, ...)
-            self.console.print(escape(event), highlight=False, soft_wrap=True)
+            if event not in evaluated:
+                self.console.print(escape(event), highlight=False, soft_wrap=True)
         for entry in snap["evaluations"]:  # each finished evaluation once, as a line above the bar
             if entry["step"] not in self._evaluations_shown:
                 self._evaluations_shown.add(entry["step"])
@@ -241,10 +243,7 @@ class StatusReporter:
     def _write_failed(self, exc: StateWriteError) -> dict:
         """Fail the job naming the write that failed; then try once more to leave its final status."""
         if not self.job.over:
-            latest = self.job.checkpoints.latest() if self.job.checkpoints else None
-            kept = (f"; the last good checkpoint is kept: {latest['checkpoint']} (step {latest['version']})"
-                    if latest else "")
-            self.job.finish(Phase.FAILED, f"cannot write the job's status: {exc}{kept}")
+            self.job.finish(Phase.FAILED, f"cannot write the job's status: {exc}{self.job.kept_checkpoint()}")
         snap = self.snapshot()
         self._reserve.unlink(missing_ok=True)  # its space is what the write below needs
         try:

@@ -85,3 +85,15 @@ def test_a_disk_that_fills_up_fails_the_job_clearly_and_resume_finishes_it(digit
     assert version == EPOCHS * RECORDS // G
     assert seen[:RECORDS].min().item() == seen[:RECORDS].max().item() == EPOCHS  # each record once per epoch
     assert json.loads((job_dir / "history.jsonl").read_text().splitlines()[-1])["run"] == "resume"
+
+
+def test_a_job_dir_on_a_full_disk_is_refused_at_submission(capsys, digits_data, small_disk):
+    from flextrain.cli import main
+
+    fill(small_disk / "filler")
+    job_dir = small_disk / "job"
+    assert main(["train", "--model-def", COUNTING_MODEL, "--training-data", str(digits_data / "train"),
+                 "--job-dir", str(job_dir), "--no-preflight"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"flextrain: error: job directory {job_dir}: no space left on its device\n", err
+    assert sorted(os.listdir(small_disk)) == ["filler"]  # nothing was written
