@@ -122,7 +122,7 @@ def cmd_master(args) -> int:
         kube.patch_status(job, {"phase": "Succeeded", "message": message, "completionTime": now_iso()})
         print(message)
         return 0
-    if spec.preflight and not resume:  # the module's contract, before a single worker pod exists
+    if spec.training.preflight and not resume:  # the module's contract, before a single worker pod exists
         from flextrain.worker.module import ModelDefError
 
         try:

@@ -100,7 +100,7 @@ def _spec(args, job_type, **fields):
     name = job_name(args)
     if not args.job_name and not args.job_dir:  # not the training job's own name and directory
         name = f"{name[:44]}-{'evaluate' if job_type is JobType.EVALUATION else 'predict'}"
-    return JobSpec(
+    return JobSpec.of(
         name=name, model_def=model_def_abs(args.model_def), training_data=None, job_type=job_type,
         job_dir=abs_path(args.job_dir or str(DEFAULT_JOBS_DIR / name)), checkpoint=resolve_checkpoint(args.checkpoint),
         workers=args.workers, global_batch_size=args.global_batch_size, steps_per_task=args.steps_per_task,
@@ -131,7 +131,7 @@ def _check_and_run(spec, data: str, what: str, args) -> int:
         else:
             load_outputs_processor(model_def)
         skipped: list[str] = []
-        make_shards(data, what=what, options=DataOptions.of(spec), skipped=skipped)
+        make_shards(data, what=what, options=DataOptions.of(spec.data), skipped=skipped)
         for warning in skipped:
             print(f"flextrain: warning: {warning}", file=sys.stderr)
         make_predictor(model_def, model_def.build_model()).load_checkpoint(spec.checkpoint)
@@ -161,7 +161,7 @@ def cmd_evaluate(args) -> int:
     from flextrain.job import JobType
 
     spec = _spec(args, JobType.EVALUATION, validation_data=data_abs(args.validation_data))
-    return _check_and_run(spec, spec.validation_data, "validation data", args)
+    return _check_and_run(spec, spec.data.validation, "validation data", args)
 
 
 def cmd_predict(args) -> int:
@@ -175,4 +175,4 @@ def cmd_predict(args) -> int:
         raise CLIError(f"--output {args.output} already holds predictions ({MANIFEST} or part-*.jsonl); "
                        "choose an empty or new directory")
     spec = _spec(args, JobType.PREDICTION, prediction_data=data_abs(args.prediction_data), output=abs_path(args.output))
-    return _check_and_run(spec, spec.prediction_data, "prediction data", args)
+    return _check_and_run(spec, spec.data.prediction, "prediction data", args)

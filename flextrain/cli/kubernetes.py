@@ -140,9 +140,8 @@ def elasticjob_from_args(args) -> dict:
         in_pod = {"model_def": args.model_def, "training_data": args.training_data,
                   "validation_data": args.validation_data,
                   "job_dir": args.job_dir or f"{DEFAULT_JOBS_ROOT}/{name}"}
-        for field in ("prediction_data",):  # present once the evaluation flags exist
-            if hasattr(spec, field) and getattr(args, field, None) is not None:
-                in_pod[field] = getattr(args, field)
+        if getattr(args, "prediction_data", None) is not None:
+            in_pod["prediction_data"] = args.prediction_data
         spec = spec.replace(backend=Backend.KUBERNETES, **in_pod).validate()
     except JobSpecError as exc:
         raise CLIError(str(exc)) from exc

@@ -116,7 +116,7 @@ def build_spec(args):
 
     name = job_name(args)
     job_dir = args.job_dir or str(DEFAULT_JOBS_DIR / name)
-    return JobSpec(
+    return JobSpec.of(
         name=name, model_def=model_def_abs(args.model_def), training_data=data_abs(args.training_data),
         validation_data=data_abs(args.validation_data), job_dir=abs_path(job_dir),
         workers=1 if args.workers is None else args.workers,
@@ -200,24 +200,24 @@ def cmd_train(args) -> int:
             check_positive_finite("--preflight-timeout", args.preflight_timeout)
         # Everything checkable is checked before a single process starts; the cheap checks first.
         skipped: list[str] = []
-        make_shards(spec.training_data, what="training data", options=DataOptions.of(spec), skipped=skipped)
-        if spec.validation_data:
-            make_shards(spec.validation_data, what="validation data", options=DataOptions.of(spec), skipped=skipped)
+        make_shards(spec.data.training, what="training data", options=DataOptions.of(spec.data), skipped=skipped)
+        if spec.data.validation:
+            make_shards(spec.data.validation, what="validation data", options=DataOptions.of(spec.data), skipped=skipped)
         for warning in skipped:
             print(f"flextrain: warning: {warning}", file=sys.stderr)
-        if spec.preflight:  # the contract on real records, in a child: the module is code we cannot trust
+        if spec.training.preflight:  # the contract on real records, in a child: the module is code we cannot trust
             from flextrain.worker.preflight import run_preflight
 
             run_preflight(spec, timeout=args.preflight_timeout)
         model_def = load_model_def(spec.model_def)  # without preflight, at least names and signatures
-        if spec.strategy is Strategy.PARAMETER_SERVER and not spec.preflight:  # else preflight did it
+        if spec.strategy is Strategy.PARAMETER_SERVER and not spec.training.preflight:  # else preflight did it
             from flextrain.worker.ps_trainer import check_ps_optimizer
 
-            check_ps_optimizer(model_def, lr=spec.learning_rate)
+            check_ps_optimizer(model_def, lr=spec.training.learning_rate)
             if model_def.framework is Framework.TENSORFLOW:
                 from flextrain.worker.ps_keras import check_keras_ps_optimizer
 
-                check_keras_ps_optimizer(model_def, lr=spec.learning_rate)
+                check_keras_ps_optimizer(model_def, lr=spec.training.learning_rate)
     except (JobSpecError, ModelDefError, DataError, JobDirError) as exc:
         raise CLIError(str(exc)) from exc
     from flextrain.master.main import ResumeError

@@ -62,7 +62,7 @@ class DataOptions:
 
     @classmethod
     def of(cls, spec) -> DataOptions:
-        """The options of a JobSpec (or anything with those attributes)."""
+        """The options of a JobSpec's data section (or anything with those attributes)."""
         return cls(skip_unknown_files=bool(getattr(spec, "skip_unknown_files", False)),
                    csv_header=bool(getattr(spec, "csv_header", False)))
 

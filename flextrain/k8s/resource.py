@@ -12,13 +12,12 @@ checks speak in CLI flags; their messages are translated to field paths here.
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from flextrain.job import Backend, JobSpec, JobSpecError, Strategy
+from flextrain.job import SETTING, SETTINGS, Backend, JobSpec, JobSpecError, Strategy
 from flextrain.k8s import meta
 
 # Where a job's directory lives inside its pods when the spec names none. Mount
@@ -38,57 +37,23 @@ class ResourceError(ValueError):
 
 @dataclass(frozen=True)
 class Field:
-    """One CRD field that maps to one JobSpec field."""
+    """One CRD field that maps to one JobSpec setting (a row of ``flextrain.job.SETTINGS``)."""
 
     path: str  # dotted, below ``spec`` (e.g. "training.globalBatchSize")
-    jobspec: str  # JobSpec field name
+    key: str  # the setting's key (flextrain.job.SETTING)
     kind: type  # int, float, str or bool
-    flags: tuple[str, ...] = ()  # the CLI flags JobSpec's messages use for it, beyond the derived one
 
     @property
     def full_path(self) -> str:
         return f"spec.{self.path}"
 
 
-# The mapping, in the order ``resource_from_jobspec`` writes it. A JobSpec field
-# that another component has not added yet is skipped (see ``active_fields``).
-FIELDS: tuple[Field, ...] = (
-    Field("modelDef", "model_def", str),
-    Field("strategy", "strategy", str, ("--distribution-strategy",)),
-    Field("jobDir", "job_dir", str),
-    Field("data.training", "training_data", str),
-    Field("data.validation", "validation_data", str),
-    Field("data.prediction", "prediction_data", str),
-    Field("data.skipUnknownFiles", "skip_unknown_files", bool),
-    Field("data.csvHeader", "csv_header", bool),
-    Field("training.epochs", "epochs", int),
-    Field("training.globalBatchSize", "global_batch_size", int),
-    Field("training.maxMicroBatch", "max_micro_batch", int),
-    Field("training.learningRate", "learning_rate", float, ("--lr",)),
-    Field("training.lrRule", "lr_rule", str),
-    Field("training.batchSchedule", "batch_schedule", str),
-    Field("training.evaluationSteps", "evaluation_steps", int),
-    Field("training.checkpointSteps", "checkpoint_steps", int),
-    Field("training.seed", "seed", int),
-    Field("training.shuffle", "shuffle", bool),
-    Field("training.stepsPerTask", "steps_per_task", int),
-    Field("training.maxTaskRetries", "max_task_retries", int),
-    Field("training.preflight", "preflight", bool),
-    Field("training.nanPolicy", "nan_policy", str),
-    Field("replicaSpecs.worker.replicas", "workers", int),
-    Field("replicaSpecs.worker.minReplicas", "min_workers", int),
-    Field("replicaSpecs.worker.maxReplicas", "max_workers", int),
-    Field("replicaSpecs.worker.relaunchBudget", "relaunch_budget", int),
-    Field("replicaSpecs.worker.rendezvousTimeout", "rendezvous_timeout", float),
-    Field("replicaSpecs.worker.workerTimeout", "worker_timeout", float),
-    Field("replicaSpecs.worker.startTimeout", "start_timeout", float),
-    Field("replicaSpecs.worker.minWorkersTimeout", "min_workers_timeout", float),
-    Field("replicaSpecs.ps.replicas", "ps", int),
-    Field("replicaSpecs.ps.psMode", "ps_mode", str),
-    Field("replicaSpecs.ps.gradsToWait", "grads_to_wait", int),
-    Field("replicaSpecs.ps.psCheckpointSteps", "ps_checkpoint_steps", int),
-    Field("replicaSpecs.ps.psWal", "ps_wal", bool),
-)
+# The mapping, in the order ``resource_from_jobspec`` writes it: the settings table's CRD column.
+FIELDS: tuple[Field, ...] = tuple(
+    Field(s.crd.removeprefix("spec."), s.key, s.kind if s.kind in (int, float, str, bool) else str)
+    for s in SETTINGS if s.crd and s.crd.startswith("spec."))
+# In the CRD with no behaviour yet: refused (never silently dropped) until an issue implements them.
+NOT_YET = ("training.lrRule", "training.batchSchedule")
 
 # Fields of the spec that describe pods rather than the job: known, not JobSpec.
 _POD_FIELDS = {"resources", "priorityClassName", "env"}
@@ -97,15 +62,6 @@ POD_LEVEL = {
     *(f"replicaSpecs.{role}.{f}" for role in ("master", "worker", "ps") for f in _POD_FIELDS),
 }
 REQUIRED = ("image", "modelDef", "data.training")
-
-
-def _jobspec_fields() -> set[str]:
-    return {f.name for f in dataclasses.fields(JobSpec)}
-
-
-def active_fields() -> tuple[Field, ...]:
-    have = _jobspec_fields()
-    return tuple(f for f in FIELDS if f.jobspec in have)
 
 
 def _get(obj: Mapping[str, Any], dotted: str) -> Any:
@@ -155,18 +111,16 @@ def _check_unknown(spec: Mapping[str, Any], known: set[str]) -> None:
     walk(spec, "")
 
 
-def _flag_map(fields: tuple[Field, ...]) -> dict[str, str]:
+def _flag_map() -> dict[str, str]:
     out: dict[str, str] = {}
-    for f in fields:
-        out["--" + f.jobspec.replace("_", "-")] = f.full_path
-        for flag in f.flags:
-            out[flag] = f.full_path
+    for f in FIELDS:
+        out["--" + f.key.replace("_", "-")] = out[SETTING[f.key].option] = f.full_path
     return out
 
 
-def _translate(message: str, fields: tuple[Field, ...]) -> str:
+def _translate(message: str) -> str:
     """Rewrite JobSpec's ``--flag`` names into CRD field paths."""
-    flags = _flag_map(fields)
+    flags = _flag_map()
     message = re.sub(r"--[a-z][a-z-]*", lambda m: flags.get(m.group(0), m.group(0)), message)
     return message.replace("job name", "metadata.name", 1)
 
@@ -185,8 +139,7 @@ def jobspec_from_resource(obj: Mapping[str, Any]) -> JobSpec:
     spec = obj.get("spec")
     if not isinstance(spec, Mapping):
         raise ResourceError("spec", "is required")
-    fields = active_fields()
-    _check_unknown(spec, {f.path for f in FIELDS} | POD_LEVEL)
+    _check_unknown(spec, {f.path for f in FIELDS} | set(NOT_YET) | POD_LEVEL)
     for path in REQUIRED:
         value = _get(spec, path)
         if value is None or value == "":
@@ -197,15 +150,15 @@ def jobspec_from_resource(obj: Mapping[str, Any]) -> JobSpec:
         raise ResourceError("spec.replicaSpecs.master.relaunchBudget", f"must be >= 0, got {budget}")
     _check_volumes(spec.get("volumes"))
 
-    for f in FIELDS:  # in the CRD, with no behaviour yet: refused, never silently dropped
-        if f not in fields and _get(spec, f.path) is not None:
-            raise ResourceError(f.full_path, "is not supported yet: flextrain does not act on it, so the job would "
+    for path in NOT_YET:
+        if _get(spec, path) is not None:
+            raise ResourceError(f"spec.{path}", "is not supported yet: flextrain does not act on it, so the job would "
                                              "run as if it were not there; remove it")
     values: dict[str, Any] = {}
-    for f in fields:
+    for f in FIELDS:
         value = _get(spec, f.path)
         if value is not None:
-            values[f.jobspec] = _check_type(f.full_path, value, f.kind)
+            values[f.key] = _check_type(f.full_path, value, f.kind)
     _check_replicas(values)
     strategy = values.pop("strategy", Strategy.ALLREDUCE.value)
     try:
@@ -221,9 +174,9 @@ def jobspec_from_resource(obj: Mapping[str, Any]) -> JobSpec:
                             f"{checkpoint_dir!r} is not supported yet: checkpoints go to <jobDir>/checkpoints "
                             f"({values['job_dir']}/checkpoints); set spec.jobDir instead")
     try:
-        return JobSpec(name=name, backend=Backend.KUBERNETES, **values).validate()
+        return JobSpec.of(name=name, backend=Backend.KUBERNETES, **values).validate()
     except JobSpecError as exc:
-        message = _translate(str(exc), fields)
+        message = _translate(str(exc))
         path = message.split(" ", 1)[0] if message.startswith(("spec.", "metadata.")) else "spec"
         raise ResourceError(path, message) from None
 
@@ -244,7 +197,7 @@ def _check_replicas(values: Mapping[str, Any]) -> None:
 
 def replica_range(spec: JobSpec) -> tuple[int, int]:
     """The worker counts a running job may be scaled to."""
-    return spec.effective_min_workers, spec.effective_max_workers
+    return spec.worker.effective_min_replicas, spec.worker.effective_max_replicas
 
 
 def master_relaunch_budget(obj: Mapping[str, Any]) -> int:
@@ -317,21 +270,20 @@ def resource_from_jobspec(
     what was chosen. ``pod_fields`` are extra spec entries (``volumes``,
     ``replicaSpecs.worker.resources``, ...) given by dotted path.
     """
-    defaults = {f.name: f.default for f in dataclasses.fields(JobSpec)
-                if f.default is not dataclasses.MISSING}
-    mapped = {f.jobspec for f in FIELDS} | {"name", "backend"}
-    for field, default in sorted(defaults.items()):
+    defaults = JobSpec.of(name=spec.name, model_def="", job_dir="").settings()
+    mapped = {f.key for f in FIELDS} | {"name", "backend"}
+    for key, value in spec.settings().items():
         # A setting the ElasticJob cannot carry yet must not vanish on the way to the cluster.
-        if field not in mapped and getattr(spec, field) != default:
-            raise ResourceError(f"JobSpec.{field}", f"{getattr(spec, field)!r} has no ElasticJob field yet "
-                                                    "(run this job with the local backend)")
+        if key not in mapped and value != defaults[key]:
+            raise ResourceError(f"JobSpec.{SETTING[key].path}", f"{value!r} has no ElasticJob field yet "
+                                                               "(run this job with the local backend)")
     body: dict[str, Any] = {"image": image}
-    for f in active_fields():
-        value = getattr(spec, f.jobspec)
-        if f.jobspec == "job_dir" and value == f"{DEFAULT_JOBS_ROOT}/{spec.name}":
+    for f in FIELDS:
+        value = spec.get(f.key)
+        if f.key == "job_dir" and value == f"{DEFAULT_JOBS_ROOT}/{spec.name}":
             continue
-        if value is None or (f.jobspec in defaults and value == defaults[f.jobspec]
-                             and f.jobspec not in ("workers", "epochs", "global_batch_size", "strategy")):
+        if value is None or (value == defaults[f.key]
+                             and f.key not in ("workers", "epochs", "global_batch_size", "strategy", "model_def")):
             continue
         _set(body, f.path, value.value if isinstance(value, Strategy) else value)
     for path, value in (pod_fields or {}).items():
@@ -348,6 +300,7 @@ __all__ = [
     "DEFAULT_JOBS_ROOT",
     "DEFAULT_MASTER_RELAUNCH_BUDGET",
     "FIELDS",
+    "NOT_YET",
     "PodSettings",
     "ResourceError",
     "jobspec_from_resource",

@@ -69,9 +69,9 @@ class JobMaster(FailureHandling):
         self.clock = clock
         self.cond = threading.Condition()
         self.rendezvous = Rendezvous(
-            min_workers=spec.effective_min_workers,
-            max_workers=spec.effective_max_workers,
-            timeout=spec.rendezvous_timeout,
+            min_workers=spec.worker.effective_min_replicas,
+            max_workers=spec.worker.effective_max_replicas,
+            timeout=spec.worker.rendezvous_timeout,
         )
         self.workers: dict[str, WorkerInfo] = {}
         self.launched: set[str] = set()  # started, not registered yet
@@ -79,7 +79,7 @@ class JobMaster(FailureHandling):
         self.assigned: dict[str, Round] = {}  # worker -> round it was placed in
         self.phase = Phase.PENDING
         self.message = ""
-        self.evaluations = Evaluations(ledger, every=spec.evaluation_steps)
+        self.evaluations = Evaluations(ledger, every=spec.training.evaluation_steps)
         self.metrics: dict[str, float] = {}  # the latest evaluation's metrics
         self.rounds_formed = 0
         self.step = 0  # highest model version any worker reported
@@ -247,7 +247,7 @@ class JobMaster(FailureHandling):
                         rank=rnd.rank_of(worker_id), world_size=rnd.world_size,
                         store_host=self.store_host, store_port=self.store_port, version=rnd.version,
                         restore_checkpoint=rnd.restore_checkpoint,
-                        max_micro_batch=self.spec.effective_max_micro_batch,
+                        max_micro_batch=self.spec.training.effective_max_micro_batch,
                     )
                 left = deadline - self.clock()
                 if left <= 0:
@@ -411,26 +411,26 @@ class JobMaster(FailureHandling):
             training = not self.ledger.training_finished()
             if training and (rnd is None or rnd.state is RoundState.CLOSED):
                 present = len(self.alive | self.launched)
-                if present < self.spec.effective_min_workers:
+                if present < self.spec.worker.effective_min_replicas:
                     self.short_since = self.short_since or now
                     latest = self.checkpoints.latest() if self.checkpoints else None
                     kept = f"; latest checkpoint kept: {latest['checkpoint']}" if latest else ""
                     if not self.relaunching and (root := self.failures.root_cause()) is not None:
                         self.fail(root, failed_message(root, (
                             f"only {present} worker(s) left, fewer than --min-workers "
-                            f"{self.spec.effective_min_workers}, and the relaunch budget is spent{kept}")))
-                    elif now - self.short_since > self.spec.min_workers_timeout:
+                            f"{self.spec.worker.effective_min_replicas}, and the relaunch budget is spent{kept}")))
+                    elif now - self.short_since > self.spec.worker.min_workers_timeout:
                         self.finish(Phase.FAILED, (
                             f"only {present} worker(s) alive, fewer than --min-workers "
-                            f"{self.spec.effective_min_workers}, for {self.spec.min_workers_timeout:.0f}s{kept}"))
+                            f"{self.spec.worker.effective_min_replicas}, for {self.spec.worker.min_workers_timeout:.0f}s{kept}"))
                 else:
                     self.short_since = None
             hung = find_hung(
                 [Liveness(w.worker_id, now - w.last_seen, w.stalled_seconds, w.waiting_for_peers)
                  for wid in sorted(self.alive) if (w := self.workers.get(wid)) is not None],
-                limit=self.spec.worker_timeout,
+                limit=self.spec.worker.worker_timeout,
             )
-            limit = self.spec.start_timeout
+            limit = self.spec.worker.start_timeout
             hung += [(w, f"started {now - self.launched_at[w]:.0f}s ago and still not ready: importing the "
                          f"module or building the model and optimizer (--start-timeout {limit:g}s)")
                      for w in sorted(self.launched - unscheduled)

@@ -145,7 +145,7 @@ class AllReduceStrategy(TrainingStrategy):
             log.warning("%s", job.events[-1])
         job.ledger.restore(relocate(latest["ledger"]))
         if latest["final"] and job.ledger.training_finished():
-            return finished_message(root, job.spec.epochs, latest["checkpoint"])
+            return finished_message(root, job.spec.training.epochs, latest["checkpoint"])
         job.restore_checkpoint, job.step = latest["checkpoint"], latest["version"]
         job.note(f"resumed from {latest['checkpoint']} (step {latest['version']})")
         return None

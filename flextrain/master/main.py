@@ -52,17 +52,17 @@ def build_ledger(spec: JobSpec, skipped: list[str] | None = None) -> TaskLedger:
     """The job's tasks: training epochs, evaluations of the validation data, or prediction tasks.
 
     Warnings about data files skipped under --skip-unknown-files go to ``skipped`` (else the log)."""
-    opts = {"options": DataOptions.of(spec), "skipped": skipped}
+    opts = {"options": DataOptions.of(spec.data), "skipped": skipped}
     training = spec.job_type is JobType.TRAINING
-    shards = make_shards(spec.training_data, what="training data", **opts) if training else []
-    evaluate = spec.validation_data and spec.job_type is not JobType.PREDICTION
-    eval_shards = make_shards(spec.validation_data, what="validation data", **opts) if evaluate else []
+    shards = make_shards(spec.data.training, what="training data", **opts) if training else []
+    evaluate = spec.data.validation and spec.job_type is not JobType.PREDICTION
+    eval_shards = make_shards(spec.data.validation, what="validation data", **opts) if evaluate else []
     predict = spec.job_type is JobType.PREDICTION
-    pred_shards = make_shards(spec.prediction_data, what="prediction data", **opts) if predict else []
+    pred_shards = make_shards(spec.data.prediction, what="prediction data", **opts) if predict else []
     return TaskLedger(
-        shards=shards, epochs=spec.epochs if training else 0, global_batch_size=spec.global_batch_size,
-        steps_per_task=spec.steps_per_task, shuffle=spec.shuffle, seed=spec.seed,
-        max_retries=spec.max_task_retries, evaluation_shards=eval_shards, prediction_shards=pred_shards,
+        shards=shards, epochs=spec.training.epochs if training else 0, global_batch_size=spec.training.global_batch_size,
+        steps_per_task=spec.training.steps_per_task, shuffle=spec.training.shuffle, seed=spec.training.seed,
+        max_retries=spec.training.max_task_retries, evaluation_shards=eval_shards, prediction_shards=pred_shards,
         renew_ids=spec.strategy is not Strategy.PARAMETER_SERVER,
     )
 
@@ -97,7 +97,7 @@ def run_master(spec: JobSpec, *, resume: bool = False, console: Console | None =
     try:
         moved = None
         if not resume and inspect(spec.job_dir).holds_job:
-            moved = move_aside(spec.job_dir, keep=(spec.training_data, spec.validation_data, spec.prediction_data,
+            moved = move_aside(spec.job_dir, keep=(spec.data.training, spec.data.validation, spec.data.prediction,
                                                    spec.checkpoint, spec.output))
         if moved is not None:
             console.print(f"the earlier job's state in {spec.job_dir} was moved to {moved}", markup=False,
@@ -193,7 +193,7 @@ def _run_master(
     manager: InstanceManager | None = None
 
     def scale(workers: int) -> tuple[bool, str]:
-        lo, hi = spec.effective_min_workers, spec.effective_max_workers
+        lo, hi = spec.worker.effective_min_replicas, spec.worker.effective_max_replicas
         if not lo <= workers <= hi:
             return False, f"cannot scale to {workers} workers: the job allows {lo}..{hi} (--min-workers/--max-workers)"
         if job.over:
@@ -205,22 +205,22 @@ def _run_master(
         job, status_json=lambda: _status_json(reporter), stop=stop, scale=scale,
         heartbeat_interval=HEARTBEAT_INTERVAL,
     )
-    server, bound = start_server(servicer, host=host, port=port, threads=16 + 4 * spec.effective_max_workers)
+    server, bound = start_server(servicer, host=host, port=port, threads=16 + 4 * spec.worker.effective_max_replicas)
     address = f"{host}:{bound}"
     reporter = StatusReporter(
-        job, path=job_dir / "status.json", desired=lambda: manager.desired if manager else spec.workers,
+        job, path=job_dir / "status.json", desired=lambda: manager.desired if manager else spec.worker.replicas,
         master_address=address, show_progress=show_progress, console=console,
         sinks=(status_writer,) if k8s else (),
     )
     reporter.update()
 
     cores = os.cpu_count() or 1
-    threads = max(1, cores // spec.effective_max_workers)
-    local_env = {} if k8s else read_ahead_env(cores=cores, threads=threads, workers=spec.effective_max_workers,
+    threads = max(1, cores // spec.worker.effective_max_replicas)
+    local_env = {} if k8s else read_ahead_env(cores=cores, threads=threads, workers=spec.worker.effective_max_replicas,
                                               gpu=torch.cuda.is_available())
     worker_master = k8s.master_address if k8s else address  # pods dial the master's Service
     manager = InstanceManager(
-        backend, desired=spec.workers, relaunch_budget=spec.relaunch_budget,
+        backend, desired=spec.worker.replicas, relaunch_budget=spec.worker.relaunch_budget,
         worker_args=lambda wid: ("worker", "--master", worker_master, "--worker-id", wid),
         worker_env=lambda wid: {"FLEXTRAIN_NUM_THREADS": str(threads), "FLEXTRAIN_WORKER_ID": wid,
                                 "PYTHONUNBUFFERED": "1", **local_env},
@@ -229,7 +229,7 @@ def _run_master(
     )
     fleet: PSFleet | None = None
     if spec.strategy is Strategy.PARAMETER_SERVER:  # the servers to launch (the strategy is in job.strategy)
-        fleet = PSFleet(backend, spec, relaunch_budget=spec.relaunch_budget, on_note=job.note,
+        fleet = PSFleet(backend, spec, relaunch_budget=spec.worker.relaunch_budget, on_note=job.note,
                         on_failure=lambda message: job.finish(Phase.FAILED, message), resume=resume,
                         start_timeout=300.0 if k8s else 60.0)  # pods may wait for a node or an image pull
         backend.on_exit(lambda iid, code: fleet.exited(iid, code) if is_ps(iid) else manager.exited(iid, code))
@@ -238,7 +238,7 @@ def _run_master(
         if fleet is not None:  # parameter servers first: workers get their addresses with the JobSpec
             try:
                 job.ps_addresses = fleet.start()
-                job.note(f"{spec.ps} parameter server(s) at {', '.join(job.ps_addresses)}")
+                job.note(f"{spec.ps.replicas} parameter server(s) at {', '.join(job.ps_addresses)}")
             except PSStartError as exc:
                 job.finish(Phase.FAILED, str(exc))
         if not job.over:

@@ -1,12 +1,12 @@
 """PSFleet: the job's parameter servers, launched and kept alive by the master.
 
-ParameterServer strategy only. :meth:`PSFleet.start` launches ``spec.ps``
+ParameterServer strategy only. :meth:`PSFleet.start` launches ``spec.ps.replicas``
 processes (``flextrain --log-level INFO ps --shard-index I --num-ps N ...``, instance ids
 ``ps-I``, :class:`~flextrain.master.launcher.Role.PS`) through the job's
 launch backend, each writing its ``host:port`` to
 ``<job_dir>/ps/ps-I.addr`` and checkpointing to ``<job_dir>/ps-checkpoints``
-every ``spec.ps_checkpoint_steps`` versions (with a write-ahead log unless
-``spec.ps_wal`` is off: ``--no-wal``); it returns the addresses once
+every ``spec.ps.ps_checkpoint_steps`` versions (with a write-ahead log unless
+``spec.ps.ps_wal`` is off: ``--no-wal``); it returns the addresses once
 every file exists (workers get them with the JobSpec).
 
 With a backend that places parameter servers itself (pods behind Services:
@@ -67,14 +67,14 @@ class PSFleet:
         self.address_dir = Path(spec.job_dir) / "ps"
         self.addresses: list[str] = []
         self.endpoints: list[PSEndpoint | None] = []  # by index; None: loopback + address file
-        self.relaunches = [0] * spec.ps
+        self.relaunches = [0] * spec.ps.replicas
         self.resume = resume
         self.closed = False
         self._lock = threading.Lock()
 
     @property
     def ids(self) -> set[str]:
-        return {f"{PS_PREFIX}{i}" for i in range(self.spec.ps)}
+        return {f"{PS_PREFIX}{i}" for i in range(self.spec.ps.replicas)}
 
     def _address_file(self, index: int) -> Path:
         return self.address_dir / f"{PS_PREFIX}{index}.addr"
@@ -84,19 +84,19 @@ class PSFleet:
         endpoint = self.endpoints[index]
         where = (("--host", "127.0.0.1", "--address-file", str(self._address_file(index))) if endpoint is None
                  else ("--host", endpoint.listen_host, "--advertise-host", endpoint.address.rsplit(":", 1)[0]))
-        args = ("--log-level", "INFO", "ps", "--shard-index", str(index), "--num-ps", str(spec.ps), "--port", str(port),
+        args = ("--log-level", "INFO", "ps", "--shard-index", str(index), "--num-ps", str(spec.ps.replicas), "--port", str(port),
                 *where, "--checkpoint-dir", str(spec.ps_checkpoint_dir),
-                "--checkpoint-every", str(spec.ps_checkpoint_steps),
-                "--mode", spec.ps_mode, "--grads-to-wait", str(spec.effective_grads_to_wait),
-                "--torch-threads", "1", "--threads", str(16 + 4 * spec.effective_max_workers),
-                *(() if spec.ps_wal else ("--no-wal",)))
+                "--checkpoint-every", str(spec.ps.ps_checkpoint_steps),
+                "--mode", spec.ps.ps_mode, "--grads-to-wait", str(spec.ps.effective_grads_to_wait),
+                "--torch-threads", "1", "--threads", str(16 + 4 * spec.worker.effective_max_replicas),
+                *(() if spec.ps.ps_wal else ("--no-wal",)))
         self.backend.launch(InstanceSpec(f"{PS_PREFIX}{index}", Role.PS, index, args,
                                          {"PYTHONUNBUFFERED": "1"}))
 
     def start(self) -> list[str]:
         """Launch every PS and wait until it listens; returns the addresses by shard index."""
         try:
-            self.endpoints = [self.backend.ps_endpoint(i) for i in range(self.spec.ps)]
+            self.endpoints = [self.backend.ps_endpoint(i) for i in range(self.spec.ps.replicas)]
         except (RuntimeError, ValueError) as exc:  # LaunchError (the API refused a Service), a bad annotation
             raise PSStartError(f"parameter servers cannot be placed: {exc}") from None
         self.address_dir.mkdir(parents=True, exist_ok=True)
@@ -104,7 +104,7 @@ class PSFleet:
             self._address_file(i).unlink(missing_ok=True)
             self._launch(i, 0 if endpoint is None else endpoint.port)
         deadline = time.monotonic() + self.start_timeout
-        pending = set(range(self.spec.ps))
+        pending = set(range(self.spec.ps.replicas))
         while pending:
             for i in sorted(pending):
                 if self._listening(i):

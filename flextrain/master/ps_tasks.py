@@ -168,7 +168,7 @@ def resume_ledger(job, *, relocate: Callable[[dict], dict] = lambda state: state
             continue
         job.ledger.restore(state)
         if data.get("training_finished") is True and job.ledger.training_finished():
-            return finished_message(job.spec.job_dir, job.spec.epochs, str(job.spec.ps_checkpoint_dir))
+            return finished_message(job.spec.job_dir, job.spec.training.epochs, str(job.spec.ps_checkpoint_dir))
         if damaged:
             job.note(f"damaged task ledger skipped: {'; '.join(damaged)}; using {candidate}")
         job.note(f"resumed from {candidate}: {job.ledger.records_done} of {job.ledger.records_total} records "

@@ -27,31 +27,31 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from flextrain.job import JobSpec, JobSpecError, Strategy, flag_of
+from flextrain.job import SETTING, JobSpec, JobSpecError, Strategy, flag_of
 from flextrain.master.checkpoints import CheckpointStore
 
 HISTORY_FILE = "history.jsonl"
 
-# The settings a resume may change, and why each is safe to change mid-job.
+# The settings a resume may change (by JobSpec path), and why each is safe to change mid-job.
 CHANGEABLE = {
-    "workers": "the planner re-splits the fixed global batch for any number of workers",
-    "min_workers": "as --workers",
-    "max_workers": "as --workers",
-    "epochs": "more epochs extend the job (fewer than stored are refused)",
-    "learning_rate": "the optimizer is rebuilt with it (AllReduce; the parameter servers keep theirs)",
-    "validation_data": "evaluation tasks are never persisted",
-    "evaluation_steps": "as --validation-data",
-    "max_micro_batch": "only how a step is split into micro-batches, not its samples",
-    "checkpoint_steps": "when checkpoints are taken",
-    "ps_checkpoint_steps": "when the parameter servers checkpoint",
-    "rendezvous_timeout": "a timeout",
-    "worker_timeout": "a timeout",
-    "start_timeout": "a timeout",
-    "min_workers_timeout": "a timeout",
-    "relaunch_budget": "a budget of this run",
-    "max_task_retries": "a budget of this run",
-    "nan_policy": "what the next non-finite step does",
-    "preflight": "a check before the run",
+    "worker.replicas": "the planner re-splits the fixed global batch for any number of workers",
+    "worker.min_replicas": "as --workers",
+    "worker.max_replicas": "as --workers",
+    "training.epochs": "more epochs extend the job (fewer than stored are refused)",
+    "training.learning_rate": "the optimizer is rebuilt with it (AllReduce; the parameter servers keep theirs)",
+    "data.validation": "evaluation tasks are never persisted",
+    "training.evaluation_steps": "as --validation-data",
+    "training.max_micro_batch": "only how a step is split into micro-batches, not its samples",
+    "training.checkpoint_steps": "when checkpoints are taken",
+    "ps.ps_checkpoint_steps": "when the parameter servers checkpoint",
+    "worker.rendezvous_timeout": "a timeout",
+    "worker.worker_timeout": "a timeout",
+    "worker.start_timeout": "a timeout",
+    "worker.min_workers_timeout": "a timeout",
+    "worker.relaunch_budget": "a budget of this run",
+    "training.max_task_retries": "a budget of this run",
+    "training.nan_policy": "what the next non-finite step does",
+    "training.preflight": "a check before the run",
 }
 _PATH_FIELDS = ("training_data", "validation_data", "checkpoint", "prediction_data", "output")
 
@@ -85,21 +85,21 @@ def load_stored(job_dir: str | Path) -> JobSpec:
 def resumed_spec(job_dir: str | Path, given: dict[str, object], *, refused: tuple[str, ...] = ()) -> Resumed:
     """The stored spec re-rooted at ``job_dir`` with the ``given`` JobSpec fields applied.
 
-    ``given`` maps JobSpec field names to the values the user gave; ``refused``
+    ``given`` maps setting keys (``workers``, see ``flextrain.job.SETTINGS``) to the values the user gave; ``refused``
     names flags the caller already knows a resume cannot take (not JobSpec
     fields). Raises ResumeSpecError naming every flag that cannot change.
     """
     root = str(Path(job_dir).resolve())
     stored = load_stored(job_dir)
-    bad = [*refused, *(flag_of(f) for f in given if f not in CHANGEABLE)]
+    bad = [*refused, *(flag_of(f) for f in given if f not in SETTING or SETTING[f].path not in CHANGEABLE)]
     if bad:
         raise ResumeSpecError(
             f"{', '.join(bad)} cannot change on --resume: the stored checkpoints and task ledger were made "
             f"with the job's own value{'s' if len(bad) > 1 else ''} (see {Path(job_dir) / 'jobspec.json'}); "
             f"start a new job for that (another --job-dir, or --overwrite). A resume may change: "
             + ", ".join(flag_of(f) for f in CHANGEABLE))
-    if "epochs" in given and isinstance(given["epochs"], int) and given["epochs"] < stored.epochs:
-        raise ResumeSpecError(f"--epochs {given['epochs']} is fewer than the job's {stored.epochs}: "
+    if "epochs" in given and isinstance(given["epochs"], int) and given["epochs"] < stored.training.epochs:
+        raise ResumeSpecError(f"--epochs {given['epochs']} is fewer than the job's {stored.training.epochs}: "
                               "a resume may extend training, not shorten it")
     if "learning_rate" in given and stored.strategy is Strategy.PARAMETER_SERVER:
         raise ResumeSpecError("--lr cannot change on --resume of a ParameterServer job: the parameter servers "
@@ -108,12 +108,12 @@ def resumed_spec(job_dir: str | Path, given: dict[str, object], *, refused: tupl
     rerooted = {"job_dir": root}
     if moved_from:  # stored paths under the old location now lie under this one
         for field in _PATH_FIELDS:
-            value = getattr(stored, field)
+            value = stored.get(field)
             if value:
                 rerooted[field] = ",".join(reroot(part, moved_from, root) for part in value.split(","))
     spec = stored.replace(**rerooted)
-    changes = tuple("--no-preflight" if f == "preflight" else f"{flag_of(f)} {_shown(getattr(spec, f))} -> {_shown(v)}"
-                    for f, v in given.items() if v != getattr(spec, f))
+    changes = tuple("--no-preflight" if f == "preflight" else f"{flag_of(f)} {_shown(spec.get(f))} -> {_shown(v)}"
+                    for f, v in given.items() if v != spec.get(f))
     return Resumed(spec.replace(**given), changes, moved_from)
 
 

@@ -183,8 +183,8 @@ class StatusReporter:
                 "message": job.message,
                 "workers": {"desired": self._desired(), "active": active_workers(job)},
                 "members": members(job),
-                "epoch": min(job.spec.epochs, done // per_epoch + 1) if per_epoch else 0,
-                "epochs": job.spec.epochs,
+                "epoch": min(job.spec.training.epochs, done // per_epoch + 1) if per_epoch else 0,
+                "epochs": job.spec.training.epochs,
                 "step": job.step,
                 "progress": {
                     "recordsDone": done, "recordsTotal": total,

@@ -125,7 +125,7 @@ class Reconciler:
         self.kube.patch_status(job, {
             "phase": "Pending", "masterRelaunches": 0, "message": f"master pod {pod} created",
             "selector": meta.selector(name, "worker"), "startTime": now_iso(),
-            "workers": {"desired": spec.workers, "active": 0, "summary": f"0/{spec.workers}"},
+            "workers": {"desired": spec.worker.replicas, "active": 0, "summary": f"0/{spec.worker.replicas}"},
         })
         self.kube.create_service(master_service(job))
         created = self.kube.create_pod(master_pod(job, index=0))

@@ -121,15 +121,15 @@ def _run_worker(client: MasterClient, worker_id: str, doing: _Doing) -> int:
     reg = client.job_spec()
     spec = JobSpec.from_json(reg.job_spec_json)
     model_def = load_model_def(spec.model_def)
-    torch.manual_seed(spec.seed)
+    torch.manual_seed(spec.training.seed)
     if model_def.framework is Framework.TENSORFLOW:  # same initial Keras weights in every worker
         from flextrain.worker.tf.checks import seed_tf
 
-        seed_tf(spec.seed)
+        seed_tf(spec.training.seed)
     model = model_def.build_model()
     if spec.job_type is not JobType.TRAINING:
         return _run_inference_job(spec, client, reg, model_def, model, worker_id, doing)
-    optimizer = model_def.build_optimizer(model, spec.learning_rate)
+    optimizer = model_def.build_optimizer(model, spec.training.learning_rate)
     state = doing.state = WorkerState()
     collective: Collective | None = None
     if spec.strategy is Strategy.PARAMETER_SERVER:
@@ -142,7 +142,7 @@ def _run_worker(client: MasterClient, worker_id: str, doing: _Doing) -> int:
                             evaluate=lambda version: _evaluate(spec, client, model_def, predictor, state, version,
                                                                position=state.position()))
     else:
-        collective = Collective(timeout=spec.worker_timeout)
+        collective = Collective(timeout=spec.worker.worker_timeout)
         predictor = make_predictor(model_def, model)
         trainer = AllReduceTrainer(
             spec=spec, model_def=model_def, model=model, optimizer=optimizer, client=client,
@@ -243,7 +243,7 @@ def _run_inference_job(spec, client, reg, model_def, model, worker_id, doing: _D
             _evaluate(spec, client, model_def, predictor, state, predictor.checkpoint_version)
         else:
             _take_tasks(client, state, pb.Task.PREDICTION, lambda task: predict_task(
-                model_def, predictor, task, output=spec.output, batch_size=spec.effective_max_micro_batch,
+                model_def, predictor, task, output=spec.output, batch_size=spec.training.effective_max_micro_batch,
                 worker_id=worker_id, processor=processor))
     finally:
         done.set()
@@ -278,7 +278,7 @@ def _take_tasks(client, state, kind, run, *, model_version: int = 0, position=No
 
 def _evaluate(spec, client, model_def, predictor, state, model_version: int, position=None) -> int:
     """Take part in the evaluation of the model at ``model_version`` until it is complete."""
-    batch = spec.effective_max_micro_batch
+    batch = spec.training.effective_max_micro_batch
     return _take_tasks(client, state, pb.Task.EVALUATION,
                        lambda task: evaluate_task(model_def, predictor, task, batch_size=batch),
                        model_version=model_version, position=position)

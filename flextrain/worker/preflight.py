@@ -161,22 +161,22 @@ def check(spec: JobSpec, *, on_stage=lambda stage: None) -> None:
     """Every check of the module docstring, in this process; raises ModelDefError/DataError naming the problem."""
     run = _Stages(spec.model_def, on_stage)
     with run.stage("listing the data"):
-        opts = {"options": DataOptions.of(spec), "skipped": []}  # the CLI warned about skipped files already
-        shard = make_shards(spec.training_data, what="training data", **opts)[0]
-        validation = (make_shards(spec.validation_data, what="validation data", **opts)[0]
-                      if spec.validation_data else None)
+        opts = {"options": DataOptions.of(spec.data), "skipped": []}  # the CLI warned about skipped files already
+        shard = make_shards(spec.data.training, what="training data", **opts)[0]
+        validation = (make_shards(spec.data.validation, what="validation data", **opts)[0]
+                      if spec.data.validation else None)
     with run.stage(f"importing the module of {spec.model_def}"):
         md = run.md = load_model_def(spec.model_def)
     with run.stage("seeding the random generators"):
-        _seed(md, spec.seed)
+        _seed(md, spec.training.seed)
     with run.stage(f"building the model: {md.model_name}()", call=f"the model callable {md.model_name}()"):
         model = md.build_model()
     with run.stage("building the optimizer: optimizer(...)", call="optimizer(...)"):
-        optimizer = md.build_optimizer(model, spec.learning_rate)
+        optimizer = md.build_optimizer(model, spec.training.learning_rate)
     if spec.strategy is Strategy.PARAMETER_SERVER:
         with run.stage("checking the optimizer for the parameter servers"):
             _check_ps_optimizer(md, spec)
-    n = min(spec.global_batch_size, spec.effective_max_micro_batch, shard.size)
+    n = min(spec.training.global_batch_size, spec.training.effective_max_micro_batch, shard.size)
     with run.stage("reading the first training records"):
         records = read_shard_range(shard.source, shard.start, shard.start + n)
     meta = FeedMetadata(shard.source, shard.start, shard.start + n, 0)
@@ -190,7 +190,7 @@ def check(spec: JobSpec, *, on_stage=lambda stage: None) -> None:
     step = _keras_step if md.framework is Framework.TENSORFLOW else _torch_step
     step(run, md, model, optimizer, backend, records, meta)
     if validation is not None:
-        _evaluate(run, md, model, validation, batch=min(spec.global_batch_size, spec.effective_max_micro_batch))
+        _evaluate(run, md, model, validation, batch=min(spec.training.global_batch_size, spec.training.effective_max_micro_batch))
 
 
 class _Stages:
@@ -251,11 +251,11 @@ def _seed(md: ModelDef, seed: int) -> None:
 def _check_ps_optimizer(md: ModelDef, spec: JobSpec) -> None:
     from flextrain.worker.ps_trainer import check_ps_optimizer
 
-    check_ps_optimizer(md, lr=spec.learning_rate)
+    check_ps_optimizer(md, lr=spec.training.learning_rate)
     if md.framework is Framework.TENSORFLOW:
         from flextrain.worker.ps_keras import check_keras_ps_optimizer
 
-        check_keras_ps_optimizer(md, lr=spec.learning_rate)
+        check_keras_ps_optimizer(md, lr=spec.training.learning_rate)
 
 
 _LOSS = "loss(labels, predictions)"

@@ -148,7 +148,7 @@ class KerasPSTrainer(PSTrainer):
         variables = [self.variables[k] for k in names]
         dense = {k: np.zeros(tuple(v.shape), to_numpy(self.dense[k]).dtype) for k, v in zip(names, variables)}
         sparse: dict[str, tuple[list, list]] = {}
-        micro = self.spec.effective_max_micro_batch
+        micro = self.spec.training.effective_max_micro_batch
         loss_sum = 0.0
         for lo in range(0, n, micro):
             sl = slice(lo, min(lo + micro, n))

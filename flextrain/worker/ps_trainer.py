@@ -145,7 +145,7 @@ class PSTrainer:
     def __init__(self, *, spec: JobSpec, model_def: ModelDef, model: nn.Module, optimizer: torch.optim.Optimizer,
                  client: MasterClient, state: WorkerState, ps_addresses: list[str], evaluate=None) -> None:
         """``evaluate(version)``, when given, runs when a push of this worker reaches a version that is a
-        multiple of ``spec.evaluation_steps`` (see the module docstring)."""
+        multiple of ``spec.training.evaluation_steps`` (see the module docstring)."""
         self.evaluate = evaluate
         if not ps_addresses:
             raise RuntimeError("the master sent no parameter-server addresses (ParameterServer strategy)")
@@ -162,7 +162,7 @@ class PSTrainer:
         """Configure the optimizer, declare the tables, give the dense parameters (all idempotent)."""
         self.ps.configure(self.opt_name, self.opt_hyper)
         for table, (dim, init, args, dtype) in self.tables.items():
-            self.ps.declare_table(table, dim, initializer=init, init_args=args, seed=self.spec.seed, dtype=dtype)
+            self.ps.declare_table(table, dim, initializer=init, init_args=args, seed=self.spec.training.seed, dtype=dtype)
         if self.dense:
             self.ps.init_dense({n: p.detach() for n, p in self.dense.items()})
         self.pulled = False
@@ -279,7 +279,7 @@ class PSTrainer:
                 return math.nan, self.state.version  # skipped: nothing pushed, nothing applied
             result = self.ps.push({name: p.grad for name, p in self.dense.items()}, sparse, step=step)
             if result.accepted:
-                every, v0 = self.spec.evaluation_steps, result.versions[0]
+                every, v0 = self.spec.training.evaluation_steps, result.versions[0]
                 if every and result.applied and not result.duplicates[0] and v0 > 0 and v0 % every == 0:
                     self._due = v0
                 return loss_sum, result.version
@@ -289,7 +289,7 @@ class PSTrainer:
     def _non_finite(self, step: tuple[int, int, int], *, loss: bool) -> None:
         """Nothing of a non-finite minibatch is pushed: fail the job, or drop it (--nan-policy skip-step)."""
         what = f"{'loss' if loss else 'gradient'} of the minibatch of records [{step[1]}, {step[2]}) (task {step[0]})"
-        if self.spec.nan_policy != "skip-step":
+        if self.spec.training.nan_policy != "skip-step":
             raise NonFiniteError(f"the {what} is not finite; nothing of it was pushed (--nan-policy fail; "
                                  "skip-step drops such minibatches)")
         log.warning("skipped: the %s is not finite; nothing of it is pushed (--nan-policy skip-step)", what)
@@ -300,7 +300,7 @@ class PSTrainer:
             p.grad = None
         self.tape.clear()
         self.model.train()
-        micro = self.spec.effective_max_micro_batch
+        micro = self.spec.training.effective_max_micro_batch
         loss_sum = 0.0
         for lo in range(0, n, micro):
             sl = slice(lo, min(lo + micro, n))

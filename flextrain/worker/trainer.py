@@ -109,7 +109,7 @@ class AllReduceTrainer:
     def __init__(self, *, spec: JobSpec, model_def: ModelDef, model, optimizer, client: MasterClient,
                  collective: Collective, state: WorkerState, evaluate=None) -> None:
         """``evaluate(version)``, when given, is called after every committed step whose version is
-        a multiple of ``spec.evaluation_steps``; it returns once that evaluation is complete."""
+        a multiple of ``spec.training.evaluation_steps``; it returns once that evaluation is complete."""
         self.spec = spec
         self.evaluate = evaluate
         self.model_def = model_def
@@ -119,7 +119,7 @@ class AllReduceTrainer:
         self.collective = collective
         self.state = state
         self.backend = make_backend(model_def=model_def, model=model, optimizer=optimizer, extra=_CONTROL_SLOTS,
-                                    keep_lr=self.spec.learning_rate is not None)
+                                    keep_lr=self.spec.training.learning_rate is not None)
         self.control = self.backend.slots  # END_ROUND, FAILED, STOP: the end of backend.buffers[0]
         self.loader = StepLoader(self._load_span, background=read_ahead_wanted())
         # The next task, asked for during the current task's last step: (task index, future).
@@ -266,12 +266,12 @@ class AllReduceTrainer:
                     self.state.version += 1
                     self.state.steps_done = j + 1
             self.state.mark_progress()
-            every = self.spec.checkpoint_steps
+            every = self.spec.training.checkpoint_steps
             if control[STOP] > 0:
                 return pb.GetTaskResponse.STOP  # the caller writes the stop checkpoint
             if self.collective.rank == 0 and every and control[FAILED] == 0 and self.state.version % every == 0:
                 self.checkpoint()
-            evaluation = self.spec.evaluation_steps
+            evaluation = self.spec.training.evaluation_steps
             if self.evaluate and evaluation and control[FAILED] == 0 and self.state.version % evaluation == 0:
                 # Every member holds this same model (lockstep): all take part, even when the
                 # round ends at this boundary, so the evaluation is never skipped.
@@ -287,7 +287,7 @@ class AllReduceTrainer:
         fails naming the step) or, with --nan-policy skip-step, drop it and go on."""
         what = f"{'loss' if loss else 'gradient'} of step {self.state.version + 1}"
         where = f"records [{start}, {end}) of {task.source} on this worker"
-        if self.spec.nan_policy != "skip-step":
+        if self.spec.training.nan_policy != "skip-step":
             raise NonFiniteError(f"the {what} is not finite ({where}); nothing of the step was applied "
                                  "(--nan-policy fail; skip-step drops such steps)")
         log.warning("skipped: the %s is not finite (%s); nothing of it is applied (--nan-policy skip-step)",
@@ -325,7 +325,7 @@ class AllReduceTrainer:
         """``(start, end, plan)``: this rank's records of step ``j`` and the step's plan."""
         step_start = task.start + j * task.global_batch_size
         step_size = min(task.global_batch_size, task.end - step_start)
-        plan = plan_step(step_size, self.collective.world_size, self.spec.effective_max_micro_batch)
+        plan = plan_step(step_size, self.collective.world_size, self.spec.training.effective_max_micro_batch)
         lo, hi = plan.span(self.collective.rank)
         return step_start + lo, step_start + hi, plan
 

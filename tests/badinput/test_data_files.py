@@ -92,7 +92,7 @@ def test_elasticdl_shard_names_are_read(shards_dir, digits_records):
 def test_elasticdl_shard_names_train(capsys, tmp_path, shards_dir, started):
     code, err = train(capsys, tmp_path, shards_dir)
     assert code == 0 and err == "", err
-    assert started[0].training_data == str(shards_dir)
+    assert started[0].data.training == str(shards_dir)
 
 
 @pytest.mark.parametrize("name, content", [
@@ -140,7 +140,7 @@ def test_skip_unknown_files_warns_naming_each(capsys, tmp_path, shards_dir, digi
     for path in stray:
         assert str(path) in warning
     assert f"a dangling symbolic link to {tmp_path / 'nowhere'}" in warning
-    assert started[0].skip_unknown_files is True
+    assert started[0].data.skip_unknown_files is True
 
     # The master plans the good records only, and hands the warning over for the job's events.
     from flextrain.master.main import build_ledger
@@ -193,7 +193,7 @@ def test_glob(capsys, tmp_path, shards_dir, digits_records, started):
     assert total(make_shards(pattern)) == len(digits_records) - len(read_records(shards_dir / "part.rio"))
     code, err = train(capsys, tmp_path, pattern)
     assert code == 0 and err == "", err
-    assert started[0].training_data == pattern
+    assert started[0].data.training == pattern
 
 
 def test_glob_matching_nothing_is_refused(capsys, tmp_path, shards_dir):
@@ -206,8 +206,8 @@ def test_comma_separated_list(capsys, tmp_path, shards_dir, digits_records, star
     monkeypatch.chdir(shards_dir)
     code, err = train(capsys, tmp_path, "data-00000, part.rio")
     assert code == 0 and err == "", err
-    assert started[0].training_data == f"{shards_dir / 'data-00000'},{shards_dir / 'part.rio'}"
-    shards = make_shards(started[0].training_data)
+    assert started[0].data.training == f"{shards_dir / 'data-00000'},{shards_dir / 'part.rio'}"
+    shards = make_shards(started[0].data.training)
     assert [os.path.basename(s.source) for s in shards] == ["data-00000", "part.rio"]
     assert total(shards) == len(read_records("data-00000")) + len(read_records("part.rio"))
     err = refused(*train(capsys, tmp_path, "data-00000,missing.rio"), tmp_path, shards_dir / "missing.rio")
@@ -227,7 +227,7 @@ def test_csv_header(capsys, tmp_path, started):
     assert total(make_shards(d)) == 6  # without the flag the headers are records
     code, err = train(capsys, tmp_path, d, "--csv-header")
     assert code == 0 and err == "", err
-    assert started[0].csv_header is True
+    assert started[0].data.csv_header is True
     only_header = tmp_path / "h.csv"
     only_header.write_text("x,y,label\n")
     with pytest.raises(DataError, match="holds no records .*a CSV header only"):
@@ -258,8 +258,8 @@ def test_flags_on_evaluate_and_predict_and_jobspec():
         args = parser.parse_args([command, "--model-def", "m.py:M", "--checkpoint", "c", data, "d", *extra,
                                   "--skip-unknown-files", "--csv-header"])
         assert args.skip_unknown_files and args.csv_header
-    spec = JobSpec(name="j", model_def="m.py:M", training_data="/d", job_dir="/j", csv_header=True)
-    assert JobSpec.from_json(spec.validate().to_json()).csv_header is True
+    spec = JobSpec.of(name="j", model_def="m.py:M", training_data="/d", job_dir="/j", csv_header=True)
+    assert JobSpec.from_json(spec.validate().to_json()).data.csv_header is True
     with pytest.raises(JobSpecError, match="--skip-unknown-files must be true or false, got 'yes'"):
         spec.replace(skip_unknown_files="yes").validate()
 
@@ -267,12 +267,12 @@ def test_flags_on_evaluate_and_predict_and_jobspec():
 def test_elasticjob_fields():
     from flextrain.k8s.resource import jobspec_from_resource, resource_from_jobspec
 
-    spec = JobSpec(name="j", model_def="m.py:M", training_data="/data/part-*", job_dir="/j",
+    spec = JobSpec.of(name="j", model_def="m.py:M", training_data="/data/part-*", job_dir="/j",
                    skip_unknown_files=True, csv_header=True)
     body = resource_from_jobspec(spec, image="img", namespace="ns")
     assert body["spec"]["data"]["skipUnknownFiles"] is True and body["spec"]["data"]["csvHeader"] is True
     back = jobspec_from_resource(body)
-    assert back.skip_unknown_files is True and back.csv_header is True
+    assert back.data.skip_unknown_files is True and back.data.csv_header is True
 
 
 @pytest.mark.e2e

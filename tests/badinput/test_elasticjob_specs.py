@@ -33,7 +33,7 @@ def with_field(dotted: str, value) -> dict:
 
 def test_the_good_spec_maps():
     spec = jobspec_from_resource(GOOD)
-    assert spec.workers == 2 and spec.nan_policy == "fail" and spec.preflight is True
+    assert spec.worker.replicas == 2 and spec.training.nan_policy == "fail" and spec.training.preflight is True
 
 
 @pytest.mark.parametrize("field,value,expected", [

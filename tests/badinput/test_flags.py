@@ -84,7 +84,7 @@ def test_resume_with_a_worker_count_outside_the_stored_range(capsys, tmp_path):
 
     job = tmp_path / "old"
     job.mkdir()
-    spec = JobSpec(name="old", model_def=DIGITS_MODEL, training_data=str(tmp_path), job_dir=str(job), max_workers=2)
+    spec = JobSpec.of(name="old", model_def=DIGITS_MODEL, training_data=str(tmp_path), job_dir=str(job), max_workers=2)
     (job / "jobspec.json").write_text(spec.to_json())
     code, err = run(capsys, "train", "--resume", str(job), "--workers", "3")
     assert_refused(code, err, "--workers (3) is greater than --max-workers (2)", tmp_path)

@@ -135,7 +135,7 @@ def test_a_locked_directory_is_refused_naming_the_holder(capsys, digits_data, tm
         from flextrain.job import JobSpec
         from flextrain.master.main import run_master
 
-        spec = JobSpec(name="j", model_def=DIGITS_MODEL, training_data=str(digits_data / "train"),
+        spec = JobSpec.of(name="j", model_def=DIGITS_MODEL, training_data=str(digits_data / "train"),
                        job_dir=str(job_dir)).validate()
         with pytest.raises(JobDirError, match=f"pid {os.getpid()}"):  # the master itself, past the CLI
             run_master(spec, resume=True)

@@ -210,9 +210,9 @@ def test_no_preflight_travels_to_kubernetes_as_training_preflight_false(capsys, 
                  "--training-data", "/data", "--job-dir", "/jobs/m", "--no-preflight"]) == 0
     body = yaml.safe_load(capsys.readouterr().out)
     assert body["spec"]["training"]["preflight"] is False
-    assert jobspec_from_resource(body).preflight is False
+    assert jobspec_from_resource(body).training.preflight is False
     del body["spec"]["training"]["preflight"]
-    assert jobspec_from_resource(body).preflight is True  # the default, as on the command line
+    assert jobspec_from_resource(body).training.preflight is True  # the default, as on the command line
 
 
 # ---- the checks every worker makes too (ModelDef.build_model / build_optimizer) -------------------------

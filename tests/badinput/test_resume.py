@@ -18,7 +18,7 @@ import pytest
 
 from flextrain.cli import given_flags, main, make_parser
 from flextrain.elastic.statecodec import decode
-from flextrain.job import JobSpec, Strategy
+from flextrain.job import SETTINGS, JobSpec, Strategy
 from flextrain.master.resume import (CHANGEABLE, ResumeSpecError, read_history, reroot, reroot_ledger,
                                      resumed_spec)
 from ft_helpers import COUNTING_MODEL, counting_data, flextrain_cmd, read_status, seen_counts
@@ -26,7 +26,7 @@ from ft_helpers import COUNTING_MODEL, counting_data, flextrain_cmd, read_status
 
 def stored_job(job_dir: Path, **fields) -> Path:
     job_dir.mkdir(parents=True, exist_ok=True)
-    spec = JobSpec(name="job", model_def="m.py:Model", training_data="/data/train", job_dir=str(job_dir),
+    spec = JobSpec.of(name="job", model_def="m.py:Model", training_data="/data/train", job_dir=str(job_dir),
                    epochs=3, **fields)
     (job_dir / "jobspec.json").write_text(spec.to_json() + "\n")
     return job_dir
@@ -80,18 +80,18 @@ def test_changes_are_applied_and_a_moved_directory_is_rerooted(tmp_path):
     old = "/old/place/job"
     job_dir = tmp_path / "job"
     job_dir.mkdir()
-    spec = JobSpec(name="job", model_def="m.py:Model", training_data=f"{old}/data,/shared/more", job_dir=old,
+    spec = JobSpec.of(name="job", model_def="m.py:Model", training_data=f"{old}/data,/shared/more", job_dir=old,
                    validation_data=f"{old}/validation", epochs=3)
     (job_dir / "jobspec.json").write_text(spec.to_json())
     resumed = resumed_spec(job_dir, {"epochs": 5, "learning_rate": 0.5, "workers": 1, "preflight": False})
     root = str(job_dir.resolve())
     assert resumed.moved_from == old and resumed.spec.job_dir == root
-    assert resumed.spec.training_data == f"{root}/data,/shared/more"  # what lay outside stays where it is
-    assert resumed.spec.validation_data == f"{root}/validation"
-    assert (resumed.spec.epochs, resumed.spec.learning_rate, resumed.spec.preflight) == (5, 0.5, False)
+    assert resumed.spec.data.training == f"{root}/data,/shared/more"  # what lay outside stays where it is
+    assert resumed.spec.data.validation == f"{root}/validation"
+    assert (resumed.spec.training.epochs, resumed.spec.training.learning_rate, resumed.spec.training.preflight) == (5, 0.5, False)
     # --workers 1 is the stored value: no change to record
     assert resumed.changes == ("--epochs 3 -> 5", "--lr (unset) -> 0.5", "--no-preflight")
-    assert set(CHANGEABLE) < {f.name for f in __import__("dataclasses").fields(JobSpec)}
+    assert set(CHANGEABLE) < {s.path for s in SETTINGS}
 
 
 def test_ledger_sources_under_a_moved_directory_follow_it():
@@ -146,7 +146,7 @@ def test_a_copied_finished_job_trains_more_epochs_from_its_own_state(digits_data
     state = decode((copy / "checkpoints" / "final.ckpt").read_bytes())
     assert state["optimizer"]["param_groups"][0]["lr"] == 0.01  # the new learning rate was applied
     stored = json.loads((copy / "jobspec.json").read_text())
-    assert (stored["epochs"], stored["learning_rate"], stored["job_dir"]) == (2, 0.01, str(copy))
+    assert (stored["training"]["epochs"], stored["training"]["learning_rate"], stored["job_dir"]) == (2, 0.01, str(copy))
     runs = read_history(copy)
     assert [r["run"] for r in runs] == ["start", "resume"]  # the refused resume left no trace
     assert runs[-1]["movedFrom"] == str(original) and runs[-1]["changes"][0] == "--epochs 1 -> 2"

@@ -212,7 +212,7 @@ def test_a_full_disk_at_a_checkpoint_fails_the_job_keeping_the_last_good_one(tmp
     from flextrain.master.coordinator import JobMaster, Phase
     from flextrain.proto import flextrain_pb2 as pb
 
-    spec = JobSpec(name="job", model_def="m.py:Model", training_data="d", job_dir=str(tmp_path),
+    spec = JobSpec.of(name="job", model_def="m.py:Model", training_data="d", job_dir=str(tmp_path),
                    global_batch_size=8, steps_per_task=2, epochs=3).validate()
     store = CheckpointStore(tmp_path / "checkpoints")
     master = JobMaster(spec, _ledger(), checkpoints=store)
@@ -274,7 +274,7 @@ G = 32
 
 @pytest.mark.e2e
 def test_resume_falls_back_past_a_damaged_checkpoint_and_applies_each_record_once(digits_data, tmp_path):
-    records, epochs = 256, 60
+    records, epochs = 256, 120
     data = counting_data(digits_data, tmp_path / "data", records=records)
     job_dir = tmp_path / "job"
     env = {**os.environ, "FT_COUNT_G": str(G), "PYTHONUNBUFFERED": "1"}
@@ -284,8 +284,10 @@ def test_resume_falls_back_past_a_damaged_checkpoint_and_applies_each_record_onc
         "--epochs", str(epochs), "--checkpoint-steps", "4", "--no-preflight", "--no-progress"),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
-        wait_for(lambda: (job_dir / "status.json").exists() and read_status(job_dir)["progress"]["percent"] > 10,
-                 timeout=120, what="10% progress")
+        # Two checkpoints (a newest and one to fall back to) come after ~1 of 120 epochs: the stop
+        # lands long before the end (at 10% of 60 epochs, the rest once ran out while `stop` started).
+        wait_for(lambda: len(list((job_dir / "checkpoints").glob("ckpt-*.ckpt"))) >= 2, timeout=120,
+                 what="two checkpoints")
         assert run_flextrain("stop", str(job_dir)).returncode == 0
         proc.communicate(timeout=120)
     finally:

@@ -25,14 +25,14 @@ def _spec(*extra: str):
 
 
 def test_the_switch_is_one_name_on_the_command_line_in_jobspec_and_in_the_elasticjob():
-    assert _spec().ps_wal is True
+    assert _spec().ps.ps_wal is True
     spec = _spec("--no-ps-wal")
-    assert spec.ps_wal is False and spec.strategy is Strategy.PARAMETER_SERVER
+    assert spec.ps.ps_wal is False and spec.strategy is Strategy.PARAMETER_SERVER
     resource = resource_from_jobspec(spec, image="flextrain:test", namespace="default")
     assert resource["spec"]["replicaSpecs"]["ps"]["psWal"] is False
-    assert jobspec_from_resource(resource).ps_wal is False
+    assert jobspec_from_resource(resource).ps.ps_wal is False
     del resource["spec"]["replicaSpecs"]["ps"]["psWal"]  # omitted: the default, on
-    assert jobspec_from_resource(resource).ps_wal is True
+    assert jobspec_from_resource(resource).ps.ps_wal is True
 
 
 @pytest.mark.e2e

@@ -25,7 +25,7 @@ class Clock:
 def make_master(tmp_path, *, records=80, eval_records=30, every=2, workers=2, job_type=JobType.TRAINING,
                 prediction=None):
     training = job_type is JobType.TRAINING
-    spec = JobSpec(
+    spec = JobSpec.of(
         name="job", model_def="m.py:Model", training_data="d" if training else None, job_dir=str(tmp_path),
         validation_data="v" if eval_records else None, evaluation_steps=every if training else 0,
         global_batch_size=G, steps_per_task=2, workers=workers, min_workers=1, job_type=job_type,

@@ -15,7 +15,7 @@ TASK = pb.GetTaskResponse
 
 def make_master(tmp_path, *, evaluation_steps=2) -> JobMaster:
     # 60 records: 6 minibatches in 3 tasks of 2; validation: two files -> two tasks per evaluation
-    spec = JobSpec(name="job", model_def="m.py:Model", training_data="d", validation_data="v",
+    spec = JobSpec.of(name="job", model_def="m.py:Model", training_data="d", validation_data="v",
                    job_dir=str(tmp_path), global_batch_size=G, steps_per_task=2, workers=2,
                    strategy=Strategy.PARAMETER_SERVER, ps=1, evaluation_steps=evaluation_steps).validate()
     ledger = TaskLedger(shards=[Shard("s.rio", 0, 60)], epochs=1, global_batch_size=G, steps_per_task=2,

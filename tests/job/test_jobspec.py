@@ -11,7 +11,7 @@ from flextrain.job import Backend, JobSpec, JobSpecError, Strategy
 
 
 def spec(**changes) -> JobSpec:
-    base = JobSpec(name="digits", model_def="model_zoo/digits_torch.py:Model",
+    base = JobSpec.of(name="digits", model_def="model_zoo/digits_torch.py:Model",
                    training_data="/data/train", job_dir="/tmp/jobs/digits")
     return base.replace(**changes)
 
@@ -19,8 +19,8 @@ def spec(**changes) -> JobSpec:
 def test_defaults_validate_and_validate_returns_self():
     s = spec()
     assert s.validate() is s
-    assert (s.effective_min_workers, s.effective_max_workers) == (1, 1)
-    assert s.effective_max_micro_batch == s.global_batch_size == 64
+    assert (s.worker.effective_min_replicas, s.worker.effective_max_replicas) == (1, 1)
+    assert s.training.effective_max_micro_batch == s.training.global_batch_size == 64
     assert s.checkpoint_dir.as_posix() == "/tmp/jobs/digits/checkpoints"
 
 
@@ -71,7 +71,7 @@ def test_good_job_names(name):
 
 def test_valid_elastic_range():
     s = spec(workers=3, min_workers=1, max_workers=8, max_micro_batch=16, learning_rate=0.1).validate()
-    assert (s.effective_min_workers, s.effective_max_workers, s.effective_max_micro_batch) == (1, 8, 16)
+    assert (s.worker.effective_min_replicas, s.worker.effective_max_replicas, s.training.effective_max_micro_batch) == (1, 8, 16)
 
 
 def test_job_spec_error_is_value_error():
@@ -89,6 +89,7 @@ def test_json_round_trip_all_fields():
     data = json.loads(text)
     assert data["strategy"] == "ParameterServer" and data["backend"] == "kubernetes"
     assert set(data) == {f.name for f in dataclasses.fields(JobSpec)}
+    assert data["worker"]["replicas"] == 3 and data["training"]["learning_rate"] == 0.05  # nested as the CRD
     back = JobSpec.from_json(text)
     assert back == s
     assert back.strategy is Strategy.PARAMETER_SERVER and back.backend is Backend.KUBERNETES
@@ -99,12 +100,39 @@ def test_json_round_trip_defaults_and_nones():
     s = spec()
     back = JobSpec.from_json(s.to_json())
     assert back == s
-    assert back.min_workers is None and back.learning_rate is None and back.validation_data is None
+    assert back.worker.min_replicas is None and back.training.learning_rate is None and back.data.validation is None
 
 
 def test_from_json_defaults_missing_optional_fields():
-    back = JobSpec.from_json(json.dumps({"name": "x", "model_def": "m.py:M", "training_data": "d", "job_dir": "j"}))
-    assert back.strategy is Strategy.ALLREDUCE and back.backend is Backend.LOCAL and back.workers == 1
+    back = JobSpec.from_json(json.dumps({"name": "x", "model_def": "m.py:M", "data": {"training": "d"},
+                                         "job_dir": "j"}))
+    assert back.strategy is Strategy.ALLREDUCE and back.backend is Backend.LOCAL and back.worker.replicas == 1
+
+
+def test_from_json_reads_the_flat_form_older_job_directories_hold():
+    """jobspec.json written before the sections existed: every setting at the top level by key."""
+    flat = {"name": "x", "model_def": "m.py:M", "training_data": "d", "job_dir": "j", "workers": 3, "ps": 0,
+            "learning_rate": 0.1, "ps_wal": False, "strategy": "AllReduce", "epochs": 2}
+    back = JobSpec.from_json(json.dumps(flat))
+    assert back == spec(name="x", model_def="m.py:M", training_data="d", job_dir="j", workers=3, learning_rate=0.1,
+                        ps_wal=False, epochs=2)
+    assert json.loads(back.to_json())["worker"]["replicas"] == 3  # and it is written back nested
+
+
+def test_from_json_rejects_unknown_fields():
+    data = json.loads(spec().to_json())
+    data["gpus"] = 2
+    data["zeta"] = 1
+    data["training"]["epoch"] = 1
+    with pytest.raises(JobSpecError, match="unknown JobSpec fields: gpus, training.epoch, zeta"):
+        JobSpec.from_json(json.dumps(data))
+
+
+def test_from_json_names_a_section_that_is_no_object():
+    data = json.loads(spec().to_json())
+    data["training"] = 5
+    with pytest.raises(JobSpecError, match="section 'training' must be an object"):
+        JobSpec.from_json(json.dumps(data))
 
 
 def test_from_json_rejects_unknown_fields():

@@ -9,19 +9,19 @@ from flextrain.job import JobSpec, JobSpecError, Strategy
 
 
 def spec(**changes) -> JobSpec:
-    return JobSpec(name="ctr", model_def="m.py:Model", training_data="/d", job_dir="/tmp/jobs/ctr").replace(**changes)
+    return JobSpec.of(name="ctr", model_def="m.py:Model", training_data="/d", job_dir="/tmp/jobs/ctr").replace(**changes)
 
 
 def test_allreduce_stays_the_default():
     s = spec().validate()
-    assert s.strategy is Strategy.ALLREDUCE and s.ps == 0 and s.ps_mode == "sync"
+    assert s.strategy is Strategy.ALLREDUCE and s.ps.replicas == 0 and s.ps.ps_mode == "sync"
 
 
 def test_parameter_server_spec_roundtrips():
     s = spec(strategy=Strategy.PARAMETER_SERVER, ps=2, ps_mode="async", grads_to_wait=2).validate()
     assert JobSpec.from_json(s.to_json()) == s
-    assert s.effective_grads_to_wait == 2 and s.ps_checkpoint_dir.as_posix() == "/tmp/jobs/ctr/ps-checkpoints"
-    assert spec().effective_grads_to_wait == 1
+    assert s.ps.effective_grads_to_wait == 2 and s.ps_checkpoint_dir.as_posix() == "/tmp/jobs/ctr/ps-checkpoints"
+    assert spec().ps.effective_grads_to_wait == 1
 
 
 @pytest.mark.parametrize("changes, needle", [
@@ -43,7 +43,7 @@ def test_cli_flags_build_a_ps_spec(tmp_path):
         "--distribution-strategy", "ParameterServer", "--ps", "2", "--workers", "2", "--ps-mode", "async",
         "--grads-to-wait", "2", "--ps-checkpoint-steps", "5"])
     s = build_spec(args).validate()
-    assert (s.strategy, s.ps, s.workers, s.ps_mode, s.grads_to_wait, s.ps_checkpoint_steps) == \
+    assert (s.strategy, s.ps.replicas, s.worker.replicas, s.ps.ps_mode, s.ps.grads_to_wait, s.ps.ps_checkpoint_steps) == \
         (Strategy.PARAMETER_SERVER, 2, 2, "async", 2, 5)
 
 

@@ -17,50 +17,10 @@ from k8s_static_support import (
     schema_nodes,
 )
 
-from flextrain.job import JobSpec, Strategy
+from flextrain.job import SECTIONS, SETTING, SETTINGS, JobSpec, Strategy
 from flextrain.k8s import meta
 
-# Where each JobSpec field lives in an ElasticJob. A field added to JobSpec must be added here and to
-# manifests/crd.yaml (or to NOT_IN_CRD with the reason): one name per idea across CLI, CRD and JobSpec.
-FIELD_PATHS = {
-    "name": "metadata.name",
-    "model_def": "spec.modelDef",
-    "job_dir": "spec.jobDir",
-    "training_data": "spec.data.training",
-    "validation_data": "spec.data.validation",
-    "prediction_data": "spec.data.prediction",
-    "skip_unknown_files": "spec.data.skipUnknownFiles",
-    "csv_header": "spec.data.csvHeader",
-    "strategy": "spec.strategy",
-    "workers": "spec.replicaSpecs.worker.replicas",
-    "min_workers": "spec.replicaSpecs.worker.minReplicas",
-    "max_workers": "spec.replicaSpecs.worker.maxReplicas",
-    "relaunch_budget": "spec.replicaSpecs.worker.relaunchBudget",
-    "rendezvous_timeout": "spec.replicaSpecs.worker.rendezvousTimeout",
-    "worker_timeout": "spec.replicaSpecs.worker.workerTimeout",
-    "start_timeout": "spec.replicaSpecs.worker.startTimeout",
-    "min_workers_timeout": "spec.replicaSpecs.worker.minWorkersTimeout",
-    "epochs": "spec.training.epochs",
-    "global_batch_size": "spec.training.globalBatchSize",
-    "max_micro_batch": "spec.training.maxMicroBatch",
-    "learning_rate": "spec.training.learningRate",
-    "lr_rule": "spec.training.lrRule",
-    "batch_schedule": "spec.training.batchSchedule",
-    "evaluation_steps": "spec.training.evaluationSteps",
-    "checkpoint_dir": "spec.training.checkpointDir",
-    "checkpoint_steps": "spec.training.checkpointSteps",
-    "seed": "spec.training.seed",
-    "shuffle": "spec.training.shuffle",
-    "steps_per_task": "spec.training.stepsPerTask",
-    "max_task_retries": "spec.training.maxTaskRetries",
-    "preflight": "spec.training.preflight",
-    "nan_policy": "spec.training.nanPolicy",
-    "ps": "spec.replicaSpecs.ps.replicas",
-    "ps_mode": "spec.replicaSpecs.ps.psMode",
-    "grads_to_wait": "spec.replicaSpecs.ps.gradsToWait",
-    "ps_checkpoint_steps": "spec.replicaSpecs.ps.psCheckpointSteps",
-    "ps_wal": "spec.replicaSpecs.ps.psWal",
-}
+# The settings JobSpec has that an ElasticJob does not (the table's CRD column is None), and why.
 _LOCAL_JOB_KINDS = "an ElasticJob is a training job; evaluation/prediction jobs (flextrain evaluate/predict) run locally"
 NOT_IN_CRD = {
     "backend": "an ElasticJob is the kubernetes backend by definition",
@@ -68,14 +28,6 @@ NOT_IN_CRD = {
     "checkpoint": _LOCAL_JOB_KINDS,
     "output": _LOCAL_JOB_KINDS,
 }
-# Spec names that differ from the camelCase of the JobSpec field (DESIGN fixes them; the CRD header lists them).
-RENAMED = {"workers": "replicas", "min_workers": "minReplicas", "max_workers": "maxReplicas", "ps": "replicas",
-           "training_data": "training", "validation_data": "validation", "prediction_data": "prediction"}
-
-
-def camel(snake: str) -> str:
-    head, *rest = snake.split("_")
-    return head + "".join(part.title() for part in rest)
 
 
 def test_crd_validates_strictly_against_the_kubernetes_schemas(crd):
@@ -171,31 +123,37 @@ def test_cel_rules_name_declared_fields(crd, path, rule):
         resolve(node, ref)
 
 
-def test_every_jobspec_field_has_a_place_in_the_crd():
-    fields = {f.name for f in dataclasses.fields(JobSpec)}
-    missing = sorted(fields - FIELD_PATHS.keys() - NOT_IN_CRD.keys())
-    assert not missing, (f"JobSpec fields without an ElasticJob field: {missing}; add them to manifests/crd.yaml "
-                         "and FIELD_PATHS in tests/k8s_static/test_crd_schema.py (or NOT_IN_CRD with the reason)")
+def test_every_setting_has_a_place_in_the_crd_or_a_reason():
+    missing = sorted(s.key for s in SETTINGS if s.crd is None and s.key not in NOT_IN_CRD)
+    assert not missing, (f"settings without an ElasticJob field: {missing}; add them to manifests/crd.yaml and "
+                         "their CRD path to flextrain/job/settings.py SETTINGS (or to NOT_IN_CRD with the reason)")
+    assert not [k for k in NOT_IN_CRD if SETTING[k].crd], "NOT_IN_CRD lists a setting that has a CRD field"
 
 
-@pytest.mark.parametrize("field", [f for f in dataclasses.fields(JobSpec) if f.name in FIELD_PATHS
-                                   and FIELD_PATHS[f.name].startswith("spec.")], ids=lambda f: f.name)
-def test_crd_field_is_named_and_defaulted_like_the_jobspec(crd, field):
-    path = FIELD_PATHS[field.name]
-    parent_path, leaf = path.rsplit(".", 1)
+def _default(setting):
+    """The JobSpec default of a setting: its section dataclass's field default."""
+    section, _, leaf = setting.path.rpartition(".")
+    owner = SECTIONS[section] if section else JobSpec
+    field = next(f for f in dataclasses.fields(owner) if f.name == leaf)
+    return field.default
+
+
+@pytest.mark.parametrize("setting", [s for s in SETTINGS if s.crd and s.crd.startswith("spec.")], ids=lambda s: s.key)
+def test_crd_field_is_where_the_table_says_and_defaulted_like_the_jobspec(crd, setting):
+    parent_path, leaf = setting.crd.rsplit(".", 1)
     parent = resolve(crd_schema(crd), "." + parent_path)
+    assert leaf in parent["properties"], f"{setting.crd} (SETTINGS) is not in manifests/crd.yaml"
     node = parent["properties"][leaf]
-    assert leaf == RENAMED.get(field.name, camel(field.name))
     if leaf in parent.get("required", []):
-        assert "default" not in node, f"{path} is required; a default would never apply"
+        assert "default" not in node, f"{setting.crd} is required; a default would never apply"
         return
-    has_default = field.default is not dataclasses.MISSING and field.default is not None
-    if has_default:
-        default = field.default.value if isinstance(field.default, Strategy) else field.default
-        assert node.get("default") == default, f"{path}: CRD default {node.get('default')!r} != JobSpec {default!r}"
-        assert type(node["default"]) is type(default), f"{path}: default of the wrong type"
+    default = _default(setting)
+    if default is not dataclasses.MISSING and default is not None:
+        default = default.value if isinstance(default, Strategy) else default
+        assert node.get("default") == default, f"{setting.crd}: CRD default {node.get('default')!r} != JobSpec {default!r}"
+        assert type(node["default"]) is type(default), f"{setting.crd}: default of the wrong type"
     else:
-        assert "default" not in node, f"{path}: JobSpec has no default, the CRD must not invent one"
+        assert "default" not in node, f"{setting.crd}: JobSpec has no default, the CRD must not invent one"
 
 
 def test_strategy_enum_is_the_jobspec_strategies(crd):

@@ -90,10 +90,10 @@ def test_example_maps_to_a_valid_jobspec(name):
     job = elasticjob(name)
     spec = jobspec_from_resource(job)
     workers = job["spec"]["replicaSpecs"]["worker"]
-    assert (spec.name, spec.workers, spec.min_workers, spec.max_workers) == (
+    assert (spec.name, spec.worker.replicas, spec.worker.min_replicas, spec.worker.max_replicas) == (
         job["metadata"]["name"], workers["replicas"], workers["minReplicas"], workers["maxReplicas"])
     assert spec.strategy is Strategy(job["spec"]["strategy"])
-    assert spec.ps == job["spec"]["replicaSpecs"].get("ps", {}).get("replicas", 0)
+    assert spec.ps.replicas == job["spec"]["replicaSpecs"].get("ps", {}).get("replicas", 0)
 
 
 @pytest.mark.parametrize("name", JOB_EXAMPLES)

@@ -28,7 +28,7 @@ class Clock:
 
 
 def make_master(tmp_path, *, shards=None, eval_shards=None, steps_per_task=2, epochs=1, retries=3, **spec_kw):
-    spec = JobSpec(
+    spec = JobSpec.of(
         name="job", model_def="m.py:Model", training_data="d", job_dir=str(tmp_path),
         global_batch_size=G, steps_per_task=steps_per_task, epochs=epochs, max_task_retries=retries,
         **spec_kw,

@@ -20,7 +20,7 @@ TASK = pb.GetTaskResponse
 
 
 def make_ps_master(tmp_path, *, records=40, steps_per_task=2, eval_shards=None, workers=2):
-    spec = JobSpec(name="job", model_def="m.py:Model", training_data="d", job_dir=str(tmp_path),
+    spec = JobSpec.of(name="job", model_def="m.py:Model", training_data="d", job_dir=str(tmp_path),
                    global_batch_size=G, steps_per_task=steps_per_task, workers=workers,
                    strategy=Strategy.PARAMETER_SERVER, ps=2).validate()
     ledger = TaskLedger(shards=[Shard("s.rio", 0, records)], epochs=1, global_batch_size=G,
@@ -138,7 +138,7 @@ class FakeBackend(LaunchBackend):
 
 
 def fleet_spec(tmp_path, **kw) -> JobSpec:
-    return JobSpec(name="job", model_def="m.py:Model", training_data="d", job_dir=str(tmp_path),
+    return JobSpec.of(name="job", model_def="m.py:Model", training_data="d", job_dir=str(tmp_path),
                    strategy=Strategy.PARAMETER_SERVER, ps=2, **kw).validate()
 
 

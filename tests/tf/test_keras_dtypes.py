@@ -149,7 +149,7 @@ def test_keras_ps_keeps_the_dtype_of_dense_weights_and_tables(two_ps, tmp_path, 
     source = tmp_path / "ids.rio"
     write_records(source, [str(i).encode() for i in range(64)])
     n, first = 32, 16
-    spec = JobSpec(name="j", model_def=f"{COUNTING}:{dtype}_model", training_data=str(source), job_dir=str(tmp_path),
+    spec = JobSpec.of(name="j", model_def=f"{COUNTING}:{dtype}_model", training_data=str(source), job_dir=str(tmp_path),
                    strategy=Strategy.PARAMETER_SERVER, ps=2, global_batch_size=n, max_micro_batch=12,
                    learning_rate=n).validate()
     md = load_model_def(spec.model_def)

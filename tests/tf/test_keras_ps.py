@@ -46,7 +46,7 @@ def test_one_minibatch_updates_the_ps_exactly_like_local_keras_sgd(two_ps, tmp_p
     write_ctr(tmp_path / "data", rows=200, seed=3)
     source = str(tmp_path / "data" / "train" / "ctr-00000.rio")
     lr, n = 0.5, 64
-    spec = JobSpec(name="j", model_def=DEEPFM_KERAS, training_data=source, job_dir=str(tmp_path),
+    spec = JobSpec.of(name="j", model_def=DEEPFM_KERAS, training_data=source, job_dir=str(tmp_path),
                    strategy=Strategy.PARAMETER_SERVER, ps=2, global_batch_size=n, max_micro_batch=24,
                    learning_rate=lr).validate()
     # plain SGD instead of the module's Adam: the update has a closed form
@@ -107,7 +107,7 @@ def test_unsupported_keras_optimizer_is_named_when_the_worker_starts(two_ps, tmp
     md = dataclasses.replace(load_model_def(DEEPFM_KERAS),
                              optimizer=lambda lr=0.01: tf.keras.optimizers.RMSprop(learning_rate=lr))
     model = md.build_model()
-    spec = JobSpec(name="j", model_def=DEEPFM_KERAS, training_data=str(tmp_path), job_dir=str(tmp_path),
+    spec = JobSpec.of(name="j", model_def=DEEPFM_KERAS, training_data=str(tmp_path), job_dir=str(tmp_path),
                    strategy=Strategy.PARAMETER_SERVER, ps=2)
     with pytest.raises(ModelDefError, match="deepfm_keras.py: the parameter server cannot run the Keras optimizer "
                                             "RMSprop"):

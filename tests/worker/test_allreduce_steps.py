@@ -28,7 +28,7 @@ def test_every_step_is_loaded_exactly_once(tmp_path, monkeypatch, read_ahead):
     monkeypatch.setenv("FLEXTRAIN_READ_AHEAD", read_ahead)
     write_digits(tmp_path / "digits")
     source = str(sorted((tmp_path / "digits" / "train").iterdir())[0])
-    spec = JobSpec(name="j", model_def=DIGITS, training_data=source, job_dir=str(tmp_path / "job"),
+    spec = JobSpec.of(name="j", model_def=DIGITS, training_data=source, job_dir=str(tmp_path / "job"),
                    global_batch_size=32).validate()
     model_def = load_model_def(DIGITS)
     model = model_def.build_model()

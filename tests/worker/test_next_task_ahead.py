@@ -24,7 +24,7 @@ DIGITS = f"{MODEL_ZOO / 'digits_torch.py'}:Model"
 @pytest.fixture
 def job(tmp_path):
     write_digits(tmp_path / "digits")
-    spec = JobSpec(name="j", model_def=DIGITS, training_data=str(tmp_path / "digits" / "train"),
+    spec = JobSpec.of(name="j", model_def=DIGITS, training_data=str(tmp_path / "digits" / "train"),
                    job_dir=str(tmp_path / "job"), global_batch_size=64, steps_per_task=2, epochs=2,
                    workers=1).validate()
     master = JobMaster(spec, build_ledger(spec))
@@ -62,15 +62,15 @@ def test_next_task_arrives_ahead_and_every_record_is_trained_once(job):
     ledger = master.ledger
     assert ledger.training_finished() and not ledger.doing
     # every step of both epochs was loaded exactly once, and the ledger counts each record once
-    G = spec.global_batch_size
-    shards = make_shards(spec.training_data)
+    G = spec.training.global_batch_size
+    shards = make_shards(spec.data.training)
     steps = [(sh.source, i, min(i + G, sh.end)) for sh in shards for i in range(sh.start, sh.end, G)]
     assert sorted(loads) == sorted(steps * 2)
     assert ledger.records_done == 2 * sum(sh.size for sh in shards)
     assert state.version == len(loads)
     # every task comes ahead but each epoch's first (the next epoch's tasks exist only once the
     # last task is done); plain asks: those two and the NO_MORE
-    per_task = G * spec.steps_per_task
+    per_task = G * spec.training.steps_per_task
     tasks = 2 * sum(-(-sh.size // per_task) for sh in shards)
     assert (trainer.tasks_ahead, trainer.tasks_asked) == (tasks - 2, 3)
     # these tasks take milliseconds: once one is timed, an ahead ask takes several at once

@@ -48,7 +48,7 @@ def test_embeddings_are_replaced_and_tables_match_their_dims():
 def test_ps_trainer_trains_on_two_ps_and_reports_after_pushes(start_cluster, tmp_path):
     write_ctr(tmp_path / "data", rows=1200, seed=3)
     source = str(tmp_path / "data" / "train" / "ctr-00000.rio")
-    spec = JobSpec(name="j", model_def=DEEPFM, training_data=str(tmp_path / "data" / "train"), job_dir=str(tmp_path),
+    spec = JobSpec.of(name="j", model_def=DEEPFM, training_data=str(tmp_path / "data" / "train"), job_dir=str(tmp_path),
                    strategy=Strategy.PARAMETER_SERVER, ps=2, global_batch_size=100, max_micro_batch=40,
                    learning_rate=0.05).validate()
     handles, _ = start_cluster(2)
@@ -60,7 +60,7 @@ def test_ps_trainer_trains_on_two_ps_and_reports_after_pushes(start_cluster, tmp
     master = FakeMaster(tasks)
     state = WorkerState()
     trainer = PSTrainer(spec=spec, model_def=model_def, model=model,
-                        optimizer=model_def.build_optimizer(model, spec.learning_rate), client=master,
+                        optimizer=model_def.build_optimizer(model, spec.training.learning_rate), client=master,
                         state=state, ps_addresses=[h.address for h in handles])
     try:
         assert trainer.train() is True
@@ -80,7 +80,7 @@ def test_ps_trainer_trains_on_two_ps_and_reports_after_pushes(start_cluster, tmp
 def test_bad_records_report_the_pushed_minibatches(start_cluster, tmp_path):
     write_ctr(tmp_path / "data", rows=300, seed=3)
     source = str(tmp_path / "data" / "train" / "ctr-00000.rio")
-    spec = JobSpec(name="j", model_def=DEEPFM, training_data=source, job_dir=str(tmp_path),
+    spec = JobSpec.of(name="j", model_def=DEEPFM, training_data=source, job_dir=str(tmp_path),
                    strategy=Strategy.PARAMETER_SERVER, ps=1, global_batch_size=100).validate()
     handles, _ = start_cluster(1)
     model_def = load_model_def(DEEPFM)
@@ -106,7 +106,7 @@ def test_a_non_finite_minibatch_is_never_pushed(start_cluster, tmp_path, policy)
 
     write_ctr(tmp_path / "data", rows=1200, seed=3)
     source = str(tmp_path / "data" / "train" / "ctr-00000.rio")
-    spec = JobSpec(name="j", model_def=DEEPFM, training_data=str(tmp_path / "data" / "train"), job_dir=str(tmp_path),
+    spec = JobSpec.of(name="j", model_def=DEEPFM, training_data=str(tmp_path / "data" / "train"), job_dir=str(tmp_path),
                    strategy=Strategy.PARAMETER_SERVER, ps=1, global_batch_size=100, learning_rate=0.05,
                    nan_policy=policy).validate()
     handles, _ = start_cluster(1)
@@ -126,7 +126,7 @@ def test_a_non_finite_minibatch_is_never_pushed(start_cluster, tmp_path, policy)
                                  global_batch_size=100)])
     state = WorkerState()
     trainer = PSTrainer(spec=spec, model_def=model_def, model=model,
-                        optimizer=model_def.build_optimizer(model, spec.learning_rate), client=master,
+                        optimizer=model_def.build_optimizer(model, spec.training.learning_rate), client=master,
                         state=state, ps_addresses=[h.address for h in handles])
     try:
         if policy == "fail":

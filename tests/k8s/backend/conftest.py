@@ -100,7 +100,7 @@ def kube_job(k8s_cluster, k8s_api, digits_data, tmp_path):
         values = {"model_def": DIGITS_MODEL, "training_data": str(digits_data / "train"), "workers": 2,
                   "epochs": 1, "global_batch_size": 64, "max_micro_batch": 32, "learning_rate": 0.1,
                   "rendezvous_timeout": 3.0, **fields}
-        spec = JobSpec(name=name, job_dir=str(tmp_path / name), backend=Backend.KUBERNETES, **values).validate()
+        spec = JobSpec.of(name=name, job_dir=str(tmp_path / name), backend=Backend.KUBERNETES, **values).validate()
         port = free_port()
         body = resource_from_jobspec(spec, image="flextrain:test", namespace=NS, pod_fields=pod_fields)
         body["metadata"]["annotations"] = {meta.ANNOTATION_MASTER_PORT: str(port)}

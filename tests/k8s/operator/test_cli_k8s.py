@@ -38,7 +38,7 @@ def test_dry_run_prints_the_elasticjob_and_submits_nothing(cli, jobs):
     assert body["spec"]["volumes"] == [{"name": "pvc-0", "mountPath": "/data",
                                         "persistentVolumeClaim": {"claimName": "flextrain-data"}}]
     spec = jobspec_from_resource(body)
-    assert (spec.workers, spec.min_workers, spec.max_workers, spec.epochs) == (2, 1, 3, 2)
+    assert (spec.worker.replicas, spec.worker.min_replicas, spec.worker.max_replicas, spec.training.epochs) == (2, 1, 3, 2)
     assert spec.model_def == "/opt/zoo/digits_torch.py:Model"  # an in-pod path, not resolved here
     assert jobs.get("digits") is None
 
@@ -48,7 +48,7 @@ def test_submit_status_scale_stop(cli, jobs):
     assert res.returncode == 0, res.stderr
     assert "elasticjob.flextrain.dev/digits created in namespace default" in res.stdout
     job = jobs.get("digits")
-    assert jobspec_from_resource(job).workers == 2
+    assert jobspec_from_resource(job).worker.replicas == 2
 
     again = cli(*TRAIN)
     assert again.returncode == 2 and "ElasticJob 'digits' already exists in namespace 'default'" in again.stderr

@@ -54,11 +54,11 @@ def test_valid_spec_maps_every_field():
                                      replicaSpecs__worker__relaunchBudget=5,
                                      replicaSpecs__worker__workerTimeout=30))
     assert spec.name == "digits" and spec.backend is Backend.KUBERNETES
-    assert (spec.workers, spec.min_workers, spec.max_workers) == (2, 1, 4)
-    assert (spec.epochs, spec.global_batch_size, spec.max_micro_batch) == (2, 64, 32)
-    assert spec.learning_rate == 0.1 and spec.checkpoint_steps == 50 and spec.shuffle is True
-    assert spec.relaunch_budget == 5 and spec.worker_timeout == 30.0
-    assert spec.validation_data == "/data/validation"
+    assert (spec.worker.replicas, spec.worker.min_replicas, spec.worker.max_replicas) == (2, 1, 4)
+    assert (spec.training.epochs, spec.training.global_batch_size, spec.training.max_micro_batch) == (2, 64, 32)
+    assert spec.training.learning_rate == 0.1 and spec.training.checkpoint_steps == 50 and spec.training.shuffle is True
+    assert spec.worker.relaunch_budget == 5 and spec.worker.worker_timeout == 30.0
+    assert spec.data.validation == "/data/validation"
     assert spec.job_dir == f"{DEFAULT_JOBS_ROOT}/digits"  # a relaunched master finds its ledger here
 
 
@@ -71,7 +71,7 @@ def test_shipped_examples_are_valid(example):
 
 
 def test_round_trip_through_the_resource():
-    spec = JobSpec(name="ctr", model_def="/zoo/deepfm.py:Model", training_data="/d/train",
+    spec = JobSpec.of(name="ctr", model_def="/zoo/deepfm.py:Model", training_data="/d/train",
                    validation_data="/d/val", job_dir="/vol/jobs/ctr", strategy=Strategy.PARAMETER_SERVER,
                    ps=2, ps_mode="async", workers=3, min_workers=2, max_workers=5, epochs=3,
                    global_batch_size=256, learning_rate=0.01, shuffle=True, checkpoint_steps=10,
@@ -159,7 +159,7 @@ def test_the_input_object_is_not_modified():
 def test_a_setting_without_an_elasticjob_field_is_not_dropped():
     from flextrain.job import JobType
 
-    spec = JobSpec(name="ev", model_def="/zoo/m.py:Model", training_data="/d", job_dir="/j",
+    spec = JobSpec.of(name="ev", model_def="/zoo/m.py:Model", training_data="/d", job_dir="/j",
                    job_type=JobType.EVALUATION, checkpoint="/j/final.ckpt")
-    with pytest.raises(ResourceError, match=r"^JobSpec.checkpoint: '/j/final.ckpt' has no ElasticJob field yet"):
+    with pytest.raises(ResourceError, match=r"^JobSpec.job_type: .*'evaluation'.* has no ElasticJob field yet"):
         resource_from_jobspec(spec, image="img")

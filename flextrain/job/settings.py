@@ -1,0 +1,149 @@
+"""Every setting of a job by all its names, and the rules its values follow.
+
+:data:`SETTINGS` is the one table (key ↔ JobSpec path ↔ flag ↔ ElasticJob path)
+that the CLI, the operator's resource mapping, resume and the tests read;
+``tests/job/test_settings_table.py`` checks it against the parser, the JobSpec
+dataclasses and the CRD so the three cannot drift.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import re
+from dataclasses import dataclass
+
+
+class JobSpecError(ValueError):
+    """A job description that cannot run; the message names the field."""
+
+
+class Strategy(str, enum.Enum):
+    ALLREDUCE = "AllReduce"
+    PARAMETER_SERVER = "ParameterServer"
+
+
+class JobType(str, enum.Enum):
+    """What a job does: ``flextrain train``, ``flextrain evaluate`` or ``flextrain predict``."""
+
+    TRAINING = "training"
+    EVALUATION = "evaluation"
+    PREDICTION = "prediction"
+
+
+class Backend(str, enum.Enum):
+    LOCAL = "local"
+    KUBERNETES = "kubernetes"
+
+
+NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+# ---- one rule per kind of number ----------------------------------------------------------------
+# Used by JobSpec.validate and by the CLI for flags that are not JobSpec fields. Messages name the
+# flag; k8s.resource rewrites "--flag" into the ElasticJob field path, so one message serves both.
+def is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)  # JSON/YAML `true` is no count
+
+
+def check_count(flag: str, value) -> None:
+    """How many of something (workers, epochs, samples, steps): an integer >= 1."""
+    if not is_int(value) or value < 1:
+        raise JobSpecError(f"{flag} must be a positive integer, got {value!r}")
+
+
+def check_non_negative(flag: str, value) -> None:
+    """A budget (retries, relaunches, servers) or a step interval where 0 means none / only at the end."""
+    if not is_int(value) or value < 0:
+        raise JobSpecError(f"{flag} must be an integer >= 0, got {value!r}")
+
+
+def check_positive_finite(flag: str, value) -> None:
+    """A timeout in seconds or a rate: 0 expires at once (every worker "hung" as it starts), inf never
+    fires, and nan compares false with everything, so each would pass a plain ``> 0`` check or worse."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+        raise JobSpecError(f"{flag} must be positive and finite, got {value!r}")
+
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One setting of a job, by every name it has."""
+
+    key: str  # `flextrain train` dest; keyword of JobSpec.of / JobSpec.replace
+    path: str  # in JobSpec: "training.global_batch_size"
+    kind: type  # int, float, str, bool or an Enum
+    crd: str | None = None  # in the ElasticJob ("spec.training.globalBatchSize"); None: not in the CRD (yet)
+    flag: str | None = None  # None: "--" + key with dashes
+
+    @property
+    def option(self) -> str:
+        """The command-line option that sets it."""
+        return self.flag or "--" + self.key.replace("_", "-")
+
+
+def _s(key: str, path: str, kind: type, crd: str | None = None, flag: str | None = None) -> Setting:
+    return Setting(key, path, kind, crd, flag)
+
+
+SETTINGS: tuple[Setting, ...] = (
+    _s("name", "name", str, "metadata.name", "--job-name"),
+    _s("model_def", "model_def", str, "spec.modelDef"),
+    _s("job_dir", "job_dir", str, "spec.jobDir"),
+    _s("strategy", "strategy", Strategy, "spec.strategy", "--distribution-strategy"),
+    _s("backend", "backend", Backend),
+    _s("job_type", "job_type", JobType, flag="the command (train, evaluate, predict)"),
+    _s("checkpoint", "checkpoint", str),  # evaluate/predict --checkpoint
+    _s("output", "output", str),  # predict --output
+    _s("training_data", "data.training", str, "spec.data.training"),
+    _s("validation_data", "data.validation", str, "spec.data.validation"),
+    _s("prediction_data", "data.prediction", str, "spec.data.prediction"),
+    _s("skip_unknown_files", "data.skip_unknown_files", bool, "spec.data.skipUnknownFiles"),
+    _s("csv_header", "data.csv_header", bool, "spec.data.csvHeader"),
+    _s("epochs", "training.epochs", int, "spec.training.epochs"),
+    _s("global_batch_size", "training.global_batch_size", int, "spec.training.globalBatchSize"),
+    _s("max_micro_batch", "training.max_micro_batch", int, "spec.training.maxMicroBatch"),
+    _s("learning_rate", "training.learning_rate", float, "spec.training.learningRate", "--lr"),
+    _s("evaluation_steps", "training.evaluation_steps", int, "spec.training.evaluationSteps"),
+    _s("checkpoint_steps", "training.checkpoint_steps", int, "spec.training.checkpointSteps"),
+    _s("seed", "training.seed", int, "spec.training.seed"),
+    _s("shuffle", "training.shuffle", bool, "spec.training.shuffle"),
+    _s("steps_per_task", "training.steps_per_task", int, "spec.training.stepsPerTask"),
+    _s("max_task_retries", "training.max_task_retries", int, "spec.training.maxTaskRetries"),
+    _s("preflight", "training.preflight", bool, "spec.training.preflight", "--no-preflight"),
+    _s("nan_policy", "training.nan_policy", str, "spec.training.nanPolicy"),
+    _s("workers", "worker.replicas", int, "spec.replicaSpecs.worker.replicas"),
+    _s("min_workers", "worker.min_replicas", int, "spec.replicaSpecs.worker.minReplicas"),
+    _s("max_workers", "worker.max_replicas", int, "spec.replicaSpecs.worker.maxReplicas"),
+    _s("relaunch_budget", "worker.relaunch_budget", int, "spec.replicaSpecs.worker.relaunchBudget"),
+    _s("rendezvous_timeout", "worker.rendezvous_timeout", float, "spec.replicaSpecs.worker.rendezvousTimeout"),
+    _s("worker_timeout", "worker.worker_timeout", float, "spec.replicaSpecs.worker.workerTimeout"),
+    _s("start_timeout", "worker.start_timeout", float, "spec.replicaSpecs.worker.startTimeout"),
+    _s("min_workers_timeout", "worker.min_workers_timeout", float, "spec.replicaSpecs.worker.minWorkersTimeout"),
+    _s("ps", "ps.replicas", int, "spec.replicaSpecs.ps.replicas"),
+    _s("ps_mode", "ps.ps_mode", str, "spec.replicaSpecs.ps.psMode"),
+    _s("grads_to_wait", "ps.grads_to_wait", int, "spec.replicaSpecs.ps.gradsToWait"),
+    _s("ps_checkpoint_steps", "ps.ps_checkpoint_steps", int, "spec.replicaSpecs.ps.psCheckpointSteps"),
+    _s("ps_wal", "ps.ps_wal", bool, "spec.replicaSpecs.ps.psWal"),
+)
+SETTING = {s.key: s for s in SETTINGS}
+SETTING_AT = {s.path: s for s in SETTINGS}
+
+
+def flag_of(key: str) -> str:
+    """The ``flextrain train`` flag of a setting, by key or JobSpec path."""
+    setting = SETTING.get(key) or SETTING_AT.get(key)
+    return setting.option if setting else "--" + key.rsplit(".", 1)[-1].replace("_", "-")
+
+
+# Every numeric JobSpec field, by kind. OPTIONAL_NUMBERS ones may be None (= derived from another field).
+NUMBER_RULES = (
+    (check_count, ("workers", "epochs", "global_batch_size", "steps_per_task",
+                   "max_micro_batch", "min_workers", "max_workers", "grads_to_wait")),
+    (check_non_negative, ("evaluation_steps", "max_task_retries", "checkpoint_steps", "relaunch_budget",
+                          "ps_checkpoint_steps")),
+    (check_positive_finite, ("rendezvous_timeout", "worker_timeout", "start_timeout", "min_workers_timeout",
+                             "learning_rate")),
+)
+NAN_POLICIES = ("fail", "skip-step")
+OPTIONAL_NUMBERS = {"max_micro_batch", "min_workers", "max_workers", "grads_to_wait", "learning_rate"}

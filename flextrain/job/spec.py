@@ -1,0 +1,316 @@
+"""JobSpec and its sections, which mirror the ElasticJob's ``spec``."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from flextrain.job.settings import (
+    SETTING_AT,
+    NAME_RE,
+    NUMBER_RULES,
+    OPTIONAL_NUMBERS,
+    NAN_POLICIES,
+    SETTING,
+    SETTINGS,
+    Backend,
+    JobSpecError,
+    JobType,
+    Strategy,
+    is_int,
+    check_non_negative,
+    flag_of,
+)
+
+@dataclass(frozen=True)
+class DataSpec:
+    """``spec.data``: where the records come from and how files are read."""
+
+    training: str | None = None  # required for training jobs
+    validation: str | None = None
+    prediction: str | None = None  # prediction jobs: records to predict on
+    # Files under a data path that are not RecordIO or CSV (or dangling links, unreadable files):
+    # skipped with a warning naming each instead of failing the job (flextrain.data.sources).
+    skip_unknown_files: bool = False
+    # The first line of every CSV data file is a header, not a record.
+    csv_header: bool = False
+
+
+@dataclass(frozen=True)
+class TrainingSpec:
+    """``spec.training``: what one optimizer step is and how the job steps through the data."""
+
+    epochs: int = 1
+    global_batch_size: int = 64
+    # Largest micro-batch one worker holds; None means the whole global batch.
+    max_micro_batch: int | None = None
+    learning_rate: float | None = None  # None: the module's own
+    # Evaluate on the validation data every this many optimizer steps (0: only at the end).
+    evaluation_steps: int = 0
+    # Save model + ledger every this many optimizer steps (0: only at the end).
+    checkpoint_steps: int = 0
+    seed: int = 0
+    shuffle: bool = False
+    # Optimizer steps per task: the granularity of hand-out and re-queueing.
+    steps_per_task: int = 8
+    max_task_retries: int = 3
+    # Before any worker starts, check the module's contract on the first records in a child
+    # process (flextrain.worker.preflight); off for a module that needs the workers' hardware.
+    preflight: bool = True
+    # A non-finite loss or gradient: "fail" stops the job naming the step (nothing is applied);
+    # "skip-step" drops that step (its records count as trained, nothing is applied) and goes on.
+    nan_policy: str = "fail"
+
+    @property
+    def effective_max_micro_batch(self) -> int:
+        return self.max_micro_batch or self.global_batch_size
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """``spec.replicaSpecs.worker``: how many workers, and when one counts as lost."""
+
+    replicas: int = 1
+    min_replicas: int | None = None  # None: replicas
+    max_replicas: int | None = None  # None: replicas
+    # Times a crashed worker is relaunched before the job gives up on it.
+    relaunch_budget: int = 3
+    # Seconds a round waits for stragglers once `min_replicas` are present.
+    rendezvous_timeout: float = 10.0
+    # Seconds without a heartbeat after which a worker counts as hung.
+    worker_timeout: float = 60.0
+    # Seconds a started worker may take to be ready (import the module, build model and
+    # optimizer) before it counts as hung; a pod not yet scheduled is not started.
+    start_timeout: float = 300.0
+    # Seconds a job waits with fewer than min_replicas alive before it fails.
+    min_workers_timeout: float = 300.0
+
+    @property
+    def effective_min_replicas(self) -> int:
+        return self.min_replicas if self.min_replicas is not None else self.replicas
+
+    @property
+    def effective_max_replicas(self) -> int:
+        return self.max_replicas if self.max_replicas is not None else self.replicas
+
+
+@dataclass(frozen=True)
+class PSSpec:
+    """``spec.replicaSpecs.ps``: the parameter servers of the ParameterServer strategy (unused by AllReduce)."""
+
+    replicas: int = 0  # must be >= 1 with ParameterServer
+    # "sync": a PS applies one update per `grads_to_wait` pushes and rejects stale
+    # ones (the worker recomputes them); "async": every push is applied at once.
+    ps_mode: str = "sync"
+    # Pushes a sync PS averages into one update. None means 1: with more, the
+    # last minibatches of a job can wait for pushes that never come.
+    grads_to_wait: int | None = None
+    # A PS checkpoints every this many of its versions (0: only when it stops).
+    ps_checkpoint_steps: int = 20
+    # Each PS appends every change it acknowledges to a write-ahead log before
+    # applying it, so a relaunched PS comes back exactly where it was. Off: a
+    # relaunched PS loses the updates since its last checkpoint (faster pushes).
+    ps_wal: bool = True
+
+    @property
+    def effective_grads_to_wait(self) -> int:
+        return self.grads_to_wait or 1
+
+
+SECTIONS = {"data": DataSpec, "training": TrainingSpec, "worker": WorkerSpec, "ps": PSSpec}
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    name: str
+    model_def: str
+    job_dir: str
+    job_type: JobType = JobType.TRAINING
+    strategy: Strategy = Strategy.ALLREDUCE
+    backend: Backend = Backend.LOCAL
+    # Evaluation/prediction jobs: the flextrain checkpoint file whose model they run.
+    checkpoint: str | None = None
+    # Prediction jobs: the directory predictions go to.
+    output: str | None = None
+    data: DataSpec = DataSpec()
+    training: TrainingSpec = TrainingSpec()
+    worker: WorkerSpec = WorkerSpec()
+    ps: PSSpec = PSSpec()
+
+    # ---- construction and access by key ----------------------------------
+    @classmethod
+    def of(cls, *, name: str, model_def: str, job_dir: str, **settings) -> "JobSpec":
+        """A JobSpec from settings by key (``workers=3, epochs=2``, see :data:`SETTINGS`); not validated."""
+        return cls(name=name, model_def=model_def, job_dir=job_dir).replace(**settings)
+
+    def replace(self, **changes) -> "JobSpec":
+        """A copy with settings changed by key (``workers=5``) or whole sections (``training=...``)."""
+        top: dict = {}
+        nested: dict[str, dict] = {}
+        for key, value in changes.items():
+            if key in SECTIONS and isinstance(value, SECTIONS[key]):  # `ps=2` is a count, `ps=PSSpec(..)` a section
+                top[key] = value
+                continue
+            setting = SETTING.get(key)
+            if setting is None:
+                raise JobSpecError(f"unknown JobSpec setting {key!r}")
+            section, _, leaf = setting.path.rpartition(".")
+            if section:
+                nested.setdefault(section, {})[leaf] = value
+            else:
+                top[leaf] = value
+        for section, leaves in nested.items():
+            top[section] = dataclasses.replace(top.get(section, getattr(self, section)), **leaves)
+        return dataclasses.replace(self, **top)
+
+    def get(self, key: str):
+        """A setting's value by key (``"workers"``) or JobSpec path (``"worker.replicas"``)."""
+        value = self
+        for part in (SETTING[key].path if key in SETTING else key).split("."):
+            value = getattr(value, part)
+        return value
+
+    def settings(self) -> dict:
+        """Every setting's value by key, in :data:`SETTINGS` order."""
+        return {s.key: self.get(s.key) for s in SETTINGS}
+
+    # ---- derived -----------------------------------------------------------
+    @property
+    def ps_checkpoint_dir(self) -> Path:
+        return Path(self.job_dir) / "ps-checkpoints"
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return Path(self.job_dir) / "checkpoints"
+
+    # ---- validation --------------------------------------------------------
+    def validate(self) -> "JobSpec":
+        """Raise JobSpecError naming the first field that cannot work."""
+        for section, kind in SECTIONS.items():
+            if not isinstance(getattr(self, section), kind):  # a hand-built spec; of() and from_json build them
+                raise JobSpecError(f"JobSpec.{section} must be a {kind.__name__}, got {getattr(self, section)!r}")
+        if not isinstance(self.name, str) or not NAME_RE.match(self.name) or len(self.name) > 53:
+            raise JobSpecError(
+                f"job name {self.name!r} must be a DNS label: lower-case letters, digits and '-', "
+                "at most 53 characters"
+            )
+        if not self.model_def:
+            raise JobSpecError("--model-def is required (e.g. model_zoo/digits_torch.py:Model)")
+        for check, fields in NUMBER_RULES:
+            for field in fields:
+                value = self.get(field)
+                if value is not None or field not in OPTIONAL_NUMBERS:
+                    check(flag_of(field), value)
+        if not is_int(self.training.seed) or not 0 <= self.training.seed < 2**63:  # what torch.manual_seed and the CRD take
+            raise JobSpecError(f"--seed must be an integer from 0 to 2**63-1, got {self.training.seed!r}")
+        if self.training.nan_policy not in NAN_POLICIES:
+            raise JobSpecError(f"--nan-policy must be one of {', '.join(NAN_POLICIES)}, got {self.training.nan_policy!r}")
+        for field in ("shuffle", "ps_wal", "preflight", "skip_unknown_files", "csv_header"):
+            if not isinstance(self.get(field), bool):
+                raise JobSpecError(f"{'--preflight' if field == 'preflight' else flag_of(field)} must be true or false, got {self.get(field)!r}")
+        for name, field, kind in (("--distribution-strategy", "strategy", Strategy), ("job type", "job_type", JobType),
+                                  ("backend", "backend", Backend)):
+            if not isinstance(getattr(self, field), kind):  # from_json converts; a hand-built spec may not
+                raise JobSpecError(f"{name} must be one of {', '.join(k.value for k in kind)}, "
+                                   f"got {self.get(field)!r}")
+        self._validate_worker_range()
+        self._validate_job_type()
+        self._validate_ps()
+        return self
+
+    def _validate_worker_range(self) -> None:
+        """min_workers <= workers <= max_workers, blaming only flags that were given.
+
+        An unset bound defaults to --workers, so it can never be the culprit:
+        ``--workers 3 --max-workers 2`` is about --workers and --max-workers.
+        """
+        lo, n, hi = self.worker.min_replicas, self.worker.replicas, self.worker.max_replicas
+        if lo is not None and hi is not None:
+            if lo > hi:
+                raise JobSpecError(f"--min-workers ({lo}) is greater than --max-workers ({hi})")
+            if not lo <= n <= hi:
+                raise JobSpecError(f"--workers ({n}) must lie between --min-workers ({lo}) and --max-workers ({hi})")
+        elif lo is not None and lo > n:
+            raise JobSpecError(f"--min-workers ({lo}) is greater than --workers ({n})")
+        elif hi is not None and n > hi:
+            raise JobSpecError(f"--workers ({n}) is greater than --max-workers ({hi})")
+
+    def _validate_job_type(self) -> None:
+        if self.job_type is JobType.TRAINING:
+            if not self.data.training:
+                raise JobSpecError("--training-data is required")
+        else:
+            if self.strategy is not Strategy.ALLREDUCE:
+                raise JobSpecError(f"{self.job_type.value} jobs run without --distribution-strategy "
+                                   f"(got {self.strategy.value})")
+            if not self.checkpoint:
+                raise JobSpecError(f"--checkpoint is required for an {self.job_type.value} job "
+                                   "(a checkpoint file or a training job's directory)")
+        if self.job_type is JobType.EVALUATION and not self.data.validation:
+            raise JobSpecError("--validation-data is required for an evaluation job")
+        if self.job_type is JobType.PREDICTION:
+            if not self.data.prediction:
+                raise JobSpecError("--prediction-data is required for a prediction job")
+            if not self.output:
+                raise JobSpecError("--output is required for a prediction job (directory for the predictions)")
+        if self.training.evaluation_steps and not self.data.validation:
+            raise JobSpecError(f"--evaluation-steps {self.training.evaluation_steps} needs --validation-data")
+        if self.training.evaluation_steps and self.job_type is not JobType.TRAINING:
+            raise JobSpecError("--evaluation-steps applies to training jobs only")
+
+    def _validate_ps(self) -> None:
+        if self.strategy is Strategy.PARAMETER_SERVER:
+            if not is_int(self.ps.replicas) or self.ps.replicas < 1:
+                raise JobSpecError(
+                    f"--distribution-strategy ParameterServer needs --ps N (N >= 1 parameter servers), "
+                    f"got {self.ps.replicas!r}")
+        else:
+            check_non_negative("--ps", self.ps.replicas)
+            if self.ps.replicas:
+                raise JobSpecError(f"--ps {self.ps.replicas} needs --distribution-strategy ParameterServer "
+                                   f"(the strategy is {self.strategy.value})")
+        if self.ps.ps_mode not in ("sync", "async"):
+            raise JobSpecError(f"--ps-mode must be 'sync' or 'async', got {self.ps.ps_mode!r}")
+
+    # ---- (de)serialisation -------------------------------------------------
+    def to_json(self) -> str:
+        """Nested as the sections are; enums by value."""
+        data = dataclasses.asdict(self)
+        for key in ("strategy", "backend", "job_type"):
+            data[key] = getattr(self, key).value
+        return json.dumps(data, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "JobSpec":
+        """Read :meth:`to_json`'s form, or the flat form job directories written before the sections
+        existed (every setting at the top level by key), so such a job can still be resumed."""
+        data = json.loads(text)
+        if not isinstance(data, dict):
+            raise JobSpecError(f"a JobSpec is a JSON object, got {type(data).__name__}")
+        settings: dict = {}
+        unknown = []
+        for key, value in data.items():
+            if key in SECTIONS and (isinstance(value, dict) or key not in SETTING):  # flat "ps": 2 is a count
+                if not isinstance(value, dict):
+                    raise JobSpecError(f"JobSpec section {key!r} must be an object, got {value!r}")
+                for leaf, inner in value.items():
+                    setting = SETTING_AT.get(f"{key}.{leaf}")
+                    if setting is None:
+                        unknown.append(f"{key}.{leaf}")
+                    else:
+                        settings[setting.key] = inner
+            elif key in SETTING:  # a top-level field, or a flat (older) setting
+                settings[key] = value
+            else:
+                unknown.append(key)
+        if unknown:
+            raise JobSpecError(f"unknown JobSpec fields: {', '.join(sorted(unknown))}")
+        for key, kind in (("strategy", Strategy), ("backend", Backend), ("job_type", JobType)):
+            if key in settings:
+                settings[key] = kind(settings[key])
+        try:
+            return cls.of(**settings)
+        except TypeError as exc:  # a required field missing
+            raise JobSpecError(f"JobSpec: {exc}") from None
