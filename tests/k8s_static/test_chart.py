@@ -22,9 +22,14 @@ from k8s_static_support import (
     rendered_objects,
 )
 
-VALUE_SETS = pytest.mark.parametrize("values", CHART_VALUE_SETS.values(), ids=CHART_VALUE_SETS.keys())
+# The shared value sets, plus a list of watched namespaces (not the release namespace) and a private registry.
+WATCH_LIST = {"watchNamespaces": ["team-a", "team-b"], "imagePullSecrets": [{"name": "regcred"}],
+              "jobServiceAccount": {"extraNamespaces": ["team-b"]}}
+ALL_VALUE_SETS = {**CHART_VALUE_SETS, "watch-list": WATCH_LIST}
+VALUE_SETS = pytest.mark.parametrize("values", ALL_VALUE_SETS.values(), ids=ALL_VALUE_SETS.keys())
 FORBIDDEN_VERBS = {"*", "escalate", "bind", "impersonate", "deletecollection"}
 NAMESPACE = "ml-team"
+OPERATOR = "flextrain-operator"  # "flextrain.operatorName" for the release flextrain
 
 
 def objects_of(kind: str, objs: list[dict]) -> list[dict]:
@@ -35,6 +40,22 @@ def operator_container(objs: list[dict]) -> dict:
     (deployment,) = objects_of("Deployment", objs)
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     return container
+
+
+def watched_namespaces(values: dict) -> list[str]:
+    """What the operator should watch: [] for all namespaces, else watchNamespaces or the release namespace."""
+    return [] if values.get("watchAllNamespaces") else values.get("watchNamespaces") or [NAMESPACE]
+
+
+def job_namespaces(values: dict) -> set[str]:
+    """Where the job ServiceAccount belongs: the watched namespaces (all: the release's plus extraNamespaces)."""
+    if values.get("watchAllNamespaces"):
+        return {NAMESPACE, *values.get("jobServiceAccount", {}).get("extraNamespaces", [])}
+    return set(watched_namespaces(values))
+
+
+def job_service_accounts(objs: list[dict]) -> list[dict]:
+    return [o for o in objects_of("ServiceAccount", objs) if o["metadata"]["name"] == "flextrain-job"]
 
 
 @VALUE_SETS
@@ -77,13 +98,14 @@ def test_every_rendered_object_validates_strictly(values):
 
 @VALUE_SETS
 def test_namespaced_objects_go_to_their_namespace(values):
-    """Nothing is hard-wired to `default`: objects land in the release namespace (or the listed job namespaces)."""
-    job_namespaces = {NAMESPACE, *values.get("jobServiceAccount", {}).get("extraNamespaces", [])}
+    """Nothing is hard-wired to `default`: objects land in the release namespace (or the watched/job namespaces)."""
     for obj in rendered_objects(values, namespace=NAMESPACE):
         if obj["kind"] in ("ClusterRole", "ClusterRoleBinding"):
             assert "namespace" not in obj["metadata"]
         elif obj["metadata"]["name"] == "flextrain-job":
-            assert obj["metadata"]["namespace"] in job_namespaces
+            assert obj["metadata"]["namespace"] in job_namespaces(values)
+        elif obj["kind"] in ("Role", "RoleBinding"):
+            assert obj["metadata"]["namespace"] in watched_namespaces(values), obj["metadata"]
         else:
             assert obj["metadata"]["namespace"] == NAMESPACE, obj["metadata"]
 
@@ -137,8 +159,7 @@ def rights(role: dict) -> dict[str, set[str]]:
 def test_job_pods_may_manage_pods_create_services_and_only_patch_job_status(values):
     objs = rendered_objects(values, namespace=NAMESPACE)
     roles = [r for r in objects_of("Role", objs) if r["metadata"]["name"] == "flextrain-job"]
-    assert {r["metadata"]["namespace"] for r in roles} == {
-        NAMESPACE, *values.get("jobServiceAccount", {}).get("extraNamespaces", [])}
+    assert {r["metadata"]["namespace"] for r in roles} == job_namespaces(values)
     for role in roles:
         assert rights(role) == {
             "pods": {"get", "list", "watch", "create", "delete"},
@@ -213,13 +234,126 @@ def test_values_yaml_is_documented_line_by_line():
 @VALUE_SETS
 def test_notes_tell_how_to_submit_and_watch_a_job(values):
     notes = render_chart(values, namespace=NAMESPACE)["NOTES.txt"]
-    for command in (f"kubectl -n {NAMESPACE} apply -f manifests/examples/digits-allreduce.yaml",
-                    f"kubectl -n {NAMESPACE} get ej", "kubectl -n", "scale ej/digits --replicas=", "delete ej/digits"):
+    job_ns = (watched_namespaces(values) or [NAMESPACE])[0]  # a namespace jobs can go to
+    for command in (f"kubectl -n {NAMESPACE} rollout status deployment/{OPERATOR}",
+                    f"kubectl -n {job_ns} apply -f manifests/examples/digits-allreduce.yaml",
+                    f"kubectl -n {job_ns} get ej", "scale ej/digits --replicas=", "delete ej/digits"):
         assert command in notes, command
     if values.get("watchAllNamespaces"):
         assert "all namespaces" in notes and "team-a" in notes
+    elif values.get("watchNamespaces"):
+        assert f"namespaces {', '.join(values['watchNamespaces'])}" in notes
     else:
         assert f"namespace {NAMESPACE}" in notes
+
+
+# ---- watch scope and private registries: issue 20 -----------------------------------------------------------
+def test_operator_watches_the_listed_namespaces_with_a_role_in_each():
+    objs = rendered_objects({"watchNamespaces": ["team-a", "team-b"]}, namespace=NAMESPACE)
+    assert operator_container(objs)["args"] == ["operator", "--namespace", "team-a", "--namespace", "team-b"]
+    assert objects_of("ClusterRole", objs) == [] and objects_of("ClusterRoleBinding", objs) == []
+    (default_role,) = [r for r in objects_of("Role", rendered_objects({})) if r["metadata"]["name"] == OPERATOR]
+    roles = {r["metadata"]["namespace"]: r for r in objects_of("Role", objs) if r["metadata"]["name"] == OPERATOR}
+    bindings = {b["metadata"]["namespace"]: b for b in objects_of("RoleBinding", objs)
+                if b["metadata"]["name"] == OPERATOR}
+    # Only the watched namespaces: none in the release namespace, which it does not watch.
+    assert set(roles) == set(bindings) == {"team-a", "team-b"}
+    for ns, role in roles.items():
+        assert rights(role) == rights(default_role), ns
+        assert bindings[ns]["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": OPERATOR}
+        assert bindings[ns]["subjects"] == [{"kind": "ServiceAccount", "name": OPERATOR, "namespace": NAMESPACE}]
+    # The operator itself stays in the release namespace.
+    (deployment,) = objects_of("Deployment", objs)
+    assert deployment["metadata"]["namespace"] == NAMESPACE
+
+
+def test_repeated_watch_namespaces_are_refused_by_the_schema():
+    with pytest.raises(helm.HelmValuesError, match="watchNamespaces"):
+        render_chart({"watchNamespaces": ["team-a", "team-a"]})
+
+
+@pytest.mark.parametrize("values, expected", [
+    ({}, {NAMESPACE}),
+    ({"watchNamespaces": ["team-a", "team-b"]}, {"team-a", "team-b"}),
+    ({"watchNamespaces": ["team-a", NAMESPACE], "jobServiceAccount": {"extraNamespaces": [NAMESPACE]}},
+     {"team-a", NAMESPACE}),
+    ({"watchAllNamespaces": True, "jobServiceAccount": {"extraNamespaces": ["team-a"]}}, {NAMESPACE, "team-a"}),
+], ids=["release-namespace", "watch-list", "watched-extra", "all-namespaces"])
+def test_job_service_accounts_only_where_the_operator_watches(values, expected):
+    objs = rendered_objects(values, namespace=NAMESPACE)
+    for kind in ("ServiceAccount", "Role", "RoleBinding"):
+        found = [o["metadata"]["namespace"] for o in objects_of(kind, objs) if o["metadata"]["name"] == "flextrain-job"]
+        assert sorted(found) == sorted(expected), kind
+
+
+@pytest.mark.parametrize("values, watched", [
+    ({"jobServiceAccount": {"extraNamespaces": ["team-x"]}}, NAMESPACE),
+    ({"watchNamespaces": ["team-a"], "jobServiceAccount": {"extraNamespaces": ["team-a", "team-x"]}}, "team-a"),
+], ids=["release-namespace", "watch-list"])
+def test_an_unwatched_extra_namespace_fails_the_render_naming_it(values, watched):
+    with pytest.raises(helm.HelmRenderError) as failure:
+        render_chart(values, namespace=NAMESPACE)
+    message = str(failure.value)
+    assert 'does not watch namespace "team-x"' in message, message
+    assert f"(it watches {watched})" in message and 'add "team-x" to watchNamespaces' in message, message
+
+
+def test_watch_all_namespaces_refuses_a_watch_list():
+    with pytest.raises(helm.HelmRenderError,
+                       match=r"watchNamespaces \(team-a\) must be empty when watchAllNamespaces is true"):
+        render_chart({"watchAllNamespaces": True, "watchNamespaces": ["team-a"]})
+
+
+@pytest.mark.parametrize("bad", [
+    {"watchNamespaces": ["Team_A"]},
+    {"watchNamespaces": "team-a"},
+    {"watchNamespaces": ["x" * 64]},
+    {"jobServiceAccount": {"extraNamespaces": ["-a"]}},
+    {"jobServiceAccount": {"imagePullSecrets": [{"secret": "regcred"}]}},
+    {"jobServiceAccount": {"imagePullSecrets": "regcred"}},
+    {"imagePullSecrets": [{"name": "Reg_Cred"}]},
+], ids=["uppercase", "not-a-list", "too-long", "leading-dash", "no-name", "not-a-list-of-secrets", "bad-secret-name"])
+def test_values_schema_rejects_bad_namespaces_and_pull_secrets(bad):
+    with pytest.raises(helm.HelmValuesError, match=next(iter(bad))):
+        render_chart(bad)
+
+
+def test_no_image_pull_secrets_by_default():
+    objs = rendered_objects({})
+    assert all("imagePullSecrets" not in sa for sa in objects_of("ServiceAccount", objs))
+    (deployment,) = objects_of("Deployment", objs)
+    assert "imagePullSecrets" not in deployment["spec"]["template"]["spec"]
+
+
+def test_job_service_accounts_pull_with_the_top_level_secrets_by_default():
+    values = {**CHART_VALUE_SETS["all-namespaces"], "imagePullSecrets": [{"name": "regcred"}]}
+    objs = rendered_objects(values, namespace=NAMESPACE)
+    (deployment,) = objects_of("Deployment", objs)
+    assert deployment["spec"]["template"]["spec"]["imagePullSecrets"] == [{"name": "regcred"}]
+    sas = job_service_accounts(objs)
+    assert {sa["metadata"]["namespace"] for sa in sas} == {NAMESPACE, "team-a", "team-b"}
+    for sa in sas:
+        assert sa["imagePullSecrets"] == [{"name": "regcred"}], sa["metadata"]
+    (operator_sa,) = [o for o in objects_of("ServiceAccount", objs) if o["metadata"]["name"] == OPERATOR]
+    assert "imagePullSecrets" not in operator_sa  # the operator pod names them itself
+    notes = render_chart(values, namespace=NAMESPACE)["NOTES.txt"]
+    assert "Secret(s) regcred: each of those namespaces needs its own copy" in notes
+
+
+@pytest.mark.parametrize("job_secrets, expected", [
+    ([{"name": "jobs-cred"}, {"name": "mirror-cred"}], [{"name": "jobs-cred"}, {"name": "mirror-cred"}]),
+    ([], None),
+    (None, [{"name": "regcred"}]),
+], ids=["own-secrets", "none", "null-inherits"])
+def test_job_image_pull_secrets_override_the_top_level_ones(job_secrets, expected):
+    objs = rendered_objects({"watchNamespaces": ["team-a", "team-b"], "imagePullSecrets": [{"name": "regcred"}],
+                             "jobServiceAccount": {"imagePullSecrets": job_secrets}}, namespace=NAMESPACE)
+    (deployment,) = objects_of("Deployment", objs)
+    assert deployment["spec"]["template"]["spec"]["imagePullSecrets"] == [{"name": "regcred"}]
+    sas = job_service_accounts(objs)
+    assert [sa["metadata"]["namespace"] for sa in sas] == ["team-a", "team-b"]
+    for sa in sas:
+        assert sa.get("imagePullSecrets") == expected, sa["metadata"]
 
 
 def test_chart_crd_is_installed_from_crds_dir():

@@ -21,6 +21,55 @@
 flextrain-job
 {{- end -}}
 
+{{/*
+The namespaces the operator watches, as a JSON list (read it with `fromJsonArray`): watchNamespaces,
+or the release namespace when that is empty; an empty list when it watches all namespaces.
+*/}}
+{{- define "flextrain.watchedNamespaces" -}}
+{{- if .Values.watchAllNamespaces -}}
+{{- with .Values.watchNamespaces -}}
+{{- fail (printf "watchNamespaces (%s) must be empty when watchAllNamespaces is true, which watches every namespace: set one or the other" (join ", " .)) -}}
+{{- end -}}
+[]
+{{- else -}}
+{{- default (list .Release.Namespace) .Values.watchNamespaces | uniq | toJson -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+The namespaces that get the job ServiceAccount, as a JSON list: the watched ones, or with
+watchAllNamespaces the release namespace plus jobServiceAccount.extraNamespaces. A job
+ServiceAccount in a namespace the operator does not watch would serve jobs that never start.
+*/}}
+{{- define "flextrain.jobNamespaces" -}}
+{{- $extra := default (list) .Values.jobServiceAccount.extraNamespaces -}}
+{{- if .Values.watchAllNamespaces -}}
+{{- prepend $extra .Release.Namespace | uniq | toJson -}}
+{{- else -}}
+{{- $watched := include "flextrain.watchedNamespaces" . | fromJsonArray -}}
+{{- range $ns := $extra -}}
+{{- if not (has $ns $watched) -}}
+{{- fail (printf "jobServiceAccount.extraNamespaces: the operator does not watch namespace %q (it watches %s), so jobs there would never start: add %q to watchNamespaces (or set watchAllNamespaces=true)" $ns (join ", " $watched) $ns) -}}
+{{- end -}}
+{{- end -}}
+{{- $watched | toJson -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Secrets job pods pull the image with: jobServiceAccount.imagePullSecrets, or the top-level imagePullSecrets when unset (null). JSON list. */}}
+{{- define "flextrain.jobImagePullSecrets" -}}
+{{- $secrets := .Values.jobServiceAccount.imagePullSecrets -}}
+{{- if kindIs "invalid" $secrets -}}
+{{- $secrets = .Values.imagePullSecrets -}}
+{{- end -}}
+{{- default (list) $secrets | toJson -}}
+{{- end -}}
+
+{{/* Refuses contradicting values; renders nothing. */}}
+{{- define "flextrain.checkValues" -}}
+{{- $_ := include "flextrain.jobNamespaces" . -}}
+{{- end -}}
+
 {{- define "flextrain.image" -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
 {{- end -}}
