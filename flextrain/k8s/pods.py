@@ -7,8 +7,11 @@ labelled job/role/index, owned by the ElasticJob (deleting the job removes
 it), runs as ServiceAccount ``flextrain-job`` with ``restartPolicy: Never``
 (the master, not the kubelet, decides about relaunches), and gets the
 job's image, the role's ``resources``, ``priorityClassName`` and ``env`` from
-``spec.replicaSpecs.<role>`` and every ``spec.volumes`` entry (see
-:func:`flextrain.k8s.resource.pod_settings`). Its container runs
+``spec.replicaSpecs.<role>``, every ``spec.volumes`` entry (see
+:func:`flextrain.k8s.resource.pod_settings`), the role's pod template
+(``spec.replicaSpecs.<role>.template``: placement, security, pull Secrets,
+labels; :mod:`flextrain.k8s.template`) and the job's labels. Without a
+template it passes a PodSecurity ``restricted`` namespace. Its container runs
 ``flextrain <args>`` with the instance's arguments and environment plus the
 identity variables of ``meta`` (namespace, job, role, instance id, master
 address, pod IP from the downward API). The user's ``env`` may add
@@ -22,6 +25,7 @@ from typing import Any
 
 from flextrain.k8s import meta
 from flextrain.k8s.resource import pod_settings
+from flextrain.k8s.template import RESTRICTED_CONTAINER, RESTRICTED_POD, pod_labels, security_context, template_of
 
 
 def ps_port(job: Mapping[str, Any], index: int) -> int:
@@ -73,9 +77,16 @@ def job_pod(
     master_address: str,
     port: int | None = None,
 ) -> dict[str, Any]:
-    """Any Pod of ``job`` (master, worker or PS): identity env, the role's settings, owner and labels."""
+    """Any Pod of ``job`` (master, worker or PS): identity env, the role's settings and template,
+    owner and labels.
+
+    The role's template (:mod:`flextrain.k8s.template`) is laid under flextrain's own fields;
+    admission (:func:`flextrain.k8s.template.problems`) has already refused a template that sets
+    one of them, so nothing here silently overrides what the user wrote.
+    """
     name, namespace = job["metadata"]["name"], job["metadata"]["namespace"]
     settings = pod_settings(job, role)
+    tpl = template_of(job.get("spec") or {}, role)
     ours = [
         {"name": meta.ENV_NAMESPACE, "value": namespace},
         {"name": meta.ENV_JOB_NAME, "value": name},
@@ -86,16 +97,19 @@ def job_pod(
         *({"name": k, "value": str(v)} for k, v in env.items()),
     ]
     taken = {e["name"] for e in ours}
+    user_env = [*settings.env, *(tpl.container.get("env") or ())]
     container: dict[str, Any] = {
+        **tpl.container,
         "name": role,
-        "image": settings.image,
+        "image": tpl.container.get("image") or settings.image,
         "command": ["flextrain"],
         "args": list(args),
         # The pod's identity is ours to set; a user's env may add to it, not change it.
-        "env": [dict(e) for e in settings.env if e.get("name") not in taken] + ours,
+        "env": [dict(e) for e in user_env if e.get("name") not in taken] + ours,
         # A container that fails keeps the end of its output in its status: the master names
         # it in the job's failure even when the process died before it could report.
         "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": security_context(RESTRICTED_CONTAINER, tpl.container.get("securityContext")),
     }
     if port is not None:
         container["ports"] = [{"name": "grpc", "containerPort": port, "protocol": "TCP"}]
@@ -103,28 +117,30 @@ def job_pod(
         container["imagePullPolicy"] = settings.image_pull_policy
     if settings.resources:
         container["resources"] = dict(settings.resources)
-    if settings.volume_mounts:
-        container["volumeMounts"] = [dict(m) for m in settings.volume_mounts]
+    mounts = [*(dict(m) for m in settings.volume_mounts), *(tpl.container.get("volumeMounts") or ())]
+    if mounts:
+        container["volumeMounts"] = mounts
     spec: dict[str, Any] = {
+        **tpl.pod,
         "restartPolicy": "Never",
-        "serviceAccountName": meta.JOB_SERVICE_ACCOUNT,
+        "serviceAccountName": tpl.pod.get("serviceAccountName") or meta.JOB_SERVICE_ACCOUNT,
+        "securityContext": security_context(RESTRICTED_POD, tpl.pod.get("securityContext")),
         "containers": [container],
     }
     if settings.priority_class_name:
         spec["priorityClassName"] = settings.priority_class_name
-    if settings.volumes:
-        spec["volumes"] = [dict(v) for v in settings.volumes]
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": pod_name,
-            "namespace": namespace,
-            "labels": meta.labels(name, role, index),
-            "ownerReferences": [meta.owner_reference(job)],
-        },
-        "spec": spec,
+    volumes = [*(dict(v) for v in settings.volumes), *tpl.volumes]
+    if volumes:
+        spec["volumes"] = volumes
+    metadata: dict[str, Any] = {
+        "name": pod_name,
+        "namespace": namespace,
+        "labels": pod_labels(job, tpl, meta.labels(name, role, index)),
+        "ownerReferences": [meta.owner_reference(job)],
     }
+    if tpl.annotations:
+        metadata["annotations"] = dict(tpl.annotations)
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
 
 
 def job_service(job: Mapping[str, Any], *, service_name: str, role: str, index: int | None,

@@ -56,7 +56,7 @@ FIELDS: tuple[Field, ...] = tuple(
 NOT_YET = ("training.lrRule", "training.batchSchedule")
 
 # Fields of the spec that describe pods rather than the job: known, not JobSpec.
-_POD_FIELDS = {"resources", "priorityClassName", "env"}
+_POD_FIELDS = {"resources", "priorityClassName", "env", "template"}
 POD_LEVEL = {
     "image", "volumes", "imagePullPolicy", "replicaSpecs.master.relaunchBudget", "training.checkpointDir",
     *(f"replicaSpecs.{role}.{f}" for role in ("master", "worker", "ps") for f in _POD_FIELDS),

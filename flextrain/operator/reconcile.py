@@ -9,7 +9,13 @@ again (after an operator restart, a retry, or a pod event racing a timer):
   attempt gets "already exists" and does nothing (and records no Event);
 * before relaunching, the job is read again: a master that concluded the job
   writes the terminal phase before it exits, so a dead master of a finished
-  job is never relaunched.
+  job is never relaunched;
+* a create the API server refuses is never retried in a tight loop: a
+  permanent refusal (Invalid, a PodSecurity or admission Forbidden) fails the
+  job naming the object and the API server's reason; a retryable one (quota,
+  throttling) keeps it Pending with a Warning Event and a truthful message,
+  and is retried with exponential backoff (``RETRY_FIRST`` doubling up to
+  ``RETRY_CAP`` seconds); the status says "created" only once it was.
 """
 
 from __future__ import annotations
@@ -17,6 +23,8 @@ from __future__ import annotations
 import enum
 import logging
 import threading
+import time
+from dataclasses import dataclass
 from typing import Any
 
 from flextrain.k8s import meta
@@ -31,7 +39,7 @@ from flextrain.k8s.resource import (
     jobspec_from_resource,
     master_relaunch_budget,
 )
-from flextrain.operator.kube import Kube, now_iso, pod_failure
+from flextrain.operator.kube import Kube, Refusal, now_iso, pod_failure, refusal
 from flextrain.operator.relay import (
     MasterUnreachable,
     Reply,
@@ -43,6 +51,8 @@ from flextrain.operator.relay import (
 log = logging.getLogger(__name__)
 
 TERMINAL = ("Succeeded", "Failed")
+RETRY_FIRST = 2.0  # seconds before the first retry of a refused create
+RETRY_CAP = 60.0  # the longest wait between two tries
 
 
 class Outcome(str, enum.Enum):
@@ -56,6 +66,23 @@ class Outcome(str, enum.Enum):
     OVER = "over"
     DELETING = "deleting"
     MASTER_DONE = "master-done"
+    REFUSED = "refused"  # the API server refused the master's pod or Service: job Failed
+    WAITING = "waiting"  # ... for now (quota, throttling): retried after a backoff
+
+
+@dataclass
+class _Backoff:
+    """A job whose master objects the API server refused for now."""
+
+    tries: int
+    next_try: float  # time.monotonic()
+    told: str  # the refusal last reported in an Event (reported again only when it changes)
+
+
+class _Refused(Exception):
+    def __init__(self, what: str, refusal: Refusal) -> None:
+        super().__init__(f"{what}: {refusal}")
+        self.what, self.refusal = what, refusal
 
 
 def _phase(job: dict | None) -> str | None:
@@ -81,6 +108,7 @@ class Reconciler:
     def __init__(self, kube: Kube) -> None:
         self.kube = kube
         self._refused: dict[str, Any] = {}  # job uid -> replica count refused last
+        self._backoff: dict[str, _Backoff] = {}  # job uid -> its refused master objects' next try
         self._stops_sent: set[tuple[Any, ...]] = set()  # (job uid, master relaunches, reason) sent
         self._lock = threading.Lock()
 
@@ -97,11 +125,22 @@ class Reconciler:
             return Outcome.DELETING
         if _phase(job) in TERMINAL:
             return Outcome.OVER
+        backoff = self._backoff.get(job["metadata"].get("uid"))
+        if backoff is not None and time.monotonic() < backoff.next_try:
+            return Outcome.WAITING
+        try:
+            return self._ensure(job)
+        except _Refused as refused:
+            return self._on_refusal(job, refused)
+
+    def _ensure(self, job: dict) -> Outcome:
+        namespace, name = _ident(job)
         pods = self.kube.master_pods(namespace, name)
         relaunches = (job.get("status") or {}).get("masterRelaunches")
         if relaunches is None and not pods:
             return self._create(job)
-        self.kube.create_service(master_service(job))  # idempotent; heals a deleted Service
+        self._create_object(f"master service {meta.master_service_name(name)}",  # idempotent; heals a deleted one
+                            lambda: self.kube.create_service(master_service(job)))
         current = max([relaunches or 0, *pods])
         if relaunches != current:
             self.kube.patch_status(job, {"masterRelaunches": current})
@@ -119,20 +158,54 @@ class Reconciler:
             self.fail(job, reason="InvalidSpec", message=problem)
             return Outcome.INVALID
         spec = jobspec_from_resource(job)
-        _, name = _ident(job)
-        pod = master_pod_name(name, 0)
-        # Status first: written after the pod, it could overwrite a fast master's "Running".
-        self.kube.patch_status(job, {
-            "phase": "Pending", "masterRelaunches": 0, "message": f"master pod {pod} created",
-            "selector": meta.selector(name, "worker"), "startTime": now_iso(),
-            "workers": {"desired": spec.worker.replicas, "active": 0, "summary": f"0/{spec.worker.replicas}"},
-        })
-        self.kube.create_service(master_service(job))
-        created = self.kube.create_pod(master_pod(job, index=0))
+        namespace, name = _ident(job)
+        pod, service = master_pod_name(name, 0), meta.master_service_name(name)
+        self._create_object(f"master service {service}", lambda: self.kube.create_service(master_service(job)))
+        created = self._create_object(f"master pod {pod}", lambda: self.kube.create_pod(master_pod(job, index=0)))
+        self._backoff.pop(job["metadata"].get("uid"), None)
+        # Written once the pod exists. A master that started fast may have written its own phase
+        # meanwhile; only a job still Pending (or without status) gets the operator's.
+        status: dict[str, Any] = {"masterRelaunches": 0, "selector": meta.selector(name, "worker"),
+                                  "startTime": now_iso()}
+        if _phase(self.kube.get_job(namespace, name)) in (None, "Pending"):
+            status.update(phase="Pending", message=f"master pod {pod} created", workers={
+                "desired": spec.worker.replicas, "active": 0, "summary": f"0/{spec.worker.replicas}"})
+        self.kube.patch_status(job, status)
         if created:
-            self.kube.event(job, reason="MasterCreated",
-                            message=f"created master pod {pod} and service {meta.master_service_name(name)}")
+            self.kube.event(job, reason="MasterCreated", message=f"created master pod {pod} and service {service}")
         return Outcome.CREATED
+
+    def _create_object(self, what: str, create) -> bool:
+        """``create()``; an API refusal becomes :class:`_Refused` naming ``what``."""
+        try:
+            return create()
+        except Exception as exc:
+            found = refusal(exc)
+            if found is None:
+                raise  # not the API server's answer (connection lost...): the sweep tries again
+            raise _Refused(what, found) from exc
+
+    def _on_refusal(self, job: dict, refused: _Refused) -> Outcome:
+        """Fail the job for a permanent refusal; wait (backoff, one Event per new reason) for a retryable one."""
+        uid = job["metadata"].get("uid")
+        what, why = refused.what, refused.refusal
+        if not why.retryable:
+            self._backoff.pop(uid, None)
+            self.fail(job, reason="MasterRefused", message=f"the API server refused to create {what}: {why}")
+            return Outcome.REFUSED
+        previous = self._backoff.get(uid)
+        tries = previous.tries + 1 if previous else 1
+        delay = min(RETRY_CAP, RETRY_FIRST * 2 ** (tries - 1))
+        message = f"waiting to create {what}: {why}; try {tries}, next in {delay:.0f}s"
+        self._backoff[uid] = _Backoff(tries, time.monotonic() + delay, str(why))
+        status = {"message": message}
+        if _phase(job) is None:
+            status["phase"] = "Pending"
+        self.kube.patch_status(job, status)
+        if previous is None or previous.told != str(why):
+            self.kube.event(job, reason="MasterPending", message=message, warning=True)
+        log.info("%s/%s: %s", *_ident(job), message)
+        return Outcome.WAITING
 
     def _relaunch(self, namespace: str, name: str, current: int, why: str) -> Outcome:
         job = self.kube.get_job(namespace, name)  # fresh: did the master conclude the job before dying?
@@ -148,7 +221,8 @@ class Reconciler:
                               f"(spec.replicaSpecs.master.relaunchBudget = {budget}) used up")
             return Outcome.FAILED
         new = master_pod_name(name, current + 1)
-        created = self.kube.create_pod(master_pod(job, index=current + 1))
+        created = self._create_object(f"master pod {new}", lambda: self.kube.create_pod(master_pod(job, index=current + 1)))
+        self._backoff.pop(job["metadata"].get("uid"), None)
         message = (f"master pod {old} {why}: relaunched as {new} ({current + 1}/{budget}); "
                    "it resumes from the job's latest checkpoint")
         self.kube.patch_status(job, {"masterRelaunches": current + 1, "message": message})

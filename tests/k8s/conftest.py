@@ -36,9 +36,16 @@ delete's ``gracePeriodSeconds`` (graceful deletion is then the node agent's
 job, through its finalizer); a watch takes its bus position before listing, so
 no event between the listing and the stream is lost.
 
+Admission: ``cluster.admit(check)`` adds a check that sees every create as
+``check(resource, namespace, body)`` (``resource`` compares equal to strings
+like ``"v1/pods"``) and refuses it by returning ``(code, reason, message)``,
+answered as a real API server's ``Status`` (e.g. 403 Forbidden for quota or
+PodSecurity, 422 Invalid); ``podsecurity.restricted_namespace(ns)`` is the
+PodSecurity ``restricted`` profile as such a check.
+
 Known limits: no field selectors, no label-selector filtering on the server
-(filter on the client), no admission/validation, no garbage collection by
-ownerReferences (tests assert the references instead).
+(filter on the client), no admission/validation of its own, no garbage
+collection by ownerReferences (tests assert the references instead).
 """
 
 from __future__ import annotations
@@ -57,6 +64,7 @@ import kmock
 import pytest
 import yaml
 from kmock._internal import enums, rendering
+from kmock._internal.k8s import KubernetesError
 
 from flextrain.k8s import meta
 
@@ -97,11 +105,22 @@ def elasticjob_resource() -> tuple[str, kmock.ResourceInfo]:
     return f"{group}/{version}/{plural}", info
 
 
+@attrs.frozen
+class Refused(KubernetesError):
+    """An admission check's "no", rendered by kmock as a core/v1 Status with this code."""
+
+    status: int = 403
+    reason: str = "Forbidden"
+    message: str = ""
+
+
 @attrs.define(kw_only=True)
 class FlexEmulator(kmock.KubernetesEmulator):
     """kmock's emulator plus the server-side behaviour listed in the module docstring."""
 
     _versions: Any = attrs.field(factory=lambda: itertools.count(1), init=False)
+    admission: list[Callable[[Any, str | None, dict], tuple[int, str, str] | None]] = attrs.field(
+        factory=list, init=False)
 
     def _kind_of(self, resource: kmock.resource) -> tuple[str | None, str]:
         info = self.resources[resource] if resource in self._get_resources() else None
@@ -112,6 +131,12 @@ class FlexEmulator(kmock.KubernetesEmulator):
         data = request.data
         if request.resource is not None and isinstance(data, dict):
             if request.action == enums.action.CREATE:
+                namespace = request.namespace or (data.get("metadata") or {}).get("namespace")
+                for check in list(self.admission):
+                    refused = check(request.resource, namespace, data)
+                    if refused is not None:
+                        code, reason, message = refused
+                        raise Refused(status=code, reason=reason, message=message)
                 self._on_create(request, data)
             elif request.action == enums.action.UPDATE and request.name is not None:
                 data.setdefault("metadata", {})["resourceVersion"] = str(next(self._versions))
@@ -233,6 +258,11 @@ class Cluster:
         async def run() -> Any:
             return fn()
         return asyncio.run_coroutine_threadsafe(run(), self._loop).result(timeout)
+
+    def admit(self, check: Callable[[Any, str | None, dict], tuple[int, str, str] | None]) -> Callable[[], None]:
+        """Add an admission check (see the module docstring); returns a function that removes it."""
+        self.call(lambda: self.emulator.admission.append(check))
+        return lambda: self.call(lambda: self.emulator.admission.remove(check))
 
     def kubeconfig_dict(self) -> dict:
         return {

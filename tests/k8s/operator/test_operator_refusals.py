@@ -1,0 +1,64 @@
+"""A master pod the API server refuses: the job fails naming the pod and the reason (permanent
+refusals), or waits Pending with a Warning Event and backs off (quota) -- never a tight loop."""
+
+from __future__ import annotations
+
+import time
+
+from ft_helpers import wait_for
+from podsecurity import restricted_namespace
+from test_operator_create import elasticjob
+
+
+def test_a_pod_refused_by_podsecurity_fails_the_job_naming_pod_and_reason(k8s_cluster, operator, jobs):
+    k8s_cluster.admit(restricted_namespace(k8s_cluster.namespace))
+    job = elasticjob("loose")
+    job["spec"]["replicaSpecs"]["master"] = {
+        "template": {"spec": {"containers": [{"securityContext": {"allowPrivilegeEscalation": True}}]}}}
+    jobs.create(job)
+    status = wait_for(lambda: jobs.status("loose").get("phase") == "Failed" and jobs.status("loose"),
+                      timeout=30, what="the job to fail")
+    assert status["message"].startswith("the API server refused to create master pod loose-master-0: ")
+    assert 'violates PodSecurity "restricted:latest": container \'master\': allowPrivilegeEscalation != false' \
+        in status["message"]
+    assert "(403 Forbidden)" in status["message"]
+    (event,) = [e for e in jobs.events("loose") if e["reason"] == "MasterRefused"]
+    assert event["type"] == "Warning" and "loose-master-0" in event["message"]
+    assert jobs.master_pods("loose") == {}
+
+
+def test_default_pods_are_admitted_by_a_restricted_namespace(k8s_cluster, operator, jobs):
+    k8s_cluster.admit(restricted_namespace(k8s_cluster.namespace))
+    jobs.create(elasticjob("strict"))
+    wait_for(lambda: jobs.master_pods("strict"), timeout=30, what="the master pod")
+    assert jobs.status("strict").get("phase") in ("Pending", "Running")
+
+
+def test_quota_keeps_the_job_pending_with_backoff_until_it_frees(k8s_cluster, operator, jobs):
+    tries: list = []
+    lift = k8s_cluster.admit(lambda res, ns, body: (
+        tries.append(time.monotonic()) or (403, "Forbidden", f'pods "{body["metadata"]["name"]}" is forbidden: '
+                                                                 "exceeded quota: team-quota, requested: pods=1, "
+                                                                 "used: pods=10, limited: pods=10"))
+        if res == "v1/pods" else None)
+    jobs.create(elasticjob("quota"))
+    status = wait_for(lambda: "exceeded quota" in (jobs.status("quota").get("message") or "") and jobs.status("quota"),
+                      timeout=30, what="a status naming the quota")
+    assert status["phase"] == "Pending"
+    assert status["message"].startswith("waiting to create master pod quota-master-0: pods \"quota-master-0\" "
+                                        "is forbidden: exceeded quota: team-quota")
+    start = tries[0]
+    wait_for(lambda: time.monotonic() - start > 7, timeout=30, what="seven seconds")  # the sweep runs every second
+    within = [t for t in tries if t - start <= 7]
+    assert 2 <= len(within) <= 3, within  # tries at 0, 2, 6 s: backing off, not one per sweep
+    gaps = [b - a for a, b in zip(within, within[1:])]
+    assert all(later > earlier for earlier, later in zip(gaps, gaps[1:])), gaps
+    warnings = [e for e in jobs.events("quota") if e["reason"] == "MasterPending"]
+    assert len(warnings) == 1 and warnings[0]["type"] == "Warning"  # one Event per reason, not per try
+    assert jobs.status("quota")["phase"] == "Pending" and "masterRelaunches" not in jobs.status("quota")
+    lift()
+    wait_for(lambda: jobs.master_pods("quota"), timeout=40, what="the master pod once the quota frees")
+    status = wait_for(lambda: jobs.status("quota").get("masterRelaunches") == 0 and jobs.status("quota"),
+                      timeout=30, what="the created status")
+    assert status["message"] == "master pod quota-master-0 created"
+    assert "MasterCreated" in jobs.reasons("quota")
