@@ -1,10 +1,15 @@
-"""Write manifests/rbac.yaml and manifests/operator.yaml from the Helm chart.
+"""Write manifests/rbac.yaml, manifests/operator.yaml and the CRD copies from the Helm chart.
 
 The plain manifests are the chart rendered with its default values as release
 ``flextrain`` in namespace ``default``, minus the labels only Helm means
 (``helm.sh/chart``, ``app.kubernetes.io/managed-by: Helm``), so the two install
 paths cannot drift apart; ``tests/k8s_static`` fails when they do. Rendering is
 offline (helm-python-sdk binds Helm's Go SDK; no helm binary, no cluster).
+
+The CRD's source is ``charts/flextrain/crds/elasticjobs.yaml`` (Helm installs
+``crds/`` verbatim); it is copied byte for byte to ``manifests/crd.yaml`` and
+to ``flextrain/k8s/crd.yaml``, the package data ``flextrain validate`` reads
+its schema from (an installed package has no charts/ or manifests/).
 
     .venv/bin/python manifests/generate.py          # rewrite the files
     .venv/bin/python manifests/generate.py --check  # exit 1 if they are stale
@@ -25,6 +30,8 @@ RELEASE = "flextrain"
 NAMESPACE = "default"
 HELM_ONLY_LABELS = ("helm.sh/chart", "app.kubernetes.io/managed-by")
 
+CRD_SOURCE = CHART / "crds" / "elasticjobs.yaml"
+CRD_COPIES = (MANIFESTS / "crd.yaml", REPO / "flextrain" / "k8s" / "crd.yaml")
 # Which rendered templates make up which plain manifest, in apply order.
 FILES = {
     "rbac.yaml": ("operator-serviceaccount.yaml", "operator-rbac.yaml", "job-rbac.yaml"),
@@ -81,11 +88,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="only report whether the files are up to date")
     args = parser.parse_args(argv)
     stale = []
-    for filename, text in plain_manifests().items():
-        path = MANIFESTS / filename
+    wanted = {MANIFESTS / filename: text for filename, text in plain_manifests().items()}
+    wanted.update({path: CRD_SOURCE.read_text() for path in CRD_COPIES})
+    for path, text in wanted.items():
         if path.exists() and path.read_text() == text:
             continue
-        stale.append(filename)
+        stale.append(str(path.relative_to(REPO)))
         if not args.check:
             path.write_text(text)
     if args.check and stale:

@@ -1,4 +1,4 @@
-"""``flextrain`` command line: train, status, scale, stop, evaluate, predict, operator, master, data, worker, ps.
+"""``flextrain`` command line: train, status, scale, stop, evaluate, predict, operator, master, data, validate, worker, ps.
 
 This package assembles the parser from one module per command group and runs
 the command (``main``, the ``flextrain`` console script):
@@ -11,6 +11,7 @@ the command (``main``, the ``flextrain`` console script):
 * flextrain.cli.cluster -- ``operator`` and ``master``, what runs inside the cluster
 * flextrain.cli.data -- ``data digits|ctr``
 * flextrain.cli.internal -- ``worker``, ``ps``, ``preflight``
+* flextrain.cli.validate -- ``validate``: ElasticJob YAML checked offline as the cluster would
 
 The modules never import this package; it imports them.
 """
@@ -22,7 +23,7 @@ import logging
 import os
 import sys
 
-from flextrain.cli import cluster, data, evaluate, internal, jobs, kubernetes, train
+from flextrain.cli import cluster, data, evaluate, internal, jobs, kubernetes, train, validate
 from flextrain.cli.common import DEFAULT_JOBS_DIR, CLIError, HelpFormatter, add_data_flags
 from flextrain.cli.train import build_spec, cmd_train, given_flags, resume_spec
 from flextrain.orphans import exit_with_parent
@@ -41,6 +42,7 @@ def make_parser() -> argparse.ArgumentParser:
     kubernetes.add_commands(sub)  # Kubernetes flags on train/status/stop/scale
     data.add_commands(sub)  # data digits|ctr
     internal.add_commands(sub)  # ps, preflight, worker
+    validate.add_commands(sub)  # validate
     return parser
 
 

@@ -18,18 +18,20 @@ from flextrain.job.settings import (
     NAN_POLICIES,
     SETTING,
     SETTINGS,
+    VALUE_RULES,
     Backend,
     JobSpecError,
     JobType,
     Setting,
     Strategy,
     check_count,
+    check_job_name,
     check_non_negative,
     check_positive_finite,
     flag_of,
 )
 from flextrain.job.spec import SECTIONS, DataSpec, JobSpec, PSSpec, TrainingSpec, WorkerSpec
 
-__all__ = ["NAN_POLICIES", "SECTIONS", "SETTING", "SETTINGS", "Backend", "DataSpec", "JobSpec", "JobSpecError",
-           "JobType", "PSSpec", "Setting", "Strategy", "TrainingSpec", "WorkerSpec", "check_count",
-           "check_non_negative", "check_positive_finite", "flag_of"]
+__all__ = ["NAN_POLICIES", "SECTIONS", "SETTING", "SETTINGS", "VALUE_RULES", "Backend", "DataSpec", "JobSpec",
+           "JobSpecError", "JobType", "PSSpec", "Setting", "Strategy", "TrainingSpec", "WorkerSpec", "check_count",
+           "check_job_name", "check_non_negative", "check_positive_finite", "flag_of"]

@@ -37,6 +37,7 @@ class Backend(str, enum.Enum):
 
 
 NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+NAN_POLICIES = ("fail", "skip-step")
 
 
 # ---- one rule per kind of number ----------------------------------------------------------------
@@ -64,6 +65,28 @@ def check_positive_finite(flag: str, value) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
         raise JobSpecError(f"{flag} must be positive and finite, got {value!r}")
 
+
+def check_seed(flag: str, value) -> None:
+    """What torch.manual_seed and the CRD take."""
+    if not is_int(value) or not 0 <= value < 2**63:
+        raise JobSpecError(f"{flag} must be an integer from 0 to 2**63-1, got {value!r}")
+
+
+def check_nan_policy(flag: str, value) -> None:
+    if value not in NAN_POLICIES:
+        raise JobSpecError(f"{flag} must be one of {', '.join(NAN_POLICIES)}, got {value!r}")
+
+
+def check_ps_mode(flag: str, value) -> None:
+    if value not in ("sync", "async"):
+        raise JobSpecError(f"{flag} must be 'sync' or 'async', got {value!r}")
+
+
+def check_job_name(name) -> None:
+    """A DNS label short enough that ``<name>-worker-<n>`` pod names stay valid."""
+    if not isinstance(name, str) or not NAME_RE.match(name) or len(name) > 53:
+        raise JobSpecError(f"job name {name!r} must be a DNS label: lower-case letters, digits and '-', "
+                           "at most 53 characters")
 
 
 @dataclass(frozen=True)
@@ -145,5 +168,10 @@ NUMBER_RULES = (
     (check_positive_finite, ("rendezvous_timeout", "worker_timeout", "start_timeout", "min_workers_timeout",
                              "learning_rate")),
 )
-NAN_POLICIES = ("fail", "skip-step")
 OPTIONAL_NUMBERS = {"max_micro_batch", "min_workers", "max_workers", "grads_to_wait", "learning_rate"}
+# Every rule about one setting's value alone, by key: ``check(flag, value)`` raises JobSpecError. What
+# the operator runs field by field, so that all bad values of an ElasticJob are reported at once.
+VALUE_RULES = {
+    **{key: check for check, keys in NUMBER_RULES for key in keys},
+    "ps": check_non_negative, "seed": check_seed, "nan_policy": check_nan_policy, "ps_mode": check_ps_mode,
+}

@@ -9,10 +9,8 @@ from pathlib import Path
 
 from flextrain.job.settings import (
     SETTING_AT,
-    NAME_RE,
     NUMBER_RULES,
     OPTIONAL_NUMBERS,
-    NAN_POLICIES,
     SETTING,
     SETTINGS,
     Backend,
@@ -20,7 +18,11 @@ from flextrain.job.settings import (
     JobType,
     Strategy,
     is_int,
+    check_job_name,
+    check_nan_policy,
     check_non_negative,
+    check_ps_mode,
+    check_seed,
     flag_of,
 )
 
@@ -191,11 +193,7 @@ class JobSpec:
         for section, kind in SECTIONS.items():
             if not isinstance(getattr(self, section), kind):  # a hand-built spec; of() and from_json build them
                 raise JobSpecError(f"JobSpec.{section} must be a {kind.__name__}, got {getattr(self, section)!r}")
-        if not isinstance(self.name, str) or not NAME_RE.match(self.name) or len(self.name) > 53:
-            raise JobSpecError(
-                f"job name {self.name!r} must be a DNS label: lower-case letters, digits and '-', "
-                "at most 53 characters"
-            )
+        check_job_name(self.name)
         if not self.model_def:
             raise JobSpecError("--model-def is required (e.g. model_zoo/digits_torch.py:Model)")
         for check, fields in NUMBER_RULES:
@@ -203,10 +201,8 @@ class JobSpec:
                 value = self.get(field)
                 if value is not None or field not in OPTIONAL_NUMBERS:
                     check(flag_of(field), value)
-        if not is_int(self.training.seed) or not 0 <= self.training.seed < 2**63:  # what torch.manual_seed and the CRD take
-            raise JobSpecError(f"--seed must be an integer from 0 to 2**63-1, got {self.training.seed!r}")
-        if self.training.nan_policy not in NAN_POLICIES:
-            raise JobSpecError(f"--nan-policy must be one of {', '.join(NAN_POLICIES)}, got {self.training.nan_policy!r}")
+        check_seed("--seed", self.training.seed)
+        check_nan_policy("--nan-policy", self.training.nan_policy)
         for field in ("shuffle", "ps_wal", "preflight", "skip_unknown_files", "csv_header"):
             if not isinstance(self.get(field), bool):
                 raise JobSpecError(f"{'--preflight' if field == 'preflight' else flag_of(field)} must be true or false, got {self.get(field)!r}")
@@ -219,6 +215,20 @@ class JobSpec:
         self._validate_job_type()
         self._validate_ps()
         return self
+
+    def cross_field_problems(self) -> list[str]:
+        """Every problem between fields (worker range, job type, parameter servers), not just the first.
+
+        Assumes each field passed its own rule (:data:`VALUE_RULES`, as ``validate`` checks first);
+        the operator uses it to report all problems of an ElasticJob at once.
+        """
+        out = []
+        for check in (self._validate_worker_range, self._validate_job_type, self._validate_ps):
+            try:
+                check()
+            except JobSpecError as exc:
+                out.append(str(exc))
+        return out
 
     def _validate_worker_range(self) -> None:
         """min_workers <= workers <= max_workers, blaming only flags that were given.
@@ -271,8 +281,7 @@ class JobSpec:
             if self.ps.replicas:
                 raise JobSpecError(f"--ps {self.ps.replicas} needs --distribution-strategy ParameterServer "
                                    f"(the strategy is {self.strategy.value})")
-        if self.ps.ps_mode not in ("sync", "async"):
-            raise JobSpecError(f"--ps-mode must be 'sync' or 'async', got {self.ps.ps_mode!r}")
+        check_ps_mode("--ps-mode", self.ps.ps_mode)
 
     # ---- (de)serialisation -------------------------------------------------
     def to_json(self) -> str:

@@ -15,23 +15,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from flextrain.k8s import meta
+from flextrain.k8s.meta import master_port  # here too: the operator's name for it
 from flextrain.k8s.pods import job_pod, job_service
 
 ROLE = "master"
-
-
-def master_port(job: Mapping[str, Any]) -> int:
-    """The port the job's master listens on (annotation ``flextrain.dev/master-port``, else 50051)."""
-    raw = ((job.get("metadata") or {}).get("annotations") or {}).get(meta.ANNOTATION_MASTER_PORT)
-    if raw is None:
-        return meta.MASTER_PORT
-    try:
-        port = int(raw)
-    except ValueError:
-        port = -1
-    if not 0 < port < 65536:
-        raise ValueError(f"metadata.annotations[{meta.ANNOTATION_MASTER_PORT}]: not a port number: {raw!r}")
-    return port
 
 
 def master_pod_name(job_name: str, index: int) -> str:

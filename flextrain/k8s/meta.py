@@ -89,6 +89,20 @@ def master_address(job: str, namespace: str, port: int = MASTER_PORT) -> str:
     return f"{master_service_name(job)}.{namespace}.svc:{port}"
 
 
+def master_port(job: Mapping[str, Any]) -> int:
+    """The port the job's master listens on (annotation ``flextrain.dev/master-port``, else 50051)."""
+    raw = ((job.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_MASTER_PORT)
+    if raw is None:
+        return MASTER_PORT
+    try:
+        port = int(raw)
+    except (TypeError, ValueError):
+        port = -1
+    if not 0 < port < 65536:
+        raise ValueError(f"metadata.annotations[{ANNOTATION_MASTER_PORT}]: not a port number: {raw!r}")
+    return port
+
+
 def pod_name(job: str, role: str, index: int) -> str:
     return f"{job}-{role}-{index}"
 

@@ -4,21 +4,27 @@
 ``flextrain master --job NAME`` runs; ``resource_from_jobspec`` is what
 ``flextrain train --backend kubernetes`` submits (and ``--dry-run`` prints).
 
-Every error is a :class:`ResourceError` whose message starts with the CRD
-field path (``spec.replicaSpecs.worker.minReplicas (5) > replicas (3)``), so
-``kubectl describe ej/NAME`` tells the user exactly what to fix. JobSpec's own
-checks speak in CLI flags; their messages are translated to field paths here.
+:func:`problems` finds every problem of an ElasticJob at once (what the
+operator reports and ``flextrain validate`` prints), each message starting with
+the CRD field path (``spec.replicaSpecs.worker.minReplicas (5) > replicas (3)``),
+so ``kubectl describe ej/NAME`` tells the user exactly what to fix, all in one
+go. ``jobspec_from_resource`` raises them as one :class:`ResourceError`.
+JobSpec's own checks speak in CLI flags; their messages are translated to field
+paths here.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from flextrain.job import SETTING, SETTINGS, Backend, JobSpec, JobSpecError, Strategy
-from flextrain.k8s import meta
+from flextrain.job import (
+    SETTING, SETTINGS, VALUE_RULES, Backend, JobSpec, JobSpecError, Strategy, check_job_name, check_non_negative,
+)
+from flextrain.k8s import kubeschema, meta, template
+from flextrain.k8s.template import ROLES
 
 # Where a job's directory lives inside its pods when the spec names none. Mount
 # a persistent volume there: a relaunched master resumes from the ledger and
@@ -28,11 +34,27 @@ DEFAULT_MASTER_RELAUNCH_BUDGET = 3
 
 
 class ResourceError(ValueError):
-    """An ElasticJob that cannot run; the message starts with the offending field path."""
+    """An ElasticJob that cannot run; the message starts with the offending field path.
+
+    ``problems`` holds every problem found (one message each, each starting with its
+    path); the message is them one per line, and ``path`` is the first one's.
+    """
 
     def __init__(self, path: str, problem: str) -> None:
         super().__init__(f"{path}: {problem}" if not problem.startswith(path) else problem)
         self.path = path
+        self.problems = [str(self)]
+
+    @classmethod
+    def of(cls, problems: Sequence[str]) -> "ResourceError":
+        err = cls(path_of(problems[0]), "\n".join(problems))
+        err.problems = list(problems)
+        return err
+
+
+def path_of(problem: str) -> str:
+    """The field path a problem message starts with (``spec.training.epochs: ...`` -> ``spec.training.epochs``)."""
+    return re.match(r"[^\s:]*", problem).group(0)
 
 
 @dataclass(frozen=True)
@@ -56,10 +78,10 @@ FIELDS: tuple[Field, ...] = tuple(
 NOT_YET = ("training.lrRule", "training.batchSchedule")
 
 # Fields of the spec that describe pods rather than the job: known, not JobSpec.
-_POD_FIELDS = {"resources", "priorityClassName", "env", "template"}
+_POD_FIELDS = {"resources", "priorityClassName", "env", "template"}  # template: see flextrain.k8s.template
 POD_LEVEL = {
     "image", "volumes", "imagePullPolicy", "replicaSpecs.master.relaunchBudget", "training.checkpointDir",
-    *(f"replicaSpecs.{role}.{f}" for role in ("master", "worker", "ps") for f in _POD_FIELDS),
+    *(f"replicaSpecs.{role}.{f}" for role in ROLES for f in _POD_FIELDS),
 }
 REQUIRED = ("image", "modelDef", "data.training")
 
@@ -80,22 +102,23 @@ def _set(obj: dict[str, Any], dotted: str, value: Any) -> None:
     obj[last] = value
 
 
-def _check_type(field_path: str, value: Any, kind: type) -> Any:
+_KIND_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+
+
+def _type_problem(field_path: str, value: Any, kind: type) -> str | None:
     ok = {
         int: isinstance(value, int) and not isinstance(value, bool),
         float: isinstance(value, (int, float)) and not isinstance(value, bool),
         bool: isinstance(value, bool),
         str: isinstance(value, str),
     }[kind]
-    if not ok:
-        names = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
-        raise ResourceError(field_path, f"must be {names[kind]}, got {value!r}")
-    return float(value) if kind is float else value
+    return None if ok else f"{field_path}: must be {_KIND_NAMES[kind]}, got {value!r}"
 
 
-def _check_unknown(spec: Mapping[str, Any], known: set[str]) -> None:
-    """Reject keys no field uses (a typo would otherwise be silently ignored)."""
+def _unknown_problems(spec: Mapping[str, Any], known: set[str]) -> list[str]:
+    """Keys no field uses (a typo would otherwise be silently ignored)."""
     prefixes = {k.rsplit(".", i)[0] for k in known for i in range(k.count(".") + 1)}
+    out: list[str] = []
 
     def walk(node: Mapping[str, Any], prefix: str) -> None:
         for key, value in node.items():
@@ -103,12 +126,14 @@ def _check_unknown(spec: Mapping[str, Any], known: set[str]) -> None:
             if path in known:
                 continue
             if path not in prefixes:
-                raise ResourceError(f"spec.{path}", "unknown field")
-            if not isinstance(value, Mapping):
-                raise ResourceError(f"spec.{path}", f"must be an object, got {value!r}")
-            walk(value, f"{path}.")
+                out.append(f"spec.{path}: unknown field")
+            elif not isinstance(value, Mapping):
+                out.append(f"spec.{path}: must be an object, got {value!r}")
+            else:
+                walk(value, f"{path}.")
 
     walk(spec, "")
+    return out
 
 
 def _flag_map() -> dict[str, str]:
@@ -125,74 +150,150 @@ def _translate(message: str) -> str:
     return message.replace("job name", "metadata.name", 1)
 
 
+def problems(obj: Mapping[str, Any]) -> list[str]:
+    """Every problem of an ElasticJob object (a dict as the API returns it), not just the first.
+
+    Each message starts with the CRD field path it concerns
+    (``spec.training.epochs: must be a positive integer, got 0``). Per-field problems come
+    first (unknown and required fields, types, value rules, volumes, pod templates, the
+    master port annotation), then those between fields (``minReplicas <= replicas <=
+    maxReplicas``, strategy and parameter servers, ...), each field blamed once. Empty
+    when the job can run. A wrong apiVersion/kind is the only problem reported for a
+    document that is not an ElasticJob.
+    """
+    return _check(obj)[0]
+
+
 def jobspec_from_resource(obj: Mapping[str, Any]) -> JobSpec:
     """Build and validate the JobSpec of an ElasticJob object (a dict as the API returns it).
 
-    Raises ResourceError naming the CRD field path of the first problem.
+    Raises ResourceError listing every problem (:func:`problems`), one per line; its
+    ``path`` is the first problem's field.
     """
+    found, spec = _check(obj)
+    if found:
+        raise ResourceError.of(found)
+    assert spec is not None
+    return spec
+
+
+def _check(obj: Mapping[str, Any]) -> tuple[list[str], JobSpec | None]:
+    """(every problem, the JobSpec when there are none)."""
+    if not isinstance(obj, Mapping):
+        return [f"(document): must be an object, got {type(obj).__name__}"], None
     if obj.get("apiVersion", meta.API_VERSION) != meta.API_VERSION or obj.get("kind", meta.KIND) != meta.KIND:
-        raise ResourceError("apiVersion", f"expected {meta.API_VERSION} {meta.KIND}, got "
-                                          f"{obj.get('apiVersion')} {obj.get('kind')}")
+        return [f"apiVersion: expected {meta.API_VERSION} {meta.KIND}, got {obj.get('apiVersion')} "
+                f"{obj.get('kind')}"], None
+    out: list[str] = []
     name = _get(obj, "metadata.name")
     if not isinstance(name, str) or not name:
-        raise ResourceError("metadata.name", "is required")
+        out.append("metadata.name: is required")
+    else:
+        out += _value_problems("metadata.name", name, str, lambda _, value: check_job_name(value))
     spec = obj.get("spec")
     if not isinstance(spec, Mapping):
-        raise ResourceError("spec", "is required")
-    _check_unknown(spec, {f.path for f in FIELDS} | set(NOT_YET) | POD_LEVEL)
+        return [*out, "spec: is required"], None
+    out += _unknown_problems(spec, {f.path for f in FIELDS} | set(NOT_YET) | POD_LEVEL)
     for path in REQUIRED:
         value = _get(spec, path)
         if value is None or value == "":
-            raise ResourceError(f"spec.{path}", "is required")
-    _check_type("spec.image", spec["image"], str)
+            out.append(f"spec.{path}: is required")
+    if spec.get("image") not in (None, ""):
+        out += _value_problems("spec.image", spec["image"], str)
     budget = _get(spec, "replicaSpecs.master.relaunchBudget")
-    if budget is not None and (_check_type("spec.replicaSpecs.master.relaunchBudget", budget, int) < 0):
-        raise ResourceError("spec.replicaSpecs.master.relaunchBudget", f"must be >= 0, got {budget}")
-    _check_volumes(spec.get("volumes"))
+    if budget is not None:
+        out += _value_problems("spec.replicaSpecs.master.relaunchBudget", budget, int, check_non_negative)
+    out += _volume_problems(spec.get("volumes"))
+    out += [f"spec.{path}: is not supported yet: flextrain does not act on it, so the job would run as if it "
+            "were not there; remove it" for path in NOT_YET if _get(spec, path) is not None]
 
-    for path in NOT_YET:
-        if _get(spec, path) is not None:
-            raise ResourceError(f"spec.{path}", "is not supported yet: flextrain does not act on it, so the job would "
-                                             "run as if it were not there; remove it")
-    values: dict[str, Any] = {}
+    values: dict[str, Any] = {}  # only values that pass their own rules: the cross-field checks see no junk
     for f in FIELDS:
         value = _get(spec, f.path)
-        if value is not None:
-            values[f.key] = _check_type(f.full_path, value, f.kind)
-    _check_replicas(values)
-    strategy = values.pop("strategy", Strategy.ALLREDUCE.value)
+        if value is None or f.key == "strategy":
+            continue
+        bad = _value_problems(f.full_path, value, f.kind, VALUE_RULES.get(f.key))
+        if bad:
+            out += bad
+        else:
+            values[f.key] = float(value) if f.kind is float else value
+    strategy = _get(spec, "strategy")
     try:
-        values["strategy"] = Strategy(strategy)
+        values["strategy"] = Strategy(strategy if strategy is not None else Strategy.ALLREDUCE.value)
     except ValueError:
-        allowed = " | ".join(s.value for s in Strategy)
-        raise ResourceError("spec.strategy", f"must be {allowed}, got {strategy!r}") from None
+        out.append(f"spec.strategy: must be {' | '.join(s.value for s in Strategy)}, got {strategy!r}")
+    out += _replica_problems(values)
     values.setdefault("job_dir", f"{DEFAULT_JOBS_ROOT}/{name}")
     checkpoint_dir = _get(spec, "training.checkpointDir")
-    if checkpoint_dir is not None and _check_type("spec.training.checkpointDir", checkpoint_dir, str).rstrip("/") != f"{values['job_dir'].rstrip('/')}/checkpoints":
-        # The ledger snapshot and the model checkpoint must stay together for an exact resume.
-        raise ResourceError("spec.training.checkpointDir",
-                            f"{checkpoint_dir!r} is not supported yet: checkpoints go to <jobDir>/checkpoints "
-                            f"({values['job_dir']}/checkpoints); set spec.jobDir instead")
+    if checkpoint_dir is not None:
+        out += _checkpoint_dir_problems(checkpoint_dir, values["job_dir"])
     try:
-        return JobSpec.of(name=name, backend=Backend.KUBERNETES, **values).validate()
+        meta.master_port(obj)
+    except ValueError as exc:
+        out.append(str(exc))
+    for role in ROLES:
+        replica = _get(spec, f"replicaSpecs.{role}") or {}
+        if isinstance(replica, Mapping) and isinstance(replica.get("env") or [], list):  # else reported above
+            out += template.problems(spec, role)
+
+    values.setdefault("model_def", "")  # missing: reported above
+    job = JobSpec.of(name=name if isinstance(name, str) else "", backend=Backend.KUBERNETES, **values)
+    blamed = {path_of(p) for p in out}
+    for problem in map(_translate, job.cross_field_problems()):
+        if path_of(problem) not in blamed:  # one message per field: a bad bound is not blamed twice
+            out.append(problem)
+            blamed.add(path_of(problem))
+    if out:
+        return out, None
+    try:  # the last word is JobSpec's own: nothing above may accept what it refuses
+        return [], job.validate()
     except JobSpecError as exc:
         message = _translate(str(exc))
-        path = message.split(" ", 1)[0] if message.startswith(("spec.", "metadata.")) else "spec"
-        raise ResourceError(path, message) from None
+        return [message if message.startswith(("spec.", "metadata.")) else f"spec: {message}"], None
 
 
-def _check_replicas(values: Mapping[str, Any]) -> None:
-    """``minReplicas <= replicas <= maxReplicas``, stated in the CRD's words."""
+def _value_problems(field_path: str, value: Any, kind: type, rule=None) -> list[str]:
+    """The type, then the value rule of flextrain.job (``rule(flag, value)`` raising JobSpecError)."""
+    bad = _type_problem(field_path, value, kind)
+    if bad or rule is None:
+        return [bad] if bad else []
+    try:
+        rule(f"{field_path}:", value)
+    except JobSpecError as exc:
+        message = _translate(str(exc))
+        return [message if message.startswith(field_path) else f"{field_path}: {message}"]
+    return []
+
+
+def _checkpoint_dir_problems(checkpoint_dir: Any, job_dir: str) -> list[str]:
+    where = "spec.training.checkpointDir"
+    if bad := _value_problems(where, checkpoint_dir, str):
+        return bad
+    if checkpoint_dir.rstrip("/") != f"{job_dir.rstrip('/')}/checkpoints":
+        # The ledger snapshot and the model checkpoint must stay together for an exact resume.
+        return [f"{where}: {checkpoint_dir!r} is not supported yet: checkpoints go to <jobDir>/checkpoints "
+                f"({job_dir}/checkpoints); set spec.jobDir instead"]
+    return []
+
+
+def _replica_problems(values: dict[str, Any]) -> list[str]:
+    """``minReplicas <= replicas <= maxReplicas``, stated in the CRD's words.
+
+    Drops a bound it blames from ``values``, so JobSpec's own range check does not blame it again.
+    """
     base = "spec.replicaSpecs.worker"
-    replicas = values.get("workers", 1)
-    for key, label in (("workers", "replicas"), ("min_workers", "minReplicas"), ("max_workers", "maxReplicas")):
-        if key in values and values[key] < 1:
-            raise ResourceError(f"{base}.{label}", f"must be >= 1, got {values[key]}")
+    out = []
+    replicas = values.get("workers", 1)  # counts < 1 were refused by their own rule
     lo, hi = values.get("min_workers"), values.get("max_workers")
+    # minReplicas > maxReplicas always breaks one of these two, so it needs no message of its own.
     if lo is not None and lo > replicas:
-        raise ResourceError(f"{base}.minReplicas", f"{base}.minReplicas ({lo}) > replicas ({replicas})")
+        out.append(f"{base}.minReplicas ({lo}) > replicas ({replicas})")
     if hi is not None and hi < replicas:
-        raise ResourceError(f"{base}.maxReplicas", f"{base}.maxReplicas ({hi}) < replicas ({replicas})")
+        out.append(f"{base}.maxReplicas ({hi}) < replicas ({replicas})")
+    if out:
+        values.pop("min_workers", None)
+        values.pop("max_workers", None)
+    return out
 
 
 def replica_range(spec: JobSpec) -> tuple[int, int]:
@@ -206,20 +307,36 @@ def master_relaunch_budget(obj: Mapping[str, Any]) -> int:
     return DEFAULT_MASTER_RELAUNCH_BUDGET if value is None else int(value)
 
 
-def _check_volumes(volumes: Any) -> None:
+def _volume_problems(volumes: Any) -> list[str]:
+    """``spec.volumes[]``: name and an absolute mountPath, and the rest a core/v1 Volume by Kubernetes' schema.
+
+    The CRD keeps unknown fields of a volume (any volume source may appear), so without the
+    schema a ``persistentVolumeClam`` would pass admission and fail only at pod creation.
+    """
     if volumes is None:
-        return
+        return []
     if not isinstance(volumes, list):
-        raise ResourceError("spec.volumes", f"must be a list, got {volumes!r}")
+        return [f"spec.volumes: must be a list, got {volumes!r}"]
+    out = []
     for i, volume in enumerate(volumes):
         where = f"spec.volumes[{i}]"
         if not isinstance(volume, Mapping):
-            raise ResourceError(where, f"must be an object, got {volume!r}")
+            out.append(f"{where}: must be an object, got {volume!r}")
+            continue
         for key in ("name", "mountPath"):
             if not isinstance(volume.get(key), str) or not volume[key]:
-                raise ResourceError(f"{where}.{key}", "is required")
-        if not volume["mountPath"].startswith("/"):
-            raise ResourceError(f"{where}.mountPath", f"must be an absolute path, got {volume['mountPath']!r}")
+                out.append(f"{where}.{key}: is required")
+        mount = volume.get("mountPath")
+        if isinstance(mount, str) and mount and not mount.startswith("/"):
+            out.append(f"{where}.mountPath: must be an absolute path, got {mount!r}")
+        for key, kind in (("readOnly", bool), ("subPath", str)):
+            if key in volume:
+                out += _value_problems(f"{where}.{key}", volume[key], kind)
+        source = {k: v for k, v in volume.items() if k not in _MOUNT_KEYS}
+        source.setdefault("name", "volume")  # already reported when missing
+        out += [p for p in kubeschema.problems(source, "io.k8s.api.core.v1.Volume", path=where)
+                if not p.startswith(f"{where}.name:")]
+    return out
 
 
 @dataclass(frozen=True)
@@ -305,7 +422,9 @@ __all__ = [
     "ResourceError",
     "jobspec_from_resource",
     "master_relaunch_budget",
+    "path_of",
     "pod_settings",
+    "problems",
     "replica_range",
     "resource_from_jobspec",
 ]

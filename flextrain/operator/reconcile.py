@@ -31,13 +31,12 @@ from flextrain.k8s import meta
 from flextrain.k8s.master_pod import (
     master_pod,
     master_pod_name,
-    master_port,
     master_service,
 )
 from flextrain.k8s.resource import (
-    ResourceError,
     jobspec_from_resource,
     master_relaunch_budget,
+    problems,
 )
 from flextrain.operator.kube import Kube, Refusal, now_iso, pod_failure, refusal
 from flextrain.operator.relay import (
@@ -95,13 +94,9 @@ def _ident(job: dict) -> tuple[str, str]:
 
 
 def _validate(job: dict) -> str | None:
-    """The problem with a job's spec (message naming the field), or None."""
-    try:
-        jobspec_from_resource(job)
-        master_port(job)
-    except (ResourceError, ValueError) as exc:
-        return str(exc)
-    return None
+    """Every problem of a job's spec, one per line, each starting with its field path; or None."""
+    found = problems(job)
+    return "\n".join(found) if found else None
 
 
 class Reconciler:

@@ -10,6 +10,7 @@ import pytest
 from k8s_static_support import (
     CHART_DIR,
     CRD_PATH,
+    REPO,
     crd_schema,
     kube_versions,
     load_docs,
@@ -35,9 +36,18 @@ def test_crd_validates_strictly_against_the_kubernetes_schemas(crd):
         assert kubernetes_validate.validate(crd, version, strict=True)
 
 
-def test_chart_ships_the_same_crd_file():
-    assert (CHART_DIR / "crds" / "elasticjobs.yaml").read_bytes() == CRD_PATH.read_bytes(), \
-        "charts/flextrain/crds/elasticjobs.yaml differs from manifests/crd.yaml: copy the latter over"
+def test_chart_manifests_and_package_ship_the_same_crd_file():
+    source = (CHART_DIR / "crds" / "elasticjobs.yaml").read_bytes()
+    for copy in (CRD_PATH, REPO / "flextrain" / "k8s" / "crd.yaml"):  # the package's: `flextrain validate` reads it
+        assert copy.read_bytes() == source, \
+            f"{copy} differs from charts/flextrain/crds/elasticjobs.yaml: run .venv/bin/python manifests/generate.py"
+
+
+def test_pod_templates_are_declared_and_kept_whole(crd):
+    replica_specs = crd_schema(crd)["properties"]["spec"]["properties"]["replicaSpecs"]["properties"]
+    for role in ("master", "worker", "ps"):
+        node = replica_specs[role]["properties"]["template"]
+        assert node["type"] == "object" and node["x-kubernetes-preserve-unknown-fields"] is True, role
 
 
 def test_names_are_the_ones_in_k8s_meta(crd):
@@ -159,3 +169,17 @@ def test_crd_field_is_where_the_table_says_and_defaulted_like_the_jobspec(crd, s
 def test_strategy_enum_is_the_jobspec_strategies(crd):
     node = resolve(crd_schema(crd), ".spec.strategy")
     assert node["enum"] == [s.value for s in Strategy]
+
+
+def test_the_packaged_schema_reads_openapi_bounds_and_refuses_unknown_fields():
+    """flextrain.k8s.crdschema (what `flextrain validate` uses): OpenAPI 3.0's boolean exclusiveMinimum
+    bounds learningRate from below without refusing 0.1; undeclared fields are errors at their own path."""
+    from flextrain.k8s import crdschema
+
+    (job,) = load_docs(REPO / "manifests" / "examples" / "digits-allreduce.yaml")
+    assert crdschema.problems(job) == []
+    job["spec"]["training"] = {"learningRate": 0.1, "epoch": 2}
+    assert crdschema.problems(job) == ["spec.training.epoch: unknown field"]
+    job["spec"]["training"] = {"learningRate": 0}
+    del job["spec"]["data"]["training"]
+    assert [p.split(":")[0] for p in crdschema.problems(job)] == ["spec.data.training", "spec.training.learningRate"]

@@ -15,7 +15,9 @@ from flextrain.k8s.resource import (
     ResourceError,
     jobspec_from_resource,
     master_relaunch_budget,
+    path_of,
     pod_settings,
+    problems,
     resource_from_jobspec,
 )
 
@@ -101,7 +103,7 @@ def test_pod_fields_are_carried_and_split():
      "spec.replicaSpecs.worker.minReplicas", "(5) > replicas (3)"),
     ({"replicaSpecs__worker__maxReplicas": 2, "replicaSpecs__worker__replicas": 3},
      "spec.replicaSpecs.worker.maxReplicas", "(2) < replicas (3)"),
-    ({"replicaSpecs__worker__replicas": 0}, "spec.replicaSpecs.worker.replicas", ">= 1"),
+    ({"replicaSpecs__worker__replicas": 0}, "spec.replicaSpecs.worker.replicas", "must be a positive integer"),
     ({"replicaSpecs__worker__replicas": "two"}, "spec.replicaSpecs.worker.replicas", "must be an integer"),
     ({"training__epochs": 0}, "spec.training.epochs", "positive integer"),
     ({"training__globalBatchSize": True}, "spec.training.globalBatchSize", "must be an integer"),
@@ -163,3 +165,38 @@ def test_a_setting_without_an_elasticjob_field_is_not_dropped():
                    job_type=JobType.EVALUATION, checkpoint="/j/final.ckpt")
     with pytest.raises(ResourceError, match=r"^JobSpec.job_type: .*'evaluation'.* has no ElasticJob field yet"):
         resource_from_jobspec(spec, image="img")
+
+
+def test_every_problem_is_reported_at_once_each_naming_its_field():
+    obj = job(training__epochs=0, training__globalBatchSize=-1, training__stepsPerTask="many",
+              training__epoch=3, replicaSpecs__worker__minReplicas=5, replicaSpecs__worker__replicas=3,
+              replicaSpecs__worker__maxReplicas=2, replicaSpecs__ps__replicas=1,
+              volumes=[{"name": "data", "mountPath": "/data", "persistentVolumeClam": {"claimName": "c"}}])
+    found = problems(obj)
+    assert [path_of(p) for p in found] == [
+        "spec.training.epoch", "spec.volumes[0]", "spec.training.epochs", "spec.training.globalBatchSize",
+        "spec.training.stepsPerTask", "spec.replicaSpecs.worker.minReplicas",
+        "spec.replicaSpecs.worker.maxReplicas", "spec.replicaSpecs.ps.replicas"], found
+    assert found[2] == "spec.training.epochs: must be a positive integer, got 0"
+    assert "persistentVolumeClam" in found[1] and "needs spec.strategy" in found[-1]
+    err = error_of(obj)
+    assert err.problems == found and str(err) == "\n".join(found) and err.path == "spec.training.epoch"
+
+
+def test_pod_templates_are_known_fields_checked_by_kubernetes_schema():
+    good = {"metadata": {"labels": {"team": "ml"}},
+            "spec": {"nodeSelector": {"pool": "cpu"}, "containers": [{"resources": {"limits": {"cpu": "2"}}}]}}
+    assert problems(job(replicaSpecs__worker__template=good, replicaSpecs__master__template=good)) == []
+    bad = {"spec": {"nodeSelectr": {"pool": "cpu"}, "tolerations": [{"effect": 3}],
+                    "containers": [{"args": ["x"]}]}}
+    found = problems(job(replicaSpecs__ps__template=bad, strategy="ParameterServer", replicaSpecs__ps__replicas=1))
+    base = "spec.replicaSpecs.ps.template.spec"
+    assert {path_of(p) for p in found} >= {f"{base}.nodeSelectr", f"{base}.containers[0].args",
+                                            f"{base}.tolerations[0].effect"}, found
+
+
+def test_a_bad_master_port_annotation_is_one_of_the_problems():
+    obj = job(training__epochs=0)
+    obj["metadata"]["annotations"] = {meta.ANNOTATION_MASTER_PORT: "http"}
+    assert [path_of(p) for p in problems(obj)] == [
+        "spec.training.epochs", f"metadata.annotations[{meta.ANNOTATION_MASTER_PORT}]"]
