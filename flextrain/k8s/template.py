@@ -142,6 +142,12 @@ def problems(spec: Mapping[str, Any], role: str) -> list[str]:
         if given is not None and templated is not None:
             short_path = f"spec.{short[1:]}" if short.startswith("/") else f"spec.replicaSpecs.{role}.{short}"
             out.append(f"{base}.spec.{target}: also set by {short_path}; set it in one place")
+    # The pod gets spec.volumes and the template's volumes side by side: one name, one volume.
+    job_volumes = {v.get("name") for v in spec.get("volumes") or () if isinstance(v, Mapping)}
+    for i, volume in enumerate(pod.get("volumes") or () if isinstance(pod.get("volumes"), list) else ()):
+        if isinstance(volume, Mapping) and volume.get("name") in job_volumes:
+            out.append(f"{base}.spec.volumes[{i}].name: {volume['name']!r} is also a volume of spec.volumes; "
+                       "rename one")
     # Kubernetes' schema for everything the template carries (the container completed as flextrain would).
     checked = {k: v for k, v in pod.items() if k in POD_FIELDS}
     checked["containers"] = [{**{k: v for k, v in container.items() if k in CONTAINER_FIELDS},

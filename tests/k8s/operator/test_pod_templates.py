@@ -19,7 +19,7 @@ JOB = {
     "spec": {"image": "registry.example/flextrain:1", "modelDef": "/zoo/m.py:Model",
              "data": {"training": "/data"},
              "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "d"}, "mountPath": "/data"}],
-             "replicaSpecs": {"worker": {"replicas": 2, "env": [{"name": "A", "value": "1"}]}}},
+             "replicaSpecs": {"worker": {"replicas": 2}, "ps": {"env": [{"name": "A", "value": "1"}]}}},
 }
 GPU_TEMPLATE = {
     "metadata": {"labels": {"team": "override", "pool": "gpu"}, "annotations": {"sidecar.istio.io/inject": "false"}},
@@ -83,7 +83,7 @@ def test_a_worker_pod_carries_its_template_under_flextrains_own_fields():
     assert container["resources"] == {"limits": {"nvidia.com/gpu": "1"}}
     assert container["envFrom"] == [{"secretRef": {"name": "wandb"}}]
     names = [e["name"] for e in container["env"]]
-    assert names[:2] == ["A", "B"] and meta.ENV_ROLE in names and "FLEXTRAIN_X" in names
+    assert names[0] == "B" and meta.ENV_ROLE in names and "FLEXTRAIN_X" in names
     assert container["command"] == ["flextrain"] and container["args"] == ["worker"]
     assert container["image"] == "registry.example/flextrain:1"
 
@@ -112,3 +112,48 @@ def test_a_template_may_loosen_security_and_the_restricted_profile_then_says_why
     loose = {"spec": {"containers": [{"securityContext": {"allowPrivilegeEscalation": True}}]}}
     pod = worker(with_template("worker", loose))
     assert restricted_violations(pod) == ["container 'worker': allowPrivilegeEscalation != false"]
+
+
+# ---- what a template may not do: every problem, by path ------------------------------------------------
+from flextrain.k8s.template import problems  # noqa: E402
+
+BASE = "spec.replicaSpecs.worker.template"
+
+
+@pytest.mark.parametrize("template, expected", [
+    ({"spec": {"containers": [{"command": ["sh"]}]}}, f"{BASE}.spec.containers[0].command: is set by flextrain"),
+    ({"spec": {"containers": [{"ports": [{"containerPort": 1}]}]}}, f"{BASE}.spec.containers[0].ports: is set by flextrain"),
+    ({"spec": {"restartPolicy": "Always"}}, f"{BASE}.spec.restartPolicy: is set by flextrain"),
+    ({"spec": {"hostNetwork": True}}, f"{BASE}.spec.hostNetwork: not supported in a flextrain pod template"),
+    ({"spec": {"containers": [{"name": "sidecar"}]}}, f"{BASE}.spec.containers[0].name: must be 'worker'"),
+    ({"spec": {"containers": [{}, {"name": "sidecar"}]}}, f"{BASE}.spec.containers: at most one container"),
+    ({"spec": {"containers": [{"env": [{"name": "FLEXTRAIN_ROLE", "value": "ps"}]}]}},
+     f"{BASE}.spec.containers[0].env[0].name: 'FLEXTRAIN_ROLE' is set by flextrain"),
+    ({"metadata": {"labels": {f"{meta.GROUP}/role": "ps"}}}, f"{BASE}.metadata.labels.{meta.GROUP}/role: the "),
+    ({"metadata": {"name": "x"}}, f"{BASE}.metadata.name: is set by flextrain"),
+    ({"spec": {"volumes": [{"name": "data", "emptyDir": {}}]}},
+     f"{BASE}.spec.volumes[0].name: 'data' is also a volume of spec.volumes"),
+    ({"spec": {"containers": [{"resources": {"limits": {"cpu": "1"}}}]}, "_shorthand": {"resources": {"a": 1}}},
+     f"{BASE}.spec.containers[0].resources: also set by spec.replicaSpecs.worker.resources"),
+    ({"spec": {"tolerations": [{"operator": "Exist", "effect": 3}]}}, f"{BASE}.spec.tolerations[0].effect: 3 is not"),
+    ({"spec": {"nodeSelector": "gpu"}}, f"{BASE}.spec.nodeSelector: 'gpu' is not of type 'object'"),
+], ids=["command", "ports", "restartPolicy", "hostNetwork", "sidecar-name", "two-containers", "identity-env",
+        "our-label", "pod-name", "volume-name-clash", "shorthand-and-template", "schema-type", "schema-object"])
+def test_a_template_that_touches_flextrains_fields_or_breaks_the_schema_is_refused_by_path(template, expected):
+    job = copy.deepcopy(JOB)
+    shorthand = template.pop("_shorthand", {})
+    job["spec"]["replicaSpecs"]["worker"].update(shorthand, template=template)
+    found = problems(job["spec"], "worker")
+    assert any(p.startswith(expected) for p in found), found
+
+
+def test_an_identity_variable_in_the_env_shorthand_is_refused_not_dropped():
+    job = copy.deepcopy(JOB)
+    job["spec"]["replicaSpecs"]["ps"]["env"].append({"name": "FLEXTRAIN_MASTER_ADDR", "value": "evil:1"})
+    assert problems(job["spec"], "ps") == [
+        "spec.replicaSpecs.ps.env[1].name: 'FLEXTRAIN_MASTER_ADDR' is set by flextrain (the pod's identity); "
+        "use another name"]
+
+
+def test_the_gpu_template_has_no_problems():
+    assert problems(with_template("worker", GPU_TEMPLATE)["spec"], "worker") == []
