@@ -10,9 +10,10 @@ its thread pool.
   master lost while nobody watched is relaunched (``main.Sweeper`` repeats it
   periodically; kopf's timers would put a finalizer on every job).
 * A master pod of a job changes or disappears -> check that job's master now.
-* ``spec.replicaSpecs.worker.replicas`` changed (``kubectl scale``) -> Scale RPC.
+* ``spec.replicaSpecs.worker.replicas`` changed (``kubectl scale``) -> Scale RPC, or the
+  spec reverted when the count is out of range or the job has finished (one Event either way).
 * annotation ``flextrain.dev/stop`` set (``flextrain stop``) -> Stop RPC.
-* ``status.phase`` changed -> an Event naming the transition.
+* ``status.phase`` changed -> one Event per phase entered, those passed unseen included.
 """
 
 from __future__ import annotations
@@ -62,11 +63,8 @@ def build_registry(reconciler: Reconciler, *, registry: kopf.OperatorRegistry | 
     @kopf.on.field(**job_resource, id="relay-replicas", field="spec.replicaSpecs.worker.replicas",
                    retries=RELAY_RETRIES)
     def on_replicas(old: Any, new: Any, body: kopf.Body, **_: Any) -> None:
-        job = reconciler.kube.get_job(body.metadata.namespace, body.metadata.name)
-        if job is None:
-            return
         try:
-            reconciler.scale(job, old=old, new=new)
+            reconciler.scale(_plain(body), old=old, new=new)  # reads the job fresh itself
         except MasterUnreachable as exc:
             raise kopf.TemporaryError(str(exc), delay=RELAY_RETRY_DELAY) from exc
 

@@ -109,16 +109,20 @@ class Kube:
             raise
 
     # ---- events -----------------------------------------------------------------
-    def event(self, job: dict, *, reason: str, message: str, warning: bool = False) -> None:
+    def event(self, job: dict, *, reason: str, message: str, warning: bool = False, key: str | None = None) -> None:
         """Record a core/v1 Event on the job (``kubectl describe ej/NAME`` lists them).
 
-        Failing to record an Event never fails the handler that wanted it.
+        Failing to record an Event never fails the handler that wanted it. With
+        ``key`` the Event's name is ``JOB.KEY.UID8``: a second Event with the same
+        key on the same job (a handler run again, an operator restarted) is
+        refused by the API server as existing, so it is recorded once.
         """
         md = job["metadata"]
         stamp = now_iso()
+        suffix = f"{key}.{(md.get('uid') or '')[:8]}" if key else uuid.uuid4().hex[:12]
         body = {
             "apiVersion": "v1", "kind": "Event",
-            "metadata": {"name": f"{md['name']}.{uuid.uuid4().hex[:12]}", "namespace": md["namespace"],
+            "metadata": {"name": f"{md['name']}.{suffix}", "namespace": md["namespace"],
                          "labels": {meta.LABEL_JOB: md["name"]}},
             "involvedObject": {"apiVersion": meta.API_VERSION, "kind": meta.KIND, "name": md["name"],
                                "namespace": md["namespace"], "uid": md.get("uid")},
@@ -130,6 +134,9 @@ class Kube:
         try:
             self.core.create_namespaced_event(md["namespace"], body)
         except Exception as exc:  # noqa: BLE001 - an Event is a courtesy; what it reports already happened
+            if key and _status_code(exc) == 409:
+                log.info("%s/%s %s: recorded already (%s)", md["namespace"], md["name"], reason, key)
+                return
             log.warning("could not record event %s on %s/%s: %s", reason, md["namespace"], md["name"], exc)
         log.info("%s/%s %s: %s", md["namespace"], md["name"], reason, message)
 

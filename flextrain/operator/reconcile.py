@@ -9,13 +9,19 @@ again (after an operator restart, a retry, or a pod event racing a timer):
   attempt gets "already exists" and does nothing (and records no Event);
 * before relaunching, the job is read again: a master that concluded the job
   writes the terminal phase before it exits, so a dead master of a finished
-  job is never relaunched;
+  job is never relaunched; nor is one whose spec has become invalid (the job
+  fails naming the field instead);
 * a create the API server refuses is never retried in a tight loop: a
   permanent refusal (Invalid, a PodSecurity or admission Forbidden) fails the
   job naming the object and the API server's reason; a retryable one (quota,
   throttling) keeps it Pending with a Warning Event and a truthful message,
   and is retried with exponential backoff (``RETRY_FIRST`` doubling up to
-  ``RETRY_CAP`` seconds); the status says "created" only once it was.
+  ``RETRY_CAP`` seconds); the status says "created" only once it was;
+* phase Events have deterministic names, so each is recorded once.
+
+What this process remembers only keeps one action to one Event when a handler
+and the sweep race (stops and scales relayed, scales reverted); an operator
+restart forgets it at the cost of at most one repeated relay.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from flextrain.k8s.resource import (
     problems,
 )
 from flextrain.operator.kube import Kube, Refusal, now_iso, pod_failure, refusal
+from flextrain.operator.phases import phases_entered
 from flextrain.operator.relay import (
     MasterUnreachable,
     Reply,
@@ -102,7 +109,11 @@ def _validate(job: dict) -> str | None:
 class Reconciler:
     def __init__(self, kube: Kube) -> None:
         self.kube = kube
-        self._refused: dict[str, Any] = {}  # job uid -> replica count refused last
+        # Replica settling (see _settle_replicas), by job uid: a lock each, the (have, want) relayed or
+        # reported last, and the (refused, restored) pair of the revert the field handler is yet to see.
+        self._scaling: dict[str, threading.Lock] = {}
+        self._relayed: dict[str, tuple[Any, Any]] = {}
+        self._reverted: dict[str, tuple[Any, Any]] = {}
         self._backoff: dict[str, _Backoff] = {}  # job uid -> its refused master objects' next try
         self._stops_sent: set[tuple[Any, ...]] = set()  # (job uid, master relaunches, reason) sent
         self._lock = threading.Lock()
@@ -209,6 +220,10 @@ class Reconciler:
         if _phase(job) in TERMINAL:
             return Outcome.OVER
         old = master_pod_name(name, current)
+        problem = _validate(job)
+        if problem is not None:  # a new master would exit at once on this spec (exit code 2): say why
+            self.fail(job, reason="InvalidSpec", message=f"{problem} (master pod {old} {why}; not relaunched)")
+            return Outcome.INVALID
         budget = master_relaunch_budget(job)
         if current >= budget:
             self.fail(job, reason="MasterFailed",
@@ -232,47 +247,141 @@ class Reconciler:
                              job=name, namespace=namespace)
 
     def scale(self, job: dict, *, old: Any, new: Any) -> Reply | None:
-        """Relay a change of ``spec.replicaSpecs.worker.replicas`` to the master.
+        """Edge-triggered: ``spec.replicaSpecs.worker.replicas`` went ``old`` -> ``new`` (``kubectl scale``).
 
-        Out-of-range values are refused with a Warning Event (the job keeps
-        running with what it has). Raises MasterUnreachable when the master does
-        not answer, so the caller can retry later.
+        Settles the job's replicas as :meth:`_settle_replicas` describes, relaying
+        to a Pending master too (kopf retries while it starts). The change that
+        reverted a refused value is recognised and does nothing. Raises
+        MasterUnreachable when the master does not answer, so the caller can
+        retry later.
         """
-        if old is None or old == new or _phase(job) in TERMINAL:
-            log.info("%s/%s: replicas %s -> %s: nothing to relay (phase %s)", *_ident(job), old, new, _phase(job))
-            return None
-        problem = _validate(job)
-        if problem is not None:
-            self.kube.event(job, reason="ScaleRejected",
-                            message=f"cannot scale workers {old} -> {new}: {problem}", warning=True)
-            return Reply(False, problem)
-        reply = relay_scale(self._target(job), int(new))
-        if reply.accepted:
-            self.kube.event(job, reason="Scaling", message=f"workers {old} -> {new}: {reply.message}")
-        else:
-            self.kube.event(job, reason="ScaleRejected",
-                            message=f"the master refused workers {old} -> {new}: {reply.message}", warning=True)
-        return reply
+        uid = job["metadata"].get("uid")
+        with self._lock:
+            ours = old is not None and self._reverted.get(uid) == (old, new)
+            if ours:
+                del self._reverted[uid]
+        if old is None or old == new or ours:
+            return None  # creation (the master starts with the spec's count), or our own revert
+        return self._settle_replicas(job, old=old, relay_phases=("Pending", "Running"), wait=True)
 
     def sync_replicas(self, job: dict) -> Reply | None:
-        """Level-triggered relay: a running master whose desired workers differ from the spec is told.
+        """Level-triggered (the sweep): a spec the job does not run with is relayed or reverted.
 
         Catches what an edge-triggered relay misses: a change made while the job
-        was being created, or while the operator was down. A value the master or
-        the range check refused is not re-sent (nor re-reported) until it changes.
+        was being created, or while the operator was down. Relays only to a
+        Running master; skips a job whose replicas a handler is settling now.
         """
-        status = job.get("status") or {}
-        want = (((job.get("spec") or {}).get("replicaSpecs") or {}).get("worker") or {}).get("replicas")
-        have = (status.get("workers") or {}).get("desired")
+        return self._settle_replicas(job, old=None, relay_phases=("Running",), wait=False)
+
+    def _settle_replicas(self, job: dict, *, old: Any, relay_phases: tuple[str, ...], wait: bool) -> Reply | None:
+        """Make the job run ``spec.replicaSpecs.worker.replicas`` workers, or put the spec back.
+
+        ``have`` is the count the job runs with: ``status.workers.desired`` (what
+        its master wants; the operator writes the spec's count there at creation),
+        else ``old``. The spec asking for another count is settled once:
+
+        * job finished (Succeeded/Failed): refused, the spec reverted to ``have``;
+        * count outside ``minReplicas..maxReplicas`` (or otherwise not a count the
+          spec allows): refused, the spec reverted to ``old`` when that was valid,
+          else ``have``; a relaunched master would exit on the invalid spec;
+        * otherwise relayed to the master (Scale RPC) when the job is in
+          ``relay_phases``; its answer is reported; the same (have, want) is not
+          relayed (nor reported) again.
+
+        One Warning Event ``ScaleRejected`` per refusal, one ``Scaling`` per
+        relay. The edge handler and the sweep both come here: a per-job lock and
+        a fresh read of the job make the first one act and the other find the
+        spec reverted or the relay recorded.
+        """
+        namespace, name = _ident(job)
         uid = job["metadata"].get("uid")
-        if status.get("phase") != "Running" or have is None or want is None or want == have:
+        with self._lock:
+            lock = self._scaling.setdefault(uid, threading.Lock())
+        if not lock.acquire(blocking=wait):
+            return None  # a handler is settling this job's replicas now
+        try:
+            for _ in range(3):  # a revert that lost a race with another write decides again
+                job = self.kube.get_job(namespace, name)
+                if job is None or job["metadata"].get("deletionTimestamp"):
+                    return None
+                want = _spec_replicas(job)
+                have = ((job.get("status") or {}).get("workers") or {}).get("desired")
+                have = old if have is None else have
+                if want is None or have is None or want == have:
+                    if want == have:
+                        self._relayed.pop(uid, None)  # settled: the next difference is a new request
+                    return None
+                refusal = self._refusal(job, want=want, have=have, old=old)
+                if refusal is None:
+                    return self._relay_replicas(job, have=have, want=want, relay_phases=relay_phases)
+                back, message = refusal
+                if back is None:  # the spec is invalid beyond the count: reported once, nothing to revert
+                    return self._report_once(job, key=(have, want), message=message)
+                if self._revert(job, want=want, back=back):
+                    self.kube.event(job, reason="ScaleRejected", message=message, warning=True)
+                    return Reply(False, message)
             return None
-        if self._refused.get(uid) == want:
+        finally:
+            lock.release()
+
+    def _refusal(self, job: dict, *, want: Any, have: Any, old: Any) -> tuple[Any, str] | None:
+        """(value to revert to or None, message) when the spec's count must not be run; None if it may."""
+        phase = _phase(job)
+        if phase in TERMINAL:
+            return have, (f"cannot scale workers to {want}: the job has finished ({phase}); "
+                          f"spec.replicaSpecs.worker.replicas reverted to {have}")
+        problem = _validate(job)
+        if problem is None:
             return None
-        reply = self.scale(job, old=have, new=want)
-        if reply is not None and not reply.accepted:
-            self._refused[uid] = want
+        back = next((v for v in (old, have) if v is not None and _validate(_with_replicas(job, v)) is None), None)
+        if back is None:
+            return None, f"cannot scale workers {have} -> {want}: {problem}"
+        worker = _worker_spec(job)
+        lo, hi = worker.get("minReplicas", 1), worker.get("maxReplicas", "unbounded")
+        return back, (f"cannot scale workers to {want}: {problem}; allowed: spec.replicaSpecs.worker.minReplicas"
+                      f"..maxReplicas = {lo}..{hi}; spec.replicaSpecs.worker.replicas reverted to {back}")
+
+    def _revert(self, job: dict, *, want: Any, back: Any) -> bool:
+        """Put ``back`` into the spec; False if the job changed since it was read (decide again)."""
+        from kubernetes.client.exceptions import ApiException
+
+        namespace, name = _ident(job)
+        uid = job["metadata"].get("uid")
+        with self._lock:
+            self._reverted[uid] = (want, back)  # the field handler will see want -> back: ours
+        try:
+            # resourceVersion: a newer change of the spec is not overwritten (409 instead).
+            self.kube.patch_spec(namespace, name, {
+                "metadata": {"resourceVersion": job["metadata"].get("resourceVersion")},
+                "spec": {"replicaSpecs": {"worker": {"replicas": back}}}})
+        except ApiException as exc:
+            with self._lock:
+                self._reverted.pop(uid, None)
+            if exc.status == 409:
+                return False
+            raise
+        return True
+
+    def _relay_replicas(self, job: dict, *, have: Any, want: Any, relay_phases: tuple[str, ...]) -> Reply | None:
+        uid = job["metadata"].get("uid")
+        if _phase(job) not in relay_phases or self._relayed.get(uid) == (have, want):
+            return None
+        reply = relay_scale(self._target(job), int(want))  # MasterUnreachable: nothing recorded, retried
+        self._relayed[uid] = (have, want)
+        if reply.accepted:
+            self.kube.event(job, reason="Scaling", message=f"workers {have} -> {want}: {reply.message}")
+        else:
+            self.kube.event(job, reason="ScaleRejected",
+                            message=f"the master refused workers {have} -> {want}: {reply.message}", warning=True)
         return reply
+
+    def _report_once(self, job: dict, *, key: tuple[Any, Any], message: str) -> Reply | None:
+        uid = job["metadata"].get("uid")
+        if self._relayed.get(uid) == key:
+            return None
+        self._relayed[uid] = key
+        self.kube.event(job, reason="ScaleRejected", message=message, warning=True)
+        return Reply(False, message)
 
     def sync_stop(self, job: dict) -> Reply | None:
         """Level-triggered stop: each running master of a job with ``flextrain.dev/stop`` is told once.
@@ -308,10 +417,39 @@ class Reconciler:
         return reply
 
     def phase_changed(self, job: dict, *, old: str | None, new: str) -> None:
-        """Record a phase transition as an Event (Warning when the job failed)."""
-        message = (job.get("status") or {}).get("message") or ""
-        text = f"phase {old or 'None'} -> {new}" + (f": {message}" if message else "")
-        self.kube.event(job, reason=f"Job{new}", message=text, warning=new == "Failed")
+        """Record one Event per phase the job entered since ``old`` (Warning when it failed).
+
+        Phases the operator did not see (a quick job) are filled in from the
+        status (:func:`~flextrain.operator.phases.phases_entered`). Each Event is
+        keyed by job and phase, so a phase is reported once however often this
+        runs (handler retries, operator restarts).
+        """
+        status = job.get("status") or {}
+        message = status.get("message") or ""
+        for previous, phase, derived in phases_entered(old, new, status):
+            text = f"phase {previous or 'None'} -> {phase}"
+            if derived:
+                text += f" (seen by the operator only as {old or 'None'} -> {new})"
+            elif message:
+                text += f": {message}"
+            self.kube.event(job, reason=f"Job{phase}", message=text, warning=phase == "Failed",
+                            key=f"phase-{phase.lower()}")
+
+
+def _worker_spec(job: dict) -> dict:
+    return ((job.get("spec") or {}).get("replicaSpecs") or {}).get("worker") or {}
+
+
+def _spec_replicas(job: dict) -> Any:
+    return _worker_spec(job).get("replicas")
+
+
+def _with_replicas(job: dict, replicas: Any) -> dict:
+    """``job`` with another worker count in its spec (a copy of the parts on the way)."""
+    spec = dict(job.get("spec") or {})
+    replica_specs = dict(spec.get("replicaSpecs") or {})
+    replica_specs["worker"] = {**(replica_specs.get("worker") or {}), "replicas": replicas}
+    return {**job, "spec": {**spec, "replicaSpecs": replica_specs}}
 
 
 __all__ = ["TERMINAL", "MasterUnreachable", "Outcome", "Reconciler"]

@@ -61,9 +61,9 @@ def master():
     server.stop(grace=None)
 
 
-def started_job(jobs, master, name="digits"):
+def started_job(jobs, master, name="digits", **worker):
     """A job whose creation the operator has fully handled (kopf recorded its configuration)."""
-    body = elasticjob(name)
+    body = elasticjob(name, **worker)
     body["metadata"]["annotations"] = {meta.ANNOTATION_MASTER_PORT: str(master.port)}
     jobs.create(body)
     wait_for(lambda: jobs.service(name), timeout=30, what="the master service")
@@ -96,17 +96,6 @@ def test_running_master_behind_the_spec_is_brought_in_line(operator, jobs, maste
     wait_for(lambda: jobs.status("quick").get("phase") == "Pending", timeout=30, what="the job created")
     report_running(jobs, "quick", desired=2)  # the master started with the old count
     wait_for(lambda: 3 in master.scales, timeout=30, what="Scale(3) at the master")
-
-
-def test_out_of_range_replicas_are_refused_with_an_event(operator, jobs, master):
-    started_job(jobs, master)
-    jobs.patch("digits", {"spec": {"replicaSpecs": {"worker": {"replicas": 9}}}})
-    event = wait_for(lambda: [e for e in jobs.events("digits") if e["reason"] == "ScaleRejected"],
-                     timeout=30, what="a ScaleRejected event")[0]
-    assert event["type"] == "Warning"
-    assert "spec.replicaSpecs.worker.maxReplicas (3) < replicas (9)" in event["message"]
-    assert master.scales == []  # never sent
-    assert jobs.status("digits")["phase"] == "Pending"  # a refused scale does not fail the job
 
 
 def test_refusal_by_the_master_is_reported(operator, jobs, master):
