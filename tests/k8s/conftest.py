@@ -36,8 +36,15 @@ delete's ``gracePeriodSeconds`` (graceful deletion is then the node agent's
 job, through its finalizer); a watch takes its bus position before listing, so
 no event between the listing and the stream is lost.
 
+Admission: ``emulator.admission`` is a list of hooks ``hook(resource, obj)``
+called on every create (``resource`` as ``"v1/pods"``); one that returns a
+``kmock.KubernetesError(status=..., reason=..., message=...)`` makes the
+emulator refuse the create with that ``Status``, as a real API server's
+admission (quota, PodSecurity, a webhook) does. Tests add and remove hooks
+through ``cluster.call``.
+
 Known limits: no field selectors, no label-selector filtering on the server
-(filter on the client), no admission/validation, no garbage collection by
+(filter on the client), no built-in admission/validation, no garbage collection by
 ownerReferences (tests assert the references instead).
 """
 
@@ -102,6 +109,7 @@ class FlexEmulator(kmock.KubernetesEmulator):
     """kmock's emulator plus the server-side behaviour listed in the module docstring."""
 
     _versions: Any = attrs.field(factory=lambda: itertools.count(1), init=False)
+    admission: list[Callable[[str, dict], Any]] = attrs.field(factory=list, init=False)
 
     def _kind_of(self, resource: kmock.resource) -> tuple[str | None, str]:
         info = self.resources[resource] if resource in self._get_resources() else None
@@ -112,6 +120,11 @@ class FlexEmulator(kmock.KubernetesEmulator):
         data = request.data
         if request.resource is not None and isinstance(data, dict):
             if request.action == enums.action.CREATE:
+                res = request.resource
+                key = "/".join(part for part in (res.group, res.version, res.plural) if part)
+                for hook in list(self.admission):
+                    if (refusal := hook(key, data)) is not None:
+                        raise refusal
                 self._on_create(request, data)
             elif request.action == enums.action.UPDATE and request.name is not None:
                 data.setdefault("metadata", {})["resourceVersion"] = str(next(self._versions))
