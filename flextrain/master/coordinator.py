@@ -13,16 +13,17 @@ prediction jobs have no training stage (``evaluation.py``).
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import threading
 import time
 from dataclasses import dataclass
 
-from flextrain.job import JobSpec, JobType, Strategy
+from flextrain.job import Backend, JobSpec, JobType, Strategy
 from flextrain.master.accounting import commit_passed, ledger_at, most_advanced, settle_round
 from flextrain.master.checkpoints import CheckpointError, CheckpointStore, StateWriteError
 from flextrain.master.evaluation import Evaluations, outcome, prediction_task, record_task, task_message
-from flextrain.master.failures import FailureHandling, FailureTracker, WorkerFailure, failed_message
+from flextrain.master.failures import FailureHandling, FailureTracker, WorkerFailure, failed_message, in_spec_words
 from flextrain.master.health import Liveness, find_hung
 from flextrain.master.ledger import TaskKind, TaskLedger
 from flextrain.master.lockstep import AllReduceStrategy
@@ -105,6 +106,8 @@ class JobMaster(FailureHandling):
         self.skipped_steps = 0  # steps dropped as non-finite, as the workers report them
         self.launched_at: dict[str, float] = {}  # launch times, for workers that never finish starting
         self.strategy = strategy_for(spec)  # what differs between AllReduce and ParameterServer
+        # What the user reads names settings as the user wrote them: flags, or ElasticJob fields.
+        self.words = in_spec_words if spec.backend is Backend.KUBERNETES else str
 
     def kept_checkpoint(self) -> str:
         """``"; the last good checkpoint is kept: PATH (step N)"``, or "" without one: how a message
@@ -125,7 +128,7 @@ class JobMaster(FailureHandling):
         with self.cond:
             if self.over:
                 return
-            self.phase, self.message = phase, message
+            self.phase, self.message = phase, self.words(message)
             self.finished = time.time()
             self.cond.notify_all()
 
@@ -134,7 +137,8 @@ class JobMaster(FailureHandling):
         status, CLI and CR status). A no-op once the job is over."""
         with self.cond:
             if not self.over:
-                self.failure = failure
+                self.failure = failure and dataclasses.replace(
+                    failure, message=self.words(failure.message), reason=self.words(failure.reason))
                 self.finish(Phase.FAILED, message)
 
     def check_outcome(self) -> None:
@@ -187,6 +191,7 @@ class JobMaster(FailureHandling):
 
     def note(self, message: str) -> None:
         """An event worth showing the user (status message, log)."""
+        message = self.words(message)
         with self.cond:
             self.events.append(message)
             if not self.over:
@@ -417,12 +422,14 @@ class JobMaster(FailureHandling):
                     kept = f"; latest checkpoint kept: {latest['checkpoint']}" if latest else ""
                     if not self.relaunching and (root := self.failures.root_cause()) is not None:
                         self.fail(root, failed_message(root, (
-                            f"only {present} worker(s) left, fewer than --min-workers "
-                            f"{self.spec.worker.effective_min_replicas}, and the relaunch budget is spent{kept}")))
+                            f"only {present} worker(s) left, fewer than the minimum of "
+                            f"{self.spec.worker.effective_min_replicas} (--min-workers), and the relaunch budget is "
+                            f"spent (--relaunch-budget){kept}")))
                     elif now - self.short_since > self.spec.worker.min_workers_timeout:
                         self.finish(Phase.FAILED, (
-                            f"only {present} worker(s) alive, fewer than --min-workers "
-                            f"{self.spec.worker.effective_min_replicas}, for {self.spec.worker.min_workers_timeout:.0f}s{kept}"))
+                            f"only {present} worker(s) alive, fewer than the minimum of "
+                            f"{self.spec.worker.effective_min_replicas} (--min-workers), for "
+                            f"{self.spec.worker.min_workers_timeout:.0f}s (--min-workers-timeout){kept}"))
                 else:
                     self.short_since = None
             hung = find_hung(

@@ -21,6 +21,8 @@ The verdict (:meth:`FailureTracker.exited`):
 from __future__ import annotations
 
 import dataclasses
+import functools
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -200,7 +202,7 @@ class FailureHandling:
                 else "; no checkpoint was written before it")
 
     def relaunches_exhausted(self, message: str) -> None:
-        """The relaunch budget is spent: fewer than --min-workers now means the job cannot go on."""
+        """The relaunch budget is spent: fewer than the minimum of workers now means the job cannot go on."""
         with self.cond:
             self.relaunching = False
             self.note(message)
@@ -222,6 +224,31 @@ class FailureHandling:
 def failed_message(failure: WorkerFailure, why: str) -> str:
     """The job's message when ``failure`` ends it: the worker's own error first, then why it is final."""
     return f"{failure.worker_id} failed: {failure.cause()}; {why}" + (f" (log: {failure.log})" if failure.log else "")
+
+
+_FLAG = re.compile(r"(?<![\w-])--[a-z][a-z-]*")
+
+
+@functools.cache
+def _field_of_flag() -> dict[str, str]:
+    from flextrain.job import SETTINGS
+
+    fields = {}
+    for s in SETTINGS:
+        if s.crd and s.option.startswith("--"):
+            fields[s.option] = f"{s.crd}: false" if s.option.startswith("--no-") else s.crd
+    return fields
+
+
+def in_spec_words(text: str) -> str:
+    """``text`` with every ``flextrain train`` flag of a setting replaced by its ElasticJob field
+    (``--min-workers`` -> ``spec.replicaSpecs.worker.minReplicas``): what a Kubernetes user wrote.
+    Text between backticks (a command to run) is left as it is."""
+    fields = _field_of_flag()
+    parts = text.split("`")
+    for i in range(0, len(parts), 2):
+        parts[i] = _FLAG.sub(lambda m: fields.get(m.group(0), m.group(0)), parts[i])
+    return "`".join(parts)
 
 
 def log_tail(path, *, lines: int = TAIL_LINES) -> str:
@@ -256,4 +283,4 @@ def failure_lines(failure: dict | None, *, traceback_lines: int = 12) -> list[st
 
 
 __all__ = ["FailureHandling", "FailureTracker", "Verdict", "WorkerFailure", "failed_message", "failure_lines",
-           "from_report", "log_tail"]
+           "from_report", "in_spec_words", "log_tail"]

@@ -1,29 +1,46 @@
 """KubernetesPodBackend: the master's launch backend when workers and PS run as Pods.
 
 Same interface and exit semantics as :class:`LocalProcessBackend`:
-``launch`` creates the instance's Pod (and, for a PS, its Service), returning
-once the API accepted it; ``terminate`` deletes the Pod (the kubelet sends
-SIGTERM, then SIGKILL after the grace period; ``force`` deletes with grace 0);
-a watch on the job's Pods turns their fate into ``on_exit(instance_id, code)``
-exactly once per launch:
-
-* phase ``Succeeded``/``Failed``: the container's ``exitCode`` (1 when the Pod
-  failed before its container ran, e.g. evicted or unschedulable config);
-* the Pod deleted before it reported an exit (preempted, ``kubectl delete``,
-  node lost): 137, as a container killed by SIGKILL.
+``launch`` creates the instance's Pod (and, for a PS, its Service);
+``terminate`` deletes the Pod (the kubelet sends SIGTERM, then SIGKILL after
+the grace period; ``force`` deletes with grace 0); a watch on the job's Pods
+turns their fate into ``on_exit(instance_id, code)`` exactly once per launch
+(:func:`~flextrain.master.k8s_outcomes.pod_exit`: the container's exit code,
+1 for a Pod that failed before its container ran, 137 for a Pod deleted
+before it reported an exit).
 
 Relaunch decisions stay with :class:`InstanceManager` (a preempted, killed or
 deleted worker is replaced within the relaunch budget). One policy is the
 backend's own because only it sees the reason: a container ``OOMKilled``
 more than ``max_oom_kills`` times in a role is not retried again; the job is
 failed through ``on_fatal`` with a message naming OOMKilled and what to change,
-and later launches are refused (logged) since the job is over. A Pod the API
-does not accept (refused, or the API unreachable for ``create_timeout``
-seconds) is reported through ``on_note`` with the reason and as an exit with
-code 1, so the relaunch budget bounds the retries.
+and later launches are refused (logged) since the job is over.
+
+Creates the API server refuses (:mod:`flextrain.master.k8s_outcomes`):
+
+* permanently (422 Invalid, 403 by admission, 400, ...): the job fails through
+  ``on_fatal`` with ``cannot create pod "NAME": the API server refused it (CODE
+  REASON): <its Status message>``, a Warning Event ``FailedCreate`` is recorded
+  on the ElasticJob, the instance is reported as exited (code 1) and later
+  launches are refused;
+* retryably (403 ``exceeded quota``, 409, 429, 5xx, no answer): ``launch``
+  returns at once and a thread tries again after ``retry_first`` seconds,
+  doubling up to ``retry_cap``, for as long as the instance is wanted
+  (``terminate``/``close`` end it, reporting the instance as exited with 137).
+  Each new reason goes to ``on_note`` (the job's status message: ``waiting for
+  quota: pods "NAME" is forbidden: exceeded quota ...``) and into a Warning
+  Event ``FailedCreate``; the create that finally succeeds is noted too. The
+  instance counts as running and Pending meanwhile, so it is neither replaced
+  nor taken for a hung worker.
 
 A Pending Pod counts as running (it was launched and has not exited) but
 never blocks training: rendezvous rounds count registered workers only.
+
+Failed pods: once a failed Pod's exit has been reported (the master judged it
+and read its termination message), the backend deletes the older failed Pods
+of the same role, keeping the latest one and those ``keep_failed()`` names
+(the master's root cause, whose ``kubectl logs`` its failure message cites).
+A PS relaunch reuses its Pod's name, so a PS never leaves more than one.
 
 Besides the watch, a periodic resync (every ``resync_interval`` seconds)
 lists the job's Pods, so a Pod deleted while the watch was reconnecting is
@@ -40,7 +57,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,32 +71,29 @@ from flextrain.k8s.pods import (
     service_address,
 )
 from flextrain.k8s.watch import ObjectWatch
+from flextrain.master.k8s_create import LaunchError, PodCreation
+from flextrain.master.k8s_outcomes import KILLED, OOM_KILLED, oom_message, pod_exit, termination_message
 from flextrain.master.launcher import InstanceSpec, LaunchBackend, PSEndpoint, Role
 
 log = logging.getLogger(__name__)
 
-KILLED = 137  # what a container killed by SIGKILL reports
-OOM_KILLED = "OOMKilled"
 DEFAULT_MAX_OOM_KILLS = 2
 _ROLES = {Role.WORKER.value, Role.PS.value}
-
-
-class LaunchError(RuntimeError):
-    """The API refused to create an instance's Pod (the message names Pod and reason)."""
-
 
 @dataclass
 class _Instance:
     instance_id: str
     role: str
     pod: str
-    uid: str | None = None
+    uid: str | None = None  # None until the API accepted the Pod
     phase: str = "Pending"
     reported: bool = False
     reason: str | None = None
     code: int | None = None
     created: float = 0.0  # monotonic time the API accepted the Pod
     output: str = ""  # the container's termination message: the end of its log when it failed
+    attempts: int = 0  # creates tried
+    cancel: threading.Event = field(default_factory=threading.Event)  # stop retrying the create
 
 
 @dataclass
@@ -90,27 +104,16 @@ class PodExits:
     oom_kills: dict[str, int] = field(default_factory=dict)
 
 
-def pod_exit(kind: str, pod: Mapping[str, Any]) -> tuple[int, str] | None:
-    """``(exit code, reason)`` if this event ends the Pod's container, else None."""
-    status = pod.get("status") or {}
-    phase = status.get("phase")
-    term = next((cs["state"]["terminated"] for cs in status.get("containerStatuses") or []
-                 if (cs.get("state") or {}).get("terminated")), None)
-    if phase in ("Succeeded", "Failed"):
-        code = term["exitCode"] if term else (0 if phase == "Succeeded" else 1)
-        reason = (term or {}).get("reason") or status.get("reason") or ("Completed" if code == 0 else "Error")
-        return int(code), reason
-    if kind == "DELETED":
-        return (int(term["exitCode"]), term.get("reason") or "Error") if term else (KILLED, "Deleted")
-    return None
-
-
-class KubernetesPodBackend(LaunchBackend):
+class KubernetesPodBackend(PodCreation, LaunchBackend):
     def __init__(self, api_client, *, job: Mapping[str, Any], master_address: str,
                  max_oom_kills: int = DEFAULT_MAX_OOM_KILLS,
                  on_fatal: Callable[[str], None] = lambda message: None,
                  on_note: Callable[[str], None] = lambda message: None,
-                 create_timeout: float = 60.0, resync_interval: float = 10.0) -> None:
+                 keep_failed: Callable[[], Iterable[str]] = lambda: (),
+                 create_timeout: float = 60.0, retry_first: float = 0.5, retry_cap: float = 30.0,
+                 resync_interval: float = 10.0) -> None:
+        """``create_timeout`` bounds the retries of a PS Service's create (``ps_endpoint`` waits for
+        it); a Pod's create is retried with backoff from ``retry_first`` to ``retry_cap`` seconds."""
         from kubernetes import client
 
         super().__init__()
@@ -121,12 +124,14 @@ class KubernetesPodBackend(LaunchBackend):
         self.master_address = master_address
         self.max_oom_kills = max_oom_kills
         self.create_timeout = create_timeout
+        self.retry_first, self.retry_cap = retry_first, retry_cap
         self.resync_interval = resync_interval
         self._stopped = threading.Event()
-        self._on_fatal, self._on_note = on_fatal, on_note
+        self._on_fatal, self._on_note, self._keep_failed = on_fatal, on_note, keep_failed
         self._lock = threading.RLock()
         self._instances: dict[str, _Instance] = {}  # by instance id (latest launch)
         self._by_pod: dict[str, _Instance] = {}
+        self._failed_pods: dict[str, list[_Instance]] = {}  # by role: failed pods still there, oldest first
         self.seen = PodExits()
         self.failed: str | None = None
         self.closed = False
@@ -151,70 +156,29 @@ class KubernetesPodBackend(LaunchBackend):
 
     # ---- LaunchBackend ---------------------------------------------------------
     def launch(self, spec: InstanceSpec) -> None:
+        """Create the instance's Pod; returns once the API accepted it, refused it for good (the job
+        fails), or refused it for now (retried in the background; see the module docstring)."""
         role = spec.role.value
         name = instance_pod_name(self.job_name, spec.instance_id)
         body = instance_pod(self.job, role=role, index=spec.index, instance_id=spec.instance_id,
                             args=spec.args, env=spec.env, master_address=self.master_address)
+        service = ps_service(self.job, index=spec.index) if spec.role is Role.PS else None
         with self._lock:
             if self.failed or self.closed:
                 log.warning("not launching %s: %s", spec.instance_id, self.failed or "backend closed")
                 return
-            inst = _Instance(spec.instance_id, role, name)
             old = self._instances.get(spec.instance_id)
             if old is not None and not old.reported:
                 raise LaunchError(f"{spec.instance_id} is already running as pod {old.pod}")
-            self._instances[spec.instance_id] = inst
-            try:
-                if spec.role is Role.PS:
-                    self._ensure_service(ps_service(self.job, index=spec.index))
-                # Held across the create so the watch cannot see the new Pod before its uid is known.
-                created = self._create(body)
-            except LaunchError as exc:
-                # Reported as an exit (code 1) so the relaunch budget applies; from another
-                # thread, since the caller may hold its own lock while launching.
-                self._on_note(str(exc))
-                threading.Thread(target=self._report, args=(spec.instance_id, 1, "LaunchFailed"),
-                                 daemon=True).start()
-                return
-            inst.uid, inst.created = created["metadata"].get("uid"), time.monotonic()
-            self._by_pod[name] = inst
-        log.info("created pod %s for %s", name, spec.instance_id)
-
-    def _create(self, body: dict) -> dict:
-        """Create a Pod; a leftover of the same name (a finished earlier launch) is deleted first."""
-        from kubernetes.client import ApiException
-
-        name = body["metadata"]["name"]
-        deadline = time.monotonic() + self.create_timeout
-        while True:
-            try:
-                reply = self.core.create_namespaced_pod(self.namespace, body, _preload_content=False)
-                return json.loads(reply.data)
-            except ApiException as exc:
-                if time.monotonic() > deadline:
-                    raise LaunchError(f"pod {name}: the API kept refusing it: {exc.status} {exc.reason}") from None
-                if exc.status == 409:
-                    self._delete(name, grace=0)
-                elif exc.status is not None and 400 <= exc.status < 500:
-                    raise LaunchError(f"pod {name} was refused by the API: {exc.status} {exc.reason}: "
-                                      f"{(exc.body or '')[:300]}") from None
-            except Exception as exc:  # noqa: BLE001 - connection trouble: retry until the deadline
-                if time.monotonic() > deadline:
-                    raise LaunchError(f"pod {name}: could not reach the API: {exc}") from None
-            time.sleep(0.2)
-
-    def _ensure_service(self, body: dict) -> dict:
-        """Create the Service (or find it: a relaunched PS keeps its Service); returns it."""
-        from kubernetes.client import ApiException
-
-        name = body["metadata"]["name"]
-        try:
-            reply = self.core.create_namespaced_service(self.namespace, body, _preload_content=False)
-        except ApiException as exc:
-            if exc.status != 409:
-                raise LaunchError(f"service {name}: {exc.status} {exc.reason}") from None
-            reply = self.core.read_namespaced_service(name, self.namespace, _preload_content=False)
-        return json.loads(reply.data)
+            inst = self._instances[spec.instance_id] = _Instance(spec.instance_id, role, name)
+            refusal = self._attempt(inst, body, service)
+        if refusal is None:
+            log.info("created pod %s for %s", name, spec.instance_id)
+        elif refusal.retryable:
+            threading.Thread(target=self._keep_trying, args=(inst, body, service, refusal), daemon=True,
+                             name=f"create-{name}").start()
+        else:
+            self._refused(inst, refusal)
 
     def ps_endpoint(self, index: int) -> PSEndpoint:
         """PS ``index`` listens on every interface of its pod; workers dial its Service ``<job>-ps-<i>``."""
@@ -239,7 +203,14 @@ class KubernetesPodBackend(LaunchBackend):
     def terminate(self, instance_id: str, *, force: bool = False) -> None:
         with self._lock:
             inst = self._instances.get(instance_id)
-        if inst is not None and not inst.reported:
+            if inst is None or inst.reported:
+                return
+            never_created = inst.uid is None
+            if never_created:  # its create is being retried: stop that; there is no Pod to delete
+                inst.cancel.set()
+        if never_created:
+            self._report(instance_id, KILLED, "NotCreated")
+        else:
             self._delete(inst.pod, grace=0 if force else None)
 
     def running(self) -> set[str]:
@@ -260,7 +231,7 @@ class KubernetesPodBackend(LaunchBackend):
         return reason + inst.output
 
     def pending(self) -> set[str]:
-        """Instances whose Pod has not started running yet (unscheduled, pulling, ...)."""
+        """Instances whose Pod has not started running yet (not created yet, unscheduled, pulling, ...)."""
         with self._lock:
             return {i for i, inst in self._instances.items() if not inst.reported and inst.phase == "Pending"}
 
@@ -269,7 +240,10 @@ class KubernetesPodBackend(LaunchBackend):
             self.closed = True
             live = [inst for inst in self._instances.values() if not inst.reported]
         for inst in live:
-            self._delete(inst.pod, grace=max(0, int(grace)))
+            if inst.uid is None:
+                self.terminate(inst.instance_id)  # still being created: stop that
+            else:
+                self._delete(inst.pod, grace=max(0, int(grace)))
         deadline = time.monotonic() + grace + 10.0
         while self.running() and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -316,8 +290,12 @@ class KubernetesPodBackend(LaunchBackend):
             ended = pod_exit(kind, pod)
             if ended is not None:
                 inst.output = termination_message(pod)
+            # A pod that failed by itself while the job ran (not one deleted, or killed by close()).
+            failed = ended is not None and ended[0] != 0 and kind != "DELETED" and not self.closed
         if ended is not None:
             self._report(inst.instance_id, *ended)
+        if failed:
+            self._prune_failed(inst)
 
     def _report(self, instance_id: str, code: int, reason: str) -> None:
         fatal = None
@@ -336,20 +314,18 @@ class KubernetesPodBackend(LaunchBackend):
             self._on_fatal(fatal)
         self._on_exit(instance_id, code)
 
-
-def termination_message(pod: Mapping[str, Any]) -> str:
-    """The terminated container's message (``FallbackToLogsOnError``: its last log lines)."""
-    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
-        if (term := (cs.get("state") or {}).get("terminated")) and term.get("message"):
-            return str(term["message"])
-    return ""
-
-
-def oom_message(role: str, instance_id: str, kills: int, limit: int) -> str:
-    more = (f"spec.replicaSpecs.{role}.resources.limits.memory")
-    smaller = " or a smaller spec.training.maxMicroBatch" if role == Role.WORKER.value else ""
-    return (f"{role} pods were OOMKilled {kills} times (last: {instance_id}; at most {limit} are retried): "
-            f"give them more memory ({more}){smaller}")
+    def _prune_failed(self, failed: _Instance) -> None:
+        """``failed``'s exit has been judged (its message read): delete the older failed Pods of its
+        role, except those the master still cites (``keep_failed``)."""
+        keep = set(self._keep_failed())  # first, without our lock: the master takes its own
+        with self._lock:
+            pods = self._failed_pods.setdefault(failed.role, [])
+            pods[:] = [p for p in pods if p.pod != failed.pod] + [failed]  # a PS reuses its name
+            stale = [p for p in pods[:-1] if p.instance_id not in keep]
+            pods[:] = [p for p in pods if p not in stale]
+        for inst in stale:
+            log.info("deleting failed pod %s (a later one of its role is kept)", inst.pod)
+            self._delete(inst.pod, grace=0)
 
 
 def _ours(pod: Mapping[str, Any], job_name: str) -> bool:
@@ -369,8 +345,10 @@ class KubernetesContext:
 
 def kubernetes_context(spec: JobSpec, *, namespace: str | None = None, api_client=None,
                        on_fatal: Callable[[str], None] = lambda message: None,
-                       on_note: Callable[[str], None] = lambda message: None) -> KubernetesContext:
-    """Read the job's ElasticJob and master Service and build its pod backend.
+                       on_note: Callable[[str], None] = lambda message: None,
+                       keep_failed: Callable[[], Iterable[str]] = lambda: ()) -> KubernetesContext:
+    """Read the job's ElasticJob and master Service and build its pod backend (callbacks: see
+    :class:`KubernetesPodBackend`).
 
     ``api_client`` defaults to in-cluster config (else kubeconfig); ``namespace``
     to the pod's own. Raises LaunchError naming what is missing.
@@ -395,7 +373,7 @@ def kubernetes_context(spec: JobSpec, *, namespace: str | None = None, api_clien
                           f"{exc.status} {exc.reason}; the operator creates it with the master pod") from None
     address = service_address(json.loads(svc.data), default_port=meta.MASTER_PORT)
     backend = KubernetesPodBackend(api_client, job=job, master_address=address, on_fatal=on_fatal,
-                                   on_note=on_note)
+                                   on_note=on_note, keep_failed=keep_failed)
     return KubernetesContext(backend=backend, job=job, master_address=address, api_client=api_client)
 
 
@@ -404,6 +382,4 @@ __all__ = [
     "KubernetesPodBackend",
     "LaunchError",
     "kubernetes_context",
-    "oom_message",
-    "pod_exit",
 ]

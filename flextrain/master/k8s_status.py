@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import copy
 import logging
+import socket
 import threading
+import uuid
 import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
@@ -163,4 +165,29 @@ class ElasticJobStatusWriter:
         return True
 
 
-__all__ = ["ElasticJobStatusWriter", "conditions_for", "cr_status"]
+def record_event(core, job: Mapping[str, Any], *, reason: str, message: str, warning: bool = True) -> None:
+    """Record a core/v1 Event on the ElasticJob (``kubectl describe ej/NAME`` lists it).
+
+    ``core`` is a ``CoreV1Api``. Never raises: an Event is a courtesy, what it reports is
+    already in the job's status.
+    """
+    md = job["metadata"]
+    stamp = _now()
+    body = {
+        "apiVersion": "v1", "kind": "Event",
+        "metadata": {"name": f"{md['name']}.{uuid.uuid4().hex[:12]}", "namespace": md["namespace"],
+                     "labels": {meta.LABEL_JOB: md["name"]}},
+        "involvedObject": {"apiVersion": meta.API_VERSION, "kind": meta.KIND, "name": md["name"],
+                           "namespace": md["namespace"], "uid": md.get("uid")},
+        "reason": reason, "message": message[:1024], "type": "Warning" if warning else "Normal",
+        "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1,
+        "source": {"component": "flextrain-master"}, "reportingComponent": f"{meta.GROUP}/master",
+        "reportingInstance": socket.gethostname(),
+    }
+    try:
+        core.create_namespaced_event(md["namespace"], body)
+    except Exception as exc:  # noqa: BLE001 - see the docstring
+        log.warning("could not record event %s on ElasticJob %s/%s: %s", reason, md["namespace"], md["name"], exc)
+
+
+__all__ = ["ElasticJobStatusWriter", "conditions_for", "cr_status", "record_event"]

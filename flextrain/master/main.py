@@ -177,8 +177,14 @@ def _run_master(
         from flextrain.master.k8s_backend import kubernetes_context
         from flextrain.master.k8s_status import ElasticJobStatusWriter
 
+        def cited() -> set[str]:  # the failed pod the job's failure names (or would): its logs stay readable
+            with job.cond:
+                root = job.failure if job.over else failures.root_cause()
+                return {root.worker_id} if root is not None else set()
+
         k8s = kubernetes_context(spec, namespace=namespace, api_client=api_client,
-                                 on_fatal=lambda message: job.finish(Phase.FAILED, message), on_note=job.note)
+                                 on_fatal=lambda message: job.finish(Phase.FAILED, message), on_note=job.note,
+                                 keep_failed=cited)
         backend = k8s.backend.start()
         status_writer = ElasticJobStatusWriter(k8s.api_client, namespace=k8s.backend.namespace, name=spec.name)
     backend = backend or LocalProcessBackend(log_dir=job_dir / "logs")
@@ -195,7 +201,8 @@ def _run_master(
     def scale(workers: int) -> tuple[bool, str]:
         lo, hi = spec.worker.effective_min_replicas, spec.worker.effective_max_replicas
         if not lo <= workers <= hi:
-            return False, f"cannot scale to {workers} workers: the job allows {lo}..{hi} (--min-workers/--max-workers)"
+            return False, job.words(f"cannot scale to {workers} workers: the job allows {lo}..{hi} "
+                                    "(--min-workers, --max-workers)")
         if job.over:
             return False, f"job already {job.phase.value}"
         manager.scale(workers)

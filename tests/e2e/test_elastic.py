@@ -268,7 +268,7 @@ def test_every_worker_lost_job_waits_for_min_then_fails_keeping_checkpoint(digit
     assert code == 1
     final = read_status(job_dir)
     assert final["phase"] == "Failed"
-    assert "fewer than --min-workers 1" in final["message"] and "latest checkpoint kept" in final["message"]
+    assert "fewer than the minimum of 1 (--min-workers)" in final["message"] and "latest checkpoint kept" in final["message"]
     # with --relaunch-budget 0 the first crash exhausts the budget: a clear event, no relaunch loop
     assert any("over the relaunch budget" in e for e in final["events"]), final["events"]
     assert not any(m["id"] not in {"worker-0", "worker-1"} for r in final["roundHistory"] for m in r["members"])

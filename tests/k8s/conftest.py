@@ -64,7 +64,6 @@ import kmock
 import pytest
 import yaml
 from kmock._internal import enums, rendering
-from kmock._internal.k8s import KubernetesError
 
 from flextrain.k8s import meta
 
@@ -106,7 +105,7 @@ def elasticjob_resource() -> tuple[str, kmock.ResourceInfo]:
 
 
 @attrs.frozen
-class Refused(KubernetesError):
+class Refused(kmock.KubernetesError):
     """An admission check's "no", rendered by kmock as a core/v1 Status with this code."""
 
     status: int = 403

@@ -201,7 +201,7 @@ class NodeAgent:
                                    "restartCount": 0, "started": True,
                                    "state": {"running": {"startedAt": run.started}}}],
         })
-        threading.Thread(target=self._wait, args=(run, pod, cname, container.get("image", "")), daemon=True,
+        threading.Thread(target=self._wait, args=(run, pod, container), daemon=True,
                          name=f"nodeagent-{name}").start()
 
     def _argv(self, container: dict) -> list[str]:
@@ -228,7 +228,8 @@ class NodeAgent:
             env[name] = _field(pod, ref["fieldPath"], var=name)
         return env
 
-    def _wait(self, run: _Run, pod: dict, cname: str, image: str) -> None:
+    def _wait(self, run: _Run, pod: dict, container: dict) -> None:
+        cname, image = container.get("name", "main"), container.get("image", "")
         code = run.proc.wait()
         code = 128 - code if code < 0 else code
         with self._lock:
@@ -237,6 +238,9 @@ class NodeAgent:
             closed = self._closed
         if not run.gone and not closed:
             finished = _now()
+            terminated = {"exitCode": code, "reason": reason, "startedAt": run.started, "finishedAt": finished}
+            if code != 0 and container.get("terminationMessagePolicy") == "FallbackToLogsOnError":
+                terminated["message"] = self._log_end(run)
             self._patch_status(pod, {
                 "phase": "Succeeded" if code == 0 else "Failed",
                 "conditions": [{"type": t, "status": "False", "reason": "PodCompleted" if code == 0 else "PodFailed",
@@ -244,8 +248,7 @@ class NodeAgent:
                 "containerStatuses": [{"name": cname, "image": image, "ready": False, "restartCount": 0,
                                        "imageID": "", "containerID": f"process://{run.proc.pid}",
                                        "started": False,
-                                       "state": {"terminated": {"exitCode": code, "reason": reason,
-                                                                "startedAt": run.started, "finishedAt": finished}}}],
+                                       "state": {"terminated": terminated}}],
             })
         run.done.set()
         with self._lock:
@@ -254,6 +257,11 @@ class NodeAgent:
             waiting = list(self._waiting.values())
         for other in waiting:  # a slot is free: a Pod held for capacity may start now
             self._on_event("MODIFIED", other)
+
+    def _log_end(self, run: _Run) -> str:
+        """The kubelet's fallback termination message: the log's last 80 lines, at most 2048 bytes."""
+        lines = self.log(run.name, run.namespace).encode()[-2048:].splitlines()[-80:]
+        return b"\n".join(lines).decode("utf-8", "replace")
 
     def _terminate(self, run: _Run, grace: float) -> None:
         if grace <= 0:

@@ -145,3 +145,13 @@ def test_a_task_failing_for_a_reason_no_retry_fixes_fails_the_job_at_once(tmp_pa
     master.report_task(pb.ReportTaskRequest(worker_id="w0", task_id=task.task_id, ok=False, error="x",
                                             failure=pb.Failure(kind=kind, exception="E", message="bad")))
     assert master.phase is Phase.FAILED and master.failure.kind.value == kind
+
+
+def test_messages_on_kubernetes_name_spec_fields_not_flags():
+    from flextrain.master.failures import in_spec_words
+
+    text = ("fewer than the minimum of 2 (--min-workers); --model-def 'x.py:M' not found; "
+            "--no-preflight skips it; resume with `flextrain train --resume d --epochs 3`")
+    assert in_spec_words(text) == (
+        "fewer than the minimum of 2 (spec.replicaSpecs.worker.minReplicas); spec.modelDef 'x.py:M' not found; "
+        "spec.training.preflight: false skips it; resume with `flextrain train --resume d --epochs 3`")

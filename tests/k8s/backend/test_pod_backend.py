@@ -127,22 +127,24 @@ def test_close_deletes_every_pod_and_reports_each_exit(backend, k8s_api, node_ag
              timeout=30, what="pods deleted")
 
 
-def test_a_pod_the_api_does_not_take_is_reported_as_a_failed_launch(elasticjob):
-    # An API server that went away: every create fails until the backend's deadline.
+def test_an_unreachable_api_is_waited_for_with_backoff_until_the_instance_is_no_longer_wanted(elasticjob):
+    # An API server that went away: launch returns at once and the create is retried in the background.
     from kubernetes import client as k8s
 
     config = k8s.Configuration()
     config.host = "http://127.0.0.1:9"  # discard port: connection refused
     notes: list[str] = []
     backend = KubernetesPodBackend(k8s.ApiClient(config), job=elasticjob, master_address="m:1",
-                                   create_timeout=0.5, on_note=notes.append)
+                                   retry_first=0.05, retry_cap=0.4, on_note=notes.append)
     exits = Exits()
     backend.on_exit(exits)
     backend.launch(InstanceSpec("worker-0", Role.WORKER, 0, BAD_ARGS))
-    wait_for(lambda: exits.of("worker-0"), timeout=30, what="failed launch reported")
-    assert exits.of("worker-0") == [1]
-    assert notes and notes[0].startswith("pod tiny-worker-0: could not reach the API")
-    assert backend.running() == set()
+    assert backend.running() == {"worker-0"} and backend.pending() == {"worker-0"}  # waiting, not hung
+    wait_for(lambda: backend._instances["worker-0"].attempts >= 5, timeout=30, what="five create attempts")
+    assert notes[0].startswith("waiting for the API server: could not reach it")
+    assert len(notes) == 1  # the same reason is said once
+    backend.terminate("worker-0")
+    assert exits.of("worker-0") == [KILLED] and backend.running() == set()
 
 
 def test_a_deletion_the_watch_missed_is_found_by_the_resync(k8s_api, elasticjob, node_agent):

@@ -26,8 +26,10 @@ def test_oomkilled_worker_is_not_relaunched_forever(kube_job, node_agent):
     assert "spec.replicaSpecs.worker.resources.limits.memory" in status["message"]
     assert "maxMicroBatch" in status["message"]
     assert {c["type"]: c["status"] for c in status["conditions"]}["Failed"] == "True"
-    # relaunched twice, then no more pods
-    assert sorted(p["metadata"]["name"] for p in job.raw_pods()) == [f"digits-worker-{k}" for k in range(3)]
+    # relaunched twice, then no more pods; of the failed ones only the latest is kept
+    assert node_agent.started_pods == [f"digits-worker-{k}" for k in range(3)]
+    wait_for(lambda: [p["metadata"]["name"] for p in job.raw_pods()] == ["digits-worker-2"], timeout=30,
+             what="the earlier failed pods deleted")
 
 
 def test_pending_pod_does_not_block_training_with_min_workers(kube_job, k8s_cluster, tmp_path):
