@@ -96,7 +96,8 @@ def cmd_master(args) -> int:
         raise CLIError(f"--port must be a port number (0-65535), got {args.port}")
     namespace = args.namespace or meta.current_namespace()
     api = api_client()
-    from flextrain.operator.kube import Kube, now_iso
+    from flextrain.k8s.meta import now_iso
+    from flextrain.operator.kube import Kube
 
     kube = Kube(api)
     job = get_job(kube, namespace, args.job)

@@ -7,7 +7,10 @@ ElasticJob (so deleting the job garbage-collects them).
 
 from __future__ import annotations
 
+import datetime
 import os
+import socket
+import uuid
 from typing import Any, Mapping
 
 GROUP = "flextrain.dev"
@@ -130,3 +133,32 @@ def load_client_config() -> None:
         config.load_incluster_config()
     except config.ConfigException:
         config.load_kube_config()
+
+
+def now_iso() -> str:
+    """The current time as Kubernetes writes it (RFC 3339, seconds, ``Z``)."""
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def job_event(job: Mapping[str, Any], *, reason: str, message: str, warning: bool, component: str,
+              key: str | None = None) -> dict[str, Any]:
+    """A core/v1 Event about the ElasticJob ``job`` (``kubectl describe ej/NAME`` lists it), recorded
+    by ``component`` (``operator`` or ``master``).
+
+    Its name is random, or with ``key`` ``JOB.KEY.UID8``: the API server refuses a second Event
+    of that name, so an action keyed so is recorded once however often it is reported.
+    """
+    md = job["metadata"]
+    stamp = now_iso()
+    suffix = f"{key}.{(md.get('uid') or '')[:8]}" if key else uuid.uuid4().hex[:12]
+    return {
+        "apiVersion": "v1", "kind": "Event",
+        "metadata": {"name": f"{md['name']}.{suffix}", "namespace": md["namespace"],
+                     "labels": {LABEL_JOB: md["name"]}},
+        "involvedObject": {"apiVersion": API_VERSION, "kind": KIND, "name": md["name"],
+                           "namespace": md["namespace"], "uid": md.get("uid")},
+        "reason": reason, "message": message[:1024], "type": "Warning" if warning else "Normal",
+        "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1,
+        "source": {"component": f"flextrain-{component}"}, "reportingComponent": f"{GROUP}/{component}",
+        "reportingInstance": socket.gethostname(),
+    }

@@ -8,7 +8,7 @@ it), runs as ServiceAccount ``flextrain-job`` with ``restartPolicy: Never``
 (the master, not the kubelet, decides about relaunches), and gets the
 job's image, the role's ``resources``, ``priorityClassName`` and ``env`` from
 ``spec.replicaSpecs.<role>``, every ``spec.volumes`` entry (see
-:func:`flextrain.k8s.resource.pod_settings`), the role's pod template
+:func:`pod_settings`), the role's pod template
 (``spec.replicaSpecs.<role>.template``: placement, security, pull Secrets,
 labels; :mod:`flextrain.k8s.template`) and the job's labels. Without a
 template it passes a PodSecurity ``restricted`` namespace. Its container runs
@@ -21,11 +21,44 @@ variables, never override the identity ones.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from flextrain.k8s import meta
-from flextrain.k8s.resource import pod_settings
+from flextrain.k8s.resource import MOUNT_KEYS
 from flextrain.k8s.template import RESTRICTED_CONTAINER, RESTRICTED_POD, pod_labels, security_context, template_of
+
+
+@dataclass(frozen=True)
+class PodSettings:
+    """What an ElasticJob says about the pods of one role (master, worker or ps)."""
+
+    image: str
+    image_pull_policy: str | None
+    resources: Mapping[str, Any] | None
+    priority_class_name: str | None
+    env: tuple[Mapping[str, Any], ...]
+    volumes: tuple[dict[str, Any], ...]  # core/v1 Volumes of the pod
+    volume_mounts: tuple[dict[str, Any], ...]  # the container's mounts of them
+
+
+def pod_settings(obj: Mapping[str, Any], role: str) -> PodSettings:
+    """The pod-level fields of ``obj`` for ``role``; ``spec.volumes`` split into volumes and mounts.
+
+    An ElasticJob volume is a core/v1 Volume plus ``mountPath``/``readOnly``/``subPath``;
+    every pod of the job mounts every volume.
+    """
+    spec = obj.get("spec") or {}
+    replica = (spec.get("replicaSpecs") or {}).get(role) or {}
+    volumes, mounts = [], []
+    for volume in spec.get("volumes") or ():
+        volumes.append({k: v for k, v in volume.items() if k not in MOUNT_KEYS})
+        mounts.append({"name": volume["name"], **{k: volume[k] for k in MOUNT_KEYS if k in volume}})
+    return PodSettings(
+        image=spec.get("image", ""), image_pull_policy=spec.get("imagePullPolicy"),
+        resources=replica.get("resources"), priority_class_name=replica.get("priorityClassName"),
+        env=tuple(replica.get("env") or ()), volumes=tuple(volumes), volume_mounts=tuple(mounts),
+    )
 
 
 def ps_port(job: Mapping[str, Any], index: int) -> int:
@@ -184,4 +217,4 @@ def service_address(service: Mapping[str, Any], *, default_port: int) -> str:
     return f"{md['name']}.{md.get('namespace', 'default')}.svc:{port}"
 
 
-__all__ = ["instance_pod", "instance_pod_name", "ps_port", "ps_service", "service_address"]
+__all__ = ["PodSettings", "instance_pod", "instance_pod_name", "ps_port", "pod_settings", "ps_service", "service_address"]

@@ -307,6 +307,10 @@ def master_relaunch_budget(obj: Mapping[str, Any]) -> int:
     return DEFAULT_MASTER_RELAUNCH_BUDGET if value is None else int(value)
 
 
+# An ElasticJob volume is a core/v1 Volume plus these keys of the container's VolumeMount.
+MOUNT_KEYS = ("mountPath", "readOnly", "subPath")
+
+
 def _volume_problems(volumes: Any) -> list[str]:
     """``spec.volumes[]``: name and an absolute mountPath, and the rest a core/v1 Volume by Kubernetes' schema.
 
@@ -332,46 +336,11 @@ def _volume_problems(volumes: Any) -> list[str]:
         for key, kind in (("readOnly", bool), ("subPath", str)):
             if key in volume:
                 out += _value_problems(f"{where}.{key}", volume[key], kind)
-        source = {k: v for k, v in volume.items() if k not in _MOUNT_KEYS}
+        source = {k: v for k, v in volume.items() if k not in MOUNT_KEYS}
         source.setdefault("name", "volume")  # already reported when missing
         out += [p for p in kubeschema.problems(source, "io.k8s.api.core.v1.Volume", path=where)
                 if not p.startswith(f"{where}.name:")]
     return out
-
-
-@dataclass(frozen=True)
-class PodSettings:
-    """What an ElasticJob says about the pods of one role (master, worker or ps)."""
-
-    image: str
-    image_pull_policy: str | None
-    resources: Mapping[str, Any] | None
-    priority_class_name: str | None
-    env: tuple[Mapping[str, Any], ...]
-    volumes: tuple[dict[str, Any], ...]  # core/v1 Volumes of the pod
-    volume_mounts: tuple[dict[str, Any], ...]  # the container's mounts of them
-
-
-_MOUNT_KEYS = ("mountPath", "readOnly", "subPath")
-
-
-def pod_settings(obj: Mapping[str, Any], role: str) -> PodSettings:
-    """The pod-level fields of ``obj`` for ``role``; ``spec.volumes`` split into volumes and mounts.
-
-    An ElasticJob volume is a core/v1 Volume plus ``mountPath``/``readOnly``/``subPath``;
-    every pod of the job mounts every volume.
-    """
-    spec = obj.get("spec") or {}
-    replica = _get(spec, f"replicaSpecs.{role}") or {}
-    volumes, mounts = [], []
-    for volume in spec.get("volumes") or ():
-        volumes.append({k: v for k, v in volume.items() if k not in _MOUNT_KEYS})
-        mounts.append({"name": volume["name"], **{k: volume[k] for k in _MOUNT_KEYS if k in volume}})
-    return PodSettings(
-        image=spec.get("image", ""), image_pull_policy=spec.get("imagePullPolicy"),
-        resources=replica.get("resources"), priority_class_name=replica.get("priorityClassName"),
-        env=tuple(replica.get("env") or ()), volumes=tuple(volumes), volume_mounts=tuple(mounts),
-    )
 
 
 def resource_from_jobspec(
@@ -417,13 +386,12 @@ __all__ = [
     "DEFAULT_JOBS_ROOT",
     "DEFAULT_MASTER_RELAUNCH_BUDGET",
     "FIELDS",
+    "MOUNT_KEYS",
     "NOT_YET",
-    "PodSettings",
     "ResourceError",
     "jobspec_from_resource",
     "master_relaunch_budget",
     "path_of",
-    "pod_settings",
     "problems",
     "replica_range",
     "resource_from_jobspec",

@@ -22,12 +22,9 @@ from __future__ import annotations
 
 import copy
 import logging
-import socket
 import threading
-import uuid
 import time
 from collections.abc import Mapping
-from datetime import UTC, datetime
 from typing import Any
 
 from flextrain.k8s import meta
@@ -35,10 +32,6 @@ from flextrain.k8s import meta
 log = logging.getLogger(__name__)
 
 _TERMINAL = ("Succeeded", "Failed")
-
-
-def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 def cr_status(snap: Mapping[str, Any], *, job_name: str) -> dict[str, Any]:
@@ -77,7 +70,7 @@ def conditions_for(phase: str, message: str, previous: list[dict]) -> list[dict]
     for kind, value in wanted.items():
         cond = old.get(kind)
         if cond is None or cond.get("status") != value:
-            cond = {"type": kind, "status": value, "reason": phase, "lastTransitionTime": _now()}
+            cond = {"type": kind, "status": value, "reason": phase, "lastTransitionTime": meta.now_iso()}
             if message and kind == phase:
                 cond["message"] = message
         out.append(cond)
@@ -172,18 +165,7 @@ def record_event(core, job: Mapping[str, Any], *, reason: str, message: str, war
     already in the job's status.
     """
     md = job["metadata"]
-    stamp = _now()
-    body = {
-        "apiVersion": "v1", "kind": "Event",
-        "metadata": {"name": f"{md['name']}.{uuid.uuid4().hex[:12]}", "namespace": md["namespace"],
-                     "labels": {meta.LABEL_JOB: md["name"]}},
-        "involvedObject": {"apiVersion": meta.API_VERSION, "kind": meta.KIND, "name": md["name"],
-                           "namespace": md["namespace"], "uid": md.get("uid")},
-        "reason": reason, "message": message[:1024], "type": "Warning" if warning else "Normal",
-        "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1,
-        "source": {"component": "flextrain-master"}, "reportingComponent": f"{meta.GROUP}/master",
-        "reportingInstance": socket.gethostname(),
-    }
+    body = meta.job_event(job, reason=reason, message=message, warning=warning, component="master")
     try:
         core.create_namespaced_event(md["namespace"], body)
     except Exception as exc:  # noqa: BLE001 - see the docstring

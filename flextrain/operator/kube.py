@@ -9,11 +9,8 @@ and a timer racing), and creation by deterministic name makes that harmless.
 
 from __future__ import annotations
 
-import datetime
 import json
 import logging
-import socket
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,11 +18,6 @@ from flextrain.k8s import meta
 
 log = logging.getLogger(__name__)
 
-COMPONENT = "flextrain-operator"
-
-
-def now_iso() -> str:
-    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 def _status_code(exc: BaseException) -> int | None:
@@ -118,19 +110,7 @@ class Kube:
         refused by the API server as existing, so it is recorded once.
         """
         md = job["metadata"]
-        stamp = now_iso()
-        suffix = f"{key}.{(md.get('uid') or '')[:8]}" if key else uuid.uuid4().hex[:12]
-        body = {
-            "apiVersion": "v1", "kind": "Event",
-            "metadata": {"name": f"{md['name']}.{suffix}", "namespace": md["namespace"],
-                         "labels": {meta.LABEL_JOB: md["name"]}},
-            "involvedObject": {"apiVersion": meta.API_VERSION, "kind": meta.KIND, "name": md["name"],
-                               "namespace": md["namespace"], "uid": md.get("uid")},
-            "reason": reason, "message": message[:1024], "type": "Warning" if warning else "Normal",
-            "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1,
-            "source": {"component": COMPONENT}, "reportingComponent": f"{meta.GROUP}/operator",
-            "reportingInstance": socket.gethostname(),
-        }
+        body = meta.job_event(job, reason=reason, message=message, warning=warning, component="operator", key=key)
         try:
             self.core.create_namespaced_event(md["namespace"], body)
         except Exception as exc:  # noqa: BLE001 - an Event is a courtesy; what it reports already happened

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from flextrain.k8s import meta
+from flextrain.k8s.meta import now_iso
 from flextrain.k8s.master_pod import (
     master_pod,
     master_pod_name,
@@ -42,21 +43,20 @@ from flextrain.k8s.master_pod import (
 from flextrain.k8s.resource import (
     jobspec_from_resource,
     master_relaunch_budget,
-    problems,
 )
-from flextrain.operator.kube import Kube, Refusal, now_iso, pod_failure, refusal
+from flextrain.operator.jobview import TERMINAL, ident, phase_of, spec_problems
+from flextrain.operator.kube import Kube, Refusal, pod_failure, refusal
 from flextrain.operator.phases import phases_entered
 from flextrain.operator.relay import (
     MasterUnreachable,
     Reply,
     master_target,
-    relay_scale,
     relay_stop,
 )
+from flextrain.operator.scaling import ReplicaSettler
 
 log = logging.getLogger(__name__)
 
-TERMINAL = ("Succeeded", "Failed")
 RETRY_FIRST = 2.0  # seconds before the first retry of a refused create
 RETRY_CAP = 60.0  # the longest wait between two tries
 
@@ -91,29 +91,10 @@ class _Refused(Exception):
         self.what, self.refusal = what, refusal
 
 
-def _phase(job: dict | None) -> str | None:
-    return ((job or {}).get("status") or {}).get("phase")
-
-
-def _ident(job: dict) -> tuple[str, str]:
-    md = job["metadata"]
-    return md["namespace"], md["name"]
-
-
-def _validate(job: dict) -> str | None:
-    """Every problem of a job's spec, one per line, each starting with its field path; or None."""
-    found = problems(job)
-    return "\n".join(found) if found else None
-
-
 class Reconciler:
     def __init__(self, kube: Kube) -> None:
         self.kube = kube
-        # Replica settling (see _settle_replicas), by job uid: a lock each, the (have, want) relayed or
-        # reported last, and the (refused, restored) pair of the revert the field handler is yet to see.
-        self._scaling: dict[str, threading.Lock] = {}
-        self._relayed: dict[str, tuple[Any, Any]] = {}
-        self._reverted: dict[str, tuple[Any, Any]] = {}
+        self.replicas = ReplicaSettler(kube, target=self._target)
         self._backoff: dict[str, _Backoff] = {}  # job uid -> its refused master objects' next try
         self._stops_sent: set[tuple[Any, ...]] = set()  # (job uid, master relaunches, reason) sent
         self._lock = threading.Lock()
@@ -126,10 +107,10 @@ class Reconciler:
 
     def ensure(self, job: dict) -> Outcome:
         """Bring the job's master to where it should be: created, running, or relaunched."""
-        namespace, name = _ident(job)
+        namespace, name = ident(job)
         if job["metadata"].get("deletionTimestamp"):
             return Outcome.DELETING
-        if _phase(job) in TERMINAL:
+        if phase_of(job) in TERMINAL:
             return Outcome.OVER
         backoff = self._backoff.get(job["metadata"].get("uid"))
         if backoff is not None and time.monotonic() < backoff.next_try:
@@ -140,7 +121,7 @@ class Reconciler:
             return self._on_refusal(job, refused)
 
     def _ensure(self, job: dict) -> Outcome:
-        namespace, name = _ident(job)
+        namespace, name = ident(job)
         pods = self.kube.master_pods(namespace, name)
         relaunches = (job.get("status") or {}).get("masterRelaunches")
         if relaunches is None and not pods:
@@ -159,12 +140,12 @@ class Reconciler:
         return self._relaunch(namespace, name, current, why)
 
     def _create(self, job: dict) -> Outcome:
-        problem = _validate(job)
+        problem = spec_problems(job)
         if problem is not None:
             self.fail(job, reason="InvalidSpec", message=problem)
             return Outcome.INVALID
         spec = jobspec_from_resource(job)
-        namespace, name = _ident(job)
+        namespace, name = ident(job)
         pod, service = master_pod_name(name, 0), meta.master_service_name(name)
         self._create_object(f"master service {service}", lambda: self.kube.create_service(master_service(job)))
         created = self._create_object(f"master pod {pod}", lambda: self.kube.create_pod(master_pod(job, index=0)))
@@ -173,7 +154,7 @@ class Reconciler:
         # meanwhile; only a job still Pending (or without status) gets the operator's.
         status: dict[str, Any] = {"masterRelaunches": 0, "selector": meta.selector(name, "worker"),
                                   "startTime": now_iso()}
-        if _phase(self.kube.get_job(namespace, name)) in (None, "Pending"):
+        if phase_of(self.kube.get_job(namespace, name)) in (None, "Pending"):
             status.update(phase="Pending", message=f"master pod {pod} created", workers={
                 "desired": spec.worker.replicas, "active": 0, "summary": f"0/{spec.worker.replicas}"})
         self.kube.patch_status(job, status)
@@ -205,22 +186,22 @@ class Reconciler:
         message = f"waiting to create {what}: {why}; try {tries}, next in {delay:.0f}s"
         self._backoff[uid] = _Backoff(tries, time.monotonic() + delay, str(why))
         status = {"message": message}
-        if _phase(job) is None:
+        if phase_of(job) is None:
             status["phase"] = "Pending"
         self.kube.patch_status(job, status)
         if previous is None or previous.told != str(why):
             self.kube.event(job, reason="MasterPending", message=message, warning=True)
-        log.info("%s/%s: %s", *_ident(job), message)
+        log.info("%s/%s: %s", *ident(job), message)
         return Outcome.WAITING
 
     def _relaunch(self, namespace: str, name: str, current: int, why: str) -> Outcome:
         job = self.kube.get_job(namespace, name)  # fresh: did the master conclude the job before dying?
         if job is None or job["metadata"].get("deletionTimestamp"):
             return Outcome.DELETING
-        if _phase(job) in TERMINAL:
+        if phase_of(job) in TERMINAL:
             return Outcome.OVER
         old = master_pod_name(name, current)
-        problem = _validate(job)
+        problem = spec_problems(job)
         if problem is not None:  # a new master would exit at once on this spec (exit code 2): say why
             self.fail(job, reason="InvalidSpec", message=f"{problem} (master pod {old} {why}; not relaunched)")
             return Outcome.INVALID
@@ -242,146 +223,18 @@ class Reconciler:
 
     # ---- relays to the master ------------------------------------------------------
     def _target(self, job: dict) -> str:
-        namespace, name = _ident(job)
+        namespace, name = ident(job)
         return master_target(self.kube.get_service(namespace, meta.master_service_name(name)),
                              job=name, namespace=namespace)
 
     def scale(self, job: dict, *, old: Any, new: Any) -> Reply | None:
-        """Edge-triggered: ``spec.replicaSpecs.worker.replicas`` went ``old`` -> ``new`` (``kubectl scale``).
-
-        Settles the job's replicas as :meth:`_settle_replicas` describes, relaying
-        to a Pending master too (kopf retries while it starts). The change that
-        reverted a refused value is recognised and does nothing. Raises
-        MasterUnreachable when the master does not answer, so the caller can
-        retry later.
-        """
-        uid = job["metadata"].get("uid")
-        with self._lock:
-            ours = old is not None and self._reverted.get(uid) == (old, new)
-            if ours:
-                del self._reverted[uid]
-        if old is None or old == new or ours:
-            return None  # creation (the master starts with the spec's count), or our own revert
-        return self._settle_replicas(job, old=old, relay_phases=("Pending", "Running"), wait=True)
+        """Edge-triggered: ``spec.replicaSpecs.worker.replicas`` went ``old`` -> ``new`` (see
+        :meth:`~flextrain.operator.scaling.ReplicaSettler.scale`)."""
+        return self.replicas.scale(job, old=old, new=new)
 
     def sync_replicas(self, job: dict) -> Reply | None:
-        """Level-triggered (the sweep): a spec the job does not run with is relayed or reverted.
-
-        Catches what an edge-triggered relay misses: a change made while the job
-        was being created, or while the operator was down. Relays only to a
-        Running master; skips a job whose replicas a handler is settling now.
-        """
-        return self._settle_replicas(job, old=None, relay_phases=("Running",), wait=False)
-
-    def _settle_replicas(self, job: dict, *, old: Any, relay_phases: tuple[str, ...], wait: bool) -> Reply | None:
-        """Make the job run ``spec.replicaSpecs.worker.replicas`` workers, or put the spec back.
-
-        ``have`` is the count the job runs with: ``status.workers.desired`` (what
-        its master wants; the operator writes the spec's count there at creation),
-        else ``old``. The spec asking for another count is settled once:
-
-        * job finished (Succeeded/Failed): refused, the spec reverted to ``have``;
-        * count outside ``minReplicas..maxReplicas`` (or otherwise not a count the
-          spec allows): refused, the spec reverted to ``old`` when that was valid,
-          else ``have``; a relaunched master would exit on the invalid spec;
-        * otherwise relayed to the master (Scale RPC) when the job is in
-          ``relay_phases``; its answer is reported; the same (have, want) is not
-          relayed (nor reported) again.
-
-        One Warning Event ``ScaleRejected`` per refusal, one ``Scaling`` per
-        relay. The edge handler and the sweep both come here: a per-job lock and
-        a fresh read of the job make the first one act and the other find the
-        spec reverted or the relay recorded.
-        """
-        namespace, name = _ident(job)
-        uid = job["metadata"].get("uid")
-        with self._lock:
-            lock = self._scaling.setdefault(uid, threading.Lock())
-        if not lock.acquire(blocking=wait):
-            return None  # a handler is settling this job's replicas now
-        try:
-            for _ in range(3):  # a revert that lost a race with another write decides again
-                job = self.kube.get_job(namespace, name)
-                if job is None or job["metadata"].get("deletionTimestamp"):
-                    return None
-                want = _spec_replicas(job)
-                have = ((job.get("status") or {}).get("workers") or {}).get("desired")
-                have = old if have is None else have
-                if want is None or have is None or want == have:
-                    if want == have:
-                        self._relayed.pop(uid, None)  # settled: the next difference is a new request
-                    return None
-                refusal = self._refusal(job, want=want, have=have, old=old)
-                if refusal is None:
-                    return self._relay_replicas(job, have=have, want=want, relay_phases=relay_phases)
-                back, message = refusal
-                if back is None:  # the spec is invalid beyond the count: reported once, nothing to revert
-                    return self._report_once(job, key=(have, want), message=message)
-                if self._revert(job, want=want, back=back):
-                    self.kube.event(job, reason="ScaleRejected", message=message, warning=True)
-                    return Reply(False, message)
-            return None
-        finally:
-            lock.release()
-
-    def _refusal(self, job: dict, *, want: Any, have: Any, old: Any) -> tuple[Any, str] | None:
-        """(value to revert to or None, message) when the spec's count must not be run; None if it may."""
-        phase = _phase(job)
-        if phase in TERMINAL:
-            return have, (f"cannot scale workers to {want}: the job has finished ({phase}); "
-                          f"spec.replicaSpecs.worker.replicas reverted to {have}")
-        problem = _validate(job)
-        if problem is None:
-            return None
-        back = next((v for v in (old, have) if v is not None and _validate(_with_replicas(job, v)) is None), None)
-        if back is None:
-            return None, f"cannot scale workers {have} -> {want}: {problem}"
-        worker = _worker_spec(job)
-        lo, hi = worker.get("minReplicas", 1), worker.get("maxReplicas", "unbounded")
-        return back, (f"cannot scale workers to {want}: {problem}; allowed: spec.replicaSpecs.worker.minReplicas"
-                      f"..maxReplicas = {lo}..{hi}; spec.replicaSpecs.worker.replicas reverted to {back}")
-
-    def _revert(self, job: dict, *, want: Any, back: Any) -> bool:
-        """Put ``back`` into the spec; False if the job changed since it was read (decide again)."""
-        from kubernetes.client.exceptions import ApiException
-
-        namespace, name = _ident(job)
-        uid = job["metadata"].get("uid")
-        with self._lock:
-            self._reverted[uid] = (want, back)  # the field handler will see want -> back: ours
-        try:
-            # resourceVersion: a newer change of the spec is not overwritten (409 instead).
-            self.kube.patch_spec(namespace, name, {
-                "metadata": {"resourceVersion": job["metadata"].get("resourceVersion")},
-                "spec": {"replicaSpecs": {"worker": {"replicas": back}}}})
-        except ApiException as exc:
-            with self._lock:
-                self._reverted.pop(uid, None)
-            if exc.status == 409:
-                return False
-            raise
-        return True
-
-    def _relay_replicas(self, job: dict, *, have: Any, want: Any, relay_phases: tuple[str, ...]) -> Reply | None:
-        uid = job["metadata"].get("uid")
-        if _phase(job) not in relay_phases or self._relayed.get(uid) == (have, want):
-            return None
-        reply = relay_scale(self._target(job), int(want))  # MasterUnreachable: nothing recorded, retried
-        self._relayed[uid] = (have, want)
-        if reply.accepted:
-            self.kube.event(job, reason="Scaling", message=f"workers {have} -> {want}: {reply.message}")
-        else:
-            self.kube.event(job, reason="ScaleRejected",
-                            message=f"the master refused workers {have} -> {want}: {reply.message}", warning=True)
-        return reply
-
-    def _report_once(self, job: dict, *, key: tuple[Any, Any], message: str) -> Reply | None:
-        uid = job["metadata"].get("uid")
-        if self._relayed.get(uid) == key:
-            return None
-        self._relayed[uid] = key
-        self.kube.event(job, reason="ScaleRejected", message=message, warning=True)
-        return Reply(False, message)
+        """Level-triggered (the sweep; see :meth:`~flextrain.operator.scaling.ReplicaSettler.sync`)."""
+        return self.replicas.sync(job)
 
     def sync_stop(self, job: dict) -> Reply | None:
         """Level-triggered stop: each running master of a job with ``flextrain.dev/stop`` is told once.
@@ -389,7 +242,7 @@ class Reconciler:
         Covers a master relaunched after the stop was relayed to its predecessor.
         """
         reason = (job["metadata"].get("annotations") or {}).get(meta.ANNOTATION_STOP)
-        if not reason or _phase(job) != "Running":
+        if not reason or phase_of(job) != "Running":
             return None
         return self.stop(job, reason=reason)
 
@@ -399,7 +252,7 @@ class Reconciler:
         The handler and the sweep may race; a (job, master relaunch, reason) key
         taken under a lock lets exactly one of them send it.
         """
-        if _phase(job) in TERMINAL:
+        if phase_of(job) in TERMINAL:
             return None
         key = (job["metadata"].get("uid"), (job.get("status") or {}).get("masterRelaunches"), reason)
         with self._lock:
@@ -434,22 +287,6 @@ class Reconciler:
                 text += f": {message}"
             self.kube.event(job, reason=f"Job{phase}", message=text, warning=phase == "Failed",
                             key=f"phase-{phase.lower()}")
-
-
-def _worker_spec(job: dict) -> dict:
-    return ((job.get("spec") or {}).get("replicaSpecs") or {}).get("worker") or {}
-
-
-def _spec_replicas(job: dict) -> Any:
-    return _worker_spec(job).get("replicas")
-
-
-def _with_replicas(job: dict, replicas: Any) -> dict:
-    """``job`` with another worker count in its spec (a copy of the parts on the way)."""
-    spec = dict(job.get("spec") or {})
-    replica_specs = dict(spec.get("replicaSpecs") or {})
-    replica_specs["worker"] = {**(replica_specs.get("worker") or {}), "replicas": replicas}
-    return {**job, "spec": {**spec, "replicaSpecs": replica_specs}}
 
 
 __all__ = ["TERMINAL", "MasterUnreachable", "Outcome", "Reconciler"]

@@ -62,3 +62,29 @@ def test_quota_keeps_the_job_pending_with_backoff_until_it_frees(k8s_cluster, op
                       timeout=30, what="the created status")
     assert status["message"] == "master pod quota-master-0 created"
     assert "MasterCreated" in jobs.reasons("quota")
+
+
+def test_a_volume_typo_and_other_problems_fail_the_job_at_once_without_a_loop(k8s_cluster, operator, jobs):
+    """The issue's case: `persistentVolumeClam` passed the CRD and the operator, and the pod create
+    then failed every second forever. Now admission names it, with every other problem."""
+    creates: list = []
+    k8s_cluster.admit(lambda res, ns, body: creates.append(res) if res in ("v1/pods", "v1/services") else None)
+    job = elasticjob("typo", replicas=2, maxReplicas=1)
+    job["spec"]["training"]["epochs"] = 0
+    job["spec"]["volumes"] = [{"name": "data", "mountPath": "/data", "persistentVolumeClam": {"claimName": "d"}}]
+    jobs.create(job)
+    status = wait_for(lambda: jobs.status("typo").get("phase") == "Failed" and jobs.status("typo"),
+                      timeout=30, what="the job to fail")
+    lines = status["message"].splitlines()
+    assert any(line.startswith("spec.volumes[0]: ") and "persistentVolumeClam" in line for line in lines), lines
+    assert "spec.training.epochs: must be a positive integer, got 0" in lines
+    assert any(line.startswith("spec.replicaSpecs.worker.") and "maxReplicas" in line for line in lines), lines
+    (event,) = [e for e in jobs.events("typo") if e["reason"] == "InvalidSpec"]
+    assert event["type"] == "Warning" and "persistentVolumeClam" in event["message"]
+    # A Failed job is terminal: neither the create handler nor the sweep (every second here) tries
+    # anything for it. A later job's creates, seen after the failure, are the only ones.
+    jobs.create(elasticjob("after"))
+    wait_for(lambda: jobs.master_pods("after"), timeout=30, what="the next job's master")
+    wait_for(lambda: jobs.status("after").get("masterRelaunches") == 0, timeout=30, what="a sweep's worth of time")
+    assert jobs.master_pods("typo") == {} and jobs.service("typo") is None
+    assert creates == ["v1/services", "v1/pods"], creates

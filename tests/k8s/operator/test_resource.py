@@ -10,13 +10,13 @@ import yaml
 
 from flextrain.job import Backend, JobSpec, Strategy
 from flextrain.k8s import meta
+from flextrain.k8s.pods import pod_settings
 from flextrain.k8s.resource import (
     DEFAULT_JOBS_ROOT,
     ResourceError,
     jobspec_from_resource,
     master_relaunch_budget,
     path_of,
-    pod_settings,
     problems,
     resource_from_jobspec,
 )
