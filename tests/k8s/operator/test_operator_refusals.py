@@ -85,6 +85,6 @@ def test_a_volume_typo_and_other_problems_fail_the_job_at_once_without_a_loop(k8
     # anything for it. A later job's creates, seen after the failure, are the only ones.
     jobs.create(elasticjob("after"))
     wait_for(lambda: jobs.master_pods("after"), timeout=30, what="the next job's master")
-    wait_for(lambda: jobs.status("after").get("masterRelaunches") == 0, timeout=30, what="a sweep's worth of time")
+    wait_for(lambda: jobs.status("after").get("masterRelaunches") == 0, timeout=30, what="the next job's created status")
     assert jobs.master_pods("typo") == {} and jobs.service("typo") is None
     assert creates == ["v1/services", "v1/pods"], creates
