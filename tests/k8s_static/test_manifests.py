@@ -20,7 +20,7 @@ from k8s_static_support import CHART_DIR, EXAMPLES, REPO, kube_versions, load_do
 MANIFESTS = REPO / "manifests"
 ALL_FILES = sorted(MANIFESTS.glob("*.yaml")) + sorted(EXAMPLES.glob("*.yaml"))
 IMAGE_MODEL_ZOO = PurePosixPath("/opt/flextrain/model_zoo")  # where the Dockerfile copies model_zoo/
-JOB_EXAMPLES = ("digits-allreduce.yaml", "ctr-ps.yaml")
+JOB_EXAMPLES = ("digits-allreduce.yaml", "ctr-ps.yaml", "digits-gpu.yaml")
 
 
 def generator():
@@ -92,7 +92,7 @@ def test_example_maps_to_a_valid_jobspec(name):
     workers = job["spec"]["replicaSpecs"]["worker"]
     assert (spec.name, spec.worker.replicas, spec.worker.min_replicas, spec.worker.max_replicas) == (
         job["metadata"]["name"], workers["replicas"], workers["minReplicas"], workers["maxReplicas"])
-    assert spec.strategy is Strategy(job["spec"]["strategy"])
+    assert spec.strategy is Strategy(job["spec"].get("strategy", "AllReduce"))
     assert spec.ps.replicas == job["spec"]["replicaSpecs"].get("ps", {}).get("replicas", 0)
 
 

@@ -157,3 +157,19 @@ def test_an_identity_variable_in_the_env_shorthand_is_refused_not_dropped():
 
 def test_the_gpu_template_has_no_problems():
     assert problems(with_template("worker", GPU_TEMPLATE)["spec"], "worker") == []
+
+
+def test_the_gpu_example_places_workers_only_and_passes_restricted():
+    import yaml
+    from ft_helpers import REPO
+
+    job = yaml.safe_load((REPO / "manifests" / "examples" / "digits-gpu.yaml").read_text())
+    job["metadata"].update(namespace="default", uid="u-2")
+    assert problems(job["spec"], "worker") == []
+    pod = worker(job)
+    assert pod["spec"]["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert pod["metadata"]["labels"]["cost-center"] == "4711" and pod["metadata"]["labels"]["pool"] == "gpu"
+    master = master_pod(job, index=0)
+    assert "nodeSelector" not in master["spec"] and master["metadata"]["labels"]["team"] == "vision"
+    assert restricted_violations(pod) == [] and restricted_violations(master) == []
