@@ -15,7 +15,7 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from flextrain.master.k8s_outcomes import Refusal, refusal_of
+from flextrain.k8s.refusals import Refusal, refusal_of
 from flextrain.master.k8s_status import record_event
 
 if TYPE_CHECKING:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
 from typing import Any
 
 from flextrain.k8s import meta
@@ -135,44 +134,6 @@ def _raw(response) -> dict:
         return json.loads(response.data)
     finally:
         response.release_conn()
-
-
-@dataclass(frozen=True)
-class Refusal:
-    """The API server's "no" to a create: what it said and whether asking again may help."""
-
-    code: int | None
-    reason: str  # the Status's reason (Forbidden, Invalid, ...) or the HTTP reason
-    message: str  # the Status's message: what a user reads in `kubectl` for the same refusal
-    retryable: bool
-
-    def __str__(self) -> str:
-        return f"{self.message} ({self.code} {self.reason})" if self.code else self.message
-
-
-# Refusals that go away by themselves: a ResourceQuota frees up when other pods end, a
-# throttled or overloaded API server answers later. Everything else (Invalid, a PodSecurity
-# or other admission "Forbidden", BadRequest) stays refused until the spec changes.
-_RETRY_CODES = {429, 500, 502, 503, 504}
-_RETRY_FORBIDDEN = ("exceeded quota", "is being terminated", "unable to create new content")
-
-
-def refusal(exc: BaseException) -> Refusal | None:
-    """Classify an error from a create call; None when it is no answer of the API server at all."""
-    from kubernetes.client.exceptions import ApiException
-
-    if not isinstance(exc, ApiException):
-        return None
-    body: dict = {}
-    try:
-        body = json.loads(exc.body or "{}")
-    except (TypeError, ValueError):
-        pass
-    message = (body.get("message") if isinstance(body, dict) else None) or str(exc.reason or exc)
-    reason = (body.get("reason") if isinstance(body, dict) else None) or str(exc.reason or "")
-    code = exc.status
-    retryable = code in _RETRY_CODES or (code == 403 and any(s in message for s in _RETRY_FORBIDDEN))
-    return Refusal(code, reason, message.strip(), retryable)
 
 
 def pod_failure(pod: dict | None) -> str | None:

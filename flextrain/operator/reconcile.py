@@ -45,7 +45,8 @@ from flextrain.k8s.resource import (
     master_relaunch_budget,
 )
 from flextrain.operator.jobview import TERMINAL, ident, phase_of, spec_problems
-from flextrain.operator.kube import Kube, Refusal, pod_failure, refusal
+from flextrain.k8s.refusals import Refusal, refusal_of
+from flextrain.operator.kube import Kube, pod_failure
 from flextrain.operator.phases import phases_entered
 from flextrain.operator.relay import (
     MasterUnreachable,
@@ -86,9 +87,9 @@ class _Backoff:
 
 
 class _Refused(Exception):
-    def __init__(self, what: str, refusal: Refusal) -> None:
-        super().__init__(f"{what}: {refusal}")
-        self.what, self.refusal = what, refusal
+    def __init__(self, refusal: Refusal) -> None:
+        super().__init__(refusal.message())
+        self.refusal = refusal
 
 
 class Reconciler:
@@ -126,7 +127,7 @@ class Reconciler:
         relaunches = (job.get("status") or {}).get("masterRelaunches")
         if relaunches is None and not pods:
             return self._create(job)
-        self._create_object(f"master service {meta.master_service_name(name)}",  # idempotent; heals a deleted one
+        self._create_object(f'service "{meta.master_service_name(name)}"',  # idempotent; heals a deleted one
                             lambda: self.kube.create_service(master_service(job)))
         current = max([relaunches or 0, *pods])
         if relaunches != current:
@@ -147,8 +148,8 @@ class Reconciler:
         spec = jobspec_from_resource(job)
         namespace, name = ident(job)
         pod, service = master_pod_name(name, 0), meta.master_service_name(name)
-        self._create_object(f"master service {service}", lambda: self.kube.create_service(master_service(job)))
-        created = self._create_object(f"master pod {pod}", lambda: self.kube.create_pod(master_pod(job, index=0)))
+        self._create_object(f'service "{service}"', lambda: self.kube.create_service(master_service(job)))
+        created = self._create_object(f'pod "{pod}"', lambda: self.kube.create_pod(master_pod(job, index=0)))
         self._backoff.pop(job["metadata"].get("uid"), None)
         # Written once the pod exists. A master that started fast may have written its own phase
         # meanwhile; only a job still Pending (or without status) gets the operator's.
@@ -163,33 +164,33 @@ class Reconciler:
         return Outcome.CREATED
 
     def _create_object(self, what: str, create) -> bool:
-        """``create()``; an API refusal becomes :class:`_Refused` naming ``what``."""
+        """``create()``; the API server's refusal (or silence) becomes :class:`_Refused` naming ``what``."""
+        from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import HTTPError
+
         try:
             return create()
-        except Exception as exc:
-            found = refusal(exc)
-            if found is None:
-                raise  # not the API server's answer (connection lost...): the sweep tries again
-            raise _Refused(what, found) from exc
+        except (ApiException, HTTPError, OSError) as exc:
+            raise _Refused(refusal_of(exc, what=what)) from exc
 
     def _on_refusal(self, job: dict, refused: _Refused) -> Outcome:
         """Fail the job for a permanent refusal; wait (backoff, one Event per new reason) for a retryable one."""
         uid = job["metadata"].get("uid")
-        what, why = refused.what, refused.refusal
+        why = refused.refusal
         if not why.retryable:
             self._backoff.pop(uid, None)
-            self.fail(job, reason="MasterRefused", message=f"the API server refused to create {what}: {why}")
+            self.fail(job, reason="MasterRefused", message=why.message())
             return Outcome.REFUSED
         previous = self._backoff.get(uid)
         tries = previous.tries + 1 if previous else 1
         delay = min(RETRY_CAP, RETRY_FIRST * 2 ** (tries - 1))
-        message = f"waiting to create {what}: {why}; try {tries}, next in {delay:.0f}s"
-        self._backoff[uid] = _Backoff(tries, time.monotonic() + delay, str(why))
+        message = f"{why.message()} (to create {why.what}; try {tries}, next in {delay:.0f}s)"
+        self._backoff[uid] = _Backoff(tries, time.monotonic() + delay, why.text)
         status = {"message": message}
         if phase_of(job) is None:
             status["phase"] = "Pending"
         self.kube.patch_status(job, status)
-        if previous is None or previous.told != str(why):
+        if previous is None or previous.told != why.text:
             self.kube.event(job, reason="MasterPending", message=message, warning=True)
         log.info("%s/%s: %s", *ident(job), message)
         return Outcome.WAITING
@@ -212,7 +213,7 @@ class Reconciler:
                               f"(spec.replicaSpecs.master.relaunchBudget = {budget}) used up")
             return Outcome.FAILED
         new = master_pod_name(name, current + 1)
-        created = self._create_object(f"master pod {new}", lambda: self.kube.create_pod(master_pod(job, index=current + 1)))
+        created = self._create_object(f'pod "{new}"', lambda: self.kube.create_pod(master_pod(job, index=current + 1)))
         self._backoff.pop(job["metadata"].get("uid"), None)
         message = (f"master pod {old} {why}: relaunched as {new} ({current + 1}/{budget}); "
                    "it resumes from the job's latest checkpoint")

@@ -3,6 +3,7 @@ refusals), or waits Pending with a Warning Event and backs off (quota) -- never 
 
 from __future__ import annotations
 
+import re
 import time
 
 from ft_helpers import wait_for
@@ -18,10 +19,9 @@ def test_a_pod_refused_by_podsecurity_fails_the_job_naming_pod_and_reason(k8s_cl
     jobs.create(job)
     status = wait_for(lambda: jobs.status("loose").get("phase") == "Failed" and jobs.status("loose"),
                       timeout=30, what="the job to fail")
-    assert status["message"].startswith("the API server refused to create master pod loose-master-0: ")
-    assert 'violates PodSecurity "restricted:latest": container \'master\': allowPrivilegeEscalation != false' \
-        in status["message"]
-    assert "(403 Forbidden)" in status["message"]
+    assert status["message"] == (
+        'cannot create pod "loose-master-0": the API server refused it (403 Forbidden): pods "loose-master-0" is '
+        'forbidden: violates PodSecurity "restricted:latest": container \'master\': allowPrivilegeEscalation != false')
     (event,) = [e for e in jobs.events("loose") if e["reason"] == "MasterRefused"]
     assert event["type"] == "Warning" and "loose-master-0" in event["message"]
     assert jobs.master_pods("loose") == {}
@@ -45,8 +45,9 @@ def test_quota_keeps_the_job_pending_with_backoff_until_it_frees(k8s_cluster, op
     status = wait_for(lambda: "exceeded quota" in (jobs.status("quota").get("message") or "") and jobs.status("quota"),
                       timeout=30, what="a status naming the quota")
     assert status["phase"] == "Pending"
-    assert status["message"].startswith("waiting to create master pod quota-master-0: pods \"quota-master-0\" "
-                                        "is forbidden: exceeded quota: team-quota")
+    assert status["message"].startswith('waiting for quota: pods "quota-master-0" is forbidden: exceeded quota: '
+                                        'team-quota'), status["message"]
+    assert re.search(r'\(to create pod "quota-master-0"; try \d, next in \d+s\)$', status["message"]), status["message"]
     start = tries[0]
     wait_for(lambda: time.monotonic() - start > 7, timeout=30, what="seven seconds")  # the sweep runs every second
     within = [t for t in tries if t - start <= 7]
