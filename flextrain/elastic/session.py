@@ -16,6 +16,11 @@ micro-batch; one process driving ``d`` devices (``torch.nn.DataParallel``,
 which splits each batch over its devices): the sum of its ``d`` devices'
 micro-batches, i.e. ``d`` times the per-device size. ``device_batch_size``
 is always the per-device size, never above ``M``.
+
+Every framework's ``init`` publishes the same attributes (:data:`ATTRIBUTES`,
+from :meth:`Session.attributes`) and calls :func:`activate`, so that
+framework-neutral readers (the seeds' compat modules) find the plan of the
+latest ``init`` through :func:`current`, whichever framework made it.
 """
 
 from __future__ import annotations
@@ -29,6 +34,18 @@ from flextrain.elastic.world import World
 
 class ElasticInitError(ValueError):
     """``init`` arguments that cannot work, named in the message."""
+
+
+def max_micro_batch_of(max_gpu_batch_size: Any = None, max_micro_batch: Any = None) -> Any:
+    """The micro-batch limit ``M`` from ``init``'s two spellings of it (AIkit's positional
+    ``max_gpu_batch_size`` or the keyword ``max_micro_batch``): exactly one must be given."""
+    if max_gpu_batch_size is None and max_micro_batch is None:
+        raise ElasticInitError("init needs the most samples one device holds: pass max_gpu_batch_size "
+                               "(positional, AIkit's name) or max_micro_batch=")
+    if max_gpu_batch_size is not None and max_micro_batch is not None:
+        raise ElasticInitError(f"init got both max_gpu_batch_size={max_gpu_batch_size!r} and "
+                               f"max_micro_batch={max_micro_batch!r}: they are one setting, pass one")
+    return max_micro_batch if max_gpu_batch_size is None else max_gpu_batch_size
 
 
 def _positive_int(name: str, value: Any) -> int:
@@ -115,6 +132,13 @@ class Session:
         processes, G = self.world.processes, self.global_batch_size
         return tuple(size * processes / G for size in self.batch_sizes)
 
+    def attributes(self) -> dict[str, Any]:
+        """The module attributes every ``init`` publishes (:data:`ATTRIBUTES`), by name."""
+        return {"steps": self.steps, "batch_size": self.batch_size, "batch_sizes": self.batch_sizes,
+                "device_batch_size": self.device_batch_size, "global_batch_size": self.global_batch_size,
+                "gpus": self.world_size, "world_size": self.world_size, "rank": self.rank,
+                "master": self.master, "loss_weights": self.loss_weights, "session": self}
+
     def describe(self) -> str:
         """One line for logs: the world and the plan."""
         w = self.world
@@ -124,4 +148,25 @@ class Session:
                 f"loader batch {self.batch_size} per process, {self.device_batch_size} per device ({split})")
 
 
-__all__ = ["ElasticInitError", "Session"]
+# What a framework's ``init`` sets on its module (None before the first init).
+ATTRIBUTES = ("steps", "batch_size", "batch_sizes", "device_batch_size", "global_batch_size", "gpus",
+              "world_size", "rank", "master", "loss_weights", "session")
+
+_current: Session | None = None
+
+
+def activate(session: Session) -> Session:
+    """Make ``session`` the process's current plan (every framework's ``init`` calls this last)."""
+    global _current
+    if not isinstance(session, Session):
+        raise TypeError(f"activate takes a Session, got {type(session).__name__}")
+    _current = session
+    return session
+
+
+def current() -> Session | None:
+    """The Session of the latest ``init`` in this process, any framework; None before one ran."""
+    return _current
+
+
+__all__ = ["ATTRIBUTES", "ElasticInitError", "Session", "activate", "current", "max_micro_batch_of"]
