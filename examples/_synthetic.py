@@ -1,0 +1,22 @@
+"""Synthetic regression data and the model the elastic examples share (so their results compare)."""
+
+from __future__ import annotations
+
+import torch
+
+
+def dataset(samples: int, seed: int = 0) -> torch.utils.data.TensorDataset:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(samples, 16, generator=g)
+    w = torch.randn(16, 1, generator=g)
+    y = torch.tanh(x @ w) + 0.05 * torch.randn(samples, 1, generator=g)
+    return torch.utils.data.TensorDataset(x, y)
+
+
+def model(seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+
+
+def loss_fn(prediction: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.mse_loss(prediction, target)  # the mean over the micro-batch
