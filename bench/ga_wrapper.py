@@ -1,0 +1,162 @@
+"""The GA wrapper (``flextrain.elastic.torch.Optimizer``) vs hand-written gradient accumulation.
+
+    .venv/bin/python bench/ga_wrapper.py                 # ~2 min on the 2-core machine
+    .venv/bin/python bench/ga_wrapper.py --rounds 4      # smoke test
+
+Three loops train the same MLP (``bench/models/mlp.py``'s 256-1024-1024-10, SGD with momentum,
+float32) on the same in-memory data, in one process:
+
+* **hand**: the usual hand-written loop: ``(loss * n/G).backward()`` per micro-batch of n, and
+  ``step(); zero_grad()`` every ``steps`` micro-batches;
+* **wrapper**: ``loss.backward(); optimizer.step(); optimizer.zero_grad()`` every micro-batch,
+  with the wrapper over the same kind of optimizer;
+* **control**: a second copy of the hand loop (an A/A check of the method: 1.0 if fair).
+
+Speed drifts on a shared VM, so the sides take turns in short blocks (``--block`` real steps
+each, the order rotated every round) and each wrapper or control block is divided by the mean of
+the hand blocks just before and after it. Reported per case (even: G=256, M=64, 4 micro-steps;
+uneven: G=250, 63/63/62/62): the median of those paired ratios with a 95% bootstrap interval,
+and each side's real steps per second. One JSON object on stdout; progress on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import flextrain.elastic.torch as elastic  # noqa: E402
+
+TARGET = 0.98
+
+
+def build(features: int, hidden: int, classes: int) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(features, hidden), torch.nn.ReLU(),
+                               torch.nn.Linear(hidden, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, classes))
+
+
+def sgd(net: torch.nn.Module) -> torch.optim.Optimizer:
+    return torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
+
+
+def hand_loop(net, x, y, sizes: tuple[int, ...]) -> Callable[[], None]:
+    """One real step of hand-written accumulation over micro-batches of ``sizes``."""
+    opt, G = sgd(net), sum(sizes)
+    weights = [n / G for n in sizes]
+
+    def real_step() -> None:
+        offset = 0
+        for n, w in zip(sizes, weights):
+            (torch.nn.functional.cross_entropy(net(x[offset:offset + n]), y[offset:offset + n]) * w).backward()
+            offset += n
+        opt.step()
+        opt.zero_grad()
+    return real_step
+
+
+def wrapper_loop(net, x, y, sizes: tuple[int, ...]) -> Callable[[], None]:
+    """One real step through the wrapper: the script calls step/zero_grad every micro-batch."""
+    opt = elastic.Optimizer(sgd(net))
+    assert opt.steps == len(sizes)
+
+    def real_step() -> None:
+        offset = 0
+        for n in sizes:
+            torch.nn.functional.cross_entropy(net(x[offset:offset + n]), y[offset:offset + n]).backward()
+            offset += n
+            opt.step()
+            opt.zero_grad()
+        assert opt.stepped
+    return real_step
+
+
+def timed(step: Callable[[], None], block: int) -> float:
+    """Real steps per second over one block."""
+    start = time.perf_counter()
+    for _ in range(block):
+        step()
+    return block / (time.perf_counter() - start)
+
+
+def bootstrap(ratios: list[float], *, seed: int = 0, resamples: int = 2000) -> list[float]:
+    rng = random.Random(seed)
+    medians = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(resamples))
+    return [medians[int(0.025 * resamples)], medians[int(0.975 * resamples) - 1]]
+
+
+def paired_ratios(series: list[tuple[str, float]], side: str) -> list[float]:
+    """Each ``side`` block over the mean of the nearest hand blocks before and after it."""
+    ratios = []
+    for i, (name, rate) in enumerate(series):
+        if name != side:
+            continue
+        before = next((r for n, r in reversed(series[:i]) if n == "hand"), None)
+        after = next((r for n, r in series[i + 1:] if n == "hand"), None)
+        near = [r for r in (before, after) if r is not None]
+        if near:
+            ratios.append(rate / statistics.fmean(near))
+    return ratios
+
+
+def run_case(G: int, M: int, args) -> dict:
+    session = elastic.init(G, max_micro_batch=M)  # one process: steps = ceil(G/M)
+    sizes = session.batch_sizes
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(G, args.features, generator=g)
+    y = torch.randint(0, args.classes, (G,), generator=g)
+    sides = {"hand": hand_loop(build(args.features, args.hidden, args.classes), x, y, sizes),
+             "wrapper": wrapper_loop(build(args.features, args.hidden, args.classes), x, y, sizes),
+             "control": hand_loop(build(args.features, args.hidden, args.classes), x, y, sizes)}
+    for step in sides.values():  # warm-up: allocator, momentum buffers, threads
+        timed(step, 2)
+    order, series = list(sides), []
+    for r in range(args.rounds):
+        for name in order[r % 3:] + order[:r % 3]:
+            series.append((name, timed(sides[name], args.block)))
+        print(f"G={G}: round {r + 1}/{args.rounds}", file=sys.stderr)
+    out = {"global_batch": G, "max_micro_batch": M, "micro_batches": list(sizes), "even": session.even}
+    for side in ("wrapper", "control"):
+        ratios = paired_ratios(series, side)
+        out[f"{side}_vs_hand"] = round(statistics.median(ratios), 4)
+        out[f"{side}_vs_hand_ci95"] = [round(v, 4) for v in bootstrap(ratios)]
+    for side in sides:
+        out[f"{side}_steps_per_s"] = round(statistics.median(rate for n, rate in series if n == side), 3)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=30, help="turns of each side per case")
+    p.add_argument("--block", type=int, default=4, help="real steps per turn")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (1: least noise on a shared machine)")
+    p.add_argument("--features", type=int, default=256)
+    p.add_argument("--hidden", type=int, default=1024)
+    p.add_argument("--classes", type=int, default=10)
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    cases = {"even": run_case(256, 64, args), "uneven": run_case(250, 64, args)}
+    result = {
+        "bench": "ga_wrapper",
+        "method": "interleaved blocks in one process; ratio = wrapper real steps/s over the mean of the "
+                  "neighbouring hand-written blocks; median of paired ratios, 95% bootstrap interval",
+        "torch": torch.__version__, "threads": args.threads, "rounds": args.rounds, "block": args.block,
+        "cases": cases, "target": TARGET,
+        "met": all(c["wrapper_vs_hand"] >= TARGET for c in cases.values()),
+    }
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
