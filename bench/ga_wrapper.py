@@ -12,7 +12,9 @@ float32) on the same in-memory data, in one process:
   with the wrapper over the same kind of optimizer;
 * **control**: a second copy of the hand loop (an A/A check of the method: 1.0 if fair).
 
-Speed drifts on a shared VM, so the sides take turns in short blocks (``--block`` real steps
+With ``--threads 1`` (the default) steps are timed in this thread's CPU time
+(``time.thread_time``: every kernel runs on it, and time other processes take from a shared
+machine does not count); with more threads, in wall time. Speed still drifts, so the sides take turns in short blocks (``--block`` real steps
 each, the order rotated every round) and each wrapper or control block is divided by the mean of
 the hand blocks just before and after it. Reported per case (even: G=256, M=64, 4 micro-steps;
 uneven: G=250, 63/63/62/62): the median of those paired ratios with a 95% bootstrap interval,
@@ -81,12 +83,12 @@ def wrapper_loop(net, x, y, sizes: tuple[int, ...]) -> Callable[[], None]:
     return real_step
 
 
-def timed(step: Callable[[], None], block: int) -> float:
-    """Real steps per second over one block."""
-    start = time.perf_counter()
+def timed(step: Callable[[], None], block: int, clock: Callable[[], float]) -> float:
+    """Real steps per second of ``clock`` over one block."""
+    start = clock()
     for _ in range(block):
         step()
-    return block / (time.perf_counter() - start)
+    return block / (clock() - start)
 
 
 def bootstrap(ratios: list[float], *, seed: int = 0, resamples: int = 2000) -> list[float]:
@@ -118,14 +120,18 @@ def run_case(G: int, M: int, args) -> dict:
     sides = {"hand": hand_loop(build(args.features, args.hidden, args.classes), x, y, sizes),
              "wrapper": wrapper_loop(build(args.features, args.hidden, args.classes), x, y, sizes),
              "control": hand_loop(build(args.features, args.hidden, args.classes), x, y, sizes)}
+    # With one torch thread every kernel runs on this thread, so its CPU time is the step's work
+    # and excludes time stolen by other processes on a shared machine; else wall time.
+    clock = time.thread_time if args.threads == 1 else time.perf_counter
     for step in sides.values():  # warm-up: allocator, momentum buffers, threads
-        timed(step, 2)
+        timed(step, 2, clock)
     order, series = list(sides), []
     for r in range(args.rounds):
         for name in order[r % 3:] + order[:r % 3]:
-            series.append((name, timed(sides[name], args.block)))
+            series.append((name, timed(sides[name], args.block, clock)))
         print(f"G={G}: round {r + 1}/{args.rounds}", file=sys.stderr)
-    out = {"global_batch": G, "max_micro_batch": M, "micro_batches": list(sizes), "even": session.even}
+    out = {"global_batch": G, "max_micro_batch": M, "micro_batches": list(sizes), "even": session.even,
+           "clock": clock.__name__}
     for side in ("wrapper", "control"):
         ratios = paired_ratios(series, side)
         out[f"{side}_vs_hand"] = round(statistics.median(ratios), 4)
