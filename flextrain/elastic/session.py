@@ -124,4 +124,21 @@ class Session:
                 f"loader batch {self.batch_size} per process, {self.device_batch_size} per device ({split})")
 
 
-__all__ = ["ElasticInitError", "Session"]
+_current: Session | None = None
+
+
+def activate(session: Session) -> Session:
+    """Make ``session`` the process's current plan (every framework's ``init`` calls this last)."""
+    global _current
+    if not isinstance(session, Session):
+        raise TypeError(f"activate takes a Session, got {type(session).__name__}")
+    _current = session
+    return session
+
+
+def current() -> Session | None:
+    """The Session of the latest ``init`` in this process, any framework; None before one ran."""
+    return _current
+
+
+__all__ = ["ElasticInitError", "Session", "activate", "current"]
