@@ -28,10 +28,12 @@ optimizer before the optimizer is built, and adds what Keras lacks:
   the plan's ``batch_sizes`` rather than one fixed size; the custom-loop
   ``Optimizer`` weights positionally with ``loss_weights`` (feed it batches
   of ``batch_sizes``);
-* refusals instead of silent differences: a ``steps`` or ``batch_size`` that
-  disagrees with the plan, an optimizer already built without accumulation,
-  and learning-rate schedules (Keras evaluates them at micro-step counts,
-  which a single-step run never sees).
+* refusals instead of silent differences or deep failures: a ``steps`` or
+  ``batch_size`` that disagrees with the plan, an optimizer already built
+  without accumulation, learning-rate schedules (Keras evaluates them at
+  micro-step counts, which a single-step run never sees), and accumulation
+  under a multi-replica ``tf.distribute`` strategy (Keras' accumulation fails
+  there).
 
 Cross-process gradient averaging (several processes under ``WORLD_SIZE``) is
 the distribution strategy's job, not this module's: it plans, batches and
@@ -124,13 +126,20 @@ def _accumulating(optimizer: Any, steps_: int, *, who: str) -> Any:
     if have != 1:
         raise ElasticInitError(f"{who}: the optimizer's gradient_accumulation_steps={have} disagrees with "
                                f"steps={steps_}; leave gradient_accumulation_steps unset")
+    replicas = int(tf.distribute.get_strategy().num_replicas_in_sync)
+    if replicas > 1:
+        # Keras 3.15's accumulation (TF backend) all-reduces inside ops.cond, which
+        # tf.distribute refuses ("merge_call called while defining a new graph").
+        raise ElasticInitError(f"{who}: accumulating {steps_} steps under a tf.distribute strategy of "
+                               f"{replicas} replicas is not supported (Keras' gradient accumulation fails "
+                               "there); use a larger max_gpu_batch_size so steps is 1, or one replica")
     if optimizer.built:
         raise ElasticInitError(f"{who}: the optimizer was already used (built) without accumulation; "
                                "pass a fresh one, it gets its accumulators when it is built")
     # Keras evaluates a schedule at the raw micro-step count (documented under
-    # gradient_accumulation_steps), so it would decay `steps` times too fast.
-    if callable(getattr(optimizer, "_learning_rate", None)) and not isinstance(optimizer._learning_rate,
-                                                                              tf.Variable):
+    # gradient_accumulation_steps), so it would decay `steps` times too fast. (A plain callable
+    # gets no step; one reading optimizer.iterations sees updates, which is right.)
+    if isinstance(getattr(optimizer, "_learning_rate", None), keras.optimizers.schedules.LearningRateSchedule):
         raise ElasticInitError(f"{who}: learning-rate schedules are not supported with accumulation "
                                f"(steps={steps_}): Keras would evaluate them per micro-batch")
     optimizer.gradient_accumulation_steps = steps_  # what __init__ stores; build() adds the accumulators
@@ -174,7 +183,8 @@ class Model(keras.Model):
         return self.inner(inputs, training=training)
 
     def compile(self, optimizer: Any = "rmsprop", *args: Any, **kwargs: Any) -> None:
-        optimizer = _accumulating(optimizer, self.accumulation_steps, who="Model.compile")
+        with self.distribute_strategy.scope():  # the strategy fit will run under
+            optimizer = _accumulating(optimizer, self.accumulation_steps, who="Model.compile")
         super().compile(optimizer, *args, **kwargs)
         # The original, compiled with the same optimizer object, is what save() writes.
         self.inner.compile(optimizer, *args, **kwargs)
