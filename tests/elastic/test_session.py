@@ -72,3 +72,15 @@ def test_the_environment_gives_the_world():
     assert from_environment({}) is None
     w = from_environment({"WORLD_SIZE": "3", "RANK": "2"})
     assert (w.size, w.rank, w.master, w.source) == (3, 2, False, WorldSource.ENVIRONMENT)
+
+
+def test_activate_makes_the_latest_plan_current():
+    from flextrain.elastic import session as sessions
+
+    first, second = Session.plan_for(256, 64, world(1)), Session.plan_for(256, 64, world(2))
+    assert sessions.activate(first) is first and sessions.current() is first
+    sessions.activate(second)
+    assert sessions.current() is second and sessions.current().steps == 2
+    with pytest.raises(TypeError, match="activate takes a Session, got dict"):
+        sessions.activate({"steps": 4})
+    assert sessions.current() is second
