@@ -68,7 +68,7 @@ def main() -> int:
     records = job_dir / "script-log.jsonl"
     log(records, event="start", round=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")), world_size=world,
         rank=rank, step=state.step, restored=restored, batch_size=batch, steps=steps, G=args.global_batch_size,
-        pid=os.getpid())
+        pid=os.getpid(), time=time.time())
     true_w = torch.arange(8, dtype=torch.float32).unsqueeze(1) / 8
     while state.step < args.steps:
         if state.step == args.fail_at_step:
@@ -84,7 +84,8 @@ def main() -> int:
         if state.step % args.commit_every == 0 or state.step == args.steps:
             state.commit()
             if rank == 0:
-                log(records, event="commit", step=state.step, world_size=world, loss=float(loss.detach()) * steps)
+                log(records, event="commit", step=state.step, world_size=world, loss=float(loss.detach()) * steps,
+                    time=time.time())
         if args.step_seconds:
             time.sleep(args.step_seconds)
     if world > 1:
