@@ -124,3 +124,22 @@ def test_flextrain_run_refuses_a_missing_script_before_starting(tmp_path):
     result = run_flextrain("run", "--job-dir", str(tmp_path / "job"), str(tmp_path / "nope.py"))
     assert result.returncode == 2 and "nope.py does not exist" in result.stderr
     assert not (tmp_path / "job").exists()
+
+
+def test_a_stopped_script_job_resumes_from_its_last_commit(tmp_path):
+    job_dir = tmp_path / "job"
+    proc = start(job_dir, "--workers", "2", script_args=("--steps", "60", "--step-seconds", "0.1"))
+    try:
+        wait_for(lambda: committed_after(job_dir, 5, 2), timeout=120, what="a commit past step 5")
+        assert run_flextrain("stop", str(job_dir)).returncode == 0
+        code, err = finish(proc, timeout=60)
+    finally:
+        proc.kill()
+    assert code == 1 and f"flextrain run --resume {job_dir}" in err, err
+    stopped_at = records(job_dir, "commit")[-1]["step"]
+    resumed = run_flextrain("run", "--resume", str(job_dir), "--no-progress")
+    assert resumed.returncode == 0, resumed.stderr
+    last_starts = records(job_dir, "start")[-2:]
+    # from the last commit (its log line may trail a commit the stop cut short), never from 0
+    assert all(r["restored"] and r["step"] >= stopped_at and r["step"] % 5 == 0 for r in last_starts), last_starts
+    assert records(job_dir, "commit")[-1]["step"] == 60
