@@ -1,10 +1,11 @@
-"""``flextrain`` command line: train, status, scale, stop, evaluate, predict, operator, master, data, validate, worker, ps.
+"""``flextrain`` command line: train, run, status, scale, stop, evaluate, predict, operator, master, data, validate, worker, ps.
 
 This package assembles the parser from one module per command group and runs
 the command (``main``, the ``flextrain`` console script):
 
 * flextrain.cli.common -- what several command modules share (CLIError, HelpFormatter, job names, paths)
 * flextrain.cli.train -- ``train`` (its flags, the job spec, ``--resume``, the local run)
+* flextrain.cli.run -- ``run SCRIPT ARGS``: an elastic script job, run locally
 * flextrain.cli.jobs -- ``status``, ``stop``, ``scale`` of a local job
 * flextrain.cli.evaluate -- ``evaluate`` and ``predict``
 * flextrain.cli.kubernetes -- ``--backend kubernetes`` / ``--namespace``: the commands on ElasticJobs
@@ -23,7 +24,7 @@ import logging
 import os
 import sys
 
-from flextrain.cli import cluster, data, evaluate, internal, jobs, kubernetes, train, validate
+from flextrain.cli import cluster, data, evaluate, internal, jobs, kubernetes, run, train, validate
 from flextrain.cli.common import DEFAULT_JOBS_DIR, CLIError, HelpFormatter, add_data_flags
 from flextrain.cli.train import build_spec, cmd_train, given_flags, resume_spec
 from flextrain.orphans import exit_with_parent
@@ -35,6 +36,7 @@ def make_parser() -> argparse.ArgumentParser:
                         help="DEBUG, INFO, WARNING or ERROR (default: $FLEXTRAIN_LOG_LEVEL, else WARNING)")
     sub = parser.add_subparsers(dest="command", required=True)
     train.add_commands(sub)
+    run.add_commands(sub)  # run SCRIPT ARGS: an elastic script job
     jobs.add_commands(sub)  # status, stop, scale
     parser.train_parser = sub.choices["train"]  # given_flags parses its arguments again
     evaluate.add_commands(sub)  # evaluate, predict

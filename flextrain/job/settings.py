@@ -112,6 +112,9 @@ def _s(key: str, path: str, kind: type, crd: str | None = None, flag: str | None
 SETTINGS: tuple[Setting, ...] = (
     _s("name", "name", str, "metadata.name", "--job-name"),
     _s("model_def", "model_def", str, "spec.modelDef"),
+    # A script job (flextrain run SCRIPT ARGS): the user's own training script instead of a module.
+    _s("script", "script", str, "spec.script", "flextrain run SCRIPT"),
+    _s("script_args", "script_args", list, "spec.scriptArgs", "flextrain run SCRIPT ARGS"),
     _s("job_dir", "job_dir", str, "spec.jobDir"),
     _s("strategy", "strategy", Strategy, "spec.strategy", "--distribution-strategy"),
     _s("backend", "backend", Backend),

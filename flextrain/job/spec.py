@@ -136,10 +136,23 @@ class JobSpec:
     checkpoint: str | None = None
     # Prediction jobs: the directory predictions go to.
     output: str | None = None
+    # Script jobs (``flextrain run``, ElasticJob ``spec.script``): the user's script and its arguments,
+    # run by every worker under torchrun's environment; exclusive with ``model_def``.
+    script: str | None = None
+    script_args: tuple[str, ...] = ()
     data: DataSpec = DataSpec()
     training: TrainingSpec = TrainingSpec()
     worker: WorkerSpec = WorkerSpec()
     ps: PSSpec = PSSpec()
+
+    def __post_init__(self) -> None:
+        if isinstance(self.script_args, list):  # from JSON or YAML: a tuple keeps the spec hashable and equal
+            object.__setattr__(self, "script_args", tuple(self.script_args))
+
+    @property
+    def is_script(self) -> bool:
+        """A script job: workers run the user's script (flextrain/worker/script_agent.py), no tasks."""
+        return bool(self.script)
 
     # ---- construction and access by key ----------------------------------
     @classmethod
@@ -194,8 +207,7 @@ class JobSpec:
             if not isinstance(getattr(self, section), kind):  # a hand-built spec; of() and from_json build them
                 raise JobSpecError(f"JobSpec.{section} must be a {kind.__name__}, got {getattr(self, section)!r}")
         check_job_name(self.name)
-        if not self.model_def:
-            raise JobSpecError("--model-def is required (e.g. model_zoo/digits_torch.py:Model)")
+        self._validate_script()
         for check, fields in NUMBER_RULES:
             for field in fields:
                 value = self.get(field)
@@ -223,7 +235,7 @@ class JobSpec:
         the operator uses it to report all problems of an ElasticJob at once.
         """
         out = []
-        for check in (self._validate_worker_range, self._validate_job_type, self._validate_ps):
+        for check in (self._validate_script, self._validate_worker_range, self._validate_job_type, self._validate_ps):
             try:
                 check()
             except JobSpecError as exc:
@@ -247,7 +259,30 @@ class JobSpec:
         elif hi is not None and n > hi:
             raise JobSpecError(f"--workers ({n}) is greater than --max-workers ({hi})")
 
+    def _validate_script(self) -> None:
+        """Exactly one of a model-zoo module and a script; a script job takes its data itself."""
+        if self.script is not None and not isinstance(self.script, str):
+            raise JobSpecError(f"the script must be a path, got {self.script!r}")
+        if not isinstance(self.script_args, tuple) or not all(isinstance(a, str) for a in self.script_args):
+            raise JobSpecError(f"the script's arguments must be strings, got {self.script_args!r}")
+        if self.script and self.model_def:
+            raise JobSpecError(f"a job runs a module (--model-def {self.model_def}) or a script "
+                               f"({self.script}), not both")
+        if not self.script and self.script_args:
+            raise JobSpecError("script arguments need a script")
+        if not self.script and not self.model_def:
+            raise JobSpecError("--model-def is required (e.g. model_zoo/digits_torch.py:Model)")
+        if self.script:
+            if self.job_type is not JobType.TRAINING or self.strategy is not Strategy.ALLREDUCE:
+                raise JobSpecError("a script job trains with the AllReduce strategy "
+                                   f"(got {self.job_type.value}, {self.strategy.value})")
+            for field in ("training_data", "validation_data", "prediction_data"):
+                if self.get(field):
+                    raise JobSpecError(f"{flag_of(field)} applies to module jobs; a script reads its own data")
+
     def _validate_job_type(self) -> None:
+        if self.script:
+            return  # _validate_script
         if self.job_type is JobType.TRAINING:
             if not self.data.training:
                 raise JobSpecError("--training-data is required")

@@ -63,7 +63,7 @@ class Field:
 
     path: str  # dotted, below ``spec`` (e.g. "training.globalBatchSize")
     key: str  # the setting's key (flextrain.job.SETTING)
-    kind: type  # int, float, str or bool
+    kind: type  # int, float, str, bool or list (of strings)
 
     @property
     def full_path(self) -> str:
@@ -72,7 +72,7 @@ class Field:
 
 # The mapping, in the order ``resource_from_jobspec`` writes it: the settings table's CRD column.
 FIELDS: tuple[Field, ...] = tuple(
-    Field(s.crd.removeprefix("spec."), s.key, s.kind if s.kind in (int, float, str, bool) else str)
+    Field(s.crd.removeprefix("spec."), s.key, s.kind if s.kind in (int, float, str, bool, list) else str)
     for s in SETTINGS if s.crd and s.crd.startswith("spec."))
 # In the CRD with no behaviour yet: refused (never silently dropped) until an issue implements them.
 NOT_YET = ("training.lrRule", "training.batchSchedule")
@@ -83,7 +83,7 @@ POD_LEVEL = {
     "image", "volumes", "imagePullPolicy", "replicaSpecs.master.relaunchBudget", "training.checkpointDir",
     *(f"replicaSpecs.{role}.{f}" for role in ROLES for f in _POD_FIELDS),
 }
-REQUIRED = ("image", "modelDef", "data.training")
+REQUIRED = ("image",)  # and modelDef with data.training, or script (_required_problems)
 
 
 def _get(obj: Mapping[str, Any], dotted: str) -> Any:
@@ -102,7 +102,8 @@ def _set(obj: dict[str, Any], dotted: str, value: Any) -> None:
     obj[last] = value
 
 
-_KIND_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+_KIND_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string",
+               list: "a list of strings"}
 
 
 def _type_problem(field_path: str, value: Any, kind: type) -> str | None:
@@ -111,6 +112,7 @@ def _type_problem(field_path: str, value: Any, kind: type) -> str | None:
         float: isinstance(value, (int, float)) and not isinstance(value, bool),
         bool: isinstance(value, bool),
         str: isinstance(value, str),
+        list: isinstance(value, list) and all(isinstance(item, str) for item in value),
     }[kind]
     return None if ok else f"{field_path}: must be {_KIND_NAMES[kind]}, got {value!r}"
 
@@ -194,10 +196,11 @@ def _check(obj: Mapping[str, Any]) -> tuple[list[str], JobSpec | None]:
     if not isinstance(spec, Mapping):
         return [*out, "spec: is required"], None
     out += _unknown_problems(spec, {f.path for f in FIELDS} | set(NOT_YET) | POD_LEVEL)
-    for path in REQUIRED:
+    for path in (*REQUIRED, *(() if _get(spec, "script") not in (None, "") else ("modelDef", "data.training"))):
         value = _get(spec, path)
         if value is None or value == "":
-            out.append(f"spec.{path}: is required")
+            out.append(f"spec.{path}: is required" if path != "modelDef" else
+                       "spec.modelDef: is required (or spec.script, for a script job)")
     if spec.get("image") not in (None, ""):
         out += _value_problems("spec.image", spec["image"], str)
     budget = _get(spec, "replicaSpecs.master.relaunchBudget")
@@ -371,7 +374,10 @@ def resource_from_jobspec(
         if value is None or (value == defaults[f.key]
                              and f.key not in ("workers", "epochs", "global_batch_size", "strategy", "model_def")):
             continue
-        _set(body, f.path, value.value if isinstance(value, Strategy) else value)
+        if f.key in ("script_args", "model_def") and not value:  # a script job has no module, maybe no args
+            continue
+        _set(body, f.path, value.value if isinstance(value, Strategy) else list(value) if f.key == "script_args"
+             else value)
     for path, value in (pod_fields or {}).items():
         if path not in POD_LEVEL:
             raise ResourceError(f"spec.{path}", "is not a pod-level field")

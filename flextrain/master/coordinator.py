@@ -29,6 +29,7 @@ from flextrain.master.ledger import TaskKind, TaskLedger
 from flextrain.master.lockstep import AllReduceStrategy
 from flextrain.master.ps_tasks import ParameterServerStrategy
 from flextrain.master.rendezvous import Rendezvous, Round, RoundState
+from flextrain.master.script_strategy import ScriptStrategy
 from flextrain.master.strategy import TrainingStrategy
 from flextrain.proto import flextrain_pb2 as pb
 
@@ -59,6 +60,8 @@ __all__ = ["JobMaster", "Phase", "WorkerInfo", "strategy_for", "task_message"]
 
 def strategy_for(spec: JobSpec) -> TrainingStrategy:
     """The training strategy of ``spec`` (flextrain/master/strategy.py)."""
+    if spec.is_script:
+        return ScriptStrategy()
     return ParameterServerStrategy() if spec.strategy is Strategy.PARAMETER_SERVER else AllReduceStrategy()
 
 
@@ -115,6 +118,14 @@ class JobMaster(FailureHandling):
         latest = self.checkpoints.latest() if self.checkpoints else None
         return f"; the last good checkpoint is kept: {latest['checkpoint']} (step {latest['version']})" if latest else ""
 
+    def training_finished(self) -> bool:
+        """Whether the training part of the job is done (the ledger's, or a script job's own)."""
+        return self.strategy.training_finished(self)
+
+    @property
+    def resume_hint(self) -> str:
+        return f"flextrain {'run' if self.spec.is_script else 'train'} --resume {self.spec.job_dir}"
+
     def mark_running(self) -> None:
         if self.phase is Phase.PENDING:
             self.phase = Phase.RUNNING
@@ -150,7 +161,7 @@ class JobMaster(FailureHandling):
             if (result := outcome(self)) is not None:
                 self.finish(Phase.SUCCEEDED if result[0] else Phase.FAILED, result[1])
         elif (
-            self.ledger.training_finished()
+            self.training_finished()
             and self.final_checkpoint is not None
             and (not self.ledger.evaluation_shards or self.ledger.evaluation_finished())
         ):
@@ -166,7 +177,7 @@ class JobMaster(FailureHandling):
     def worker_exited(self, worker_id: str) -> None:
         with self.cond:
             rnd = self.rendezvous.current
-            if (self.final_checkpoint is None and self.ledger.training_finished() and rnd is not None
+            if (self.final_checkpoint is None and self.training_finished() and rnd is not None
                     and rnd.members[0] == worker_id):
                 self.finish(Phase.FAILED, f"{worker_id} (rank 0 of the last round) exited before "
                             "saving the final checkpoint")
@@ -205,9 +216,8 @@ class JobMaster(FailureHandling):
             self.stopping = reason
             rnd = self.rendezvous.current
             if self.strategy.stops_at_once(self):  # e.g. the model is on the PS: no stop checkpoint
-                self.finish(Phase.FAILED, f"stopped: {reason}; resume with `flextrain train --resume "
-                                          f"{self.spec.job_dir}`")
-            elif rnd is None or rnd.state is RoundState.CLOSED or self.ledger.training_finished():
+                self.finish(Phase.FAILED, f"stopped: {reason}; resume with `{self.resume_hint}`")
+            elif rnd is None or rnd.state is RoundState.CLOSED or self.training_finished():
                 self.finish(Phase.FAILED, f"stopped: {reason}")
             else:
                 self.message = f"stopping: {reason}"
@@ -250,7 +260,8 @@ class JobMaster(FailureHandling):
                     return pb.JoinRendezvousResponse(
                         action=pb.JoinRendezvousResponse.TRAIN, round_id=rnd.round_id,
                         rank=rnd.rank_of(worker_id), world_size=rnd.world_size,
-                        store_host=self.store_host, store_port=self.store_port, version=rnd.version,
+                        store_host=self.store_host, store_port=rnd.store_port or self.store_port,
+                        version=rnd.version,
                         restore_checkpoint=rnd.restore_checkpoint,
                         max_micro_batch=self.spec.training.effective_max_micro_batch,
                     )
@@ -268,13 +279,7 @@ class JobMaster(FailureHandling):
             return
         previous = self.rendezvous.current
         rnd, waiters = self.rendezvous.form(previous_round=previous.round_id if previous else None)
-        if previous is None:
-            rnd.restore_checkpoint = self.restore_checkpoint
-        elif (best := most_advanced((w.position for w in waiters), previous.round_id)) is not None:
-            settle_round(self.ledger, previous, best)
-            self.check_outcome()
-        else:
-            self._rollback(rnd)
+        self.strategy.round_formed(self, rnd, previous, waiters)
         self.short_since = None
         self.round_history.append({
             "round": rnd.round_id, "version": rnd.version, "time": round(time.time(), 3),
@@ -286,6 +291,17 @@ class JobMaster(FailureHandling):
         if self.phase is Phase.PENDING:
             self.phase = Phase.RUNNING
         self.cond.notify_all()
+
+    def settle(self, rnd: Round, previous: Round | None, waiters) -> None:
+        """A new round of lockstep training: settle the previous round's tasks by its most advanced
+        survivor, or roll back when none survived (``TrainingStrategy.round_formed``'s default)."""
+        if previous is None:
+            rnd.restore_checkpoint = self.restore_checkpoint
+        elif (best := most_advanced((w.position for w in waiters), previous.round_id)) is not None:
+            settle_round(self.ledger, previous, best)
+            self.check_outcome()
+        else:
+            self._rollback(rnd)
 
     def _rollback(self, rnd: Round) -> None:
         """No member of the last round survived: its model state is gone.
@@ -315,7 +331,7 @@ class JobMaster(FailureHandling):
         with self.cond:
             response = self._get_task(req)
             done = response.action == pb.GetTaskResponse.NO_MORE and (
-                req.kind == pb.Task.TRAINING or self.ledger.training_finished())
+                req.kind == pb.Task.TRAINING or self.training_finished())
             if response.action == pb.GetTaskResponse.STOP or done:
                 self.dismissed.add(req.worker_id)  # its exit (code 0) is no failure
             return response
@@ -388,6 +404,8 @@ class JobMaster(FailureHandling):
             # Only the round the worker is in can be ended; a worker still adopting a
             # newer round reports its previous round id and is left alone.
             end = rnd is not None and rnd.round_id == req.position.round_id and rnd.state is not RoundState.ACTIVE
+            # A script agent adopts its round before its first heartbeat in it: one behind is over for it.
+            end = end or (self.spec.is_script and rnd is not None and 0 <= req.position.round_id < rnd.round_id)
             return pb.HeartbeatResponse(end_round=end, stop=self.over or bool(self.stopping), job_over=self.over)
 
     def _touch(self, worker_id: str, position: pb.Position) -> WorkerInfo | None:
@@ -413,7 +431,7 @@ class JobMaster(FailureHandling):
             if self.over:
                 return []
             rnd = self.rendezvous.current
-            training = not self.ledger.training_finished()
+            training = not self.training_finished()
             if training and (rnd is None or rnd.state is RoundState.CLOSED):
                 present = len(self.alive | self.launched)
                 if present < self.spec.worker.effective_min_replicas:

@@ -52,6 +52,9 @@ def build_ledger(spec: JobSpec, skipped: list[str] | None = None) -> TaskLedger:
     """The job's tasks: training epochs, evaluations of the validation data, or prediction tasks.
 
     Warnings about data files skipped under --skip-unknown-files go to ``skipped`` (else the log)."""
+    if spec.is_script:  # a script reads its own data: no tasks
+        return TaskLedger(shards=[], epochs=0, global_batch_size=spec.training.global_batch_size,
+                          steps_per_task=spec.training.steps_per_task)
     opts = {"options": DataOptions.of(spec.data), "skipped": skipped}
     training = spec.job_type is JobType.TRAINING
     shards = make_shards(spec.data.training, what="training data", **opts) if training else []

@@ -44,6 +44,7 @@ class Round:
     members: list[str]
     version: int
     restore_checkpoint: str = ""
+    store_port: int = 0  # the round's own TCPStore (script jobs); 0: the job's store, under a round prefix
     state: RoundState = RoundState.ACTIVE
     # Memoized GetTask answers, by task index: (action, task id or -1).
     answers: list[tuple[int, int]] = field(default_factory=list)

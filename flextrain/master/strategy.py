@@ -23,6 +23,7 @@ from flextrain.proto import flextrain_pb2 as pb
 if TYPE_CHECKING:
     from flextrain.master.checkpoints import CheckpointStore
     from flextrain.master.coordinator import JobMaster
+    from flextrain.master.rendezvous import Round
 
 
 class TrainingStrategy(ABC):
@@ -37,6 +38,15 @@ class TrainingStrategy(ABC):
     @abstractmethod
     def worker_left(self, job: JobMaster, worker_id: str) -> None:
         """A worker exited: give its unfinished work back to the ledger."""
+
+    def training_finished(self, job: JobMaster) -> bool:
+        """Whether training is over (every epoch's tasks done, or a script job's scripts ended)."""
+        return job.ledger.training_finished()
+
+    def round_formed(self, job: JobMaster, rnd: Round, previous: Round | None, waiters: list) -> None:
+        """A rendezvous round formed (``previous``: the one before it): settle the previous round's
+        work. Lockstep training settles the ledger by the most advanced survivor (``JobMaster.settle``)."""
+        job.settle(rnd, previous, waiters)
 
     def stops_at_once(self, job: JobMaster) -> bool:
         """Whether a stop request ends the job now (no stop checkpoint to wait for)."""

@@ -30,6 +30,7 @@ from flextrain.worker.failure import failure_of, log_failure, one_line
 from flextrain.worker.module import Framework, load_model_def
 from flextrain.worker.prediction import load_outputs_processor, predict_task
 from flextrain.worker.ps_trainer import PSTrainer
+from flextrain.worker.script_agent import run_agent
 from flextrain.worker.trainer import AllReduceTrainer, WorkerState, describe
 
 log = logging.getLogger("flextrain.worker")
@@ -120,6 +121,9 @@ def _run_worker(client: MasterClient, worker_id: str, doing: _Doing) -> int:
         torch.set_num_threads(threads)
     reg = client.job_spec()
     spec = JobSpec.from_json(reg.job_spec_json)
+    if spec.is_script:  # the user's own script, restarted in each round's world
+        doing.stage = "running the script"
+        return run_agent(client, spec, worker_id=worker_id, heartbeat_interval=reg.heartbeat_interval)
     model_def = load_model_def(spec.model_def)
     torch.manual_seed(spec.training.seed)
     if model_def.framework is Framework.TENSORFLOW:  # same initial Keras weights in every worker

@@ -17,7 +17,8 @@ from flextrain.master.resume import CHANGEABLE
 ELSEWHERE = {"job_type": "the command itself (train, evaluate, predict)",
              "checkpoint": "flextrain evaluate/predict --checkpoint",
              "prediction_data": "flextrain predict --prediction-data",
-             "output": "flextrain predict --output"}
+             "output": "flextrain predict --output",
+             "script": "flextrain run SCRIPT", "script_args": "flextrain run SCRIPT ARGS"}
 
 
 def actions(command: str) -> dict[str, str]:
@@ -81,6 +82,8 @@ def test_every_setting_is_a_train_flag_with_its_key_as_dest():
 def test_settings_set_by_other_commands_are_their_flags():
     assert {"--checkpoint", "--prediction-data", "--output"} <= set(actions("predict"))
     assert "--checkpoint" in actions("evaluate")
+    run = next(a for a in make_parser()._actions if a.dest == "command").choices["run"]
+    assert {"script", "script_args"} <= {a.dest for a in run._actions}  # its positionals
 
 
 def test_flag_of_takes_keys_and_paths():

@@ -58,7 +58,8 @@ _DELETE = object()
 
 # (what is wrong, field to change, bad value, path the error must name)
 BAD_SPECS = [
-    ("missing modelDef", "spec.modelDef", _DELETE, "spec"),
+    # "modelDef or script, exactly one" is a CEL rule (no evaluator here): the operator's own check is
+    # tested in tests/scriptjobs/test_script_spec.py.
     ("missing image", "spec.image", _DELETE, "spec"),
     ("empty image", "spec.image", "", "spec.image"),
     ("missing training data", "spec.data.training", _DELETE, "spec.data"),
