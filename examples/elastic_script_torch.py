@@ -3,11 +3,12 @@
     flextrain run --workers 2 --min-workers 1 --max-workers 4 examples/elastic_script_torch.py --steps 200
 
 A tiny linear model on synthetic data, trained with DDP over gloo. The global
-batch ``G`` stays fixed whatever the world: each of the ``W`` processes takes
-``G / W`` samples per step, in ``steps`` accumulation steps of at most ``M``
-(what ``flextrain.elastic.torch.init(G, M)`` computes; done by hand here
-until that exists). The script commits its state every ``--commit-every``
-steps, so a re-formed world continues from the last commit, never from 0.
+batch ``G`` stays fixed whatever the world: ``flextrain.elastic.torch.init(G, M)``
+reads the world the job started this process in and says how many
+accumulation steps of which batch sizes this rank takes; the GA optimizer
+applies one real update per global batch. The script commits its state every
+``--commit-every`` steps, so a re-formed world continues from the last commit,
+never from 0.
 
 Each start appends one JSON line to ``$FLEXTRAIN_JOB_DIR/script-log.jsonl``
 (``round``, ``world_size``, ``rank``, the ``step`` it restored, ``batch_size``,
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import time
@@ -29,14 +29,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from flextrain.elastic.state import State
-
-
-def plan(global_batch: int, max_micro: int, world: int, rank: int) -> tuple[int, int]:
-    """(accumulation steps, micro-batch size) of this rank for a fixed global batch (the planner's rule)."""
-    steps = math.ceil(global_batch / (world * max_micro))
-    share = global_batch // world + (1 if rank < global_batch % world else 0)  # this rank's samples per step
-    return steps, math.ceil(share / steps)
+import flextrain.elastic.torch as elastic
 
 
 def log(path: Path, **record) -> None:
@@ -54,16 +47,17 @@ def main() -> int:
     parser.add_argument("--fail-at-step", type=int, default=-1, help="raise at this step (tests)")
     args = parser.parse_args()
 
-    world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
-    if world > 1:
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         dist.init_process_group("gloo")  # MASTER_ADDR/MASTER_PORT: the round's store
+    plan = elastic.init(args.global_batch_size, max_micro_batch=args.max_micro_batch)
+    world, rank, steps, batch = elastic.world_size, elastic.rank, elastic.steps, elastic.batch_size
     torch.manual_seed(0)
     model = torch.nn.Linear(8, 1)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    state = State(model=model, optimizer=optimizer, step=0)
+    inner = torch.optim.SGD(model.parameters(), lr=0.05)
+    state = elastic.State(model=model, optimizer=inner, step=0)
     restored = state.restore()
     net = DistributedDataParallel(model) if world > 1 else model
-    steps, batch = plan(args.global_batch_size, args.max_micro_batch, world, rank)
+    optimizer = elastic.Optimizer(inner)  # one real update per global batch, the mean over G
     job_dir = Path(os.environ.get("FLEXTRAIN_JOB_DIR", "."))
     records = job_dir / "script-log.jsonl"
     log(records, event="start", round=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")), world_size=world,
@@ -74,17 +68,19 @@ def main() -> int:
         if state.step == args.fail_at_step:
             raise ValueError(f"failing on purpose at step {state.step}")
         gen = torch.Generator().manual_seed(state.step * 1000 + rank)
-        optimizer.zero_grad()
-        for _ in range(steps):
-            x = torch.randn(batch, 8, generator=gen)
-            loss = torch.nn.functional.mse_loss(net(x), x @ true_w) / steps
-            loss.backward()
-        optimizer.step()
+        for size in plan.batch_sizes:  # this rank's micro-batches of one global batch (exact if uneven)
+            x = torch.randn(size, 8, generator=gen)
+            with optimizer.sync_context(net):  # DDP all-reduces only on the last micro-step
+                loss = torch.nn.functional.mse_loss(net(x), x @ true_w)
+                loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        assert optimizer.stepped
         state.step += 1
         if state.step % args.commit_every == 0 or state.step == args.steps:
             state.commit()
             if rank == 0:
-                log(records, event="commit", step=state.step, world_size=world, loss=float(loss.detach()) * steps,
+                log(records, event="commit", step=state.step, world_size=world, loss=float(loss.detach()),
                     time=time.time())
         if args.step_seconds:
             time.sleep(args.step_seconds)

@@ -38,6 +38,7 @@ from typing import Any
 import torch
 
 from flextrain.elastic.session import ElasticInitError, Session, activate, max_micro_batch_of
+from flextrain.elastic.state import State
 from flextrain.elastic.world import torch_world
 
 log = logging.getLogger(__name__)
@@ -367,4 +368,4 @@ def no_sync(model: torch.nn.Module, optimizer: Optimizer) -> contextlib.Abstract
     return model.no_sync()
 
 
-__all__ = ["ElasticInitError", "Optimizer", "Session", "init", "no_sync"]
+__all__ = ["ElasticInitError", "Optimizer", "Session", "State", "init", "no_sync"]
