@@ -1,0 +1,117 @@
+"""Rendezvous rounds of a job: workers join, rounds form, and a new round settles the last one.
+
+A mixin of :class:`flextrain.master.coordinator.JobMaster` (as
+:class:`flextrain.master.failures.FailureHandling` is): these methods run under
+the master's lock and use its state (``rendezvous``, ``assigned``, ``ledger``,
+``strategy``, ``checkpoints``). A round's members train in lockstep; when
+membership changes, a new round forms at the next step boundary, and either
+the most advanced survivor of the last round settles its tasks or, when none
+survived, the job rolls back to its latest checkpoint.
+"""
+
+from __future__ import annotations
+
+import time
+
+from flextrain.master.accounting import most_advanced, settle_round
+from flextrain.master.checkpoints import CheckpointError
+from flextrain.master.phase import Phase
+from flextrain.master.rendezvous import Round, RoundState
+from flextrain.proto import flextrain_pb2 as pb
+
+
+class RoundKeeping:
+    def join(self, worker_id: str, position: pb.Position, *, wait: float) -> pb.JoinRendezvousResponse:
+        with self.cond:
+            self._touch(worker_id, position)
+            rnd = self.rendezvous.current
+            placed = self.assigned.get(worker_id)
+            if placed is not None and placed is rnd and rnd.state is not RoundState.CLOSED \
+                    and position.round_id != rnd.round_id:
+                pass  # re-asking after a WAIT: the round formed meanwhile is its own
+            else:
+                self.assigned.pop(worker_id, None)
+                self.rendezvous.join(worker_id, position, self.clock())
+                if rnd is not None and rnd.state is RoundState.ACTIVE and worker_id not in rnd.members:
+                    self.rendezvous.request_end()  # a straggler: let it in at the next step boundary
+            deadline = self.clock() + wait
+            while True:
+                if self.over or self.stopping or worker_id in self.retiring:
+                    self.rendezvous.drop_waiter(worker_id)
+                    self.dismissed.add(worker_id)
+                    return pb.JoinRendezvousResponse(action=pb.JoinRendezvousResponse.STOP, message=self.message)
+                self.form_round()
+                rnd = self.assigned.get(worker_id)
+                if rnd is not None:
+                    return pb.JoinRendezvousResponse(
+                        action=pb.JoinRendezvousResponse.TRAIN, round_id=rnd.round_id,
+                        rank=rnd.rank_of(worker_id), world_size=rnd.world_size,
+                        store_host=self.store_host, store_port=rnd.store_port or self.store_port,
+                        version=rnd.version,
+                        restore_checkpoint=rnd.restore_checkpoint,
+                        max_micro_batch=self.spec.training.effective_max_micro_batch,
+                    )
+                left = deadline - self.clock()
+                if left <= 0:
+                    return pb.JoinRendezvousResponse(action=pb.JoinRendezvousResponse.WAIT)
+                self.cond.wait(min(left, 0.05))  # time-based readiness (straggler timeout)
+
+    def form_round(self) -> None:
+        # The first round waits for every worker started; later ones only for
+        # registered workers: a newcomer still importing torch must not stall
+        # the survivors of a failure (it joins at a later step boundary).
+        expected = self.alive | self.launched if self.rounds_formed == 0 else self.alive
+        if not self.rendezvous.ready(expected, self.clock()):
+            return
+        previous = self.rendezvous.current
+        rnd, waiters = self.rendezvous.form(previous_round=previous.round_id if previous else None)
+        self.strategy.round_formed(self, rnd, previous, waiters)
+        self.short_since = None
+        self.round_history.append({
+            "round": rnd.round_id, "version": rnd.version, "time": round(time.time(), 3),
+            "members": [{"id": m, "pid": self.workers[m].pid if m in self.workers else 0} for m in rnd.members],
+        })
+        for wid in rnd.members:
+            self.assigned[wid] = rnd
+        self.rounds_formed += 1
+        if self.phase is Phase.PENDING:
+            self.phase = Phase.RUNNING
+        self.cond.notify_all()
+
+    def settle(self, rnd: Round, previous: Round | None, waiters) -> None:
+        """A new round of lockstep training: settle the previous round's tasks by its most advanced
+        survivor, or roll back when none survived (``TrainingStrategy.round_formed``'s default)."""
+        if previous is None:
+            rnd.restore_checkpoint = self.restore_checkpoint
+        elif (best := most_advanced((w.position for w in waiters), previous.round_id)) is not None:
+            settle_round(self.ledger, previous, best)
+            self.check_outcome()
+        else:
+            self._rollback(rnd)
+
+    def _rollback(self, rnd: Round) -> None:
+        """No member of the last round survived: its model state is gone.
+
+        Go back to the latest checkpoint (or the very start) for both the model
+        and the ledger, so what was applied since is applied again exactly once.
+        """
+        latest = None
+        if self.checkpoints is not None:
+            try:  # the newest checkpoint that passes its checks; damaged ones are named and skipped
+                latest, damaged = self.checkpoints.resume_point(check=self.ledger.check_state)
+            except CheckpointError as exc:
+                self.finish(Phase.FAILED, f"no worker of the last round survived and {exc}")
+                return
+            if damaged and latest is not None:
+                self.note(f"damaged checkpoint state skipped: {'; '.join(damaged)}; using {latest['checkpoint']} "
+                          f"(step {latest['version']})")
+        self.ledger.restore(latest["ledger"] if latest else self.initial_ledger)
+        self.evaluations.forget_unfinished()  # the restore dropped their tasks
+        rnd.restore_checkpoint = latest["checkpoint"] if latest else ""
+        rnd.version = latest["version"] if latest else 0
+        where = f"checkpoint {latest['checkpoint']}" if latest else "the start (no checkpoint yet)"
+        self.events.append(f"round {rnd.round_id}: no worker of the last round survived; resuming from {where}")
+        self.message = self.events[-1]
+
+
+__all__ = ["RoundKeeping"]
