@@ -123,7 +123,8 @@ def cmd_master(args) -> int:
         kube.patch_status(job, {"phase": "Succeeded", "message": message, "completionTime": now_iso()})
         print(message)
         return 0
-    if spec.training.preflight and not resume:  # the module's contract, before a single worker pod exists
+    # The module's contract, before a single worker pod exists (a script job has no module contract).
+    if spec.training.preflight and not resume and not spec.is_script:
         from flextrain.worker.module import ModelDefError
 
         try:

@@ -213,7 +213,8 @@ class NodeAgent:
         return argv
 
     def _env(self, pod: dict, container: dict) -> dict[str, str]:
-        env = {k: os.environ[k] for k in ("PATH", "HOME", "LANG") if k in os.environ}
+        # PYTHONPATH: a test run against another checkout (a git worktree) runs its code in the pods too.
+        env = {k: os.environ[k] for k in ("PATH", "HOME", "LANG", "PYTHONPATH") if k in os.environ}
         env["KUBECONFIG"] = str(self.kubeconfig)
         env["HOSTNAME"] = pod["metadata"]["name"]
         for var in container.get("env") or []:
