@@ -71,3 +71,14 @@ def test_the_aikit_script_differs_from_aikit_only_in_its_import():
     assert {k: result[k] for k in ("steps", "batch_size", "global_batch_size", "gpus", "master")} == \
         {"steps": 4, "batch_size": 64, "global_batch_size": 256, "gpus": 1, "master": True}
     assert result["losses"][-1] < 0.6 * result["losses"][0]
+
+
+def test_the_aikit_keras_script_differs_from_aikit_only_in_its_import():
+    tree = ast.parse((EXAMPLES / "aikit_keras.py").read_text())
+    flextrain_imports = [n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and
+                         (n.module or "").startswith("flextrain")]
+    assert [(n.module, [a.name for a in n.names]) for n in flextrain_imports] == [("flextrain.compat", ["aikit"])]
+    [result] = run([sys.executable, str(EXAMPLES / "aikit_keras.py")])
+    assert (result["steps"], result["batch_size"], result["global_batch_size"], result["gpus"]) == (4, 64, 256, 1)
+    assert result["updates"] == 3 * 1024 // 256  # one optimizer update per global batch
+    assert result["losses"][-1] < result["losses"][0]
