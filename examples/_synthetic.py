@@ -2,7 +2,19 @@
 
 from __future__ import annotations
 
+import argparse
+
 import torch
+
+
+def arguments(doc: str) -> argparse.Namespace:
+    """The flags every elastic example takes: G, M, the data size and the epochs."""
+    p = argparse.ArgumentParser(description=doc.splitlines()[0])
+    p.add_argument("--global-batch-size", type=int, default=256)
+    p.add_argument("--max-micro-batch", type=int, default=64)
+    p.add_argument("--samples", type=int, default=4096)
+    p.add_argument("--epochs", type=int, default=3)
+    return p.parse_args()
 
 
 def dataset(samples: int, seed: int = 0) -> torch.utils.data.TensorDataset:

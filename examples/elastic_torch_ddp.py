@@ -10,25 +10,21 @@ skips DDP's all-reduce until the last micro-step. Each rank prints one JSON line
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
+import os
+import sys
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 import flextrain.elastic.torch as elastic
-from _synthetic import dataset, loss_fn, model
+from _synthetic import arguments, dataset, loss_fn, model
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--global-batch-size", type=int, default=256)
-    p.add_argument("--max-micro-batch", type=int, default=64)
-    p.add_argument("--samples", type=int, default=4096)
-    p.add_argument("--epochs", type=int, default=3)
-    args = p.parse_args()
+    args = arguments(__doc__)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
 
     dist.init_process_group("gloo")  # torchrun's MASTER_ADDR/PORT, RANK, WORLD_SIZE
@@ -59,9 +55,10 @@ def main() -> None:
         if elastic.master:
             logging.info("epoch %d: loss %.5f", epoch, losses[-1])
     checksum = sum(p.detach().double().sum().item() for p in net.module.parameters())
-    print(json.dumps({"rank": elastic.rank, "world_size": elastic.world_size, "steps": elastic.steps,
-                      "batch_sizes": list(elastic.batch_sizes), "real_steps": optimizer.real_steps,
-                      "losses": losses, "checksum": checksum}), flush=True)
+    line = json.dumps({"rank": elastic.rank, "world_size": elastic.world_size, "steps": elastic.steps,
+                       "batch_sizes": list(elastic.batch_sizes), "real_steps": optimizer.real_steps,
+                       "losses": losses, "checksum": checksum}) + "\n"
+    os.write(sys.stdout.fileno(), line.encode())  # one write: ranks share torchrun's stdout, lines must not mix
     dist.destroy_process_group()
 
 

@@ -9,23 +9,17 @@ when G does not split evenly, e.g. G=250: 63, 63, 62, 62). Prints one JSON line 
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 
 import torch
 
 import flextrain.elastic.torch as elastic
-from _synthetic import dataset, loss_fn, model
+from _synthetic import arguments, dataset, loss_fn, model
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--global-batch-size", type=int, default=256)
-    p.add_argument("--max-micro-batch", type=int, default=64)
-    p.add_argument("--samples", type=int, default=4096)
-    p.add_argument("--epochs", type=int, default=3)
-    args = p.parse_args()
+    args = arguments(__doc__)
     logging.basicConfig(level=logging.INFO, format="%(message)s")  # shows init's one-line plan
 
     elastic.init(args.global_batch_size, max_micro_batch=args.max_micro_batch)
