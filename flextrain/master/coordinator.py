@@ -216,7 +216,7 @@ class JobMaster(FailureHandling, RoundKeeping):
             else:
                 self.message = f"stopping: {reason}"
             self.cond.notify_all()
-            return True, "stopping at the next step boundary"
+            return True, self.message if self.over else "stopping at the next step boundary"
 
     # ---- RPC logic -------------------------------------------------------------
     def register(self, worker_id: str, *, pid: int = 0) -> None:
