@@ -24,6 +24,11 @@ recomputes them, so a script calls it again after its world changed):
 ``steps``, ``batch_size``, ``batch_sizes``, ``device_batch_size``,
 ``global_batch_size``, ``gpus`` (== ``world_size``), ``rank``, ``master``,
 ``loss_weights`` and ``session`` (the :class:`Session` itself).
+
+Batch-size traces (a global batch per optimizer step, changing during training) use
+:class:`TraceBatchSampler` (:mod:`flextrain.elastic.trace_sampler`) with a rule optimizer,
+:class:`LinearRuleOptimizer`, :class:`SqrtRuleOptimizer` or :class:`AdaScaleOptimizer`
+(:mod:`flextrain.elastic.rules`), instead of ``init`` and :class:`Optimizer`.
 """
 
 from __future__ import annotations
@@ -37,8 +42,10 @@ from typing import Any
 
 import torch
 
+from flextrain.elastic.rules import AdaScaleOptimizer, LinearRuleOptimizer, RootRuleOptimizer, SqrtRuleOptimizer
 from flextrain.elastic.session import ElasticInitError, Session, activate, max_micro_batch_of
 from flextrain.elastic.state import State
+from flextrain.elastic.trace_sampler import TraceBatchSampler
 from flextrain.elastic.world import torch_world
 
 log = logging.getLogger(__name__)
@@ -368,4 +375,5 @@ def no_sync(model: torch.nn.Module, optimizer: Optimizer) -> contextlib.Abstract
     return model.no_sync()
 
 
-__all__ = ["ElasticInitError", "Optimizer", "Session", "State", "init", "no_sync"]
+__all__ = ["AdaScaleOptimizer", "ElasticInitError", "LinearRuleOptimizer", "Optimizer", "RootRuleOptimizer", "Session",
+           "SqrtRuleOptimizer", "State", "TraceBatchSampler", "init", "no_sync"]
