@@ -132,3 +132,18 @@ def test_zero_grad_is_a_no_op_and_the_sampler_epoch_must_match():
     opt2.set_epoch(0)
     with pytest.raises(ValueError, match="sampler is at epoch 1 but the optimizer at epoch 0"):
         opt2.step()
+
+
+def test_log_steps_logs_step_batch_lr_and_gain(caplog):
+    net = torch.nn.Linear(2, 1).double()
+    sampler = TraceBatchSampler(48, [8, 16], 1, 0, minibatch_size=4)
+    opt = AdaScaleOptimizer(torch.optim.SGD(net.parameters(), lr=0.1), sampler, 8, log_steps=2)
+    x = torch.randn(48, 2, dtype=torch.float64)
+    with caplog.at_level("INFO", logger="flextrain.elastic.rules"):
+        for index in sampler:
+            net(x[index]).pow(2).mean().backward()
+            opt.step()
+    lines = [r.getMessage() for r in caplog.records]
+    assert [line.split(",")[0] for line in lines] == ["AdaScaleOptimizer: step 0", "AdaScaleOptimizer: step 2"]
+    assert lines[0].startswith("AdaScaleOptimizer: step 0, global batch 8, lr 0.1, gain 1,")
+    assert lines[1].startswith("AdaScaleOptimizer: step 2, global batch 16, lr ")
