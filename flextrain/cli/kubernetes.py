@@ -24,6 +24,7 @@ import json
 import os
 import sys
 from importlib import metadata
+from pathlib import Path
 
 from flextrain.cli.common import CLIError, api_client, get_job
 from flextrain.cli.train import build_spec
@@ -116,6 +117,13 @@ def _kube():
 
 
 # ---- train --backend kubernetes -------------------------------------------------------------
+def _inline_trace(value: str) -> str:
+    """``--batch-schedule``: a file readable here becomes the ElasticJob's inline trace (checked, naming
+    its line, by the operator); anything else stays a path inside the pods (checked by the master)."""
+    path = Path(value)
+    return path.read_text() if "\n" not in value.strip() and path.is_file() else value
+
+
 def elasticjob_from_args(args) -> dict:
     """The ElasticJob ``flextrain train --backend kubernetes`` submits (paths as given: they are in-pod)."""
     from flextrain.job import Backend, JobSpecError
@@ -142,6 +150,8 @@ def elasticjob_from_args(args) -> dict:
                   "job_dir": args.job_dir or f"{DEFAULT_JOBS_ROOT}/{name}"}
         if getattr(args, "prediction_data", None) is not None:
             in_pod["prediction_data"] = args.prediction_data
+        if args.batch_schedule is not None:  # a trace on this machine travels inline; else a path in the pods
+            in_pod["batch_schedule"] = _inline_trace(args.batch_schedule)
         spec = spec.replace(backend=Backend.KUBERNETES, **in_pod).validate()
     except JobSpecError as exc:
         raise CLIError(str(exc)) from exc

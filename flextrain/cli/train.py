@@ -67,6 +67,15 @@ def add_commands(sub) -> None:
                         "(default: --global-batch-size)")
     g.add_argument("--lr", "--learning-rate", dest="learning_rate", type=float, metavar="LR",
                    help="learning rate passed to the module's optimizer (default: the module's own)")
+    g.add_argument("--batch-schedule", metavar="TRACE.csv",
+                   help="the global batch of every optimizer step from a CSV 'step,batchsize' (steps counted "
+                        "from 0 across epochs; the last size holds past its end); --global-batch-size then only "
+                        "defaults --reference-batch-size and --max-micro-batch (docs/batch-schedules.md)")
+    g.add_argument("--lr-rule", choices=("none", "linear", "sqrt", "adascale"), default="none",
+                   help="how the learning rate follows the global batch G: linear lr*G/ref, sqrt lr*sqrt(G/ref) "
+                        "(adascale: scripts only for now)")
+    g.add_argument("--reference-batch-size", type=int, metavar="N",
+                   help="the global batch the base learning rate was tuned for (default: --global-batch-size)")
     g.add_argument("--seed", type=int, default=0, metavar="N",
                    help="seeds the model's initialisation and the task order of --shuffle")
     g.add_argument("--shuffle", action="store_true", help="shuffle the order of tasks every epoch")
@@ -124,6 +133,8 @@ def build_spec(args):
         min_workers=args.min_workers, max_workers=args.max_workers, epochs=args.epochs,
         global_batch_size=args.global_batch_size, max_micro_batch=args.max_micro_batch,
         learning_rate=args.learning_rate, seed=args.seed, shuffle=args.shuffle,
+        batch_schedule=schedule_abs(args.batch_schedule), lr_rule=args.lr_rule,
+        reference_batch_size=args.reference_batch_size,
         steps_per_task=args.steps_per_task, max_task_retries=args.max_task_retries,
         checkpoint_steps=args.checkpoint_steps, rendezvous_timeout=args.rendezvous_timeout,
         worker_timeout=args.worker_timeout, start_timeout=args.start_timeout, relaunch_budget=args.relaunch_budget,
@@ -133,6 +144,11 @@ def build_spec(args):
         ps_wal=args.ps_wal, nan_policy=args.nan_policy, preflight=not getattr(args, "no_preflight", False),
         skip_unknown_files=args.skip_unknown_files, csv_header=args.csv_header,
     )
+
+
+def schedule_abs(value: str | None) -> str | None:
+    """A trace path made absolute (the master reads it, and again on --resume); inline text as is."""
+    return value if value is None or "\n" in value.strip() else abs_path(value)
 
 
 # flags of `train` that are not JobSpec fields: how each reaches the spec on --resume
@@ -177,6 +193,7 @@ def resume_spec(args):
 def cmd_train(args) -> int:
     from flextrain.data import DataError, DataOptions, make_shards
     from flextrain.job import JobSpecError, Strategy
+    from flextrain.master.batches import job_schedule
     from flextrain.master.jobdir import JobDirError, guard
     from flextrain.master.main import run_master
     from flextrain.worker.module import Framework, ModelDefError, load_model_def
@@ -191,6 +208,7 @@ def cmd_train(args) -> int:
         resumed = resume_spec(args) if args.resume else None
         spec = (resumed.spec if resumed else build_spec(args)).validate()
         guard(spec.job_dir, resume=bool(args.resume), overwrite=args.overwrite)  # before anything is written
+        job_schedule(spec)  # a bad trace names its line before anything starts
         if resumed and resumed.moved_from:
             print(f"flextrain: {spec.job_dir} was recorded at {resumed.moved_from}: resuming from its own "
                   "state here", file=sys.stderr)

@@ -38,6 +38,8 @@ class Backend(str, enum.Enum):
 
 NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 NAN_POLICIES = ("fail", "skip-step")
+# flextrain.elastic.schedule.LRRule's values (flextrain.job may not import flextrain.elastic: same layer).
+LR_RULES = ("none", "linear", "sqrt", "adascale")
 
 
 # ---- one rule per kind of number ----------------------------------------------------------------
@@ -75,6 +77,18 @@ def check_seed(flag: str, value) -> None:
 def check_nan_policy(flag: str, value) -> None:
     if value not in NAN_POLICIES:
         raise JobSpecError(f"{flag} must be one of {', '.join(NAN_POLICIES)}, got {value!r}")
+
+
+def check_lr_rule(flag: str, value) -> None:
+    if value not in LR_RULES:
+        raise JobSpecError(f"{flag} must be one of {', '.join(LR_RULES)}, got {value!r}")
+
+
+def check_batch_schedule(flag: str, value) -> None:
+    """A path to a CSV trace or the trace's text inline (what it holds is read where it can be read:
+    ``flextrain train`` and the master read a path, the operator checks inline text)."""
+    if not isinstance(value, str) or not value.strip():
+        raise JobSpecError(f"{flag} must be a path to a CSV trace 'step,batchsize' or the trace itself, got {value!r}")
 
 
 def check_ps_mode(flag: str, value) -> None:
@@ -130,6 +144,10 @@ SETTINGS: tuple[Setting, ...] = (
     _s("global_batch_size", "training.global_batch_size", int, "spec.training.globalBatchSize"),
     _s("max_micro_batch", "training.max_micro_batch", int, "spec.training.maxMicroBatch"),
     _s("learning_rate", "training.learning_rate", float, "spec.training.learningRate", "--lr"),
+    # A trace of the global batch per optimizer step: a CSV path, or its text inline (docs/batch-schedules.md).
+    _s("batch_schedule", "training.batch_schedule", str, "spec.training.batchSchedule"),
+    _s("lr_rule", "training.lr_rule", str, "spec.training.lrRule"),
+    _s("reference_batch_size", "training.reference_batch_size", int, "spec.training.referenceBatchSize"),
     _s("evaluation_steps", "training.evaluation_steps", int, "spec.training.evaluationSteps"),
     _s("checkpoint_steps", "training.checkpoint_steps", int, "spec.training.checkpointSteps"),
     _s("seed", "training.seed", int, "spec.training.seed"),
@@ -164,17 +182,18 @@ def flag_of(key: str) -> str:
 
 # Every numeric JobSpec field, by kind. OPTIONAL_NUMBERS ones may be None (= derived from another field).
 NUMBER_RULES = (
-    (check_count, ("workers", "epochs", "global_batch_size", "steps_per_task",
+    (check_count, ("workers", "epochs", "global_batch_size", "steps_per_task", "reference_batch_size",
                    "max_micro_batch", "min_workers", "max_workers", "grads_to_wait")),
     (check_non_negative, ("evaluation_steps", "max_task_retries", "checkpoint_steps", "relaunch_budget",
                           "ps_checkpoint_steps")),
     (check_positive_finite, ("rendezvous_timeout", "worker_timeout", "start_timeout", "min_workers_timeout",
                              "learning_rate")),
 )
-OPTIONAL_NUMBERS = {"max_micro_batch", "min_workers", "max_workers", "grads_to_wait", "learning_rate"}
+OPTIONAL_NUMBERS = {"reference_batch_size", "max_micro_batch", "min_workers", "max_workers", "grads_to_wait", "learning_rate"}
 # Every rule about one setting's value alone, by key: ``check(flag, value)`` raises JobSpecError. What
 # the operator runs field by field, so that all bad values of an ElasticJob are reported at once.
 VALUE_RULES = {
     **{key: check for check, keys in NUMBER_RULES for key in keys},
     "ps": check_non_negative, "seed": check_seed, "nan_policy": check_nan_policy, "ps_mode": check_ps_mode,
+    "lr_rule": check_lr_rule, "batch_schedule": check_batch_schedule,
 }

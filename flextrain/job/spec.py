@@ -19,6 +19,8 @@ from flextrain.job.settings import (
     Strategy,
     is_int,
     check_job_name,
+    check_batch_schedule,
+    check_lr_rule,
     check_nan_policy,
     check_non_negative,
     check_ps_mode,
@@ -49,6 +51,12 @@ class TrainingSpec:
     # Largest micro-batch one worker holds; None means the whole global batch.
     max_micro_batch: int | None = None
     learning_rate: float | None = None  # None: the module's own
+    # The global batch of every optimizer step from a trace (a CSV path, or its text inline: text with a
+    # newline); global_batch_size then only defaults reference_batch_size and max_micro_batch.
+    batch_schedule: str | None = None
+    # How the LR follows G: none, linear (lr*G/ref), sqrt (lr*sqrt(G/ref)); adascale is scripts-only for now.
+    lr_rule: str = "none"
+    reference_batch_size: int | None = None  # the G the base LR was tuned for; None: global_batch_size
     # Evaluate on the validation data every this many optimizer steps (0: only at the end).
     evaluation_steps: int = 0
     # Save model + ledger every this many optimizer steps (0: only at the end).
@@ -68,6 +76,15 @@ class TrainingSpec:
     @property
     def effective_max_micro_batch(self) -> int:
         return self.max_micro_batch or self.global_batch_size
+
+    @property
+    def effective_reference_batch_size(self) -> int:
+        return self.reference_batch_size or self.global_batch_size
+
+    @property
+    def inline_schedule(self) -> bool:
+        """Whether ``batch_schedule`` is the trace's text (it has a line break) rather than a path to it."""
+        return self.batch_schedule is not None and "\n" in self.batch_schedule.strip()
 
 
 @dataclass(frozen=True)
@@ -215,6 +232,9 @@ class JobSpec:
                     check(flag_of(field), value)
         check_seed("--seed", self.training.seed)
         check_nan_policy("--nan-policy", self.training.nan_policy)
+        check_lr_rule("--lr-rule", self.training.lr_rule)
+        if self.training.batch_schedule is not None:
+            check_batch_schedule("--batch-schedule", self.training.batch_schedule)
         for field in ("shuffle", "ps_wal", "preflight", "skip_unknown_files", "csv_header"):
             if not isinstance(self.get(field), bool):
                 raise JobSpecError(f"{'--preflight' if field == 'preflight' else flag_of(field)} must be true or false, got {self.get(field)!r}")
@@ -226,6 +246,7 @@ class JobSpec:
         self._validate_worker_range()
         self._validate_job_type()
         self._validate_ps()
+        self._validate_schedule()
         return self
 
     def cross_field_problems(self) -> list[str]:
@@ -235,7 +256,8 @@ class JobSpec:
         the operator uses it to report all problems of an ElasticJob at once.
         """
         out = []
-        for check in (self._validate_script, self._validate_worker_range, self._validate_job_type, self._validate_ps):
+        for check in (self._validate_script, self._validate_worker_range, self._validate_job_type, self._validate_ps,
+                      self._validate_schedule):
             try:
                 check()
             except JobSpecError as exc:
@@ -304,6 +326,24 @@ class JobSpec:
             raise JobSpecError(f"--evaluation-steps {self.training.evaluation_steps} needs --validation-data")
         if self.training.evaluation_steps and self.job_type is not JobType.TRAINING:
             raise JobSpecError("--evaluation-steps applies to training jobs only")
+
+    def _validate_schedule(self) -> None:
+        """A batch schedule and an LR rule are for AllReduce training jobs of a module (a script
+        schedules its own batches through flextrain.elastic); what the trace holds is checked by
+        whoever can read it (``flextrain train``, the operator for inline text, the master)."""
+        training = self.training
+        if training.lr_rule == "adascale":
+            raise JobSpecError("--lr-rule adascale is not available for jobs yet: its gain is measured by the "
+                               "AdaScale optimizer of flextrain.elastic (scripts); use linear, sqrt or none")
+        if training.batch_schedule is None and training.lr_rule == "none":
+            return
+        what = "--batch-schedule" if training.batch_schedule is not None else f"--lr-rule {training.lr_rule}"
+        if self.script:
+            raise JobSpecError(f"{what} applies to module jobs; a script schedules its batches through "
+                               "flextrain.elastic")
+        if self.job_type is JobType.TRAINING and self.strategy is not Strategy.ALLREDUCE:
+            raise JobSpecError(f"{what} needs --distribution-strategy AllReduce (lockstep steps of one global "
+                               f"batch); got {self.strategy.value}")
 
     def _validate_ps(self) -> None:
         if self.strategy is Strategy.PARAMETER_SERVER:

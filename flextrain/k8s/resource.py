@@ -24,6 +24,7 @@ from flextrain.job import (
     SETTING, SETTINGS, VALUE_RULES, Backend, JobSpec, JobSpecError, Strategy, check_job_name, check_non_negative,
 )
 from flextrain.k8s import kubeschema, meta, template
+from flextrain.k8s.traces import inline_trace_problems
 from flextrain.k8s.template import ROLES
 
 # Where a job's directory lives inside its pods when the spec names none. Mount
@@ -75,7 +76,7 @@ FIELDS: tuple[Field, ...] = tuple(
     Field(s.crd.removeprefix("spec."), s.key, s.kind if s.kind in (int, float, str, bool, list) else str)
     for s in SETTINGS if s.crd and s.crd.startswith("spec."))
 # In the CRD with no behaviour yet: refused (never silently dropped) until an issue implements them.
-NOT_YET = ("training.lrRule", "training.batchSchedule")
+NOT_YET: tuple[str, ...] = ()
 
 # Fields of the spec that describe pods rather than the job: known, not JobSpec.
 _POD_FIELDS = {"resources", "priorityClassName", "env", "template"}  # template: see flextrain.k8s.template
@@ -207,6 +208,7 @@ def _check(obj: Mapping[str, Any]) -> tuple[list[str], JobSpec | None]:
     if budget is not None:
         out += _value_problems("spec.replicaSpecs.master.relaunchBudget", budget, int, check_non_negative)
     out += _volume_problems(spec.get("volumes"))
+    out += inline_trace_problems(_get(spec, "training.batchSchedule"), path="spec.training.batchSchedule")
     out += [f"spec.{path}: is not supported yet: flextrain does not act on it, so the job would run as if it "
             "were not there; remove it" for path in NOT_YET if _get(spec, path) is not None]
 

@@ -5,7 +5,8 @@ snapshot the reporter writes to ``status.json`` is offered to it, and it
 patches the ElasticJob's status subresource with the CRD's status fields
 (``phase``, ``message``, ``workers`` {desired, active, summary}, ``selector``,
 ``epoch``, ``step``, ``progress`` {recordsDone, recordsTotal, percent,
-summary}, ``metrics``, ``samplesPerSecond``, ``startTime``, ``completionTime``,
+summary}, ``metrics``, ``samplesPerSecond``, ``globalBatchSize``, ``lrRule``, ``lrFactor``,
+``learningRate``, ``startTime``, ``completionTime``,
 ``conditions``).
 
 Contract: offering a snapshot never blocks the master and never raises. A
@@ -54,6 +55,9 @@ def cr_status(snap: Mapping[str, Any], *, job_name: str) -> dict[str, Any]:
         "metrics": {k: v if isinstance(v, str) else float(v) for k, v in (snap.get("metrics") or {}).items()},
         "samplesPerSecond": float(snap.get("samplesPerSecond", 0.0)),
     }
+    for key in ("globalBatchSize", "lrRule", "lrFactor", "learningRate"):  # training jobs of a module
+        if key in snap:
+            status[key] = snap[key]
     for key in ("startTime", "completionTime", "failure"):
         if snap.get(key):
             status[key] = snap[key]

@@ -11,6 +11,15 @@ as done and only the remainder goes back to the front of TODO. A remainder
 that failed by its own fault (bad data) carries a retry count; past
 ``max_retries`` the ledger records the error and the job fails with it.
 
+With a batch schedule (the G of each global optimizer step) a task's G is
+decided at hand-out: the ledger knows the step the next hand-out starts at
+(``next_step``: a round's starting model version, set by the master, then
+advanced by each hand-out) and carves from the TODO range a run of at most
+``steps_per_task`` steps of equal G; the rest stays in TODO. Records map to
+steps by ``start + j*G`` as ever and a remainder is a plain record range,
+so exactly-once is unchanged; nothing about steps is persisted (a resumed
+round starts at its checkpoint's version).
+
 Epochs are created lazily: when nothing is TODO or DOING the next epoch's
 tasks are cut (shuffled by ``seed + epoch`` when asked). The whole state is
 plain data (``to_dict``/``from_dict``) so the master can persist and resume it.
@@ -32,6 +41,7 @@ from collections import deque
 from dataclasses import asdict, dataclass
 
 from flextrain.data import Shard
+from flextrain.elastic.schedule import BatchSchedule
 
 
 class TaskKind(str, enum.Enum):
@@ -87,12 +97,15 @@ class TaskLedger:
         evaluation_shards: list[Shard] | None = None,
         prediction_shards: list[Shard] | None = None,
         renew_ids: bool = False,
+        schedule: BatchSchedule | None = None,
     ) -> None:
         """``renew_ids``: a training remainder put back in TODO gets a new task id (AllReduce,
         where a round's members report a task separately: a late report must not reach the
         next hand-out). ParameterServer keeps ids: the parameter servers dedupe pushes by id."""
         self.shards = list(shards)
         self.renew_ids = renew_ids
+        self.schedule = schedule
+        self.next_step = 0  # the global optimizer step the next training hand-out starts at (schedule)
         self.epochs = epochs
         self.global_batch_size = global_batch_size
         self.steps_per_task = steps_per_task
@@ -132,6 +145,10 @@ class TaskLedger:
 
     def _cut(self, kind: TaskKind, shards: list[Shard], epoch: int) -> list[Task]:
         per_task = self.steps_per_task * self.global_batch_size
+        if self.schedule is not None and kind is TaskKind.TRAINING:  # carved to their steps' G at hand-out (_fit):
+            # whole shards, so only a shard's end makes a step short of its G (shuffled: pieces of the largest G)
+            per_task = (self.steps_per_task * max(self.schedule.sizes) if self.shuffle
+                        else max([1, *(s.size for s in shards)]))
         tasks = []
         for shard in shards:
             for start in range(shard.start, shard.end, per_task):
@@ -161,10 +178,28 @@ class TaskLedger:
         for i, task in enumerate(self.todo):
             if task.kind is TaskKind.TRAINING:
                 del self.todo[i]
+                if self.schedule is not None:
+                    self._fit(task, at=i)
                 task.owner = owner
                 self.doing[task.task_id] = task
                 return task
         return None
+
+    def _fit(self, task: Task, *, at: int) -> None:
+        """Make ``task`` the next ``next_step`` steps of one G (at most ``steps_per_task``); the rest
+        of its records go back to TODO position ``at`` (where it was) for later hand-outs."""
+        G = self.schedule.global_batch(self.next_step)
+        run = 1
+        while run < self.steps_per_task and self.schedule.global_batch(self.next_step + run) == G:
+            run += 1
+        if task.size > run * G:
+            rest = Task(self._next_id, task.kind, task.source, task.start + run * G, task.end, task.epoch, G,
+                        retries=task.retries)
+            self._next_id += 1
+            self.todo.insert(at, rest)
+            task.end = task.start + run * G
+        task.global_batch_size = G
+        self.next_step += task.steps
 
     def cut_evaluation(self, model_version: int) -> int:
         """Queue tasks evaluating the model at ``model_version`` on the validation data; how many."""
@@ -230,6 +265,9 @@ class TaskLedger:
         task = self.doing.pop(task_id)
         applied = task.records_in_steps(steps_done) if task.kind is TaskKind.TRAINING else 0
         self.records_done += applied
+        if failed and self.schedule is not None and task.kind is TaskKind.TRAINING:
+            # Its round goes on without the failed steps: later hand-outs start that much earlier.
+            self.next_step -= max(0, task.steps - max(0, steps_done))
         if applied >= task.size:
             return task
         task.start += applied

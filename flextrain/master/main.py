@@ -20,6 +20,7 @@ from rich.markup import escape
 
 from flextrain.data import DataOptions, make_shards
 from flextrain.job import Backend, JobSpec, JobType, Strategy
+from flextrain.master.batches import job_schedule
 from flextrain.master.checkpoints import CheckpointStore, StateWriteError, write_bytes_atomic
 from flextrain.failures import EXIT_CODE_OF_KIND, ExitCode
 from flextrain.master.coordinator import JobMaster, Phase
@@ -67,6 +68,8 @@ def build_ledger(spec: JobSpec, skipped: list[str] | None = None) -> TaskLedger:
         steps_per_task=spec.training.steps_per_task, shuffle=spec.training.shuffle, seed=spec.training.seed,
         max_retries=spec.training.max_task_retries, evaluation_shards=eval_shards, prediction_shards=pred_shards,
         renew_ids=spec.strategy is not Strategy.PARAMETER_SERVER,
+        # The trace read (and checked, naming its line) here too: in a pod, the operator could not read a path.
+        schedule=job_schedule(spec) if training else None,
     )
 
 

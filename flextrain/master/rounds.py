@@ -83,11 +83,15 @@ class RoundKeeping:
         survivor, or roll back when none survived (``TrainingStrategy.round_formed``'s default)."""
         if previous is None:
             rnd.restore_checkpoint = self.restore_checkpoint
+            if rnd.restore_checkpoint:  # rank 0 loads it: the round starts at its version (the resume's)
+                rnd.version = self.step
         elif (best := most_advanced((w.position for w in waiters), previous.round_id)) is not None:
             settle_round(self.ledger, previous, best)
             self.check_outcome()
         else:
             self._rollback(rnd)
+        # The round's first task starts at its version: a batch schedule's G is taken from there.
+        self.ledger.next_step = rnd.version
 
     def _rollback(self, rnd: Round) -> None:
         """No member of the last round survived: its model state is gone.

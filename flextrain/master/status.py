@@ -19,6 +19,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from flextrain.job import JobType
+from flextrain.master.batches import step_settings
 from flextrain.master.checkpoints import StateWriteError, write_json_atomic
 from flextrain.master.coordinator import JobMaster, Phase
 from flextrain.master.evaluation import describe, inference_progress
@@ -186,6 +187,9 @@ class StatusReporter:
                 "epoch": min(job.spec.training.epochs, done // per_epoch + 1) if per_epoch else 0,
                 "epochs": job.spec.training.epochs,
                 "step": job.step,
+                # the step in progress: its global batch (a batch schedule's), LR rule and factor (and LR)
+                **(step_settings(job.spec, job.ledger.schedule, job.step)
+                   if job.spec.job_type is JobType.TRAINING and not job.spec.is_script else {}),
                 "progress": {
                     "recordsDone": done, "recordsTotal": total,
                     "percent": round(100.0 * done / total, 1) if total else 0.0,

@@ -117,6 +117,12 @@ class ModelBackend(ABC):
     def state(self) -> dict:
         """``{"model": ..., "optimizer": ...}`` as trees of torch tensors (dtypes as in the model)."""
 
+    def scale_lr(self, factor: float) -> list[float]:
+        """Set the optimizer's learning rate(s) to ``factor`` times those it was built with (a job's
+        --lr-rule, as the global batch changes); returns them. Default: unsupported, named as such."""
+        raise NotImplementedError(f"--lr-rule is not supported for {type(self).__name__} models yet "
+                                  "(PyTorch modules only); use --lr-rule none")
+
     # The job's --lr was given: load_state keeps the learning rate the optimizer was built with
     # (a checkpoint's would undo a learning rate changed on --resume).
     keep_lr: bool = False

@@ -97,6 +97,12 @@ class TorchBackend(ModelBackend):
         self.buffers, views, self.slots = gradient_buffers([(p.dtype, p.numel()) for p in self.params], extra)
         self._views = [view.view_as(p) for p, view in zip(self.params, views)]
         self._gathered = False  # the step's gradients are in the buffers (not only in p.grad)
+        self._base_lrs = [group["lr"] for group in optimizer.param_groups]  # as built: what --lr-rule scales
+
+    def scale_lr(self, factor: float) -> list[float]:
+        for group, lr in zip(self.optimizer.param_groups, self._base_lrs):
+            group["lr"] = lr * factor
+        return [group["lr"] for group in self.optimizer.param_groups]
 
     def feed(self, records, mode, meta):
         return feed_tensors(self.model_def, records, mode, meta)

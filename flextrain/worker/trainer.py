@@ -41,6 +41,7 @@ import grpc
 from flextrain.data import read_shard_range
 from flextrain.durable import fsync_dir
 from flextrain.elastic.planner import plan_step
+from flextrain.elastic.schedule import lr_factor
 from flextrain.elastic.statecodec import StateCodecError, decode, encode, nonfinite
 from flextrain.job import JobSpec
 from flextrain.proto import flextrain_pb2 as pb
@@ -127,6 +128,7 @@ class AllReduceTrainer:
         self._queued: dict[int, pb.Task] = {}  # tasks of later indices an ahead answer brought along
         self._task_seconds = 0.0  # how long a task takes (moving average; 0: not measured yet)
         self.tasks_ahead = self.tasks_asked = 0  # tasks answered ahead / by a plain ask
+        self._lr_factor: float | None = None  # --lr-rule's factor now set on the optimizer (None: not set)
         self.ahead_asks = 0  # GetTask calls made ahead
 
     # ---- state transfer ---------------------------------------------------------
@@ -137,6 +139,7 @@ class AllReduceTrainer:
         tree = decode(blob)
         self.backend.load_state(tree)
         self.state.version = int(tree["version"])
+        self._lr_factor = None  # the loaded optimizer holds the checkpoint's (or the built) LR: set it again
 
     def sync_state(self, *, restore_from: str = "") -> None:
         """Rank 0 (the most advanced member) sends model + optimizer to the round."""
@@ -222,6 +225,7 @@ class AllReduceTrainer:
         """Run every step of ``task``; returns END_ROUND/STOP when the round ends inside it."""
         G = task.global_batch_size
         steps = -(-(task.end - task.start) // G)
+        self._follow_lr(G)
         for j in range(steps):
             start, end, plan = self._plan(task, j)
             if j + 1 == steps:
@@ -281,6 +285,19 @@ class AllReduceTrainer:
             if control[FAILED] > 0:
                 return None  # skip the rest of the failed task; go on with the next one
         return None
+
+    def _follow_lr(self, G: int) -> None:
+        """--lr-rule: the optimizer's LR for steps of ``G`` samples (every step of a task has the same G;
+        the master cuts tasks so, following a batch schedule). Each change is logged with the step."""
+        rule = self.spec.training.lr_rule
+        if rule == "none":
+            return
+        factor = lr_factor(rule, G, self.spec.training.effective_reference_batch_size)
+        if factor != self._lr_factor:
+            lrs = self.backend.scale_lr(factor)
+            self._lr_factor = factor
+            log.info("from step %d: global batch %d, learning rate %s (%s rule: x%g of the base)",
+                     self.state.version, G, ",".join(f"{lr:g}" for lr in lrs), rule, factor)
 
     def _non_finite(self, task: pb.Task, start: int, end: int, *, loss: bool) -> None:
         """A step whose loss or gradient is NaN or infinite: nothing of it is applied. Raise (the job

@@ -9,7 +9,7 @@ nothing for a step that was never applied. The counts live in the model
 state, so they travel with broadcasts to newcomers and with checkpoints, and
 the final checkpoint shows exactly which records the final model saw.
 
-Env: FT_COUNT_RECORDS (training records), FT_COUNT_G (global batch),
+Env: FT_COUNT_RECORDS (training records), FT_COUNT_G (global batch; "any" under a batch schedule),
 FT_COUNT_DTYPE: the parameters' dtype (float32 by default; float64, bfloat16,
 float16, or ``mixed``: a float32 body with a float64 head and counter);
 inputs are cast to each layer's dtype. The counts stay exact in every dtype:
@@ -33,7 +33,9 @@ from torch import nn
 from flextrain.data.digits import decode_digits
 
 RECORDS = int(os.environ.get("FT_COUNT_RECORDS", "1408"))
-G = int(os.environ.get("FT_COUNT_G", "32"))
+# "any": the global batch varies (a batch schedule): a record's counter gradient is 1/G or 0 in every
+# step, whatever G, so a non-zero gradient counts one application.
+G = 0 if os.environ.get("FT_COUNT_G") == "any" else int(os.environ.get("FT_COUNT_G", "32"))
 DTYPE = os.environ.get("FT_COUNT_DTYPE", "float32")
 
 
@@ -72,7 +74,7 @@ class CountingSGD(torch.optim.SGD):
     @torch.no_grad()
     def step(self, closure=None):
         for p in self.counter:
-            p.add_(torch.round(p.grad * G))
+            p.add_(torch.round(p.grad * G) if G else (p.grad != 0).to(p.dtype))
             p.grad.zero_()
         return super().step(closure)
 

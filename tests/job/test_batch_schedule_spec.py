@@ -1,0 +1,74 @@
+"""--batch-schedule, --lr-rule and --reference-batch-size: what a JobSpec, the CLI and an ElasticJob accept."""
+
+from __future__ import annotations
+
+import pytest
+
+from flextrain.job import JobSpec, JobSpecError, Strategy
+from flextrain.k8s import resource
+from flextrain.master.batches import job_schedule, step_settings
+from ft_helpers import run_flextrain
+
+
+def spec(**settings) -> JobSpec:
+    return JobSpec.of(name="j", model_def="m.py:M", job_dir="/j", training_data="d", **settings)
+
+
+def test_inline_and_path_traces_are_read(tmp_path):
+    trace = tmp_path / "t.csv"
+    trace.write_text("step,batchsize\n0,16\n1,32\n")
+    assert job_schedule(spec(batch_schedule=str(trace)).validate()).sizes == (16, 32)
+    inline = spec(batch_schedule="step,batchsize\n0,8\n", lr_rule="linear").validate()
+    assert inline.training.inline_schedule and job_schedule(inline).sizes == (8,)
+    assert job_schedule(spec()) is None
+
+
+def test_status_settings_follow_the_trace_and_rule():
+    s = spec(batch_schedule="step,batchsize\n0,16\n1,64\n", lr_rule="linear", reference_batch_size=32,
+             learning_rate=0.1).validate()
+    schedule = job_schedule(s)
+    assert step_settings(s, schedule, 0) == {"globalBatchSize": 16, "lrRule": "linear", "lrFactor": 0.5,
+                                             "learningRate": 0.05}
+    assert step_settings(s, schedule, 7)["globalBatchSize"] == 64
+    assert step_settings(spec(), None, 3) == {"globalBatchSize": 64, "lrRule": "none", "lrFactor": 1.0}
+
+
+@pytest.mark.parametrize("settings, named", [
+    ({"lr_rule": "cubic"}, "--lr-rule must be one of none, linear, sqrt, adascale"),
+    ({"lr_rule": "adascale"}, "--lr-rule adascale is not available for jobs yet"),
+    ({"reference_batch_size": 0}, "--reference-batch-size must be a positive integer"),
+    ({"batch_schedule": "  "}, "--batch-schedule must be a path"),
+    ({"batch_schedule": "t.csv", "strategy": Strategy.PARAMETER_SERVER, "ps": 1},
+     "--batch-schedule needs --distribution-strategy AllReduce"),
+])
+def test_refused(settings, named):
+    with pytest.raises(JobSpecError, match=named):
+        spec(**settings).validate()
+
+
+def test_a_bad_trace_file_is_named_by_line_at_submission(tmp_path):
+    trace = tmp_path / "trace.csv"
+    trace.write_text("step,batchsize\n0,64\n2,64\n")
+    result = run_flextrain("train", "--model-def", "no/such/module.py:M", "--training-data", str(tmp_path),
+                           "--batch-schedule", str(trace), "--job-dir", str(tmp_path / "job"), "--no-preflight")
+    assert result.returncode == 2
+    assert f"{trace}: line 3: step 2 out of order: expected step 1" in result.stderr, result.stderr
+    assert not (tmp_path / "job").exists()
+
+
+def elasticjob(**training) -> dict:
+    return {"apiVersion": "flextrain.dev/v1alpha1", "kind": "ElasticJob", "metadata": {"name": "j"},
+            "spec": {"image": "i", "modelDef": "/m.py:M", "data": {"training": "/d"}, "training": training}}
+
+
+def test_the_operator_reads_an_inline_trace_and_leaves_a_path_to_the_master():
+    assert resource.problems(elasticjob(batchSchedule="step,batchsize\n0,32\n", lrRule="linear")) == []
+    assert resource.problems(elasticjob(batchSchedule="/traces/t.csv")) == []  # in the pods: the master reads it
+    assert resource.problems(elasticjob(batchSchedule="step,batchsize\n0,32\n1,-4\n")) == [
+        "spec.training.batchSchedule: line 3: a batch size must be positive, got -4"]
+    job = resource.jobspec_from_resource(elasticjob(batchSchedule="step,batchsize\n0,32\n", lrRule="sqrt",
+                                                    referenceBatchSize=16))
+    assert (job.training.lr_rule, job.training.reference_batch_size) == ("sqrt", 16)
+    again = resource.resource_from_jobspec(job, image="i")
+    assert again["spec"]["training"]["batchSchedule"] == "step,batchsize\n0,32\n"
+    assert resource.jobspec_from_resource(again) == job
