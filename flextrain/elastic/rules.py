@@ -34,30 +34,25 @@ import torch
 
 from flextrain.elastic.schedule import lr_factor
 from flextrain.elastic.trace_sampler import StepShare, TraceBatchSampler
+from flextrain.elastic.wrapping import WrappedOptimizer
 
 log = logging.getLogger(__name__)
 
 
-class _RuleOptimizer(torch.optim.Optimizer):
+class _RuleOptimizer(WrappedOptimizer):
     """The common machinery; subclasses give :meth:`_factor` (and AdaScale its statistics)."""
 
     rule = "none"
 
     def __init__(self, internal_optimizer: torch.optim.Optimizer, sampler: TraceBatchSampler,
                  ref_batchsize: int, log_steps: int | None = None) -> None:
-        # No super().__init__(): param_groups, state and defaults stay the inner optimizer's.
-        if not isinstance(internal_optimizer, torch.optim.Optimizer):
-            raise TypeError(f"internal_optimizer must be a torch.optim.Optimizer, got "
-                            f"{type(internal_optimizer).__name__}")
-        if isinstance(internal_optimizer, _RuleOptimizer):
-            raise TypeError("the optimizer is already wrapped by a rule optimizer")
+        super().__init__(internal_optimizer, argument="internal_optimizer")
         if not isinstance(sampler, TraceBatchSampler):
             raise TypeError(f"sampler must be a TraceBatchSampler, got {type(sampler).__name__}")
         if isinstance(ref_batchsize, bool) or not isinstance(ref_batchsize, int) or ref_batchsize < 1:
             raise ValueError(f"ref_batchsize must be a positive integer, got {ref_batchsize!r}")
         if log_steps is not None and (not isinstance(log_steps, int) or log_steps < 1):
             raise ValueError(f"log_steps must be a positive integer or None, got {log_steps!r}")
-        self.optimizer = internal_optimizer
         self.sampler = sampler
         self.ref_batchsize = ref_batchsize
         self.log_steps = log_steps
@@ -71,36 +66,6 @@ class _RuleOptimizer(torch.optim.Optimizer):
         self.last_lr: list[float] | None = None
         internal_optimizer.zero_grad(set_to_none=True)  # nothing from before the wrap leaks in
 
-    # ---- what the inner optimizer owns (as flextrain.elastic.torch.Optimizer) -----------------
-    @property
-    def param_groups(self) -> list[dict[str, Any]]:
-        return self.optimizer.param_groups
-
-    @param_groups.setter
-    def param_groups(self, value: list[dict[str, Any]]) -> None:
-        self.optimizer.param_groups = value
-
-    @property
-    def state(self) -> Any:
-        return self.optimizer.state
-
-    @state.setter
-    def state(self, value: Any) -> None:
-        self.optimizer.state = value
-
-    @property
-    def defaults(self) -> dict[str, Any]:
-        return self.optimizer.defaults
-
-    @defaults.setter
-    def defaults(self, value: dict[str, Any]) -> None:
-        self.optimizer.defaults = value
-
-    def __getattr__(self, name: str) -> Any:
-        inner = self.__dict__.get("optimizer")
-        if inner is None:
-            raise AttributeError(name)
-        return getattr(inner, name)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(ref_batchsize={self.ref_batchsize}, {self.optimizer!r})"

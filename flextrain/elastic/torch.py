@@ -47,6 +47,7 @@ from flextrain.elastic.session import ElasticInitError, Session, activate, max_m
 from flextrain.elastic.state import State
 from flextrain.elastic.trace_sampler import TraceBatchSampler
 from flextrain.elastic.world import torch_world
+from flextrain.elastic.wrapping import WrappedOptimizer
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +109,7 @@ def _disagreement(given: int, planned: Session) -> ElasticInitError:
         "pass steps=None (or flextrain.elastic.torch.steps) to follow init's plan")
 
 
-class Optimizer(torch.optim.Optimizer):
+class Optimizer(WrappedOptimizer):
     """Gradient accumulation over ``steps`` micro-steps, wrapping ``optimizer`` in place.
 
     The script calls ``loss.backward(); optimizer.step(); optimizer.zero_grad()`` for every
@@ -140,14 +141,9 @@ class Optimizer(torch.optim.Optimizer):
 
     def __init__(self, optimizer: torch.optim.Optimizer, steps: int | None = None, *,
                  reduction: str = "mean") -> None:
-        # No super().__init__(): param_groups, state and defaults stay the inner optimizer's.
-        if isinstance(optimizer, Optimizer):
-            raise TypeError("the optimizer is already wrapped by flextrain.elastic.torch.Optimizer")
-        if not isinstance(optimizer, torch.optim.Optimizer):
-            raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+        super().__init__(optimizer)
         if reduction not in ("mean", "sum"):
             raise ValueError(f'reduction must be "mean" or "sum", got {reduction!r}')
-        self.optimizer = optimizer
         self.reduction = reduction
         self._steps_given = None if steps is None else _steps_arg(steps)
         self._follows_init = steps is None  # once a given `steps` agreed with init's plan
@@ -163,37 +159,6 @@ class Optimizer(torch.optim.Optimizer):
         if reduction == "mean" and _maybe_several_processes():
             self._register_hooks()  # before the first backward: its gradient may need the hook
 
-    # ---- what the inner optimizer owns -----------------------------------------------------
-    @property
-    def param_groups(self) -> list[dict[str, Any]]:
-        return self.optimizer.param_groups
-
-    @param_groups.setter
-    def param_groups(self, value: list[dict[str, Any]]) -> None:
-        self.optimizer.param_groups = value
-
-    @property
-    def state(self) -> Any:
-        return self.optimizer.state
-
-    @state.setter
-    def state(self, value: Any) -> None:
-        self.optimizer.state = value
-
-    @property
-    def defaults(self) -> dict[str, Any]:
-        return self.optimizer.defaults
-
-    @defaults.setter
-    def defaults(self, value: dict[str, Any]) -> None:
-        self.optimizer.defaults = value
-
-    def __getattr__(self, name: str) -> Any:
-        # Only reached for names the wrapper lacks; __dict__ directly: no recursion before __init__.
-        inner = self.__dict__.get("optimizer")
-        if inner is None:
-            raise AttributeError(name)
-        return getattr(inner, name)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         self.optimizer.add_param_group(param_group)
