@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from flextrain.elastic.noise import GradientNoise
 from flextrain.elastic.schedule import lr_factor
 from flextrain.elastic.trace_sampler import StepShare, TraceBatchSampler
 from flextrain.elastic.wrapping import WrappedOptimizer
@@ -260,17 +261,9 @@ RootRuleOptimizer = SqrtRuleOptimizer  # the reference's name
 class AdaScaleOptimizer(_RuleOptimizer):
     """Scales the LR by AdaScale's gain ratio, measured from the minibatches' gradients.
 
-    With ``σ²`` the per-sample gradient variance (trace of the covariance) and ``μ²`` the squared
-    norm of the true gradient, a step of ``G`` samples against the reference ``ref``::
-
-        gain = (σ²/ref + μ²) / (σ²/G + μ²)        (1 at G == ref; between 1 and G/ref)
-
-    Estimated every step from the ``m`` minibatch gradients ``g_i`` (``n_i`` samples each, all
-    ranks) and their size-weighted mean ``ḡ`` over ``R = Σ n_i`` samples, using
-    ``E[Σ n_i‖g_i‖²] = Rμ² + mσ²`` and ``E‖ḡ‖² = μ² + σ²/R`` (unbiased)::
-
-        σ² ≈ (Σ n_i‖g_i‖² − R‖ḡ‖²) / (m − 1),     μ² ≈ ‖ḡ‖² − σ²/R
-
+    ``gain = (σ²/ref + μ²) / (σ²/G + μ²)`` for a step of ``G`` samples against ``ref`` (1 at
+    ``G == ref``; between 1 and ``G/ref``), with σ² and μ² estimated every step from the
+    minibatch gradients of all ranks (:class:`flextrain.elastic.noise.GradientNoise`),
     each smoothed by a bias-corrected exponential moving average (``smoothing``), clipped at 0.
     A step of one minibatch in all (``m == 1``) keeps the previous estimates; before any, the gain
     is 1. :attr:`gain` is the last step's gain, :attr:`progress` the sum of gains (AdaScale's
@@ -282,33 +275,26 @@ class AdaScaleOptimizer(_RuleOptimizer):
     def __init__(self, internal_optimizer: torch.optim.Optimizer, sampler: TraceBatchSampler,
                  ref_batchsize: int, log_steps: int | None = None, *, smoothing: float = 0.99) -> None:
         super().__init__(internal_optimizer, sampler, ref_batchsize, log_steps)
-        if not 0.0 <= smoothing < 1.0:
-            raise ValueError(f"smoothing must lie in [0, 1), got {smoothing!r}")
+        self.noise = GradientNoise(smoothing=smoothing)
         self.smoothing = smoothing
         self.gain = 1.0
         self.progress = 0.0
-        self._ema = {"var": 0.0, "sqr": 0.0, "weight": 0.0}
         self._buffer: list[torch.Tensor | None] | None = None
         self._weighted_sqr = 0.0  # Σ n_i ‖g_i‖² of this rank's minibatches in the current step
 
     @property
     def variance(self) -> float | None:
         """The smoothed per-sample gradient variance σ² (None before any estimate)."""
-        w = self._ema["weight"]
-        return max(self._ema["var"] / w, 0.0) if w else None
+        return self.noise.variance
 
     @property
     def sqr(self) -> float | None:
         """The smoothed squared norm of the true gradient μ² (None before any estimate)."""
-        w = self._ema["weight"]
-        return max(self._ema["sqr"] / w, 0.0) if w else None
+        return self.noise.sqr
 
     def gain_for(self, samples: int) -> float:
         """The gain the current estimates give a step of ``samples``."""
-        var, sqr = self.variance, self.sqr
-        if var is None or var / samples + sqr <= 0.0:
-            return 1.0
-        return (var / self.ref_batchsize + sqr) / (var / samples + sqr)
+        return self.noise.gain(samples, self.ref_batchsize)
 
     def _collect(self, size: int) -> None:
         # Each minibatch's gradient moves into the buffer (weighted by its size), leaving .grad
@@ -349,29 +335,25 @@ class AdaScaleOptimizer(_RuleOptimizer):
         self._apply(share, self.gain)
 
     def _estimate(self, share: StepShare, weighted_sqr: float) -> None:
-        m, r = share.total_minibatches, share.samples
-        if m < 2:
-            return
-        total_sqr = sum(float(p.grad.detach().double().pow(2).sum()) for p in self._params() if p.grad is not None)
-        var = (weighted_sqr - r * total_sqr) / (m - 1)
-        sqr = total_sqr - var / r
-        beta = self.smoothing
-        for key, value in (("var", var), ("sqr", sqr), ("weight", 1.0)):
-            self._ema[key] = beta * self._ema[key] + (1.0 - beta) * value
+        if share.total_minibatches < 2:
+            return  # (GradientNoise would ignore it too; this skips the norm)
+        mean_sqr = sum(float(p.grad.detach().double().pow(2).sum()) for p in self._params() if p.grad is not None)
+        self.noise.observe(micro_batches=share.total_minibatches, samples=share.samples,
+                           weighted_sqr=weighted_sqr, mean_sqr=mean_sqr)
 
     def _log_extra(self) -> str:
         return f", gain {self.gain:.4g}, progress {self.progress:.6g}"
 
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()
-        state["adascale"] = {"gain": self.gain, "progress": self.progress, "ema": dict(self._ema),
-                             "smoothing": self.smoothing}
+        state["adascale"] = {"gain": self.gain, "progress": self.progress, **self.noise.state_dict()}
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict(state_dict)
         saved = state_dict["adascale"]
-        self.gain, self.progress, self._ema = float(saved["gain"]), float(saved["progress"]), dict(saved["ema"])
+        self.gain, self.progress = float(saved["gain"]), float(saved["progress"])
+        self.noise.load_state_dict(saved)
 
     def _accumulated(self) -> Any:
         return {"buffer": [None if b is None else b.clone() for b in self._buffer or []],
