@@ -20,10 +20,13 @@ def float64_and_fresh(monkeypatch):
     monkeypatch.setattr(sessions, "_current", None)
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     monkeypatch.delenv("RANK", raising=False)
-    before = keras.config.floatx()
+    before, policy = keras.config.floatx(), keras.config.dtype_policy()
     keras.config.set_floatx("float64")  # exact comparisons: only summation order differs
+    # The global dtype policy too: once a test elsewhere has set one (tests/tf), it overrides floatx.
+    keras.config.set_dtype_policy("float64")
     yield
     keras.config.set_floatx(before)
+    keras.config.set_dtype_policy(policy)
 
 
 def data(n: int, seed: int = 0):
