@@ -72,8 +72,8 @@ def add_commands(sub) -> None:
                         "from 0 across epochs; the last size holds past its end); --global-batch-size then only "
                         "defaults --reference-batch-size and --max-micro-batch (docs/batch-schedules.md)")
     g.add_argument("--lr-rule", choices=("none", "linear", "sqrt", "adascale"), default="none",
-                   help="how the learning rate follows the global batch G: linear lr*G/ref, sqrt lr*sqrt(G/ref) "
-                        "(adascale: scripts only for now)")
+                   help="how the learning rate follows the global batch G: linear lr*G/ref, sqrt lr*sqrt(G/ref), "
+                        "adascale lr*gain (AdaScale's gain, measured from the micro-batches' gradients)")
     g.add_argument("--reference-batch-size", type=int, metavar="N",
                    help="the global batch the base learning rate was tuned for (default: --global-batch-size)")
     g.add_argument("--seed", type=int, default=0, metavar="N",

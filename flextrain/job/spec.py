@@ -54,7 +54,7 @@ class TrainingSpec:
     # The global batch of every optimizer step from a trace (a CSV path, or its text inline: text with a
     # newline); global_batch_size then only defaults reference_batch_size and max_micro_batch.
     batch_schedule: str | None = None
-    # How the LR follows G: none, linear (lr*G/ref), sqrt (lr*sqrt(G/ref)); adascale is scripts-only for now.
+    # How the LR follows G: none, linear (lr*G/ref), sqrt (lr*sqrt(G/ref)); adascale (lr*gain, measured).
     lr_rule: str = "none"
     reference_batch_size: int | None = None  # the G the base LR was tuned for; None: global_batch_size
     # Evaluate on the validation data every this many optimizer steps (0: only at the end).
@@ -332,9 +332,6 @@ class JobSpec:
         schedules its own batches through flextrain.elastic); what the trace holds is checked by
         whoever can read it (``flextrain train``, the operator for inline text, the master)."""
         training = self.training
-        if training.lr_rule == "adascale":
-            raise JobSpecError("--lr-rule adascale is not available for jobs yet: its gain is measured by the "
-                               "AdaScale optimizer of flextrain.elastic (scripts); use linear, sqrt or none")
         if training.batch_schedule is None and training.lr_rule == "none":
             return
         what = "--batch-schedule" if training.batch_schedule is not None else f"--lr-rule {training.lr_rule}"

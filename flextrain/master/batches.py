@@ -10,10 +10,14 @@ the master at its start (a path inside the pods, which the operator cannot
 read). Without a schedule every step's global batch is ``--global-batch-size``.
 
 :func:`step_settings` is what status shows for the step in progress: its
-global batch, the LR factor of the rule, and the LR when the base is known.
+global batch, the LR factor of the rule, and the LR when the base is known;
+under ``adascale`` the factor is the gain the workers measured and report
+(with the gradient noise scale), 1 before they report one.
 """
 
 from __future__ import annotations
+
+import math
 
 from flextrain.elastic.schedule import BatchSchedule, ScheduleError, lr_factor
 from flextrain.job import JobSpec, JobSpecError
@@ -39,13 +43,22 @@ def global_batch_at(spec: JobSpec, schedule: BatchSchedule | None, step: int) ->
     return schedule.global_batch(step) if schedule is not None else spec.training.global_batch_size
 
 
-def step_settings(spec: JobSpec, schedule: BatchSchedule | None, step: int) -> dict:
-    """``{"globalBatchSize", "lrRule", "lrFactor"[, "learningRate"]}`` of step ``step`` (status.json,
-    the ElasticJob status). ``learningRate`` only when ``--lr`` set the base (else the module's own,
-    which only the workers know: they log each change)."""
+def step_settings(spec: JobSpec, schedule: BatchSchedule | None, step: int, *,
+                  adascale: tuple[float, float | None] | None = None) -> dict:
+    """``{"globalBatchSize", "lrRule", "lrFactor"[, "learningRate"][, "gradientNoiseScale"]}`` of step
+    ``step`` (status.json, the ElasticJob status). ``learningRate`` only when ``--lr`` set the base
+    (else the module's own, which only the workers know: they log each change). Under ``adascale``,
+    ``adascale`` is the workers' latest ``(gain, noise scale)``: the factor is the gain, and
+    ``gradientNoiseScale`` (samples; the string "inf" while μ² is estimated as 0) is there once estimated."""
     G = global_batch_at(spec, schedule, step)
-    factor = lr_factor(spec.training.lr_rule, G, spec.training.effective_reference_batch_size)
-    out = {"globalBatchSize": G, "lrRule": spec.training.lr_rule, "lrFactor": round(factor, 6)}
+    rule = spec.training.lr_rule
+    if rule == "adascale":
+        factor, noise = adascale or (1.0, None)
+    else:
+        factor, noise = lr_factor(rule, G, spec.training.effective_reference_batch_size), None
+    out = {"globalBatchSize": G, "lrRule": rule, "lrFactor": round(factor, 6)}
+    if noise is not None:
+        out["gradientNoiseScale"] = round(noise, 3) if math.isfinite(noise) else str(noise)
     if spec.training.learning_rate is not None:
         out["learningRate"] = spec.training.learning_rate * factor
     return out

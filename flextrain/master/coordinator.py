@@ -101,6 +101,9 @@ class JobMaster(FailureHandling, RoundKeeping):
         self.dismissed: set[str] = set()  # told there is nothing more to do: may exit 0
         self.relaunching = True  # False once the relaunch budget is spent
         self.skipped_steps = 0  # steps dropped as non-finite, as the workers report them
+        # --lr-rule adascale: (gain, gradient noise scale or None) of the latest step a worker reported
+        # (every member of a round computes the same); None: none reported yet.
+        self.adascale: tuple[float, float | None] | None = None
         self.launched_at: dict[str, float] = {}  # launch times, for workers that never finish starting
         self.strategy = strategy_for(spec)  # what differs between AllReduce and ParameterServer
         # What the user reads names settings as the user wrote them: flags, or ElasticJob fields.
@@ -299,6 +302,9 @@ class JobMaster(FailureHandling, RoundKeeping):
                               "or gradient was not finite (--nan-policy skip-step)")
                     info.skipped_steps = req.skipped_steps
                     self.skipped_steps = max(self.skipped_steps, req.skipped_steps)
+                if req.lr_gain:
+                    self.adascale = (req.lr_gain, req.gradient_noise_scale
+                                     if req.HasField("gradient_noise_scale") else None)
                 if req.samples:
                     info.loss, info.samples = req.loss, info.samples + req.samples
                     self.last_loss = req.loss

@@ -6,7 +6,7 @@ patches the ElasticJob's status subresource with the CRD's status fields
 (``phase``, ``message``, ``workers`` {desired, active, summary}, ``selector``,
 ``epoch``, ``step``, ``progress`` {recordsDone, recordsTotal, percent,
 summary}, ``metrics``, ``samplesPerSecond``, ``globalBatchSize``, ``lrRule``, ``lrFactor``,
-``learningRate``, ``startTime``, ``completionTime``,
+``learningRate``, ``gradientNoiseScale``, ``startTime``, ``completionTime``,
 ``conditions``).
 
 Contract: offering a snapshot never blocks the master and never raises. A
@@ -58,6 +58,8 @@ def cr_status(snap: Mapping[str, Any], *, job_name: str) -> dict[str, Any]:
     for key in ("globalBatchSize", "lrRule", "lrFactor", "learningRate"):  # training jobs of a module
         if key in snap:
             status[key] = snap[key]
+    if isinstance(snap.get("gradientNoiseScale"), (int, float)):  # not "inf": the CRD field is a number
+        status["gradientNoiseScale"] = snap["gradientNoiseScale"]
     for key in ("startTime", "completionTime", "failure"):
         if snap.get(key):
             status[key] = snap[key]

@@ -188,7 +188,7 @@ class StatusReporter:
                 "epochs": job.spec.training.epochs,
                 "step": job.step,
                 # the step in progress: its global batch (a batch schedule's), LR rule and factor (and LR)
-                **(step_settings(job.spec, job.ledger.schedule, job.step)
+                **(step_settings(job.spec, job.ledger.schedule, job.step, adascale=job.adascale)
                    if job.spec.job_type is JobType.TRAINING and not job.spec.is_script else {}),
                 "progress": {
                     "recordsDone": done, "recordsTotal": total,

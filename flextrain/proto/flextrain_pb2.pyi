@@ -256,7 +256,7 @@ class ReportTaskResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("worker_id", "position", "loss", "samples", "waiting_for_peers", "stalled_seconds", "skipped_steps")
+    __slots__ = ("worker_id", "position", "loss", "samples", "waiting_for_peers", "stalled_seconds", "skipped_steps", "lr_gain", "gradient_noise_scale")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     POSITION_FIELD_NUMBER: _ClassVar[int]
     LOSS_FIELD_NUMBER: _ClassVar[int]
@@ -264,6 +264,8 @@ class HeartbeatRequest(_message.Message):
     WAITING_FOR_PEERS_FIELD_NUMBER: _ClassVar[int]
     STALLED_SECONDS_FIELD_NUMBER: _ClassVar[int]
     SKIPPED_STEPS_FIELD_NUMBER: _ClassVar[int]
+    LR_GAIN_FIELD_NUMBER: _ClassVar[int]
+    GRADIENT_NOISE_SCALE_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     position: Position
     loss: float
@@ -271,7 +273,9 @@ class HeartbeatRequest(_message.Message):
     waiting_for_peers: bool
     stalled_seconds: float
     skipped_steps: int
-    def __init__(self, worker_id: _Optional[str] = ..., position: _Optional[_Union[Position, _Mapping]] = ..., loss: _Optional[float] = ..., samples: _Optional[int] = ..., waiting_for_peers: _Optional[bool] = ..., stalled_seconds: _Optional[float] = ..., skipped_steps: _Optional[int] = ...) -> None: ...
+    lr_gain: float
+    gradient_noise_scale: float
+    def __init__(self, worker_id: _Optional[str] = ..., position: _Optional[_Union[Position, _Mapping]] = ..., loss: _Optional[float] = ..., samples: _Optional[int] = ..., waiting_for_peers: _Optional[bool] = ..., stalled_seconds: _Optional[float] = ..., skipped_steps: _Optional[int] = ..., lr_gain: _Optional[float] = ..., gradient_noise_scale: _Optional[float] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
     __slots__ = ("end_round", "stop", "job_over")

@@ -79,6 +79,12 @@ def all_finite(tensors) -> bool:
     return all(bool(torch.isfinite(t).all()) for t in tensors)
 
 
+def sqr_sum(tensors) -> float:
+    """Σ‖t‖² over ``tensors`` (dense; None skipped), accumulated in float64, one host read."""
+    norms = [torch.linalg.vector_norm(t, dtype=torch.float64) for t in tensors if t is not None and t.numel()]
+    return float(torch.stack(norms).square().sum()) if norms else 0.0
+
+
 class ModelBackend(ABC):
     """One model + optimizer, with gradients in per-dtype flat ``buffers`` (see the module docstring)."""
 
@@ -122,6 +128,23 @@ class ModelBackend(ABC):
         --lr-rule, as the global batch changes); returns them. Default: unsupported, named as such."""
         raise NotImplementedError(f"--lr-rule is not supported for {type(self).__name__} models yet "
                                   "(PyTorch modules only); use --lr-rule none")
+
+    def measure_micro_batches(self) -> None:
+        """From now on, keep :attr:`micro_sqr` (the ``adascale`` LR rule's input). Default:
+        unsupported, named as such."""
+        raise NotImplementedError(f"--lr-rule adascale is not supported for {type(self).__name__} models yet "
+                                  "(PyTorch modules only); use --lr-rule linear, sqrt or none")
+
+    # After measure_micro_batches(): Σ n_i‖g_i‖² over the micro-batches accumulated since zero(), with
+    # g_i the gradient of micro-batch i's mean loss and n_i its samples (a float64 scalar tensor).
+    micro_sqr: torch.Tensor | None = None
+
+    def grad_sqr(self) -> float:
+        """‖g‖² of the step's gradient (the reduced one after :meth:`gathered`), summed in float64.
+        Default: ``buffers`` always hold them (the extra slots are not part of it)."""
+        parts = list(self.buffers)
+        parts[0] = parts[0][: parts[0].numel() - self.slots.numel()]
+        return sqr_sum(parts)
 
     # The job's --lr was given: load_state keeps the learning rate the optimizer was built with
     # (a checkpoint's would undo a learning rate changed on --resume).

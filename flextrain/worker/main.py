@@ -47,7 +47,8 @@ def _heartbeat_loop(client: MasterClient, state: WorkerState, interval: float, d
         try:
             resp = client.heartbeat(state.position(), loss, samples, waiting_for_peers=state.waiting,
                                     stalled_seconds=time.monotonic() - state.progressed,
-                                    skipped_steps=state.skipped_steps)
+                                    skipped_steps=state.skipped_steps, lr_gain=state.lr_factor,
+                                    gradient_noise_scale=state.noise_scale)
         except MasterUnreachable as exc:
             log.error("%s", exc)
             state.stop.set()
@@ -172,7 +173,8 @@ def _run_worker(client: MasterClient, worker_id: str, doing: _Doing) -> int:
                      trainer.tasks_ahead, trainer.ahead_asks, trainer.tasks_asked)
         loss, samples = state.take_loss()
         if samples or state.skipped_steps:  # since the last heartbeat: the final loss, skipped steps
-            client.heartbeat(state.position(), loss, samples, skipped_steps=state.skipped_steps)
+            client.heartbeat(state.position(), loss, samples, skipped_steps=state.skipped_steps,
+                             lr_gain=state.lr_factor, gradient_noise_scale=state.noise_scale)
         if finished:
             doing.stage = "evaluating"
             _evaluate(spec, client, model_def, make_predictor(model_def, model), state, state.version)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from flextrain.worker.backend import FLOAT_DTYPES, ModelBackend, all_finite, gradient_buffers
+from flextrain.worker.backend import FLOAT_DTYPES, ModelBackend, all_finite, gradient_buffers, sqr_sum
 from flextrain.worker.contract import FeedMetadata, Mode, ModelDefError, raised, returned
 from flextrain.worker.evaluation import Predictor
 
@@ -99,6 +99,27 @@ class TorchBackend(ModelBackend):
         self._gathered = False  # the step's gradients are in the buffers (not only in p.grad)
         self._base_lrs = [group["lr"] for group in optimizer.param_groups]  # as built: what --lr-rule scales
 
+    def measure_micro_batches(self) -> None:
+        """Keep :attr:`micro_sqr` from a hook on every parameter: autograd calls it with this
+        backward's gradient of the parameter *before* adding it to ``p.grad``, so it sees each
+        micro-batch's contribution alone. No snapshot, no second buffer: one float64-accumulated
+        norm per parameter per micro-batch, of a gradient that was just written (still in cache)."""
+        if self.micro_sqr is not None:
+            return
+        self._norms: list[torch.Tensor] = []  # this backward's ‖contribution‖ per parameter
+        self.micro_sqr = torch.zeros((), dtype=torch.float64, device=self.params[0].device if self.params else None)
+        for p in self.params:
+            p.register_hook(self._measure)
+
+    def _measure(self, grad: torch.Tensor) -> None:
+        values = grad.coalesce()._values() if grad.is_sparse else grad  # duplicates summed first: exact
+        self._norms.append(torch.linalg.vector_norm(values, dtype=torch.float64).to(self.micro_sqr.device))
+
+    def grad_sqr(self) -> float:
+        if self._gathered:
+            return super().grad_sqr()
+        return sqr_sum(g.coalesce()._values() if g.is_sparse else g for p in self.params if (g := p.grad) is not None)
+
     def scale_lr(self, factor: float) -> list[float]:
         for group, lr in zip(self.optimizer.param_groups, self._base_lrs):
             group["lr"] = lr * factor
@@ -112,12 +133,20 @@ class TorchBackend(ModelBackend):
             p.grad = None
         self.slots.zero_()
         self._gathered = False
+        if self.micro_sqr is not None:
+            self.micro_sqr.zero_()
+            self._norms.clear()  # a backward that raised may have left some
 
     def accumulate(self, features, labels, index: slice, *, scale: float) -> float:
         self.model.train()
         loss = check_loss(self.model_def, self.model_def.loss(take(labels, index), self.model(take(features, index))),
                           samples=index.stop - index.start)
         (loss if scale == 1.0 else loss * scale).backward()
+        if self.micro_sqr is not None and self._norms:
+            # The hooks saw c = scale·g (g: this micro-batch's mean-loss gradient): n‖g‖² = n/scale²·‖c‖².
+            n = index.stop - index.start
+            self.micro_sqr += torch.stack(self._norms).square().sum() * (n / (scale * scale))
+            self._norms.clear()
         return float(loss.detach())
 
     def finite(self) -> bool:

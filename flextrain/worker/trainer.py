@@ -45,6 +45,7 @@ from flextrain.elastic.schedule import lr_factor
 from flextrain.elastic.statecodec import StateCodecError, decode, encode, nonfinite
 from flextrain.job import JobSpec
 from flextrain.proto import flextrain_pb2 as pb
+from flextrain.worker.adascale import AdaScaleRule
 from flextrain.worker.client import MasterClient
 from flextrain.worker.frameworks import make_backend
 from flextrain.worker.collective import Collective
@@ -77,6 +78,8 @@ class WorkerState:
     progressed: float = field(default_factory=time.monotonic)
     step_seconds: float = 0.0  # moving average of the time between progress marks
     skipped_steps: int = 0  # steps dropped for a non-finite loss or gradient (--nan-policy skip-step)
+    lr_factor: float = 0.0  # --lr-rule adascale: the last step's gain (0: none measured yet)
+    noise_scale: float | None = None  # ... and the gradient noise scale (None: no estimate yet)
     end_round: threading.Event = field(default_factory=threading.Event)
     stop: threading.Event = field(default_factory=threading.Event)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -130,15 +133,28 @@ class AllReduceTrainer:
         self.tasks_ahead = self.tasks_asked = 0  # tasks answered ahead / by a plain ask
         self._lr_factor: float | None = None  # --lr-rule's factor now set on the optimizer (None: not set)
         self.ahead_asks = 0  # GetTask calls made ahead
+        self.adascale: AdaScaleRule | None = None  # --lr-rule adascale: the gain, measured per step
+        if spec.training.lr_rule == "adascale":
+            self.adascale = AdaScaleRule(reference=spec.training.effective_reference_batch_size)
+            self.backend.measure_micro_batches()
 
     # ---- state transfer ---------------------------------------------------------
+    def state_tree(self) -> dict:
+        """What a newcomer gets and a checkpoint holds: model, optimizer, version (and AdaScale's estimates)."""
+        tree = {**self.backend.state(), "version": self.state.version}
+        if self.adascale is not None:
+            tree["adascale"] = self.adascale.state()
+        return tree
+
     def state_blob(self) -> bytes:
-        return encode({**self.backend.state(), "version": self.state.version})
+        return encode(self.state_tree())
 
     def load_blob(self, blob: bytes) -> None:
         tree = decode(blob)
         self.backend.load_state(tree)
         self.state.version = int(tree["version"])
+        if self.adascale is not None:
+            self.adascale.load(tree.get("adascale"))
         self._lr_factor = None  # the loaded optimizer holds the checkpoint's (or the built) LR: set it again
 
     def sync_state(self, *, restore_from: str = "") -> None:
@@ -251,17 +267,21 @@ class AllReduceTrainer:
                 self.control[STOP] = 1.0
             if not math.isfinite(loss_sum):
                 self.control[NONFINITE] = 1.0
+            reduced = self.backend.buffers if self.adascale is None else self.adascale.reduced(self.backend)
             if self.collective.world_size > 1:
                 self.backend.gathered()
                 self.state.waiting = True
                 try:
-                    self.collective.all_reduce_sum(self.backend.buffers)
+                    self.collective.all_reduce_sum(reduced)
                 finally:
                     self.state.waiting = False
             control = self.control.tolist()
             if control[FAILED] == 0:
                 # Every member sees the same reduced gradients and flags, so all decide alike.
                 if control[NONFINITE] == 0 and self.backend.finite():
+                    if self.adascale is not None:  # the same LR on every rank: all inputs are the same
+                        self.adascale.set_lr(self.backend, plan)
+                        self.state.lr_factor, self.state.noise_scale = self.adascale.gain, self.adascale.noise_scale
                     self.backend.apply()
                     self.state.add_loss(loss_sum, n)
                 else:
@@ -290,7 +310,9 @@ class AllReduceTrainer:
         """--lr-rule: the optimizer's LR for steps of ``G`` samples (every step of a task has the same G;
         the master cuts tasks so, following a batch schedule). Each change is logged with the step."""
         rule = self.spec.training.lr_rule
-        if rule == "none":
+        if rule == "adascale":
+            self.adascale.follow(G, step=self.state.version)  # the LR itself is set per step
+        if rule in ("none", "adascale"):
             return
         factor = lr_factor(rule, G, self.spec.training.effective_reference_batch_size)
         if factor != self._lr_factor:
@@ -319,7 +341,7 @@ class AllReduceTrainer:
         directory = Path(self.spec.job_dir) / "checkpoints"
         directory.mkdir(parents=True, exist_ok=True)
         path = directory / ("final.ckpt" if final else f"ckpt-{self.state.version:09d}.ckpt")
-        tree = {**self.backend.state(), "version": self.state.version}
+        tree = self.state_tree()
         if bad := nonfinite(tree["model"]):
             raise NonFiniteError(f"the model after step {self.state.version} has non-finite weights "
                                  f"({'; '.join(bad)}); {path.name} was not written")

@@ -33,9 +33,20 @@ def test_status_settings_follow_the_trace_and_rule():
     assert step_settings(spec(), None, 3) == {"globalBatchSize": 64, "lrRule": "none", "lrFactor": 1.0}
 
 
+def test_status_settings_of_adascale_show_the_gain_the_workers_report():
+    s = spec(lr_rule="adascale", reference_batch_size=32, learning_rate=0.1).validate()
+    assert step_settings(s, None, 0) == {"globalBatchSize": 64, "lrRule": "adascale", "lrFactor": 1.0,
+                                         "learningRate": 0.1}  # before any report: gain 1, no noise scale
+    assert step_settings(s, None, 5, adascale=(1.25, 42.123456)) == {
+        "globalBatchSize": 64, "lrRule": "adascale", "lrFactor": 1.25, "learningRate": 0.125,
+        "gradientNoiseScale": 42.123}
+    assert step_settings(s, None, 5, adascale=(1.0, float("inf")))["gradientNoiseScale"] == "inf"
+
+
 @pytest.mark.parametrize("settings, named", [
     ({"lr_rule": "cubic"}, "--lr-rule must be one of none, linear, sqrt, adascale"),
-    ({"lr_rule": "adascale"}, "--lr-rule adascale is not available for jobs yet"),
+    ({"lr_rule": "adascale", "strategy": Strategy.PARAMETER_SERVER, "ps": 1},
+     "--lr-rule adascale needs --distribution-strategy AllReduce"),
     ({"reference_batch_size": 0}, "--reference-batch-size must be a positive integer"),
     ({"batch_schedule": "  "}, "--batch-schedule must be a path"),
     ({"batch_schedule": "t.csv", "strategy": Strategy.PARAMETER_SERVER, "ps": 1},

@@ -163,3 +163,20 @@ def test_status_the_master_writes_fits_the_crd(elasticjob_validator):
     job["status"] = cr_status(done, job_name="digits")
     job["status"]["conditions"] = conditions_for("Succeeded", "done", conditions_for("Running", "", []))
     assert errors(elasticjob_validator, job) == []
+
+
+def test_the_adascale_status_fits_the_crd(elasticjob_validator):
+    """--lr-rule adascale: the measured gain as lrFactor and the noise scale reach .status; status.json's
+    "inf" (μ² estimated as 0) is left out, as the CRD field is a number."""
+    from flextrain.master.k8s_status import cr_status
+
+    snapshot = {"name": "digits", "phase": "Running", "workers": {"desired": 2, "active": 2}, "step": 9,
+                "progress": {"recordsDone": 576, "recordsTotal": 5632, "percent": 10.2}, "metrics": {},
+                "globalBatchSize": 64, "lrRule": "adascale", "lrFactor": 1.61, "learningRate": 0.0805,
+                "gradientNoiseScale": 93.512}
+    job = copy.deepcopy(example())
+    job["status"] = cr_status(snapshot, job_name="digits")
+    assert (job["status"]["lrFactor"], job["status"]["gradientNoiseScale"]) == (1.61, 93.512)
+    assert errors(elasticjob_validator, job) == []
+    job["status"] = cr_status(dict(snapshot, gradientNoiseScale="inf"), job_name="digits")
+    assert "gradientNoiseScale" not in job["status"] and errors(elasticjob_validator, job) == []
