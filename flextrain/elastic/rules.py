@@ -16,6 +16,10 @@ zeroes after every real step. ``step()`` knows from the sampler's layout
   measured gain. The LR is put back right after, so the factor never compounds and LR
   schedulers keep acting on the base LR.
 
+After each real step the optimizer calls ``sampler.step_done(step)`` (an
+:class:`~flextrain.elastic.adaptive.AdaptiveBatchSampler` may then choose the next steps' G,
+re-laying out the rest of the epoch; the optimizer reads the layout again each call).
+
 A rank with no share of an epoch's partial last step (fewer samples than ranks) joins that
 step's all-reduce with a zero gradient at its own last ``step()`` call of the epoch, so every
 rank applies every update. Do not wrap the model in DDP: the optimizer does the all-reduce.
@@ -32,6 +36,7 @@ from typing import Any
 
 import torch
 
+from flextrain.elastic.adaptive import AdaptiveBatchSampler
 from flextrain.elastic.noise import GradientNoise
 from flextrain.elastic.schedule import lr_factor
 from flextrain.elastic.trace_sampler import StepShare, TraceBatchSampler
@@ -60,6 +65,7 @@ class _RuleOptimizer(WrappedOptimizer):
         self._epoch = sampler.epoch
         self._position = 0  # step() calls made in the current epoch
         self._calls: list[tuple[int, int]] | None = None  # per call: (index into shares, minibatch)
+        self._calls_of: tuple[StepShare, ...] | None = None  # the layout _calls was built from
         self.real_steps = 0
         self.stepped = False  # the last step() call ran the inner step
         self.last_step: int | None = None  # global step, samples and LRs of the last real step
@@ -94,12 +100,12 @@ class _RuleOptimizer(WrappedOptimizer):
         self._epoch, self._position, self._calls = epoch, 0, None
 
     def _epoch_calls(self) -> list[tuple[int, int]]:
-        if self._calls is None:
+        if self._calls is None or self._calls_of is not self.sampler.shares():  # an adaptive sampler re-lays out
             if self.sampler.epoch != self._epoch:
                 raise ValueError(f"the sampler is at epoch {self.sampler.epoch} but the optimizer at epoch "
                                  f"{self._epoch}: call set_epoch(epoch) on both before each epoch")
-            self._calls = [(i, j) for i, share in enumerate(self.sampler.shares())
-                           for j in range(len(share.minibatches))]
+            self._calls_of = self.sampler.shares()
+            self._calls = [(i, j) for i, share in enumerate(self._calls_of) for j in range(len(share.minibatches))]
         return self._calls
 
     # ---- stepping ----------------------------------------------------------------------------
@@ -121,13 +127,14 @@ class _RuleOptimizer(WrappedOptimizer):
             self._accumulate(share.minibatches[j], share.minibatches[j + 1])
         else:
             self._finish(share, share.minibatches[j])
-            # Steps this rank has no share of (only an epoch's partial last step) follow at once.
+            # Steps this rank has no share of (only an epoch's partial last step) follow at once;
+            # the layout is read again after each step (an adaptive sampler may have changed it).
             k = i + 1
-            while k < len(shares) and not shares[k].minibatches:
+            while k < len(shares := self.sampler.shares()) and not shares[k].minibatches:
                 self._finish(shares[k], None)
                 k += 1
         self._position += 1
-        if self._position == len(calls):
+        if self._position == len(self._epoch_calls()):
             self._position, self._calls = 0, None  # the epoch is done; the next pass starts over
         return self.stepped
 
@@ -203,6 +210,7 @@ class _RuleOptimizer(WrappedOptimizer):
         self.stepped = True
         self.real_steps += 1
         self.last_step, self.last_batch = share.step, share.samples
+        self.sampler.step_done(share.step)
         if self.log_steps and share.step % self.log_steps == 0 and self.sampler.rank == 0:
             log.info("%s: step %d, global batch %d, lr %s%s", type(self).__name__, share.step, share.samples,
                      ", ".join(f"{lr:.6g}" for lr in self.last_lr), self._log_extra())
@@ -276,6 +284,8 @@ class AdaScaleOptimizer(_RuleOptimizer):
                  ref_batchsize: int, log_steps: int | None = None, *, smoothing: float = 0.99) -> None:
         super().__init__(internal_optimizer, sampler, ref_batchsize, log_steps)
         self.noise = GradientNoise(smoothing=smoothing)
+        if isinstance(sampler, AdaptiveBatchSampler) and sampler.noise is None:
+            sampler.noise = self.noise  # the sampler's G follows the noise this optimizer measures
         self.smoothing = smoothing
         self.gain = 1.0
         self.progress = 0.0

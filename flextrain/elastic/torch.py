@@ -28,7 +28,9 @@ recomputes them, so a script calls it again after its world changed):
 Batch-size traces (a global batch per optimizer step, changing during training) use
 :class:`TraceBatchSampler` (:mod:`flextrain.elastic.trace_sampler`) with a rule optimizer,
 :class:`LinearRuleOptimizer`, :class:`SqrtRuleOptimizer` or :class:`AdaScaleOptimizer`
-(:mod:`flextrain.elastic.rules`), instead of ``init`` and :class:`Optimizer`.
+(:mod:`flextrain.elastic.rules`), instead of ``init`` and :class:`Optimizer`;
+:class:`AdaptiveBatchSampler` (:mod:`flextrain.elastic.adaptive`) chooses the trace online
+from the gradient noise scale that :class:`AdaScaleOptimizer` measures.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from typing import Any
 
 import torch
 
+from flextrain.elastic.adaptive import AdaptiveBatchSampler
 from flextrain.elastic.rules import AdaScaleOptimizer, LinearRuleOptimizer, RootRuleOptimizer, SqrtRuleOptimizer
 from flextrain.elastic.session import ElasticInitError, Session, activate, max_micro_batch_of
 from flextrain.elastic.state import State
@@ -340,5 +343,5 @@ def no_sync(model: torch.nn.Module, optimizer: Optimizer) -> contextlib.Abstract
     return model.no_sync()
 
 
-__all__ = ["AdaScaleOptimizer", "ElasticInitError", "LinearRuleOptimizer", "Optimizer", "RootRuleOptimizer", "Session",
+__all__ = ["AdaScaleOptimizer", "AdaptiveBatchSampler", "ElasticInitError", "LinearRuleOptimizer", "Optimizer", "RootRuleOptimizer", "Session",
            "SqrtRuleOptimizer", "State", "TraceBatchSampler", "init", "no_sync"]

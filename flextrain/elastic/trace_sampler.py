@@ -168,6 +168,10 @@ class TraceBatchSampler(torch.utils.data.Sampler[list[int]]):
         raise ValueError(f"step {step} is not in epoch {self.epoch} (steps {self.shares()[0].step}.."
                          f"{self.shares()[-1].step})")
 
+    def step_done(self, step: int) -> None:
+        """Called by the rule optimizers after applying global step ``step``; a fixed trace has
+        nothing to do (an adaptive sampler decides the next steps' batch size here)."""
+
     # ---- Sampler -----------------------------------------------------------------------------
     def order(self) -> list[int]:
         """The epoch's sample order (the same on every rank)."""
