@@ -50,6 +50,7 @@ from collections.abc import Callable
 from typing import Any
 
 from flextrain.elastic.noise import GradientNoise
+from flextrain.elastic.schedule import steps_covering
 from flextrain.elastic.trace_sampler import TraceBatchSampler, _positive
 
 
@@ -74,11 +75,7 @@ class _Decisions:
         return self.steps[-1] + 1
 
     def steps_for(self, samples: int, *, start_step: int = 0) -> int:
-        step, left = start_step, samples
-        while left > 0:
-            left -= self.global_batch(step)
-            step += 1
-        return step - start_step
+        return steps_covering(self.global_batch, samples, start_step=start_step)
 
 
 class AdaptiveBatchSampler(TraceBatchSampler):

@@ -22,7 +22,7 @@ import csv
 import enum
 import io
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,11 +77,7 @@ class BatchSchedule:
 
     def steps_for(self, samples: int, *, start_step: int = 0) -> int:
         """Optimizer steps, from ``start_step``, whose global batches add up to at least ``samples``."""
-        step, left = start_step, samples
-        while left > 0:
-            left -= self.global_batch(step)
-            step += 1
-        return step - start_step
+        return steps_covering(self.global_batch, samples, start_step=start_step)
 
     def check_multiple_of(self, unit: int, *, what: str) -> None:
         """Every size a multiple of ``unit`` (e.g. minibatch x replicas), naming the first that is not."""
@@ -147,6 +143,15 @@ class BatchSchedule:
         raise ScheduleError(f"a trace is a CSV path, a list of batch sizes or an int, got {type(trace).__name__}")
 
 
+def steps_covering(global_batch: Callable[[int], int], samples: int, *, start_step: int = 0) -> int:
+    """Optimizer steps from ``start_step`` whose ``global_batch(step)`` add up to at least ``samples``."""
+    step, left = start_step, samples
+    while left > 0:
+        left -= global_batch(step)
+        step += 1
+    return step - start_step
+
+
 def _integer(text: str, where: str) -> int:
     try:
         return int(text)
@@ -162,4 +167,4 @@ def _size(value, where: str) -> int:
     return value
 
 
-__all__ = ["BatchSchedule", "LRRule", "ScheduleError", "lr_factor"]
+__all__ = ["BatchSchedule", "LRRule", "ScheduleError", "lr_factor", "steps_covering"]

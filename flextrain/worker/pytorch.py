@@ -97,7 +97,8 @@ class TorchBackend(ModelBackend):
         self.buffers, views, self.slots = gradient_buffers([(p.dtype, p.numel()) for p in self.params], extra)
         self._views = [view.view_as(p) for p, view in zip(self.params, views)]
         self._gathered = False  # the step's gradients are in the buffers (not only in p.grad)
-        self._base_lrs = [group["lr"] for group in optimizer.param_groups]  # as built: what --lr-rule scales
+        # As built: what --lr-rule scales (none without an optimizer: evaluation, prediction).
+        self._base_lrs = [group["lr"] for group in optimizer.param_groups] if optimizer is not None else []
 
     def measure_micro_batches(self) -> None:
         """Keep :attr:`micro_sqr` from a hook on every parameter: autograd calls it with this

@@ -84,14 +84,15 @@ def test_a_trace_with_the_linear_rule_through_kill_scale_stop_and_resume(digits_
     final = read_status(job_dir)
     seen, version = seen_counts(job_dir)
     assert set(seen.tolist()) == {4.0}, "every record trained exactly once per epoch"
-    # The steps an undisturbed run takes: kills, scaling and the resume changed none of them.
+    # The steps an undisturbed run takes. An interruption may add a few (the re-queued remainder of a
+    # killed worker's task ends in a short step of its own), never drop one: records count exactly once.
     ledger = TaskLedger(shards=make_shards(str(data), what="training data", options=DataOptions()), epochs=4,
                         global_batch_size=64, steps_per_task=4, schedule=schedule)
     steps = 0
     while (task := ledger.next_training_task("x")) is not None:
         steps += task.steps
         ledger.complete(task.task_id)
-    assert version == final["step"] == steps
+    assert version == final["step"] and steps <= version <= steps + 4, (version, steps)
     assert final["globalBatchSize"] == 48 and final["lrFactor"] == 48 / REF
 
     # Every worker's LR followed the trace: each change logged at the step it took effect, both runs.
@@ -147,7 +148,8 @@ def test_adascale_measures_its_gain_through_scale_stop_and_resume(digits_data, t
     final = read_status(job_dir)
     seen, version = seen_counts(job_dir)
     assert set(seen.tolist()) == {4.0}, "every record trained exactly once per epoch"
-    assert version == final["step"] == 80 + (4 * 1408 - 80 * 64) // 32
+    undisturbed = 80 + (4 * 1408 - 80 * 64) // 32
+    assert version == final["step"] and undisturbed <= version <= undisturbed + 4, (version, undisturbed)  # (above)
     # The last steps ran at G == ref: gain 1 exactly, the base LR itself, in status and in the model.
     assert final["globalBatchSize"] == REF and final["lrFactor"] == 1.0 and final["learningRate"] == LR
     state = decode((job_dir / "checkpoints" / "final.ckpt").read_bytes())

@@ -2,44 +2,18 @@
 
 from __future__ import annotations
 
-import json
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from ga_model import full_batch_reference
-
-HERE = Path(__file__).parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from two_ranks import run_two_ranks
 
 
-def run_two_ranks(tmp_path: Path, G: int, M: int, real_steps: int) -> list[dict]:
-    port = free_port()
-    base = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
-    base.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", OMP_NUM_THREADS="1",
-                PYTHONPATH=os.pathsep.join([str(HERE), *(p for p in sys.path if p)]))
-    procs = [subprocess.Popen([sys.executable, str(HERE / "ddp_ga_worker.py"), str(tmp_path / f"rank{r}.json"),
-                               str(G), str(M), str(real_steps)], env={**base, "RANK": str(r)},
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(2)]
-    try:
-        outputs = [p.communicate(timeout=180)[0] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    for r, (p, out) in enumerate(zip(procs, outputs)):
-        assert p.returncode == 0, f"rank {r} failed:\n{out}"
-    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+
+def run_ddp_ranks(tmp_path: Path, G: int, M: int, real_steps: int) -> list[dict]:
+    return run_two_ranks(tmp_path, "ddp_ga_worker.py", str(G), str(M), str(real_steps))
 
 
 def sgd(params):
@@ -56,7 +30,7 @@ def assert_matches(ranks: list[dict], reference: list[torch.Tensor]) -> None:
 def test_two_ddp_processes_equal_full_batch_sgd(tmp_path, G, batch_sizes):
     """Even (256 = 2 x 2 x 64) and uneven (250: rank 0 gets 63+63, rank 1 62+62, so the ranks'
     weights differ and the last micro-step is weighted before DDP's all-reduce)."""
-    ranks = run_two_ranks(tmp_path, G, 64, real_steps=2)
+    ranks = run_ddp_ranks(tmp_path, G, 64, real_steps=2)
     assert [r["batch_sizes"] for r in ranks] == batch_sizes
     for r, result in enumerate(ranks):
         # init read the process group (the launcher's variables were gone by then).

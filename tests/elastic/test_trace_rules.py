@@ -4,10 +4,6 @@ process and in 2 real gloo processes; AdaScale's gain; checkpoints mid-trace."""
 from __future__ import annotations
 
 import copy
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,9 +11,8 @@ import torch
 
 import trace_train as tt
 from flextrain.elastic.torch import AdaScaleOptimizer, LinearRuleOptimizer, TraceBatchSampler
-from test_torch_ddp import free_port
+from two_ranks import run_two_ranks
 
-HERE = Path(__file__).parent
 
 
 def assert_params(actual, expected, tol=1e-12):
@@ -37,28 +32,14 @@ def test_one_process_equals_full_batch_steps_with_the_rules_lr(rule):
     assert not all(torch.allclose(p, q) for p, q in zip(net.parameters(), other)), "the rule matters"
 
 
-def run_two_ranks(tmp_path: Path, rule: str) -> list[dict]:
-    base = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
-    base.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE="2", OMP_NUM_THREADS="1",
-                PYTHONPATH=os.pathsep.join([str(HERE), *(p for p in sys.path if p)]))
-    procs = [subprocess.Popen([sys.executable, str(HERE / "trace_train.py"), str(tmp_path / f"rank{r}.json"), rule],
-                              env={**base, "RANK": str(r)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for r in range(2)]
-    try:
-        outputs = [p.communicate(timeout=180)[0] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    for r, (p, out) in enumerate(zip(procs, outputs)):
-        assert p.returncode == 0, f"rank {r} failed:\n{out}"
-    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+def run_rule_ranks(tmp_path: Path, rule: str) -> list[dict]:
+    return run_two_ranks(tmp_path, "trace_train.py", rule)
 
 
 @pytest.mark.parametrize("rule", ["linear", "sqrt", "adascale"])
 def test_two_gloo_processes_equal_one_process(tmp_path, rule):
     """Rank 1 has no share of epoch 0's last (1-sample) step and joins its all-reduce anyway."""
-    ranks = run_two_ranks(tmp_path, rule)
+    ranks = run_rule_ranks(tmp_path, rule)
     net, opt = tt.train(rule)
     expected = tt.reference(rule) if rule != "adascale" else [p.detach() for p in net.parameters()]
     for result in ranks:
