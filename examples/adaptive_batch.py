@@ -78,3 +78,6 @@ if __name__ == "__main__":
     os.write(1, (json.dumps(result) + "\n").encode())  # one write(2) per rank (< PIPE_BUF): lines never interleave
     if dist.is_initialized():
         dist.destroy_process_group()
+    # Leave without interpreter teardown: with gloo, torch's threads sometimes abort it ('terminate called
+    # without an active exception', exit -6) after all the work is done, even for plain DDP scripts.
+        os._exit(0)

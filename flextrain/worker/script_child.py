@@ -76,4 +76,10 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    code = main(sys.argv[1:])
+    # The script is done (its commits are fsynced). Leave without interpreter teardown: with gloo,
+    # torch's threads sometimes abort it ('terminate called without an active exception', SIGABRT)
+    # even for plain DDP scripts, which would turn a finished script into a failed worker.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
