@@ -13,7 +13,7 @@ import subprocess
 
 import pytest
 
-from ft_helpers import COUNTING_MODEL, counting_data, flextrain_cmd, read_status, run_flextrain, seen_counts, wait_for
+from ft_helpers import COUNTING_MODEL, DIGITS_MODEL, counting_data, flextrain_cmd, read_status, run_flextrain, seen_counts, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -84,3 +84,20 @@ def test_adaptive_g_grows_within_bounds_through_stop_and_resume(digits_data, tmp
     lines = [(int(m[1]), int(m[2])) for log in (job_dir / "logs").rglob("*.log")
              for m in ADA_LINE.finditer(log.read_text())]
     assert lines and all(g == g_at(history, step) for step, g in lines), (lines, history)
+
+
+def test_adaptive_digits_reach_the_accuracy_of_a_fixed_batch(digits_data, tmp_path):
+    """The digits model with G chosen per epoch in [32, 256] (LR: 0.1 × AdaScale's gain against 32)
+    reaches the bar the fixed-G run of test_training_job meets (> 0.90 after 6 epochs at G = 64)."""
+    job_dir = tmp_path / "job"
+    proc = run_flextrain(
+        "train", "--model-def", DIGITS_MODEL, "--training-data", str(digits_data / "train"),
+        "--validation-data", str(digits_data / "validation"), "--workers", "2", "--epochs", "6",
+        "--batch-schedule", "adaptive", "--min-global-batch", "32", "--max-global-batch", "256",
+        "--max-micro-batch", "32", "--lr", "0.1", "--no-progress", "--job-dir", str(job_dir))
+    assert proc.returncode == 0, proc.stderr
+    status = read_status(job_dir)
+    assert status["progress"]["recordsDone"] == status["progress"]["recordsTotal"] == 6 * 1438
+    history = status["batchHistory"]
+    assert len(history) == 6 and history[0] == [0, 32] and all(32 <= g <= 256 for _, g in history), history
+    assert status["metrics"]["accuracy"] > 0.90, (status["metrics"], history)

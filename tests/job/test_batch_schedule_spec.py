@@ -126,3 +126,12 @@ def test_the_operator_maps_and_checks_the_adaptive_fields():
     assert resource.jobspec_from_resource(resource.resource_from_jobspec(job, image="i")) == job
     assert any("minGlobalBatch 64 must be <= " in p
                for p in resource.problems(elasticjob(batchSchedule="adaptive", minGlobalBatch=64, maxGlobalBatch=8)))
+
+
+def test_adaptive_without_bounds_exits_2_at_submission(tmp_path):
+    result = run_flextrain("train", "--model-def", "no/such/module.py:M", "--training-data", str(tmp_path),
+                           "--batch-schedule", "adaptive", "--min-global-batch", "32", "--job-dir",
+                           str(tmp_path / "job"), "--no-preflight")
+    assert result.returncode == 2
+    assert "--batch-schedule adaptive needs --max-global-batch" in result.stderr, result.stderr
+    assert not (tmp_path / "job").exists()
