@@ -6,7 +6,7 @@ It starts at ``min_global_batch``. Decision points are the first hand-out of eac
 first (``every=None``) or every global step that is a multiple of ``every``; at a decision point
 the G of the steps from it on is :func:`~flextrain.elastic.adaptive.batch_for_noise_scale` of the
 latest gradient noise scale the workers reported (the adascale rule's estimate, with their
-heartbeats: up to a heartbeat interval behind), a multiple of ``min_global_batch`` clamped to
+heartbeats and in the position of every task ask), a multiple of ``min_global_batch`` clamped to
 ``[min_global_batch, max_global_batch]``; before any estimate G stays as it is.
 
 **Contract with the ledger.** The ledger calls :meth:`hand_out` when it hands out the run of steps
@@ -40,7 +40,7 @@ class AdaptiveSchedule:
     """The global batch of each step as decided so far (see the module docstring).
 
     ``noise_scale`` returns the workers' latest σ²/μ² (None: no estimate yet); the master binds it
-    to its heartbeats. ``history`` lists every decision ``(step, G)``, step 0's ``min`` first.
+    to what heartbeats and task asks report (``JobMaster.adascale``). ``history`` lists every decision ``(step, G)``, step 0's ``min`` first.
     """
 
     source = "the adaptive schedule"

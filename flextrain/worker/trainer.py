@@ -86,7 +86,8 @@ class WorkerState:
 
     def position(self) -> pb.Position:
         return pb.Position(round_id=self.round_id, task_index=self.task_index,
-                           steps_done=self.steps_done, version=self.version)
+                           steps_done=self.steps_done, version=self.version, lr_gain=self.lr_factor,
+                           gradient_noise_scale=self.noise_scale)
 
     def mark_progress(self) -> None:
         now = time.monotonic()

@@ -100,4 +100,5 @@ def test_adaptive_digits_reach_the_accuracy_of_a_fixed_batch(digits_data, tmp_pa
     assert status["progress"]["recordsDone"] == status["progress"]["recordsTotal"] == 6 * 1438
     history = status["batchHistory"]
     assert len(history) == 6 and history[0] == [0, 32] and all(32 <= g <= 256 for _, g in history), history
+    assert max(g for _, g in history) > 32, f"G never grew: {history}"  # the noise scale is ~50-80 here
     assert status["metrics"]["accuracy"] > 0.90, (status["metrics"], history)
