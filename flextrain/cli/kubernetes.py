@@ -121,7 +121,7 @@ def _inline_trace(value: str) -> str:
     """``--batch-schedule``: a file readable here becomes the ElasticJob's inline trace (checked, naming
     its line, by the operator); anything else stays a path inside the pods (checked by the master)."""
     path = Path(value)
-    return path.read_text() if "\n" not in value.strip() and path.is_file() else value
+    return path.read_text() if value != "adaptive" and "\n" not in value.strip() and path.is_file() else value
 
 
 def elasticjob_from_args(args) -> dict:

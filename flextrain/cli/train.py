@@ -67,15 +67,22 @@ def add_commands(sub) -> None:
                         "(default: --global-batch-size)")
     g.add_argument("--lr", "--learning-rate", dest="learning_rate", type=float, metavar="LR",
                    help="learning rate passed to the module's optimizer (default: the module's own)")
-    g.add_argument("--batch-schedule", metavar="TRACE.csv",
+    g.add_argument("--batch-schedule", metavar="TRACE.csv|adaptive",
                    help="the global batch of every optimizer step from a CSV 'step,batchsize' (steps counted "
-                        "from 0 across epochs; the last size holds past its end); --global-batch-size then only "
+                        "from 0 across epochs; the last size holds past its end), or 'adaptive': chosen from the "
+                        "gradient noise scale within --min/--max-global-batch; --global-batch-size then only "
                         "defaults --reference-batch-size and --max-micro-batch (docs/batch-schedules.md)")
     g.add_argument("--lr-rule", choices=("none", "linear", "sqrt", "adascale"), default="none",
                    help="how the learning rate follows the global batch G: linear lr*G/ref, sqrt lr*sqrt(G/ref), "
                         "adascale lr*gain (AdaScale's gain, measured from the micro-batches' gradients)")
     g.add_argument("--reference-batch-size", type=int, metavar="N",
-                   help="the global batch the base learning rate was tuned for (default: --global-batch-size)")
+                   help="the global batch the base learning rate was tuned for (default: --global-batch-size; "
+                        "--min-global-batch under --batch-schedule adaptive)")
+    g.add_argument("--min-global-batch", type=int, metavar="A",
+                   help="--batch-schedule adaptive: the smallest G (the first; AdaScale's reference)")
+    g.add_argument("--max-global-batch", type=int, metavar="B", help="--batch-schedule adaptive: the largest G")
+    g.add_argument("--adapt-every", type=int, metavar="N",
+                   help="--batch-schedule adaptive: choose G every N optimizer steps (default: at each epoch)")
     g.add_argument("--seed", type=int, default=0, metavar="N",
                    help="seeds the model's initialisation and the task order of --shuffle")
     g.add_argument("--shuffle", action="store_true", help="shuffle the order of tasks every epoch")
@@ -134,7 +141,8 @@ def build_spec(args):
         global_batch_size=args.global_batch_size, max_micro_batch=args.max_micro_batch,
         learning_rate=args.learning_rate, seed=args.seed, shuffle=args.shuffle,
         batch_schedule=schedule_abs(args.batch_schedule), lr_rule=args.lr_rule,
-        reference_batch_size=args.reference_batch_size,
+        reference_batch_size=args.reference_batch_size, min_global_batch=args.min_global_batch,
+        max_global_batch=args.max_global_batch, adapt_every=args.adapt_every,
         steps_per_task=args.steps_per_task, max_task_retries=args.max_task_retries,
         checkpoint_steps=args.checkpoint_steps, rendezvous_timeout=args.rendezvous_timeout,
         worker_timeout=args.worker_timeout, start_timeout=args.start_timeout, relaunch_budget=args.relaunch_budget,
@@ -148,7 +156,7 @@ def build_spec(args):
 
 def schedule_abs(value: str | None) -> str | None:
     """A trace path made absolute (the master reads it, and again on --resume); inline text as is."""
-    return value if value is None or "\n" in value.strip() else abs_path(value)
+    return value if value is None or value == "adaptive" or "\n" in value.strip() else abs_path(value)
 
 
 # flags of `train` that are not JobSpec fields: how each reaches the spec on --resume

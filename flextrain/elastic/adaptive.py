@@ -54,6 +54,15 @@ from flextrain.elastic.schedule import steps_covering
 from flextrain.elastic.trace_sampler import TraceBatchSampler, _positive
 
 
+def batch_for_noise_scale(noise_scale: float, *, lo: int, hi: int, unit: int) -> int:
+    """The decision rule without a throughput model, shared by scripts and jobs: the gradient noise
+    scale ``σ²/μ²`` (samples) rounded to the nearest multiple of ``unit`` and clamped to ``[lo, hi]``
+    (inf, μ² estimated as 0: ``hi``). ``lo`` and ``hi`` are what the caller allows; ``hi`` need not be a
+    multiple of ``unit`` (the clamp returns it as is)."""
+    target = hi if math.isinf(noise_scale) else round(noise_scale / unit) * unit
+    return min(max(target, lo), hi)
+
+
 class _Decisions:
     """The schedule as decided so far: the G of step ``s`` is that of the last decision at or before
     ``s`` (the interface :class:`TraceBatchSampler` reads from a BatchSchedule)."""
@@ -140,9 +149,7 @@ class AdaptiveBatchSampler(TraceBatchSampler):
             return current
         lo, hi, unit = self.min_global_batch, self.max_global_batch, self.unit
         if self.throughput is None:
-            scale = self.noise.noise_scale
-            target = hi if math.isinf(scale) else round(scale / unit) * unit
-            return min(max(target, lo), hi)
+            return batch_for_noise_scale(self.noise.noise_scale, lo=lo, hi=hi, unit=unit)
         best, best_value = current, -math.inf
         for g in range(lo, hi + 1, unit):
             rate = float(self.throughput(g))
@@ -220,4 +227,4 @@ class AdaptiveBatchSampler(TraceBatchSampler):
                 f"G={self.schedule.sizes[-1]})")
 
 
-__all__ = ["AdaptiveBatchSampler"]
+__all__ = ["AdaptiveBatchSampler", "batch_for_noise_scale"]

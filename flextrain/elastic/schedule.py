@@ -79,6 +79,16 @@ class BatchSchedule:
         """Optimizer steps, from ``start_step``, whose global batches add up to at least ``samples``."""
         return steps_covering(self.global_batch, samples, start_step=start_step)
 
+    def hand_out(self, step: int, *, epoch: int, max_steps: int) -> tuple[int, int]:
+        """What the job ledger asks when it hands out steps from ``step`` (of a task of ``epoch``):
+        ``(G, run)``, ``run`` <= ``max_steps`` steps that all have the G of ``step``. (An online
+        schedule decides here; a trace is fixed.)"""
+        G = self.global_batch(step)
+        run = 1
+        while run < max_steps and self.global_batch(step + run) == G:
+            run += 1
+        return G, run
+
     def check_multiple_of(self, unit: int, *, what: str) -> None:
         """Every size a multiple of ``unit`` (e.g. minibatch x replicas), naming the first that is not."""
         for index, size in enumerate(self.sizes):

@@ -91,6 +91,25 @@ def check_batch_schedule(flag: str, value) -> None:
         raise JobSpecError(f"{flag} must be a path to a CSV trace 'step,batchsize' or the trace itself, got {value!r}")
 
 
+def check_adaptive(*, batch_schedule, lr_rule, min_global_batch, max_global_batch, adapt_every) -> None:
+    """``--batch-schedule adaptive`` needs its bounds (0 < min <= max: each checked positive on its own
+    first); the bounds and ``--adapt-every`` mean nothing without it; its LR follows AdaScale's gain."""
+    bounds = {"--min-global-batch": min_global_batch, "--max-global-batch": max_global_batch}
+    if batch_schedule != "adaptive":
+        given = [f for f, v in (*bounds.items(), ("--adapt-every", adapt_every)) if v is not None]
+        if given:
+            raise JobSpecError(f"{given[0]} applies to --batch-schedule adaptive only")
+        return
+    missing = [flag for flag, value in bounds.items() if value is None]
+    if missing:
+        raise JobSpecError(f"--batch-schedule adaptive needs {' and '.join(missing)} (the bounds of G)")
+    if min_global_batch > max_global_batch:
+        raise JobSpecError(f"--min-global-batch {min_global_batch} must be <= --max-global-batch {max_global_batch}")
+    if lr_rule not in ("none", "adascale"):
+        raise JobSpecError(f"--batch-schedule adaptive scales the LR by AdaScale's gain (--lr-rule adascale), "
+                           f"got --lr-rule {lr_rule}")
+
+
 def check_ps_mode(flag: str, value) -> None:
     if value not in ("sync", "async"):
         raise JobSpecError(f"{flag} must be 'sync' or 'async', got {value!r}")
@@ -148,6 +167,10 @@ SETTINGS: tuple[Setting, ...] = (
     _s("batch_schedule", "training.batch_schedule", str, "spec.training.batchSchedule"),
     _s("lr_rule", "training.lr_rule", str, "spec.training.lrRule"),
     _s("reference_batch_size", "training.reference_batch_size", int, "spec.training.referenceBatchSize"),
+    # --batch-schedule adaptive: the bounds of G and how often it is chosen (docs/batch-schedules.md)
+    _s("min_global_batch", "training.min_global_batch", int, "spec.training.minGlobalBatch"),
+    _s("max_global_batch", "training.max_global_batch", int, "spec.training.maxGlobalBatch"),
+    _s("adapt_every", "training.adapt_every", int, "spec.training.adaptEvery"),
     _s("evaluation_steps", "training.evaluation_steps", int, "spec.training.evaluationSteps"),
     _s("checkpoint_steps", "training.checkpoint_steps", int, "spec.training.checkpointSteps"),
     _s("seed", "training.seed", int, "spec.training.seed"),
@@ -183,13 +206,15 @@ def flag_of(key: str) -> str:
 # Every numeric JobSpec field, by kind. OPTIONAL_NUMBERS ones may be None (= derived from another field).
 NUMBER_RULES = (
     (check_count, ("workers", "epochs", "global_batch_size", "steps_per_task", "reference_batch_size",
-                   "max_micro_batch", "min_workers", "max_workers", "grads_to_wait")),
+                   "max_micro_batch", "min_workers", "max_workers", "grads_to_wait", "min_global_batch",
+                   "max_global_batch", "adapt_every")),
     (check_non_negative, ("evaluation_steps", "max_task_retries", "checkpoint_steps", "relaunch_budget",
                           "ps_checkpoint_steps")),
     (check_positive_finite, ("rendezvous_timeout", "worker_timeout", "start_timeout", "min_workers_timeout",
                              "learning_rate")),
 )
-OPTIONAL_NUMBERS = {"reference_batch_size", "max_micro_batch", "min_workers", "max_workers", "grads_to_wait", "learning_rate"}
+OPTIONAL_NUMBERS = {"reference_batch_size", "max_micro_batch", "min_workers", "max_workers", "grads_to_wait", "learning_rate",
+                    "min_global_batch", "max_global_batch", "adapt_every"}
 # Every rule about one setting's value alone, by key: ``check(flag, value)`` raises JobSpecError. What
 # the operator runs field by field, so that all bad values of an ElasticJob are reported at once.
 VALUE_RULES = {

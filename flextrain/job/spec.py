@@ -19,6 +19,7 @@ from flextrain.job.settings import (
     Strategy,
     is_int,
     check_job_name,
+    check_adaptive,
     check_batch_schedule,
     check_lr_rule,
     check_nan_policy,
@@ -57,6 +58,11 @@ class TrainingSpec:
     # How the LR follows G: none, linear (lr*G/ref), sqrt (lr*sqrt(G/ref)); adascale (lr*gain, measured).
     lr_rule: str = "none"
     reference_batch_size: int | None = None  # the G the base LR was tuned for; None: global_batch_size
+    # batch_schedule "adaptive": G chosen by the master from the workers' gradient noise scale, within
+    # [min_global_batch, max_global_batch], every adapt_every steps (None: each epoch).
+    min_global_batch: int | None = None
+    max_global_batch: int | None = None
+    adapt_every: int | None = None
     # Evaluate on the validation data every this many optimizer steps (0: only at the end).
     evaluation_steps: int = 0
     # Save model + ledger every this many optimizer steps (0: only at the end).
@@ -79,7 +85,18 @@ class TrainingSpec:
 
     @property
     def effective_reference_batch_size(self) -> int:
-        return self.reference_batch_size or self.global_batch_size
+        """The G the base LR is for: ``reference_batch_size``, else (adaptive) the min batch, else G."""
+        return self.reference_batch_size or (self.min_global_batch if self.adaptive else self.global_batch_size)
+
+    @property
+    def adaptive(self) -> bool:
+        """``--batch-schedule adaptive``: the master picks G from the gradient noise scale."""
+        return self.batch_schedule == "adaptive"
+
+    @property
+    def effective_lr_rule(self) -> str:
+        """The rule the workers apply: adaptive implies ``adascale`` (its noise measurement is the input)."""
+        return "adascale" if self.adaptive else self.lr_rule
 
     @property
     def inline_schedule(self) -> bool:
@@ -332,6 +349,9 @@ class JobSpec:
         schedules its own batches through flextrain.elastic); what the trace holds is checked by
         whoever can read it (``flextrain train``, the operator for inline text, the master)."""
         training = self.training
+        check_adaptive(batch_schedule=training.batch_schedule, lr_rule=training.lr_rule,
+                       min_global_batch=training.min_global_batch, max_global_batch=training.max_global_batch,
+                       adapt_every=training.adapt_every)
         if training.batch_schedule is None and training.lr_rule == "none":
             return
         what = "--batch-schedule" if training.batch_schedule is not None else f"--lr-rule {training.lr_rule}"

@@ -21,15 +21,20 @@ import math
 
 from flextrain.elastic.schedule import BatchSchedule, ScheduleError, lr_factor
 from flextrain.job import JobSpec, JobSpecError
+from flextrain.master.adaptive_batches import AdaptiveSchedule
 
 INLINE_SOURCE = "--batch-schedule (inline)"
 
 
-def job_schedule(spec: JobSpec) -> BatchSchedule | None:
-    """The job's trace, read and checked; None without one."""
+def job_schedule(spec: JobSpec) -> BatchSchedule | AdaptiveSchedule | None:
+    """The job's trace, read and checked; an :class:`AdaptiveSchedule` (no decision yet) for
+    ``adaptive``; None without one."""
     value = spec.training.batch_schedule
     if value is None:
         return None
+    if spec.training.adaptive:
+        return AdaptiveSchedule(min_global_batch=spec.training.min_global_batch,
+                                max_global_batch=spec.training.max_global_batch, every=spec.training.adapt_every)
     try:
         if spec.training.inline_schedule:
             return BatchSchedule.parse(value, source=INLINE_SOURCE)
@@ -51,7 +56,7 @@ def step_settings(spec: JobSpec, schedule: BatchSchedule | None, step: int, *,
     ``adascale`` is the workers' latest ``(gain, noise scale)``: the factor is the gain, and
     ``gradientNoiseScale`` (samples; the string "inf" while μ² is estimated as 0) is there once estimated."""
     G = global_batch_at(spec, schedule, step)
-    rule = spec.training.lr_rule
+    rule = spec.training.effective_lr_rule
     if rule == "adascale":
         factor, noise = adascale or (1.0, None)
     else:
@@ -61,6 +66,8 @@ def step_settings(spec: JobSpec, schedule: BatchSchedule | None, step: int, *,
         out["gradientNoiseScale"] = round(noise, 3) if math.isfinite(noise) else str(noise)
     if spec.training.learning_rate is not None:
         out["learningRate"] = spec.training.learning_rate * factor
+    if isinstance(schedule, AdaptiveSchedule):  # every decision (step, G), the last 100
+        out["batchHistory"] = [[s, g] for s, g in schedule.history[-100:]]
     return out
 
 

@@ -327,6 +327,9 @@ class JobMaster(FailureHandling, RoundKeeping):
             info.position.CopyFrom(position)
             self.step = max(self.step, position.version)
             commit_passed(self.ledger, self.assigned.get(worker_id), position)
+            if position.lr_gain:  # adascale's latest estimate (what an adaptive schedule decides from)
+                self.adascale = (position.lr_gain, position.gradient_noise_scale
+                                 if position.HasField("gradient_noise_scale") else None)
         return info
 
     # ---- time-driven checks (the master's main loop calls this) ---------------

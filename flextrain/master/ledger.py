@@ -17,8 +17,8 @@ decided at hand-out: the ledger knows the step the next hand-out starts at
 advanced by each hand-out) and carves from the TODO range a run of at most
 ``steps_per_task`` steps of equal G; the rest stays in TODO. Records map to
 steps by ``start + j*G`` as ever and a remainder is a plain record range,
-so exactly-once is unchanged; nothing about steps is persisted (a resumed
-round starts at its checkpoint's version).
+so exactly-once is unchanged. A resumed round starts at its checkpoint's
+version; an online schedule's decisions (``adaptive_batches``) persist here.
 
 Epochs are created lazily: when nothing is TODO or DOING the next epoch's
 tasks are cut (shuffled by ``seed + epoch`` when asked). The whole state is
@@ -188,10 +188,7 @@ class TaskLedger:
     def _fit(self, task: Task, *, at: int) -> None:
         """Make ``task`` the next ``next_step`` steps of one G (at most ``steps_per_task``); the rest
         of its records go back to TODO position ``at`` (where it was) for later hand-outs."""
-        G = self.schedule.global_batch(self.next_step)
-        run = 1
-        while run < self.steps_per_task and self.schedule.global_batch(self.next_step + run) == G:
-            run += 1
+        G, run = self.schedule.hand_out(self.next_step, epoch=task.epoch, max_steps=self.steps_per_task)
         if task.size > run * G:
             rest = Task(self._next_id, task.kind, task.source, task.start + run * G, task.end, task.epoch, G,
                         retries=task.retries)
@@ -308,6 +305,8 @@ class TaskLedger:
             # DOING tasks go back to TODO on restore: a resumed job re-runs them.
             "todo": [task_dict(t) for t in (*self.doing.values(), *self.todo)
                      if t.kind is not TaskKind.EVALUATION],
+            # an online schedule's decisions (--batch-schedule adaptive): a resumed job goes on with them
+            **({"schedule": self.schedule.state()} if hasattr(self.schedule, "state") else {}),
         }
 
     def snapshot(self, *, done_task: int | None = None, partial: tuple[int, int] | None = None) -> dict:
@@ -386,6 +385,11 @@ class TaskLedger:
                 raise LedgerStateError(f"{where}.epoch is {task['epoch']}, the ledger's epoch {epoch}")
             if task["global_batch_size"] <= 0:
                 raise LedgerStateError(f"{where}.global_batch_size is {task['global_batch_size']}")
+        if hasattr(self.schedule, "parse_state"):
+            try:
+                self.schedule.parse_state(state.get("schedule"))
+            except (ValueError, TypeError, KeyError) as exc:
+                raise LedgerStateError(f"schedule: {exc}") from None
 
     def restore(self, state: dict) -> None:
         """Take over a persisted state (:meth:`to_dict`); :meth:`check_state` refuses one that does not fit."""
@@ -394,6 +398,8 @@ class TaskLedger:
         self.records_done = state["records_done"]
         self._next_id = state["next_id"]
         self.evaluation_cut = False
+        if hasattr(self.schedule, "restore"):
+            self.schedule.restore(state.get("schedule"))  # checked by check_state
         self.doing.clear()
         self.todo = deque(
             Task(**{**t, "kind": TaskKind(t["kind"]), "owner": ""}) for t in state["todo"]

@@ -20,6 +20,7 @@ from rich.markup import escape
 
 from flextrain.data import DataOptions, make_shards
 from flextrain.job import Backend, JobSpec, JobType, Strategy
+from flextrain.master.adaptive_batches import AdaptiveSchedule
 from flextrain.master.batches import job_schedule
 from flextrain.master.checkpoints import CheckpointStore, StateWriteError, write_bytes_atomic
 from flextrain.failures import EXIT_CODE_OF_KIND, ExitCode
@@ -149,6 +150,8 @@ def _run_master(
     # Closures over `backend`, which is chosen below: a failure is only ever judged once it is.
     failures = FailureTracker(log_of=lambda w: backend.log_location(w), tail_of=lambda w: backend.output_tail(w))
     job = JobMaster(spec, ledger, checkpoints=store_dir, failures=failures)
+    if isinstance(ledger.schedule, AdaptiveSchedule):  # decides from the noise scale the heartbeats carry
+        ledger.schedule.noise_scale = lambda: job.adascale[1] if job.adascale else None
     for warning in skipped:  # --skip-unknown-files: the files left out, in the job's events and status
         job.note(warning)
     if moved_to is not None:

@@ -18,16 +18,20 @@ class Tensor(_message.Message):
     def __init__(self, dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class Position(_message.Message):
-    __slots__ = ("round_id", "task_index", "steps_done", "version")
+    __slots__ = ("round_id", "task_index", "steps_done", "version", "lr_gain", "gradient_noise_scale")
     ROUND_ID_FIELD_NUMBER: _ClassVar[int]
     TASK_INDEX_FIELD_NUMBER: _ClassVar[int]
     STEPS_DONE_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
+    LR_GAIN_FIELD_NUMBER: _ClassVar[int]
+    GRADIENT_NOISE_SCALE_FIELD_NUMBER: _ClassVar[int]
     round_id: int
     task_index: int
     steps_done: int
     version: int
-    def __init__(self, round_id: _Optional[int] = ..., task_index: _Optional[int] = ..., steps_done: _Optional[int] = ..., version: _Optional[int] = ...) -> None: ...
+    lr_gain: float
+    gradient_noise_scale: float
+    def __init__(self, round_id: _Optional[int] = ..., task_index: _Optional[int] = ..., steps_done: _Optional[int] = ..., version: _Optional[int] = ..., lr_gain: _Optional[float] = ..., gradient_noise_scale: _Optional[float] = ...) -> None: ...
 
 class GetJobSpecRequest(_message.Message):
     __slots__ = ("worker_id",)

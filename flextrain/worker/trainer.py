@@ -86,7 +86,8 @@ class WorkerState:
 
     def position(self) -> pb.Position:
         return pb.Position(round_id=self.round_id, task_index=self.task_index,
-                           steps_done=self.steps_done, version=self.version)
+                           steps_done=self.steps_done, version=self.version, lr_gain=self.lr_factor,
+                           gradient_noise_scale=self.noise_scale)
 
     def mark_progress(self) -> None:
         now = time.monotonic()
@@ -134,7 +135,7 @@ class AllReduceTrainer:
         self._lr_factor: float | None = None  # --lr-rule's factor now set on the optimizer (None: not set)
         self.ahead_asks = 0  # GetTask calls made ahead
         self.adascale: AdaScaleRule | None = None  # --lr-rule adascale: the gain, measured per step
-        if spec.training.lr_rule == "adascale":
+        if spec.training.effective_lr_rule == "adascale":  # --batch-schedule adaptive implies it
             self.adascale = AdaScaleRule(reference=spec.training.effective_reference_batch_size)
             self.backend.measure_micro_batches()
 
@@ -309,7 +310,7 @@ class AllReduceTrainer:
     def _follow_lr(self, G: int) -> None:
         """--lr-rule: the optimizer's LR for steps of ``G`` samples (every step of a task has the same G;
         the master cuts tasks so, following a batch schedule). Each change is logged with the step."""
-        rule = self.spec.training.lr_rule
+        rule = self.spec.training.effective_lr_rule
         if rule == "adascale":
             self.adascale.follow(G, step=self.state.version)  # the LR itself is set per step
         if rule in ("none", "adascale"):

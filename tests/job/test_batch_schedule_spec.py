@@ -83,3 +83,55 @@ def test_the_operator_reads_an_inline_trace_and_leaves_a_path_to_the_master():
     again = resource.resource_from_jobspec(job, image="i")
     assert again["spec"]["training"]["batchSchedule"] == "step,batchsize\n0,32\n"
     assert resource.jobspec_from_resource(again) == job
+
+
+# ---- --batch-schedule adaptive ------------------------------------------------------------------
+ADAPTIVE = {"batch_schedule": "adaptive", "min_global_batch": 16, "max_global_batch": 128}
+
+
+def test_adaptive_implies_adascale_against_the_min_batch_and_status_shows_the_decisions():
+    s = spec(**ADAPTIVE, adapt_every=10, learning_rate=0.1).validate()
+    assert (s.training.effective_lr_rule, s.training.effective_reference_batch_size) == ("adascale", 16)
+    schedule = job_schedule(s)
+    assert (schedule.min_global_batch, schedule.max_global_batch, schedule.every) == (16, 128, 10)
+    schedule.noise_scale = lambda: 70.0
+    schedule.hand_out(10, epoch=0, max_steps=4)
+    assert step_settings(s, schedule, 12, adascale=(2.0, 70.0)) == {
+        "globalBatchSize": 64, "lrRule": "adascale", "lrFactor": 2.0, "learningRate": 0.2,
+        "gradientNoiseScale": 70.0, "batchHistory": [[0, 16], [10, 64]]}
+    assert spec(**ADAPTIVE, reference_batch_size=32).validate().training.effective_reference_batch_size == 32
+
+
+@pytest.mark.parametrize("settings, named", [
+    ({"batch_schedule": "adaptive"}, "--batch-schedule adaptive needs --min-global-batch and --max-global-batch"),
+    ({"batch_schedule": "adaptive", "min_global_batch": 8}, "needs --max-global-batch"),
+    ({**ADAPTIVE, "max_global_batch": 8}, "--min-global-batch 16 must be <= --max-global-batch 8"),
+    ({**ADAPTIVE, "min_global_batch": 0}, "--min-global-batch must be a positive integer"),
+    ({**ADAPTIVE, "adapt_every": 0}, "--adapt-every must be a positive integer"),
+    ({**ADAPTIVE, "lr_rule": "linear"}, "--batch-schedule adaptive scales the LR by AdaScale's gain"),
+    ({"min_global_batch": 8}, "--min-global-batch applies to --batch-schedule adaptive only"),
+    ({"batch_schedule": "t.csv", "adapt_every": 5}, "--adapt-every applies to --batch-schedule adaptive only"),
+    ({**ADAPTIVE, "strategy": Strategy.PARAMETER_SERVER, "ps": 1}, "needs --distribution-strategy AllReduce"),
+])
+def test_adaptive_refused(settings, named):
+    with pytest.raises(JobSpecError, match=named):
+        spec(**settings).validate()
+
+
+def test_the_operator_maps_and_checks_the_adaptive_fields():
+    ok = elasticjob(batchSchedule="adaptive", minGlobalBatch=8, maxGlobalBatch=64, adaptEvery=20)
+    assert resource.problems(ok) == []
+    job = resource.jobspec_from_resource(ok)
+    assert (job.training.min_global_batch, job.training.max_global_batch, job.training.adapt_every) == (8, 64, 20)
+    assert resource.jobspec_from_resource(resource.resource_from_jobspec(job, image="i")) == job
+    assert any("minGlobalBatch 64 must be <= " in p
+               for p in resource.problems(elasticjob(batchSchedule="adaptive", minGlobalBatch=64, maxGlobalBatch=8)))
+
+
+def test_adaptive_without_bounds_exits_2_at_submission(tmp_path):
+    result = run_flextrain("train", "--model-def", "no/such/module.py:M", "--training-data", str(tmp_path),
+                           "--batch-schedule", "adaptive", "--min-global-batch", "32", "--job-dir",
+                           str(tmp_path / "job"), "--no-preflight")
+    assert result.returncode == 2
+    assert "--batch-schedule adaptive needs --max-global-batch" in result.stderr, result.stderr
+    assert not (tmp_path / "job").exists()
