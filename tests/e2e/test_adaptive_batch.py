@@ -9,29 +9,16 @@ from __future__ import annotations
 import bisect
 import os
 import re
-import subprocess
 
 import pytest
 
-from ft_helpers import COUNTING_MODEL, DIGITS_MODEL, counting_data, flextrain_cmd, read_status, run_flextrain, seen_counts, wait_for
+from ft_helpers import COUNTING_MODEL, DIGITS_MODEL, counting_data, read_status, run_flextrain, seen_counts, wait_for
+from test_batch_schedule import finish, train
 
 pytestmark = pytest.mark.e2e
 
 LO, HI, EVERY = 16, 64, 10
 ADA_LINE = re.compile(r"from step (\d+): global batch (\d+), adascale rule: gain so far ([\d.e+-]+),")
-
-
-def train(*args, env):
-    return subprocess.Popen(flextrain_cmd("train", *args), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env)
-
-
-def finish(proc, timeout=300):
-    try:
-        _, err = proc.communicate(timeout=timeout)
-    finally:
-        proc.kill()
-    return proc.returncode, err
 
 
 def g_at(history, step):
