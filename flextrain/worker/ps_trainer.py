@@ -72,6 +72,8 @@ from flextrain.worker.pytorch import feed_tensors, take
 from flextrain.worker.trainer import WorkerState
 
 log = logging.getLogger("flextrain.worker.ps")
+# Seconds an evaluation waits for the other parameter servers to apply the pushes PS 0 counted.
+EVALUATION_CATCH_UP = 5.0
 
 TASK_POLL = 0.2        # seconds between asks while other workers hold the last tasks
 MAX_RESETUPS = 5       # PS set-ups redone in a row (a PS lost its state) before giving up
@@ -259,6 +261,13 @@ class PSTrainer:
         if not version or self.evaluate is None:
             return
         self._with_ps(self.pull)
+        # PS 0 counted `version` pushes, but another worker's push counted there may still be on its way
+        # to a PS holding other parameters (pushes reach the PS in parallel): pull again until every PS
+        # whose dense parameters this worker holds has applied as many, so the model is never older.
+        deadline = time.monotonic() + EVALUATION_CATCH_UP
+        while any(0 <= v < version for v in self.ps.versions) and time.monotonic() < deadline:
+            time.sleep(0.01)
+            self._with_ps(self.pull)
         log.info("evaluating the model of step %d (parameter servers at version %d)", version, self.ps.version)
         self.evaluate(version)
         self.state.mark_progress()
