@@ -76,6 +76,19 @@ def _preflight(spec) -> None:
         raise PreflightError(f"{exc} [checked by preflight in the master pod; {hint}]") from None
 
 
+def _conclude(kube, job: dict, status: dict) -> None:
+    """Write the job's final status; if the API server refuses it, a Warning Event and a CLIError say so
+    (the pod then fails, and the operator's relaunch tries again)."""
+    from flextrain.k8s.refusals import Refused
+
+    try:
+        kube.patch_status(job, status)
+    except Refused as exc:
+        message = f"the job ended ({status['phase']}: {status['message']}), but {exc}"
+        kube.event(job, reason="StatusRefused", message=message, warning=True)
+        raise CLIError(message) from None
+
+
 def cmd_master(args) -> int:
     """Run the master of an ElasticJob; a relaunched master resumes from the job's latest checkpoint.
 
@@ -108,7 +121,7 @@ def cmd_master(args) -> int:
     stop_reason = (job["metadata"].get("annotations") or {}).get(meta.ANNOTATION_STOP)
     if stop_reason:  # stopped while no master ran (or before this relaunch): do not train
         message = f"stopped: {stop_reason} (requested before this master started)"
-        kube.patch_status(job, {"phase": "Failed", "message": message, "completionTime": now_iso()})
+        _conclude(kube, job, {"phase": "Failed", "message": message, "completionTime": now_iso()})
         print(message)
         return 1
     port = args.port if args.port is not None else meta.MASTER_PORT
@@ -120,7 +133,7 @@ def cmd_master(args) -> int:
         # The previous master was lost after the final checkpoint, before it concluded the job.
         message = (f"training finished (final checkpoint {done}) before master pod {relaunches - 1} was lost; "
                    "concluded by its relaunch, without the final evaluation")
-        kube.patch_status(job, {"phase": "Succeeded", "message": message, "completionTime": now_iso()})
+        _conclude(kube, job, {"phase": "Succeeded", "message": message, "completionTime": now_iso()})
         print(message)
         return 0
     # The module's contract, before a single worker pod exists (a script job has no module contract).
@@ -131,7 +144,7 @@ def cmd_master(args) -> int:
             _preflight(spec)
         except (DataError, JobSpecError, ModelDefError) as exc:  # the job's input: relaunching cannot help
             message = f"the master cannot start: {exc}"
-            kube.patch_status(job, {"phase": "Failed", "message": message, "completionTime": now_iso()})
+            _conclude(kube, job, {"phase": "Failed", "message": message, "completionTime": now_iso()})
             raise CLIError(message) from None
     outcome: dict = {}
 
@@ -160,7 +173,7 @@ def cmd_master(args) -> int:
         thread.join(1.0)  # short waits: the main thread stays responsive to signals
     if "error" in outcome:
         message = outcome["error"]
-        kube.patch_status(job, {"phase": "Failed", "message": message, "completionTime": now_iso()})
+        _conclude(kube, job, {"phase": "Failed", "message": message, "completionTime": now_iso()})
         raise CLIError(message)
     if "crash" in outcome:
         return 1

@@ -246,6 +246,15 @@ def _live_job(kube, namespace: str, name: str) -> dict:
     return job
 
 
+def _patch(kube, namespace: str, name: str, patch: dict) -> None:
+    from flextrain.k8s.refusals import Refused
+
+    try:
+        kube.patch_spec(namespace, name, patch)
+    except Refused as exc:
+        raise CLIError(str(exc)) from None
+
+
 def scale(args) -> int:
     import copy
 
@@ -261,7 +270,7 @@ def scale(args) -> int:
     except ResourceError as exc:
         raise CLIError(f"cannot scale {args.job} to {args.workers} workers: {exc}") from exc
     old = job["spec"].get("replicaSpecs", {}).get("worker", {}).get("replicas")
-    kube.patch_spec(namespace, args.job, {"spec": {"replicaSpecs": {"worker": {"replicas": args.workers}}}})
+    _patch(kube, namespace, args.job, {"spec": {"replicaSpecs": {"worker": {"replicas": args.workers}}}})
     print(f"{args.job}: spec.replicaSpecs.worker.replicas {old} -> {args.workers} "
           "(the operator relays it to the master)")
     return 0
@@ -273,7 +282,7 @@ def stop(args) -> int:
     namespace = _namespace(args)
     kube = _kube()
     _live_job(kube, namespace, args.job)
-    kube.patch_spec(namespace, args.job, {"metadata": {"annotations": {meta.ANNOTATION_STOP: args.reason}}})
+    _patch(kube, namespace, args.job, {"metadata": {"annotations": {meta.ANNOTATION_STOP: args.reason}}})
     print(f"{args.job}: stop requested (the master stops at the next step boundary, leaving a checkpoint)")
     return 0
 

@@ -1,4 +1,4 @@
-"""What the API server says when it refuses to create an object, and whether asking again may help.
+"""What the API server says when it refuses to create or patch an object, and whether asking again may help.
 
 Shared by the operator (master pods and Services) and the master's pod backend
 (worker and PS pods, PS Services). A refusal is one of two kinds:
@@ -13,12 +13,17 @@ Shared by the operator (master pods and Services) and the master's pod backend
   leftover of the same name), 429 Too Many Requests, 5xx, and no answer at
   all. The caller tries again with exponential backoff and says what the job
   is waiting for.
+
+A refused patch (the job's status or spec: a validating webhook, the CRD's
+schema, throttling) is classified the same way; its ``action`` is ``patch``.
+Whoever patches raises :class:`Refused`, so the caller decides what the user is
+told (a Warning Event when the status itself cannot be written).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 
@@ -33,17 +38,30 @@ class Refusal:
     text: str  # the API server's own words: the Status message, else the reason
     waiting_for: str = ""  # retryable: what the job waits for ("quota", "the API server (503 ...)")
     exists: bool = False  # 409 AlreadyExists: a leftover of the same name is in the way
+    action: str = "create"  # or "patch"
 
     def message(self) -> str:
         """What the job's status says: ``waiting for quota: pods "x" is forbidden: exceeded quota ...``
         (retryable) or ``cannot create pod "x": the API server refused it (422 Invalid): ...``."""
         if self.retryable:
             return f"waiting for {self.waiting_for}: {self.text}"
-        return f"cannot create {self.what}: the API server refused it ({self.code} {self.reason}): {self.text}"
+        return f"cannot {self.action} {self.what}: the API server refused it ({self.code} {self.reason}): {self.text}"
 
 
-def refusal_of(exc: BaseException, *, what: str) -> Refusal:
-    """Classify what a create raised (an ``ApiException``, or a connection error)."""
+class Refused(Exception):
+    """The API server refused (or did not answer) a create or patch; ``refusal`` says which and why."""
+
+    def __init__(self, refusal: Refusal) -> None:
+        super().__init__(refusal.message())
+        self.refusal = refusal
+
+
+def refusal_of(exc: BaseException, *, what: str, action: str = "create") -> Refusal:
+    """Classify what a create or patch raised (an ``ApiException``, or a connection error)."""
+    return replace(_classify(exc, what=what), action=action)
+
+
+def _classify(exc: BaseException, *, what: str) -> Refusal:
     code = getattr(exc, "status", None)
     if not isinstance(code, int) or code == 0:  # no HTTP answer: the API server is unreachable
         return Refusal(what, True, None, type(exc).__name__, f"could not reach it: {exc}",
@@ -73,4 +91,4 @@ def _status_body(body: Any) -> dict:
     return status if isinstance(status, dict) else {}
 
 
-__all__ = ["Refusal", "refusal_of"]
+__all__ = ["Refusal", "Refused", "refusal_of"]

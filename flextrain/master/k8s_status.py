@@ -11,8 +11,12 @@ summary}, ``metrics``, ``samplesPerSecond``, ``globalBatchSize``, ``lrRule``, ``
 
 Contract: offering a snapshot never blocks the master and never raises. A
 background thread patches only when the status changed, at most once per
-``min_interval`` seconds; an API error is logged and the newest status is
-retried on the next tick, so a flaky API server never kills training.
+``min_interval`` seconds; a patch the API server refuses (a webhook, the CRD's
+schema, throttling) or never answers is logged, reported by one Warning Event
+``StatusRefused`` per distinct reason (the job's Events are then the only
+place the user can see it), and the newest status retried after an
+exponential backoff (``min_interval`` doubling up to ``RETRY_CAP`` s), so a
+flaky API server never kills training and a refusing one is not hammered.
 :meth:`close` writes the final status synchronously (bounded by a deadline).
 Conditions follow the phase: ``Running`` (True while training, False after),
 ``Succeeded`` or ``Failed`` when the job ends, each with its transition time;
@@ -33,6 +37,7 @@ from flextrain.k8s import meta
 log = logging.getLogger(__name__)
 
 _TERMINAL = ("Succeeded", "Failed")
+RETRY_CAP = 60.0  # the longest wait between two tries of a refused status
 
 
 def cr_status(snap: Mapping[str, Any], *, job_name: str) -> dict[str, Any]:
@@ -89,6 +94,7 @@ class ElasticJobStatusWriter:
         from kubernetes import client
 
         self.api = client.CustomObjectsApi(api_client)
+        self.core = client.CoreV1Api(api_client)
         self.namespace, self.name = namespace, name
         self.min_interval = min_interval
         self.request_timeout = request_timeout
@@ -97,6 +103,8 @@ class ElasticJobStatusWriter:
         self._written: dict | None = None  # last status the API accepted (without conditions)
         self._conditions: list[dict] = []
         self._closed = False
+        self.retry_delay = min_interval  # before the next write: grows while the API server refuses
+        self._told = ""  # the refusal last reported in an Event
         self.errors = 0
         self.writes = 0
         self._thread = threading.Thread(target=self._run, daemon=True, name=f"cr-status-{name}")
@@ -117,7 +125,7 @@ class ElasticJobStatusWriter:
                     self._cond.wait(self.min_interval)
                 if self._closed:
                     return
-            wait = self.min_interval - (time.monotonic() - last)
+            wait = self.retry_delay - (time.monotonic() - last)
             if wait > 0:
                 with self._cond:
                     self._cond.wait(wait)
@@ -131,6 +139,7 @@ class ElasticJobStatusWriter:
             status = copy.deepcopy(self._latest)
         if status is None or status == self._written:
             return True
+        current = None
         try:
             # A merge patch replaces the whole list: start from the conditions on the object
             # now, so those the operator writes (e.g. MasterRelaunched) survive.
@@ -141,14 +150,25 @@ class ElasticJobStatusWriter:
             self.api.patch_namespaced_custom_object_status(
                 meta.GROUP, meta.VERSION, self.namespace, meta.PLURAL, self.name,
                 {"status": {**status, "conditions": conditions}}, _request_timeout=self.request_timeout)
-        except Exception as exc:  # noqa: BLE001 - never fatal: retried with the newest status next tick
-            self.errors += 1
-            log.warning("cannot write status of ElasticJob %s/%s (will retry): %s", self.namespace, self.name,
-                        getattr(exc, "reason", None) or exc)
+        except Exception as exc:  # noqa: BLE001 - never fatal: retried with the newest status after a backoff
+            self._refused(exc, job=current, phase=status["phase"])
             return False
         self._written, self._conditions = status, conditions
+        self.retry_delay, self._told = self.min_interval, ""
         self.writes += 1
         return True
+
+    def _refused(self, exc: Exception, *, job: Mapping[str, Any] | None, phase: str) -> None:
+        from flextrain.k8s.refusals import refusal_of
+
+        self.errors += 1
+        self.retry_delay = min(RETRY_CAP, self.retry_delay * 2)
+        why = refusal_of(exc, what=f'the status of ElasticJob "{self.name}"', action="patch")
+        message = f"{why.message()} (the master's status, phase {phase}; retried in {self.retry_delay:.0f}s)"
+        log.warning("ElasticJob %s/%s: %s", self.namespace, self.name, message)
+        if job is not None and why.text != self._told:  # the patch itself was refused: the job exists
+            self._told = why.text
+            record_event(self.core, job, reason="StatusRefused", message=message)
 
     def close(self, *, timeout: float = 10.0) -> bool:
         """Stop the thread and write the newest status now (retrying until ``timeout``)."""

@@ -2,7 +2,8 @@
 
 Everything goes through one ``kubernetes.client.ApiClient`` (the same
 credentials kopf logs in with) and returns plain dicts, so unknown fields of a
-newer CRD survive. Creating an object that already exists is not an error:
+newer CRD survive. A patch the API server refuses (or never answers) raises
+:class:`~flextrain.k8s.refusals.Refused` naming the object and the reason. Creating an object that already exists is not an error:
 every handler may run twice (operator restarts, retried handlers, a pod event
 and a timer racing), and creation by deterministic name makes that harmless.
 """
@@ -14,6 +15,7 @@ import logging
 from typing import Any
 
 from flextrain.k8s import meta
+from flextrain.k8s.refusals import Refused, refusal_of
 
 log = logging.getLogger(__name__)
 
@@ -45,14 +47,25 @@ class Kube:
             raise
 
     def patch_status(self, job: dict, status: dict[str, Any]) -> None:
-        """Merge ``status`` into the job's status subresource."""
+        """Merge ``status`` into the job's status subresource; :class:`Refused` if the API server says no."""
         md = job["metadata"]
-        self.custom.patch_namespaced_custom_object_status(
-            meta.GROUP, meta.VERSION, md["namespace"], meta.PLURAL, md["name"], {"status": status})
+        self._patch(f'the status of ElasticJob "{md["name"]}"', lambda: self.custom.patch_namespaced_custom_object_status(
+            meta.GROUP, meta.VERSION, md["namespace"], meta.PLURAL, md["name"], {"status": status}))
 
     def patch_spec(self, namespace: str, name: str, patch: dict[str, Any]) -> dict:
-        return self.custom.patch_namespaced_custom_object(
-            meta.GROUP, meta.VERSION, namespace, meta.PLURAL, name, patch)
+        """Merge-patch the job (spec or metadata); :class:`Refused` if the API server says no."""
+        return self._patch(f'ElasticJob "{name}"', lambda: self.custom.patch_namespaced_custom_object(
+            meta.GROUP, meta.VERSION, namespace, meta.PLURAL, name, patch))
+
+    @staticmethod
+    def _patch(what: str, call):
+        from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import HTTPError
+
+        try:
+            return call()
+        except (ApiException, HTTPError, OSError) as exc:
+            raise Refused(refusal_of(exc, what=what, action="patch")) from exc
 
     # ---- pods and services ------------------------------------------------------
     def master_pods(self, namespace: str, job: str) -> dict[int, dict]:

@@ -17,6 +17,11 @@ again (after an operator restart, a retry, or a pod event racing a timer):
   throttling) keeps it Pending with a Warning Event and a truthful message,
   and is retried with exponential backoff (``RETRY_FIRST`` doubling up to
   ``RETRY_CAP`` seconds); the status says "created" only once it was;
+* a status patch the API server refuses (a webhook, the CRD's schema,
+  throttling) cannot report itself in the status: a Warning Event
+  ``StatusRefused`` says what was refused and why (once per reason), an Event
+  the failure was about is recorded all the same, and the job is checked again
+  after the same backoff;
 * phase Events have deterministic names, so each is recorded once.
 
 What this process remembers only keeps one action to one Event when a handler
@@ -45,7 +50,7 @@ from flextrain.k8s.resource import (
     master_relaunch_budget,
 )
 from flextrain.operator.jobview import TERMINAL, ident, phase_of, spec_problems
-from flextrain.k8s.refusals import Refusal, refusal_of
+from flextrain.k8s.refusals import Refusal, Refused, refusal_of
 from flextrain.operator.kube import Kube, pod_failure
 from flextrain.operator.phases import phases_entered
 from flextrain.operator.relay import (
@@ -75,6 +80,7 @@ class Outcome(str, enum.Enum):
     MASTER_DONE = "master-done"
     REFUSED = "refused"  # the API server refused the master's pod or Service: job Failed
     WAITING = "waiting"  # ... for now (quota, throttling): retried after a backoff
+    STATUS_REFUSED = "status-refused"  # a patch of the job's status was refused: Warning Event, backoff
 
 
 @dataclass
@@ -84,12 +90,6 @@ class _Backoff:
     tries: int
     next_try: float  # time.monotonic()
     told: str  # the refusal last reported in an Event (reported again only when it changes)
-
-
-class _Refused(Exception):
-    def __init__(self, refusal: Refusal) -> None:
-        super().__init__(refusal.message())
-        self.refusal = refusal
 
 
 class Reconciler:
@@ -102,9 +102,12 @@ class Reconciler:
 
     # ---- lifecycle -----------------------------------------------------------------
     def fail(self, job: dict, *, reason: str, message: str) -> None:
-        """Mark the job Failed with ``message`` and record a Warning Event."""
-        self.kube.patch_status(job, {"phase": "Failed", "message": message, "completionTime": now_iso()})
-        self.kube.event(job, reason=reason, message=message, warning=True)
+        """Mark the job Failed with ``message`` and record a Warning Event (even if the status is refused)."""
+        try:
+            self.kube.patch_status(job, {"phase": "Failed", "message": message, "completionTime": now_iso()})
+        finally:
+            # keyed: a job fails once, however often a refused status makes this run again
+            self.kube.event(job, reason=reason, message=message, warning=True, key="failed")
 
     def ensure(self, job: dict) -> Outcome:
         """Bring the job's master to where it should be: created, running, or relaunched."""
@@ -117,9 +120,14 @@ class Reconciler:
         if backoff is not None and time.monotonic() < backoff.next_try:
             return Outcome.WAITING
         try:
-            return self._ensure(job)
-        except _Refused as refused:
-            return self._on_refusal(job, refused)
+            outcome = self._ensure(job)
+        except Refused as refused:
+            try:
+                return self._on_refusal(job, refused.refusal)
+            except Refused as again:  # the status that would have said so was refused too
+                return self._on_refusal(job, again.refusal)
+        self._backoff.pop(job["metadata"].get("uid"), None)
+        return outcome
 
     def _ensure(self, job: dict) -> Outcome:
         namespace, name = ident(job)
@@ -127,6 +135,8 @@ class Reconciler:
         relaunches = (job.get("status") or {}).get("masterRelaunches")
         if relaunches is None and not pods:
             return self._create(job)
+        if relaunches is None and list(pods) == [0]:  # created, but its status was not written (refused)
+            self._mark_created(job)
         self._create_object(f'service "{meta.master_service_name(name)}"',  # idempotent; heals a deleted one
                             lambda: self.kube.create_service(master_service(job)))
         current = max([relaunches or 0, *pods])
@@ -145,47 +155,58 @@ class Reconciler:
         if problem is not None:
             self.fail(job, reason="InvalidSpec", message=problem)
             return Outcome.INVALID
-        spec = jobspec_from_resource(job)
         namespace, name = ident(job)
         pod, service = master_pod_name(name, 0), meta.master_service_name(name)
         self._create_object(f'service "{service}"', lambda: self.kube.create_service(master_service(job)))
         created = self._create_object(f'pod "{pod}"', lambda: self.kube.create_pod(master_pod(job, index=0)))
         self._backoff.pop(job["metadata"].get("uid"), None)
-        # Written once the pod exists. A master that started fast may have written its own phase
-        # meanwhile; only a job still Pending (or without status) gets the operator's.
-        status: dict[str, Any] = {"masterRelaunches": 0, "selector": meta.selector(name, "worker"),
-                                  "startTime": now_iso()}
-        if phase_of(self.kube.get_job(namespace, name)) in (None, "Pending"):
-            status.update(phase="Pending", message=f"master pod {pod} created", workers={
-                "desired": spec.worker.replicas, "active": 0, "summary": f"0/{spec.worker.replicas}"})
-        self.kube.patch_status(job, status)
-        if created:
+        if created:  # before the status: a refused status patch must not hide that the pod exists
             self.kube.event(job, reason="MasterCreated", message=f"created master pod {pod} and service {service}")
+        self._mark_created(job)
         return Outcome.CREATED
 
+    def _mark_created(self, job: dict) -> None:
+        """The status of a job whose first master pod exists (written only once it does)."""
+        namespace, name = ident(job)
+        replicas = jobspec_from_resource(job).worker.replicas
+        status: dict[str, Any] = {"masterRelaunches": 0, "selector": meta.selector(name, "worker"),
+                                  "startTime": now_iso()}
+        # A master that started fast may have written its own phase meanwhile; only a job still
+        # Pending (or without status) gets the operator's.
+        if phase_of(self.kube.get_job(namespace, name)) in (None, "Pending"):
+            status.update(phase="Pending", message=f"master pod {master_pod_name(name, 0)} created",
+                          workers={"desired": replicas, "active": 0, "summary": f"0/{replicas}"})
+        self.kube.patch_status(job, status)
+
     def _create_object(self, what: str, create) -> bool:
-        """``create()``; the API server's refusal (or silence) becomes :class:`_Refused` naming ``what``."""
+        """``create()``; the API server's refusal (or silence) becomes :class:`Refused` naming ``what``."""
         from kubernetes.client.exceptions import ApiException
         from urllib3.exceptions import HTTPError
 
         try:
             return create()
         except (ApiException, HTTPError, OSError) as exc:
-            raise _Refused(refusal_of(exc, what=what)) from exc
+            raise Refused(refusal_of(exc, what=what)) from exc
 
-    def _on_refusal(self, job: dict, refused: _Refused) -> Outcome:
-        """Fail the job for a permanent refusal; wait (backoff, one Event per new reason) for a retryable one."""
+    def _on_refusal(self, job: dict, why: Refusal) -> Outcome:
+        """Fail the job for a permanent refusal; wait (backoff, one Event per new reason) for a retryable
+        one or for a refused status patch."""
         uid = job["metadata"].get("uid")
-        why = refused.refusal
-        if not why.retryable:
+        if not why.retryable and why.action != "patch":
             self._backoff.pop(uid, None)
             self.fail(job, reason="MasterRefused", message=why.message())
             return Outcome.REFUSED
         previous = self._backoff.get(uid)
         tries = previous.tries + 1 if previous else 1
         delay = min(RETRY_CAP, RETRY_FIRST * 2 ** (tries - 1))
-        message = f"{why.message()} (to create {why.what}; try {tries}, next in {delay:.0f}s)"
         self._backoff[uid] = _Backoff(tries, time.monotonic() + delay, why.text)
+        if why.action == "patch":
+            message = f"{why.message()} (try {tries}; the operator checks the job again in {delay:.0f}s)"
+            if previous is None or previous.told != why.text:
+                self.kube.event(job, reason="StatusRefused", message=message, warning=True)
+            log.warning("%s/%s: %s", *ident(job), message)
+            return Outcome.STATUS_REFUSED
+        message = f"{why.message()} (to create {why.what}; try {tries}, next in {delay:.0f}s)"
         status = {"message": message}
         if phase_of(job) is None:
             status["phase"] = "Pending"

@@ -18,6 +18,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from flextrain.k8s.refusals import Refused
 from flextrain.operator.jobview import TERMINAL, ident, phase_of, spec_problems
 from flextrain.operator.kube import Kube
 from flextrain.operator.relay import Reply, relay_scale
@@ -105,7 +106,13 @@ class ReplicaSettler:
                 back, message = refusal
                 if back is None:  # the spec is invalid beyond the count: reported once, nothing to revert
                     return self._report_once(job, key=(have, want), message=message)
-                if self._revert(job, want=want, back=back):
+                try:
+                    reverted = self._revert(job, want=want, back=back)
+                except Refused as exc:  # the spec keeps the count: say so, once
+                    return self._report_once(job, key=(have, want), message=(
+                        f"{message}; reverting spec.replicaSpecs.worker.replicas to {back} failed: {exc}"))
+                if reverted:
+                    message += f"; spec.replicaSpecs.worker.replicas reverted to {back}"
                     self.kube.event(job, reason="ScaleRejected", message=message, warning=True)
                     return Reply(False, message)
             return None
@@ -113,11 +120,10 @@ class ReplicaSettler:
             lock.release()
 
     def _refusal(self, job: dict, *, want: Any, have: Any, old: Any) -> tuple[Any, str] | None:
-        """(value to revert to or None, message) when the spec's count must not be run; None if it may."""
+        """(value to revert to or None, why) when the spec's count must not be run; None if it may."""
         phase = phase_of(job)
         if phase in TERMINAL:
-            return have, (f"cannot scale workers to {want}: the job has finished ({phase}); "
-                          f"spec.replicaSpecs.worker.replicas reverted to {have}")
+            return have, f"cannot scale workers to {want}: the job has finished ({phase})"
         problem = spec_problems(job)
         if problem is None:
             return None
@@ -127,12 +133,10 @@ class ReplicaSettler:
         worker = _worker_spec(job)
         lo, hi = worker.get("minReplicas", 1), worker.get("maxReplicas", "unbounded")
         return back, (f"cannot scale workers to {want}: {problem}; allowed: spec.replicaSpecs.worker.minReplicas"
-                      f"..maxReplicas = {lo}..{hi}; spec.replicaSpecs.worker.replicas reverted to {back}")
+                      f"..maxReplicas = {lo}..{hi}")
 
     def _revert(self, job: dict, *, want: Any, back: Any) -> bool:
         """Put ``back`` into the spec; False if the job changed since it was read (decide again)."""
-        from kubernetes.client.exceptions import ApiException
-
         namespace, name = ident(job)
         uid = job["metadata"].get("uid")
         with self._lock:
@@ -142,10 +146,10 @@ class ReplicaSettler:
             self.kube.patch_spec(namespace, name, {
                 "metadata": {"resourceVersion": job["metadata"].get("resourceVersion")},
                 "spec": {"replicaSpecs": {"worker": {"replicas": back}}}})
-        except ApiException as exc:
+        except Refused as exc:
             with self._lock:
                 self._reverted.pop(uid, None)
-            if exc.status == 409:
+            if exc.refusal.code == 409:
                 return False
             raise
         return True

@@ -41,7 +41,10 @@ Admission: ``cluster.admit(check)`` adds a check that sees every create as
 like ``"v1/pods"``) and refuses it by returning ``(code, reason, message)``,
 answered as a real API server's ``Status`` (e.g. 403 Forbidden for quota or
 PodSecurity, 422 Invalid); ``podsecurity.restricted_namespace(ns)`` is the
-PodSecurity ``restricted`` profile as such a check.
+PodSecurity ``restricted`` profile as such a check. ``cluster.admit_patch(check)``
+does the same for patches: ``check(resource, namespace, name, subresource, body)``
+(``subresource`` is ``"status"`` for a status patch, else None), e.g. a
+validating webhook that refuses the status a controller writes.
 
 Known limits: no field selectors, no label-selector filtering on the server
 (filter on the client), no admission/validation of its own, no garbage
@@ -120,6 +123,8 @@ class FlexEmulator(kmock.KubernetesEmulator):
     _versions: Any = attrs.field(factory=lambda: itertools.count(1), init=False)
     admission: list[Callable[[Any, str | None, dict], tuple[int, str, str] | None]] = attrs.field(
         factory=list, init=False)
+    patch_admission: list[Callable[[Any, str | None, str, str | None, dict], tuple[int, str, str] | None]] = (
+        attrs.field(factory=list, init=False))
 
     def _kind_of(self, resource: kmock.resource) -> tuple[str | None, str]:
         info = self.resources[resource] if resource in self._get_resources() else None
@@ -138,6 +143,11 @@ class FlexEmulator(kmock.KubernetesEmulator):
                         raise Refused(status=code, reason=reason, message=message)
                 self._on_create(request, data)
             elif request.action == enums.action.UPDATE and request.name is not None:
+                for patch_check in list(self.patch_admission):
+                    refused = patch_check(request.resource, request.namespace, request.name, request.subresource, data)
+                    if refused is not None:
+                        code, reason, message = refused
+                        raise Refused(status=code, reason=reason, message=message)
                 data.setdefault("metadata", {})["resourceVersion"] = str(next(self._versions))
         if request.action == enums.action.DELETE and request.name is not None and isinstance(data, dict):
             grace = data.get("gracePeriodSeconds")
@@ -262,6 +272,12 @@ class Cluster:
         """Add an admission check (see the module docstring); returns a function that removes it."""
         self.call(lambda: self.emulator.admission.append(check))
         return lambda: self.call(lambda: self.emulator.admission.remove(check))
+
+    def admit_patch(self, check: Callable[[Any, str | None, str, str | None, dict], tuple[int, str, str] | None]
+                    ) -> Callable[[], None]:
+        """Add a patch admission check (see the module docstring); returns a function that removes it."""
+        self.call(lambda: self.emulator.patch_admission.append(check))
+        return lambda: self.call(lambda: self.emulator.patch_admission.remove(check))
 
     def kubeconfig_dict(self) -> dict:
         return {

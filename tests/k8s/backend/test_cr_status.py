@@ -7,6 +7,7 @@ from kubernetes import client
 
 from flextrain.k8s import meta
 from flextrain.master.k8s_status import ElasticJobStatusWriter
+from flextrain.operator.kube import Kube
 
 NS = "default"
 
@@ -92,3 +93,26 @@ def test_conditions_written_by_others_are_kept(k8s_api):
     assert writer.close()
     conditions = {c["type"]: c for c in status_of(k8s_api)["conditions"]}
     assert conditions["MasterRelaunched"] == relaunched and conditions["Running"]["status"] == "True"
+
+
+def test_a_refused_status_is_reported_by_one_warning_event_and_backed_off(k8s_cluster, k8s_api):
+    """A validating webhook (or the CRD's schema) refuses the status: the job's Events are the only
+    place left to say so -- once per reason, with retries backing off instead of one per tick."""
+    create_job(k8s_api)
+    webhook = 'admission webhook "status-guard.example.com" denied the request: status.metrics: too many entries'
+    lift = k8s_cluster.admit_patch(lambda res, ns, name, sub, body: (
+        (403, "Forbidden", webhook) if sub == "status" and name == "tiny" else None))
+    writer = ElasticJobStatusWriter(k8s_api, namespace=NS, name="tiny", min_interval=0.05)
+    writer(snapshot(done=5, loss=0.5))
+    wait_for(lambda: writer.errors >= 3, timeout=10, what="refused writes")
+    assert writer.retry_delay >= 0.05 * 2 ** 3  # backing off
+    lift()
+    wait_for(lambda: status_of(k8s_api).get("progress", {}).get("recordsDone") == 5, timeout=10,
+             what="the status written once the webhook lets it through")
+    assert writer.close() and writer.retry_delay == 0.05
+    refused = [e for e in Kube(k8s_api).events(NS, "tiny") if e["reason"] == "StatusRefused"]
+    assert len(refused) == 1, [e["message"] for e in refused]
+    assert refused[0]["type"] == "Warning"
+    assert refused[0]["message"].startswith(
+        f'cannot patch the status of ElasticJob "tiny": the API server refused it (403 Forbidden): {webhook} '
+        "(the master's status, phase Running; retried in "), refused[0]["message"]

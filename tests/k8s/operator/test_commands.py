@@ -114,3 +114,18 @@ def test_master_of_a_job_stopped_before_it_started_does_not_train(env, jobs, tmp
     assert status["phase"] == "Failed"
     assert status["message"] == "stopped: changed my mind (requested before this master started)"
     assert not (tmp_path / "digits").exists()  # nothing ran
+
+
+def test_a_master_whose_final_status_is_refused_says_so(k8s_cluster, env, jobs, tmp_path):
+    webhook = 'admission webhook "status-guard.example.com" denied the request: status writes are frozen'
+    k8s_cluster.admit_patch(lambda res, ns, obj, sub, body: (403, "Forbidden", webhook) if sub == "status" else None)
+    job = elasticjob("digits")
+    job["spec"]["jobDir"] = str(tmp_path / "digits")
+    job["metadata"]["annotations"] = {meta.ANNOTATION_STOP: "changed my mind"}
+    jobs.create(job)
+    res = run(env, "master", "--job", "digits", "--namespace", "default", "--port", "0")
+    told = ('the job ended (Failed: stopped: changed my mind (requested before this master started)), but cannot '
+            f'patch the status of ElasticJob "digits": the API server refused it (403 Forbidden): {webhook}')
+    assert res.returncode == 2 and told in res.stderr, res.stderr
+    (event,) = [e for e in jobs.events("digits") if e["reason"] == "StatusRefused"]
+    assert event["type"] == "Warning" and event["message"] == told

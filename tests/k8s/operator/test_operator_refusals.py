@@ -89,3 +89,57 @@ def test_a_volume_typo_and_other_problems_fail_the_job_at_once_without_a_loop(k8
     wait_for(lambda: jobs.status("after").get("masterRelaunches") == 0, timeout=30, what="the next job's created status")
     assert jobs.master_pods("typo") == {} and jobs.service("typo") is None
     assert creates == ["v1/services", "v1/pods"], creates
+
+
+WEBHOOK = 'admission webhook "status-guard.example.com" denied the request: status writes are frozen'
+
+
+def refuse_operator_status(cluster, name: str, tries: list | None = None):
+    """A webhook refusing the status the operator writes for job ``name`` (not kopf's own patches)."""
+    def check(res, ns, obj, sub, body):
+        if sub == "status" and obj == name and "masterRelaunches" in (body.get("status") or {}):
+            if tries is not None:
+                tries.append(time.monotonic())
+            return 403, "Forbidden", WEBHOOK
+        return None
+    return cluster.admit_patch(check)
+
+
+def test_a_refused_status_is_one_warning_event_and_retried_with_backoff(k8s_cluster, operator, jobs):
+    tries: list = []
+    lift = refuse_operator_status(k8s_cluster, "guarded", tries)
+    jobs.create(elasticjob("guarded"))
+    wait_for(lambda: jobs.master_pods("guarded"), timeout=30, what="the master pod (its create was accepted)")
+    (event,) = wait_for(lambda: [e for e in jobs.events("guarded") if e["reason"] == "StatusRefused"],
+                        timeout=30, what="a StatusRefused event")
+    assert event["type"] == "Warning"
+    assert event["message"].startswith(
+        f'cannot patch the status of ElasticJob "guarded": the API server refused it (403 Forbidden): {WEBHOOK} '
+        "(try 1; the operator checks the job again in 2s)"), event["message"]
+    assert "MasterCreated" in jobs.reasons("guarded")  # recorded before the status it could not write
+    start = tries[0]
+    wait_for(lambda: time.monotonic() - start > 7, timeout=30, what="seven seconds")  # the sweep runs every second
+    within = [t for t in tries if t - start <= 7]
+    assert 2 <= len(within) <= 3, within  # tries at 0, 2, 6 s: backing off, not one per sweep
+    assert [e["reason"] for e in jobs.events("guarded")].count("StatusRefused") == 1  # one per reason
+    assert "masterRelaunches" not in jobs.status("guarded")
+    lift()
+    status = wait_for(lambda: jobs.status("guarded").get("masterRelaunches") == 0 and jobs.status("guarded"),
+                      timeout=40, what="the created status once the webhook lets it through")
+    assert status["phase"] == "Pending" and status["message"] == "master pod guarded-master-0 created"
+    assert list(jobs.master_pods("guarded")) == [0]  # the pod was not created twice
+
+
+def test_a_failure_whose_status_is_refused_is_still_told_by_its_event(k8s_cluster, operator, jobs):
+    refuse = k8s_cluster.admit_patch(lambda res, ns, obj, sub, body: (
+        (403, "Forbidden", WEBHOOK) if sub == "status" and obj == "broken"
+        and (body.get("status") or {}).get("phase") == "Failed" else None))
+    jobs.create(elasticjob("broken", replicas=2, maxReplicas=1))
+    wait_for(lambda: {"InvalidSpec", "StatusRefused"} <= set(jobs.reasons("broken")), timeout=30,
+             what="the InvalidSpec and StatusRefused events")
+    (invalid,) = [e for e in jobs.events("broken") if e["reason"] == "InvalidSpec"]
+    assert invalid["type"] == "Warning" and "maxReplicas" in invalid["message"]
+    refuse()
+    wait_for(lambda: jobs.status("broken").get("phase") == "Failed", timeout=40, what="the Failed status, retried")
+    assert jobs.master_pods("broken") == {}
+    assert jobs.reasons("broken").count("InvalidSpec") == 1  # the retries did not repeat it

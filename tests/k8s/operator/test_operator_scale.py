@@ -127,3 +127,23 @@ def test_master_is_not_relaunched_into_an_invalid_spec(operator, jobs):
     assert invalid[0]["type"] == "Warning" and invalid[0]["message"] == status["message"]
     assert jobs.master_pods("digits") == {}
     assert "MasterRelaunched" not in jobs.reasons("digits")
+
+
+def test_a_refused_revert_is_reported_once_and_nothing_relayed(k8s_cluster, operator, jobs, master):
+    started_job(jobs, master)
+    report_running(jobs, "digits", desired=2)
+    policy = 'admission webhook "frozen-spec.example.com" denied the request: replicas are managed by the team quota'
+    k8s_cluster.admit_patch(lambda res, ns, obj, sub, body: (
+        (403, "Forbidden", policy) if sub is None and obj == "digits"
+        and ((body.get("spec") or {}).get("replicaSpecs") or {}).get("worker", {}).get("replicas") == 2 else None))
+    scale(jobs, "digits", 9)
+    wait_for(lambda: events(jobs, "digits", "ScaleRejected") and handled_replicas(jobs, "digits") == 9,
+             timeout=30, what="a ScaleRejected event and the scale handled")
+    after_two_sweeps(jobs, "digits")
+    rejected = events(jobs, "digits", "ScaleRejected")
+    assert len(rejected) == 1, [e["message"] for e in rejected]
+    assert rejected[0]["message"] == (
+        "cannot scale workers to 9: spec.replicaSpecs.worker.maxReplicas (3) < replicas (9); allowed: "
+        "spec.replicaSpecs.worker.minReplicas..maxReplicas = 1..3; reverting spec.replicaSpecs.worker.replicas "
+        f'to 2 failed: cannot patch ElasticJob "digits": the API server refused it (403 Forbidden): {policy}')
+    assert spec_replicas(jobs, "digits") == 9 and master.scales == []  # told, and the count not run
