@@ -18,9 +18,10 @@ def flextrain_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "flextrain", *args]
 
 
-def run_flextrain(*args: str, timeout: float = 240, cwd: Path | None = None) -> subprocess.CompletedProcess:
+def run_flextrain(*args: str, timeout: float = 240, cwd: Path | None = None,
+                  env_extra: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """Run the real CLI in a child process (which launches real worker processes)."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env_extra or {})}
     return subprocess.run(flextrain_cmd(*args), capture_output=True, text=True, timeout=timeout,
                           cwd=cwd, env=env)
 

@@ -236,11 +236,6 @@ def cmd_train(args) -> int:
 
             run_preflight(spec, timeout=args.preflight_timeout)
         model_def = load_model_def(spec.model_def)  # without preflight, at least names and signatures
-        if model_def.framework is Framework.TENSORFLOW and spec.training.effective_lr_rule != "none":
-            # The workers scale a PyTorch optimizer's param groups; a Keras one would fail at its first step.
-            raise ModelDefError(f"{spec.model_def}: --lr-rule {spec.training.effective_lr_rule} (and "
-                                "--batch-schedule adaptive) need a PyTorch module; for a Keras module use "
-                                "--lr-rule none")
         if spec.strategy is Strategy.PARAMETER_SERVER and not spec.training.preflight:  # else preflight did it
             from flextrain.worker.ps_trainer import check_ps_optimizer
 

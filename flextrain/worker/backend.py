@@ -127,13 +127,13 @@ class ModelBackend(ABC):
         """Set the optimizer's learning rate(s) to ``factor`` times those it was built with (a job's
         --lr-rule, as the global batch changes); returns them. Default: unsupported, named as such."""
         raise NotImplementedError(f"--lr-rule is not supported for {type(self).__name__} models yet "
-                                  "(PyTorch modules only); use --lr-rule none")
+                                  "(PyTorch and Keras modules); use --lr-rule none")
 
     def measure_micro_batches(self) -> None:
         """From now on, keep :attr:`micro_sqr` (the ``adascale`` LR rule's input). Default:
         unsupported, named as such."""
         raise NotImplementedError(f"--lr-rule adascale is not supported for {type(self).__name__} models yet "
-                                  "(PyTorch modules only); use --lr-rule linear, sqrt or none")
+                                  "(PyTorch and Keras modules); use --lr-rule linear, sqrt or none")
 
     # After measure_micro_batches(): Σ n_i‖g_i‖² over the micro-batches accumulated since zero(), with
     # g_i the gradient of micro-batch i's mean loss and n_i its samples (a float64 scalar tensor).

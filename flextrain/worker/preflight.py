@@ -187,6 +187,9 @@ def check(spec: JobSpec, *, on_stage=lambda stage: None) -> None:
 
         with run.stage("preparing the model for training"):
             backend = make_backend(model_def=md, model=model, optimizer=optimizer, extra=0)
+        if spec.training.effective_lr_rule != "none":
+            with run.stage(f"checking the optimizer for --lr-rule {spec.training.effective_lr_rule}"):
+                backend.scale_lr(1.0)  # a learning rate the rule cannot scale is named here
     step = _keras_step if md.framework is Framework.TENSORFLOW else _torch_step
     step(run, md, model, optimizer, backend, records, meta)
     if validation is not None:

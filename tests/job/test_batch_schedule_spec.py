@@ -135,16 +135,3 @@ def test_adaptive_without_bounds_exits_2_at_submission(tmp_path):
     assert result.returncode == 2
     assert "--batch-schedule adaptive needs --max-global-batch" in result.stderr, result.stderr
     assert not (tmp_path / "job").exists()
-
-
-@pytest.mark.e2e
-def test_an_lr_rule_for_a_keras_module_is_refused_at_submission(digits_data, tmp_path):
-    """The workers scale PyTorch param groups only: a Keras module is told at submission, not at its first step."""
-    from ft_helpers import MODEL_ZOO
-
-    result = run_flextrain("train", "--model-def", f"{MODEL_ZOO / 'digits_keras.py'}:custom_model",
-                           "--training-data", str(digits_data / "train"), "--lr-rule", "linear",
-                           "--job-dir", str(tmp_path / "job"), "--no-preflight")
-    assert result.returncode == 2, result.stderr
-    assert "--lr-rule linear (and --batch-schedule adaptive) need a PyTorch module" in result.stderr, result.stderr
-    assert not (tmp_path / "job" / "status.json").exists()

@@ -84,3 +84,37 @@ def test_a_given_learning_rate_outlives_the_loaded_optimizer_state(keep_lr, expe
     b.load_state(decode(encode(saved.state())))
     assert float(b.optimizer.learning_rate) == pytest.approx(expected)
     assert int(b.optimizer.iterations.numpy()) == 1  # the rest of the optimizer's state is the loaded one
+
+
+def test_lr_rules_scale_the_built_learning_rate_and_a_schedule_is_refused_naming_it():
+    b = backend(1)
+    assert b.scale_lr(2.5) == [pytest.approx(0.25)] and float(b.optimizer.learning_rate) == pytest.approx(0.25)
+    assert b.scale_lr(0.5) == [pytest.approx(0.05)]  # always times the built one, never compounded
+    md = load_model_def(DIGITS)
+    model = md.build_model()
+    decay = tf.keras.optimizers.schedules.ExponentialDecay(0.1, decay_steps=10, decay_rate=0.9)
+    scheduled = make_backend(model_def=md, model=model, optimizer=tf.keras.optimizers.SGD(decay), extra=0)
+    with pytest.raises(Exception, match=r"digits_keras.py: --lr-rule scales the optimizer's learning rate, but "
+                                        r"optimizer\(\.\.\.\) returned a SGD whose learning_rate is a schedule "
+                                        r"\(ExponentialDecay\)"):
+        scheduled.scale_lr(2.0)
+
+
+def test_adascale_measurement_is_each_micro_batch_size_times_its_squared_gradient():
+    """Σ nᵢ‖gᵢ‖² (gᵢ: micro-batch i's mean-loss gradient), what --lr-rule adascale needs, in float64."""
+    b = backend(1)
+    b.measure_micro_batches()
+    features, labels = b.feed(RECORDS, Mode.TRAINING, FeedMetadata("mem", 0, 20, 0))
+    expected = 0.0
+    for sl in (slice(0, 7), slice(7, 20)):
+        with tf.GradientTape() as tape:
+            loss = b.model_def.loss(labels[sl], b.model({k: v[sl] for k, v in features.items()}
+                                                         if isinstance(features, dict) else features[sl],
+                                                         training=True))
+        grads = tape.gradient(loss, b.model.trainable_variables)
+        expected += (sl.stop - sl.start) * sum(float(np.sum(g.numpy().astype(np.float64) ** 2)) for g in grads)
+    for _ in range(2):  # zero() starts each step's sum afresh
+        b.zero()
+        b.accumulate(features, labels, slice(0, 7), scale=7 / 20)
+        b.accumulate(features, labels, slice(7, 20), scale=13 / 20)
+        assert float(b.micro_sqr) == pytest.approx(expected, rel=1e-5)

@@ -17,6 +17,12 @@ and every optimizer variable (slots, iteration count, learning rate), as torch
 tensors keyed ``"<index>:<variable path>"``; loading matches them by position
 and checks count and shapes (auto-generated Keras names may differ between
 processes).
+
+LR rules (a job's ``--lr-rule``) set the optimizer's ``learning_rate`` to
+``factor`` times the one it was built with; a ``LearningRateSchedule`` cannot
+be scaled so and is refused naming it. ``--lr-rule adascale`` measures
+Σ nᵢ‖gᵢ‖² from each micro-batch's gradients, which this backend holds
+anyway before adding them up (in float64; sparse rows summed first).
 """
 
 from __future__ import annotations
@@ -90,6 +96,7 @@ class KerasBackend(ModelBackend):
         # unknown dimensions); eager Keras spends most of a small model's step in Python.
         self._gradients_fn = self.tf.function(self._gradients, reduce_retracing=True)
         self._apply_fn = self.tf.function(self._apply, reduce_retracing=True)
+        self._base_lr = _constant_lr(optimizer)  # what the LR rules scale (None: a schedule)
 
     def feed(self, records, mode, meta):
         return feed_dataset(self.model_def, records, mode, meta)
@@ -97,6 +104,21 @@ class KerasBackend(ModelBackend):
     def zero(self) -> None:
         for buffer in self.buffers:
             buffer.zero_()
+        if self.micro_sqr is not None:
+            self.micro_sqr.zero_()
+
+    def scale_lr(self, factor: float) -> list[float]:
+        if self._base_lr is None:
+            raise ModelDefError(
+                f"{self.model_def.path}: --lr-rule scales the optimizer's learning rate, but optimizer(...) "
+                f"returned a {type(self.optimizer).__name__} whose learning_rate is a schedule "
+                f"({type(self.optimizer._learning_rate).__name__}); give it a number, or use --lr-rule none")
+        self.optimizer.learning_rate = self._base_lr * factor
+        return [float(self.optimizer.learning_rate)]
+
+    def measure_micro_batches(self) -> None:
+        if self.micro_sqr is None:
+            self.micro_sqr = torch.zeros((), dtype=torch.float64)
 
     def _gradients(self, features, labels):
         with self.tf.GradientTape() as tape:
@@ -112,13 +134,22 @@ class KerasBackend(ModelBackend):
         if getattr(loss, "shape", None) is None or loss.shape.rank != 0:
             raise ModelDefError(f"{self.model_def.path}: loss(labels, predictions) must return the mean over the "
                                 f"samples (a scalar tensor), got {type(loss).__name__}{getattr(loss, 'shape', '')}")
+        sqr = 0.0  # ‖g‖² of this micro-batch's mean-loss gradient (adascale only)
         for view, grad in zip(self._views, grads):
             if grad is None:  # a weight this loss does not depend on
                 continue
             if isinstance(grad, tf.IndexedSlices):
                 np.add.at(view, grad.indices.numpy(), scale * grad.values.numpy())
+                if self.micro_sqr is not None:  # repeated ids add up before the norm
+                    rows = tf.math.unsorted_segment_sum(grad.values, grad.indices, tf.shape(view)[0])
+                    sqr += _sqr(rows.numpy())
             else:
-                view += scale * grad.numpy()
+                dense = grad.numpy()
+                view += scale * dense
+                if self.micro_sqr is not None:
+                    sqr += _sqr(dense)
+        if self.micro_sqr is not None:
+            self.micro_sqr += (index.stop - index.start) * sqr
         return float(loss)
 
     def apply(self) -> None:
@@ -140,3 +171,19 @@ class KerasBackend(ModelBackend):
         if built is not None:
             self.optimizer.learning_rate = built
         self.zero()
+
+
+def _constant_lr(optimizer) -> float | None:
+    """The optimizer's learning rate as a number; None when it is a schedule (a function of the step:
+    Keras evaluates it when ``learning_rate`` is read, so the number read would be the current one)."""
+    if callable(getattr(optimizer, "_learning_rate", None)):  # a LearningRateSchedule or a callable
+        return None
+    try:
+        return float(optimizer.learning_rate)
+    except (TypeError, ValueError):
+        return None
+
+
+def _sqr(array: np.ndarray) -> float:
+    flat = np.asarray(array, dtype=np.float64).ravel()
+    return float(np.dot(flat, flat))
