@@ -12,13 +12,8 @@ from flextrain.elastic.statecodec import decode
 pytestmark = pytest.mark.e2e
 
 
-def test_two_workers_train_digits_above_90_percent(digits_data, tmp_path):
-    job_dir = tmp_path / "job"
-    proc = run_flextrain(
-        "train", "--model-def", DIGITS_MODEL, "--training-data", str(digits_data / "train"),
-        "--validation-data", str(digits_data / "validation"), "--workers", "2", "--epochs", "6",
-        "--global-batch-size", "64", "--max-micro-batch", "32", "--lr", "0.1", "--job-dir", str(job_dir),
-    )
+def test_two_workers_train_digits_above_90_percent(digits_fixed_g):
+    job_dir, proc = digits_fixed_g
     assert proc.returncode == 0, proc.stderr
     status = read_status(job_dir)
     assert status["phase"] == "Succeeded"
