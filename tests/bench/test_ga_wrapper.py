@@ -30,8 +30,10 @@ def test_a_small_run_prints_one_json_object():
                          timeout=120)
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
-    assert result["bench"] == "ga_wrapper" and set(result["cases"]) == {"even", "uneven"}
-    assert result["cases"]["uneven"]["micro_batches"] == [63, 63, 62, 62]
+    assert result["bench"] == "ga_wrapper"
+    assert set(result["cases"]) == {"cnn-even", "cnn-uneven", "mlp-even", "mlp-uneven"}
+    assert result["cases"]["cnn-uneven"]["micro_batches"] == [63, 63, 62, 62]
+    assert result["target_cases"] == ["cnn-even", "cnn-uneven"]
     for case in result["cases"].values():
         assert case["wrapper_vs_hand"] > 0 and len(case["wrapper_vs_hand_ci95"]) == 2
     assert isinstance(result["met"], bool)
