@@ -45,6 +45,7 @@ from typing import Any
 import torch
 
 from flextrain.elastic.adaptive import AdaptiveBatchSampler
+from flextrain.elastic.infinity import InfinityBatch
 from flextrain.elastic.rules import AdaScaleOptimizer, LinearRuleOptimizer, RootRuleOptimizer, SqrtRuleOptimizer
 from flextrain.elastic.session import ElasticInitError, Session, activate, max_micro_batch_of
 from flextrain.elastic.state import State
@@ -68,17 +69,25 @@ loss_weights: tuple[float, ...] | None = None
 session: Session | None = None
 
 
-def init(global_batch_size: int, max_gpu_batch_size: int | None = None, *,
-         max_micro_batch: int | None = None) -> Session:
+def init(global_batch_size: int, max_gpu_batch_size: int | str | None = None, *,
+         max_micro_batch: int | str | None = None, model: Any = None, loss_fn: Any = None, sample: Any = None,
+         optimizer: Any = None, memory_limit: int | str | None = None, cache: Any = None) -> Session:
     """Plan one optimizer step of ``global_batch_size`` samples for this process's world.
 
     ``max_gpu_batch_size`` (AIkit's positional name) and ``max_micro_batch`` are one
-    setting, the most samples one device holds: give exactly one. Sets this module's
+    setting, the most samples one device holds: give exactly one. ``"auto"`` probes it
+    (:mod:`flextrain.elastic.autosize`: needs ``model``, ``loss_fn`` and one real ``sample``
+    batch; ``optimizer``, ``memory_limit`` and ``cache`` are optional). Sets this module's
     attributes, makes the plan current (:func:`flextrain.elastic.session.activate`), logs
     :meth:`Session.describe` on rank 0 and returns the Session. Raises
     :class:`ElasticInitError` naming a bad argument.
     """
     limit = max_micro_batch_of(max_gpu_batch_size, max_micro_batch)
+    if limit == "auto":
+        from flextrain.elastic.autosize import probe_for_init
+
+        limit = probe_for_init(global_batch_size, model=model, loss_fn=loss_fn, sample=sample, optimizer=optimizer,
+                               memory_limit=memory_limit, cache=cache)
     planned = Session.plan_for(global_batch_size, limit, torch_world())
     globals().update(planned.attributes())
     activate(planned)
@@ -343,5 +352,5 @@ def no_sync(model: torch.nn.Module, optimizer: Optimizer) -> contextlib.Abstract
     return model.no_sync()
 
 
-__all__ = ["AdaScaleOptimizer", "AdaptiveBatchSampler", "ElasticInitError", "LinearRuleOptimizer", "Optimizer", "RootRuleOptimizer", "Session",
+__all__ = ["AdaScaleOptimizer", "AdaptiveBatchSampler", "ElasticInitError", "InfinityBatch", "LinearRuleOptimizer", "Optimizer", "RootRuleOptimizer", "Session",
            "SqrtRuleOptimizer", "State", "TraceBatchSampler", "init", "no_sync"]
