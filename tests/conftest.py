@@ -24,6 +24,18 @@ def digits_data(tmp_path_factory) -> Path:
     return out
 
 
+def pytest_collection_modifyitems(config, items) -> None:
+    """Tests marked ``cuda`` skip where torch sees no CUDA device (torch is imported only if there are any)."""
+    marked = [item for item in items if item.get_closest_marker("cuda")]
+    if not marked:
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        for item in marked:
+            item.add_marker(pytest.mark.skip(reason="needs a CUDA device"))
+
+
 def pytest_sessionfinish(session, exitstatus) -> None:
     global _exit_status
     _exit_status = int(exitstatus)

@@ -1,0 +1,541 @@
+"""Memory accounting for training: what a model holds, what a step peaks at, what a process uses.
+
+Four pieces (the probe that finds the largest micro-batch is :mod:`flextrain.elastic.probe`):
+
+- :func:`parse_memory` reads a memory size ("4GiB", "512MB", 2**30) and
+  :func:`default_memory_limit` gives a fraction of the container's memory;
+- :func:`step_peak` runs a callable and measures the peak bytes of tensor memory
+  alive during it, absolute, so that it compares with a memory limit directly;
+  :func:`static_bytes` is what a model and its optimizer hold between steps;
+- :class:`MemoryMonitor` samples a process's memory cheaply, once per step;
+- :func:`summary` counts a model's parameters per module, their bytes, the
+  gradient and optimizer-state bytes, and the forward+backward peak per micro-batch.
+
+What a peak measures: on CUDA, the caching allocator's statistics (every tensor on
+the device); on the CPU, where no allocator keeps any, the storages operators create
+during the step (:class:`_Tracker`) plus a ``baseline`` for what existed before it
+(:func:`step_peak`). Gradients and optimizer state a first step creates count.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import weakref
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import torch
+# TorchDispatchMode lives in a private module but is the documented extension point
+# (torch.utils._python_dispatch is what the docs and torch's own tools import).
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+# ---- sizes ---------------------------------------------------------------------------------
+
+# Bare K/M/G/T are binary, as Docker and most tools that print memory read them (Kubernetes
+# reads "2G" as 10**9: write 2GB or 2Gi to leave no doubt).
+_UNITS = {"": 1, "b": 1, **{p + "b": 1000**i for i, p in enumerate("kmgt", 1)},
+          **{p + suffix: 1024**i for i, p in enumerate("kmgt", 1) for suffix in ("", "i", "ib")}}
+_SIZE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-z]*)\s*", re.IGNORECASE)
+_ACCEPTED = ("give bytes (an int) or a number with a unit, e.g. '4GiB', '512MB' or '1.5G' "
+             "(kB/MB/GB/TB are powers of 1000; KiB/MiB/GiB/TiB and bare K/M/G/T powers of 1024)")
+
+
+def parse_memory(value: Any, *, what: str = "memory_limit") -> int | None:
+    """Bytes from a memory size: None, a positive int (bytes), or a string like "512MB", "1.5GiB",
+    "2G", "300 MiB", "1024". Units are case-insensitive; kB/MB/GB/TB are decimal, KiB/MiB/GiB/TiB
+    (and Ki/Mi/Gi/Ti, and bare K/M/G/T) binary. A fraction of a byte is rounded down. Anything
+    else (zero, negative, NaN, a bool, an unknown unit) raises ValueError naming ``what``."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise ValueError(f"{what}={value!r} is not a memory size: {_ACCEPTED}")
+    if isinstance(value, str):
+        match = _SIZE.fullmatch(value)
+        if match is None or match.group(2).lower() not in _UNITS:
+            raise ValueError(f"{what}={value!r} is not a memory size: {_ACCEPTED}")
+        amount = Fraction(match.group(1)) * _UNITS[match.group(2).lower()]
+    elif isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{what}={value!r} is not a memory size: {_ACCEPTED}")
+    else:
+        amount = Fraction(value)
+    if amount <= 0:
+        raise ValueError(f"{what}={value!r} must be more than zero bytes, e.g. '4GiB'")
+    if amount < 1:
+        raise ValueError(f"{what}={value!r} is less than one byte: {_ACCEPTED}")
+    return math.floor(amount)
+
+
+def format_bytes(n: int) -> str:
+    """``n`` bytes for people, in binary units: "512 B", "1.5 MiB"."""
+    sign, size = ("-" if n < 0 else ""), float(abs(n))
+    if size < 1024:
+        return f"{sign}{int(size)} B"
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        size /= 1024
+        if round(size, 1) < 1024:
+            break
+    return f"{sign}{size:.1f} {unit}"
+
+
+# The value cgroup v1 reports for "no limit" (the page counter's maximum): about 2**63.
+_V1_UNLIMITED = 2**60
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None  # "max" (cgroup v2): no limit
+
+
+def _meminfo(root: Path) -> dict[str, int]:
+    try:
+        lines = (root / "proc/meminfo").read_text().splitlines()
+    except OSError:
+        return {}
+    info = {}
+    for line in lines:
+        name, _, rest = line.partition(":")
+        fields = rest.split()
+        if fields and fields[0].isdigit():
+            info[name.strip()] = int(fields[0]) * (1024 if fields[1:2] == ["kB"] else 1)
+    return info
+
+
+def default_memory_limit(*, fraction: float = 0.8, root: Path = Path("/")) -> int:
+    """``fraction`` of the memory this process may use: the container's cgroup limit (v2
+    ``memory.max``, else v1 ``memory.limit_in_bytes``) where one binds, else MemAvailable from
+    /proc/meminfo. A cgroup limit binds unless it is "max", cgroup v1's "unlimited" value, or not
+    below the machine's MemTotal. ``root`` stands for "/" (tests give a fake tree). Raises
+    RuntimeError when neither can be read (not Linux): then give a limit yourself."""
+    if isinstance(fraction, bool) or not isinstance(fraction, int | float) or not 0 < fraction <= 1:
+        raise ValueError(f"fraction must be in (0, 1], got {fraction!r}")
+    root = Path(root)
+    info = _meminfo(root)
+    total = info.get("MemTotal")
+    for path in ("sys/fs/cgroup/memory.max", "sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        limit = _read_int(root / path)
+        if limit is not None and 0 < limit < _V1_UNLIMITED and (total is None or limit < total):
+            return int(limit * fraction)
+    if "MemAvailable" not in info:
+        raise RuntimeError(f"cannot tell how much memory this process may use (no cgroup limit and no "
+                           f"MemAvailable in {root / 'proc/meminfo'}): give a limit, e.g. memory_limit='8GiB'")
+    return int(info["MemAvailable"] * fraction)
+
+
+# ---- measuring a step ----------------------------------------------------------------------
+
+def _device(device: Any) -> torch.device:
+    """None: the CPU. A CUDA device without an index: the current one (its statistics are per device)."""
+    if device is None:
+        return torch.device("cpu")
+    dev = torch.device(device) if not isinstance(device, int) else torch.device("cuda", device)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    return dev
+
+
+def _storages(tensors: Iterable[Any]) -> Iterable[Any]:
+    for t in tensors:
+        if not isinstance(t, torch.Tensor):
+            continue
+        if t.layout == torch.sparse_coo:
+            yield from _storages((t._indices(), t._values()))
+            continue
+        try:
+            yield t.untyped_storage()
+        except (RuntimeError, NotImplementedError):  # a tensor without storage (a subclass): nothing to count
+            continue
+
+
+def _storage_bytes(tensors: Iterable[Any]) -> int:
+    """Bytes of the distinct storages behind ``tensors``: a view or a tied weight counts once, and a
+    view counts its whole storage (that is what stays allocated)."""
+    seen = {}  # keeping each storage referenced keeps its id unique while we count
+    for st in _storages(tensors):
+        seen.setdefault(id(st), st)
+    return sum(st.nbytes() for st in seen.values())
+
+
+def _tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    """Bytes of a same-shaped copy of each tensor (what .grad or Adam's moments take)."""
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    return [t for entry in optimizer.state.values() for t in tree_leaves(entry) if isinstance(t, torch.Tensor)]
+
+
+def static_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> int:
+    """What a model and its optimizer hold between steps: parameters, buffers, the gradients that
+    exist now and the optimizer's state tensors (and any parameter of the optimizer the model
+    lacks), each storage counted once. The ``baseline`` of :func:`step_peak` on the CPU."""
+    params = list(model.parameters())
+    if optimizer is not None:
+        params += [p for group in optimizer.param_groups for p in group["params"]]
+    tensors = params + [p.grad for p in params] + list(model.buffers())
+    if optimizer is not None:
+        tensors += _optimizer_tensors(optimizer)
+    return _storage_bytes(tensors)
+
+
+class _OverLimit(Exception):
+    """Raised inside a tracked step once it holds more than its cap (the probe's stop on the CPU)."""
+
+    def __init__(self, held: int) -> None:
+        super().__init__(f"the step held {held} bytes, more than its cap")
+        self.held = held
+
+
+# Operators whose output shares its input's storage although the storage is new to torch:
+# torch.tensor(data) builds a tensor outside the dispatcher and "lifts" it.
+_FRESH = {torch.ops.aten.lift_fresh.default, torch.ops.aten.lift_fresh_copy.default}
+
+
+class _Tracker(TorchDispatchMode):
+    """Live and peak bytes of the storages that operators create on ``device`` while active.
+
+    Written here rather than using torch.distributed._tools.mem_tracker.MemTracker: that one
+    gives the same totals (checked on an MLP step, to the byte) but needs the model and
+    optimizer registered, is a private module, and does module bookkeeping we do not need.
+    A storage is new when an operator returns it and none of the operator's inputs holds it
+    (views, in-place and out= operators return an input's storage). The storage's Python object
+    lives exactly as long as the storage (torch keeps it), so a weak reference's callback
+    tells when it is freed. Costs a Python call per operator (~3x on a small MLP's step)."""
+
+    def __init__(self, device: torch.device, cap: int | None = None) -> None:
+        super().__init__()
+        self.device, self.cap = device, cap
+        self.live = self.peak = 0
+        self._held: dict[int, tuple[weakref.ref, int]] = {}
+
+    def _freed(self, key: int) -> None:
+        entry = self._held.pop(key, None)
+        if entry is not None:
+            self.live -= entry[1]
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = () if func in _FRESH else {id(st) for st in _storages(tree_leaves((args, kwargs)))}
+        for t in tree_leaves(out):
+            if not isinstance(t, torch.Tensor) or t.device.type != self.device.type or (
+                    self.device.index is not None and t.device.index != self.device.index):
+                continue
+            for st in _storages((t,)):
+                key, nbytes = id(st), st.nbytes()
+                held = self._held.get(key)
+                if held is not None:
+                    if nbytes != held[1]:  # resized in place (an out= operator growing its output)
+                        self.live += nbytes - held[1]
+                        self._held[key] = (held[0], nbytes)
+                elif key not in inputs:
+                    self._held[key] = (weakref.ref(st, lambda _ref, key=key: self._freed(key)), nbytes)
+                    self.live += nbytes
+        if self.live > self.peak:
+            self.peak = self.live
+            if self.cap is not None and self.live > self.cap:
+                raise _OverLimit(self.live)
+        return out
+
+    def close(self) -> None:
+        self._held.clear()  # drops the weak references: their callbacks never run
+
+
+def _measure(fn: Callable[[], Any], device: torch.device, *, cap: int | None = None) -> tuple[Any, int, int]:
+    """Run ``fn``; return (its result, bytes allocated on ``device`` at entry (CUDA; 0 on the
+    CPU, where that is not known), peak bytes above them during ``fn``). With ``cap`` (CPU only),
+    raise :class:`_OverLimit` as soon as more than ``cap`` bytes above the entry are held."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        entry = torch.cuda.memory_allocated(device)
+        result = fn()
+        return result, entry, torch.cuda.max_memory_allocated(device) - entry
+    tracker = _Tracker(device, cap)
+    try:
+        with tracker:
+            result = fn()
+    finally:
+        tracker.close()
+    return result, 0, tracker.peak
+
+
+@dataclass(frozen=True)
+class StepPeak:
+    peak_bytes: int  # absolute: compare it with a memory limit
+    result: Any  # what fn returned
+
+
+def step_peak(fn: Callable[[], Any], *, device: Any = None, baseline: int = 0) -> StepPeak:
+    """Run ``fn()`` and measure the peak bytes of tensor memory alive during it on ``device``
+    (None: the CPU): everything the step holds, parameters and optimizer state included.
+
+    CUDA: the allocator's peak for the device (its peak statistic is reset first), which already
+    holds every tensor on the device, so ``baseline`` is not added. CPU: ``baseline`` (the bytes
+    that exist before ``fn`` and that it uses: :func:`static_bytes` of the model and optimizer)
+    plus the peak of the tensors created during ``fn`` (module docstring: what is seen)."""
+    if isinstance(baseline, bool) or not isinstance(baseline, int) or baseline < 0:
+        raise ValueError(f"baseline must be a number of bytes >= 0, got {baseline!r}")
+    dev = _device(device)
+    result, entry, extra = _measure(fn, dev)
+    return StepPeak(entry + extra if dev.type == "cuda" else baseline + extra, result)
+
+
+# ---- monitoring ----------------------------------------------------------------------------
+
+def _rss() -> dict[str, int]:
+    try:
+        with open("/proc/self/status", "rb") as f:
+            status = f.read()
+    except OSError:  # not Linux: only the high-water mark is known
+        import resource
+        import sys
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return {"rss": peak if sys.platform == "darwin" else peak * 1024}
+    sample = {}
+    for line in status.splitlines():
+        if line.startswith((b"VmRSS:", b"VmHWM:")):
+            sample["rss" if line.startswith(b"VmRSS") else "peak_rss"] = int(line.split()[1]) * 1024
+    return sample
+
+
+class MemoryMonitor:
+    """Memory of this process, sampled once per step (cheap: a few counters or one /proc read).
+
+    On CUDA (``device`` a CUDA device): ``{"allocated", "peak", "reserved"}`` bytes of the device
+    from torch.cuda; ``peak`` is the most allocated since the previous sample (the peak statistic
+    is reset after each sample, so do not mix it with :func:`step_peak` on the same device). On
+    the CPU: ``{"rss", "peak_rss"}`` bytes (VmRSS, VmHWM from /proc/self/status; elsewhere only
+    ``rss``, the high-water mark). :meth:`record` keeps the last ``keep`` samples in
+    :attr:`history`."""
+
+    def __init__(self, *, device: Any = None, keep: int = 1000) -> None:
+        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+            raise ValueError(f"keep must be a positive integer, got {keep!r}")
+        self.device = _device(device)
+        self.history: deque[dict[str, int]] = deque(maxlen=keep)
+
+    def sample(self) -> dict[str, int]:
+        if self.device.type != "cuda":
+            return _rss()
+        d = self.device
+        sample = {"allocated": torch.cuda.memory_allocated(d), "peak": torch.cuda.max_memory_allocated(d),
+                  "reserved": torch.cuda.memory_reserved(d)}
+        torch.cuda.reset_peak_memory_stats(d)
+        return sample
+
+    def record(self, step: int) -> dict[str, int]:
+        """Sample, append ``{"step": step, **sample}`` to :attr:`history` and return it."""
+        entry = {"step": step, **self.sample()}
+        self.history.append(entry)
+        return entry
+
+    @property
+    def last(self) -> dict[str, int] | None:
+        return self.history[-1] if self.history else None
+
+
+# ---- the model summary ---------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ModuleRow:
+    name: str  # as named_modules() names it; "" is the model itself
+    type: str
+    parameters: int
+    trainable: int
+    dtypes: tuple[str, ...]
+    bytes: int
+
+
+@dataclass(frozen=True)
+class ModelSummary:
+    """What a model holds and a training step adds, in elements and bytes (:func:`summary`)."""
+
+    modules: tuple[ModuleRow, ...]
+    parameters: int
+    trainable: int
+    parameter_bytes: int
+    gradient_bytes: int  # what .grad of the trainable parameters holds after a backward
+    buffer_bytes: int
+    optimizer_state_bytes: int | None  # None: no optimizer, or no estimate (see notes)
+    activation_peaks: tuple[tuple[int, int], ...]  # (micro-batch size, forward+backward bytes above static)
+    notes: tuple[str, ...] = ()
+
+    def as_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["modules"] = [{**row, "dtypes": list(row["dtypes"])} for row in data["modules"]]
+        data["activation_peaks"] = [list(pair) for pair in self.activation_peaks]
+        data["notes"] = list(self.notes)
+        return data
+
+    def __str__(self) -> str:
+        header = ("module", "type", "params", "trainable", "dtype", "size")
+        rows = [(r.name or "(model)", r.type, f"{r.parameters:,}", f"{r.trainable:,}", ",".join(r.dtypes),
+                 format_bytes(r.bytes)) for r in self.modules]
+        widths = [max(len(cells[i]) for cells in [header, *rows]) for i in range(len(header))]
+        right = {2, 3, 5}
+
+        def line(cells: tuple[str, ...]) -> str:
+            return "  ".join(c.rjust(w) if i in right else c.ljust(w)
+                             for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+
+        out = [line(header), "  ".join("-" * w for w in widths), *(line(r) for r in rows)]
+        out.append(f"parameters: {self.parameters:,} ({self.trainable:,} trainable, "
+                   f"{self.parameters - self.trainable:,} frozen)")
+        out.append(f"parameter bytes: {format_bytes(self.parameter_bytes)}; gradients: "
+                   f"{format_bytes(self.gradient_bytes)}; buffers: {format_bytes(self.buffer_bytes)}")
+        if self.optimizer_state_bytes is not None:
+            out.append(f"optimizer state: {format_bytes(self.optimizer_state_bytes)}")
+        for size, nbytes in self.activation_peaks:
+            out.append(f"forward+backward, micro-batch {size}: {format_bytes(nbytes)} above the static bytes")
+        out += [f"note: {n}" for n in self.notes]
+        return "\n".join(out)
+
+
+def _state_copies(optimizer: torch.optim.Optimizer, group: dict[str, Any]) -> tuple[int, bool] | None:
+    """What ``optimizer``'s first step creates per trainable parameter of ``group``: (copies of
+    the parameter, whether a scalar step count too); None for a class without an estimate."""
+    if isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW):  # AdamW is an Adam since torch 2.6
+        return 2 + bool(group.get("amsgrad")), True
+    if isinstance(optimizer, torch.optim.SGD):
+        return int(group.get("momentum", 0) != 0), False
+    if isinstance(optimizer, torch.optim.RMSprop):
+        return 1 + bool(group.get("centered")) + (group.get("momentum", 0) != 0), True
+    if isinstance(optimizer, torch.optim.Adagrad):
+        return 1, True
+    return None
+
+
+def _optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> tuple[int | None, str | None]:
+    """(bytes, note): measured when the optimizer has state, else estimated (with a note saying so)."""
+    if optimizer.state:
+        return _storage_bytes(_optimizer_tensors(optimizer)), None
+    name = type(optimizer).__name__
+    scalar = torch.empty((), dtype=torch.get_default_dtype(), device="meta").element_size()  # Adam's step
+    estimate, copies, counts = 0, set(), False
+    for group in optimizer.param_groups:
+        per = _state_copies(optimizer, group)
+        if per is None:
+            return None, (f"{name} has no state yet (it is created by its first step) and no estimate is known "
+                          "for it: take one step and summarise again to measure it")
+        params = [p for p in group["params"] if p.requires_grad]
+        estimate += per[0] * _tensor_bytes(params) + (len(params) * scalar if per[1] else 0)
+        copies.add(per[0])
+        counts |= per[1]
+    return estimate, (f"optimizer state estimated: {name} has taken no step yet; its first step creates "
+                      f"{'/'.join(map(str, sorted(copies))) or 0} tensor(s) the size of each trainable "
+                      "parameter" + (" and a step count" if counts else ""))
+
+
+def _batch_size(data: Any) -> int:
+    tensors = [t for t in tree_leaves(data) if isinstance(t, torch.Tensor)]
+    if not tensors or tensors[0].dim() == 0:
+        raise ValueError("input must be a tensor, or a tuple/list/dict of tensors, with the batch in dim 0")
+    return tensors[0].shape[0]
+
+
+def _take(data: Any, size: int) -> Any:
+    """The first ``size`` samples of a tensor or a tuple/list/dict of them (views, no copy)."""
+    if isinstance(data, torch.Tensor):
+        return data[:size]
+    if isinstance(data, dict):
+        return {k: _take(v, size) for k, v in data.items()}
+    if isinstance(data, list | tuple):
+        return type(data)(_take(v, size) for v in data)
+    return data
+
+
+def _sum_outputs(outputs: Any) -> torch.Tensor:
+    return sum(t.float().sum() for t in tree_leaves(outputs) if isinstance(t, torch.Tensor))
+
+
+def _model_device(model: torch.nn.Module) -> torch.device:
+    """The device of the model's first parameter (or buffer); the CPU for a model with neither."""
+    for t in (*model.parameters(), *model.buffers()):
+        return t.device
+    return torch.device("cpu")
+
+
+def _fork_rng(device: torch.device) -> Any:
+    """A context that puts the CPU's (and a CUDA device's) random number generator back as it was:
+    a measured step must not change what dropout draws next."""
+    if device.type == "cuda":
+        return torch.random.fork_rng(devices=[device.index], device_type="cuda")
+    return torch.random.fork_rng(devices=[])
+
+
+def _forward_backward_peaks(model, input, sizes, loss_fn) -> tuple[tuple[int, int], ...]:
+    device = _device(_model_device(model))
+    batch = _batch_size(input)
+    sizes = tuple(sizes) or (batch,)
+    for size in sizes:
+        if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= batch:
+            raise ValueError(f"micro_batch_sizes must be integers in [1, {batch}] (the input's batch), got {size!r}")
+    params = list(model.parameters())
+    grads = [p.grad for p in params]
+    buffers = [(b, b.detach().clone()) for b in model.buffers()]
+    peaks = []
+    try:
+        with _fork_rng(device):
+            for size in sizes:
+                for p in params:
+                    p.grad = None  # backward creates them: they count, as in a first step
+                x = _take(input, size)
+                peaks.append((size, _measure(lambda: (loss_fn or _sum_outputs)(model(x)).backward(), device)[2]))
+    finally:
+        for p, g in zip(params, grads):
+            p.grad = g
+        with torch.no_grad():
+            for b, saved in buffers:
+                b.copy_(saved)  # BatchNorm's running statistics
+    return tuple(peaks)
+
+
+def summary(model: torch.nn.Module, input: Any = None, *, optimizer: torch.optim.Optimizer | None = None,
+            micro_batch_sizes: Iterable[int] = (), loss_fn: Callable[[Any], torch.Tensor] | None = None
+            ) -> ModelSummary:
+    """Parameters per module (one row per module that owns parameters directly, in model order;
+    a shared parameter counts once, in its first module), their bytes, the gradient bytes (the
+    trainable parameters'), buffer bytes and the optimizer's state bytes: measured when it has
+    state, else estimated from its class (Adam/AdamW 2 copies of the parameters, SGD with
+    momentum 1, plain SGD 0, RMSprop 1 (+1 centered, +1 momentum), Adagrad 1; another class:
+    None and a note).
+
+    With ``input`` (a tensor, or a tuple/list/dict of tensors with the batch in dim 0, passed to
+    ``model(input)`` as is), for each size in ``micro_batch_sizes`` (default: the input's batch)
+    runs forward and ``loss_fn(outputs).backward()`` (default: the sum of the outputs) on the
+    first ``size`` samples and reports the peak bytes above what existed before: activations,
+    temporaries and the gradients backward creates. The model's ``.grad``, parameters, buffers
+    and the RNG state are as before afterwards."""
+    rows, seen = [], set()
+    for name, module in model.named_modules():
+        owned = [p for p in module.parameters(recurse=False) if id(p) not in seen]
+        seen.update(id(p) for p in owned)
+        if owned:
+            rows.append(ModuleRow(name, type(module).__name__, sum(p.numel() for p in owned),
+                                  sum(p.numel() for p in owned if p.requires_grad),
+                                  tuple(sorted({str(p.dtype).removeprefix("torch.") for p in owned})),
+                                  _storage_bytes(owned)))
+    params = list(model.parameters())
+    notes = []
+    state_bytes = None
+    if optimizer is not None:
+        state_bytes, note = _optimizer_state_bytes(optimizer)
+        notes += [note] if note else []
+    peaks = () if input is None else _forward_backward_peaks(model, input, micro_batch_sizes, loss_fn)
+    return ModelSummary(
+        modules=tuple(rows), parameters=sum(r.parameters for r in rows), trainable=sum(r.trainable for r in rows),
+        parameter_bytes=_storage_bytes(params), gradient_bytes=_tensor_bytes(p for p in params if p.requires_grad),
+        buffer_bytes=_storage_bytes(model.buffers()), optimizer_state_bytes=state_bytes,
+        activation_peaks=peaks, notes=tuple(notes))
+
+
+__all__ = ["MemoryMonitor", "ModelSummary", "ModuleRow", "StepPeak", "default_memory_limit", "format_bytes",
+           "parse_memory", "static_bytes", "step_peak", "summary"]
