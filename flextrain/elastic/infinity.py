@@ -216,7 +216,7 @@ class InfinityBatch:
             targets = None
         self._monitor.on_batch()
         total = mb.batch_size_of(inputs)
-        micro = self._micro_for(inputs, targets, total)
+        micro = self._micro_for(inputs, targets, total, whole_outputs=self.mechanism != "offload")
         outputs = self._forward(inputs, micro)
         self._keep(inputs, targets, outputs, None)
         return outputs
@@ -320,14 +320,16 @@ class InfinityBatch:
             raise RuntimeError(f"InfinityBatch needs ib.{', ib.'.join(missing)} set first "
                                "(or passed to InfinityBatch(...))")
 
-    def _micro_for(self, inputs: Any, targets: Any, total: int) -> int:
-        """The micro-batch size for a batch of ``total`` samples (probed once when asked)."""
+    def _micro_for(self, inputs: Any, targets: Any, total: int, *, whole_outputs: bool = False) -> int:
+        """The micro-batch size for a batch of ``total`` samples (probed once when asked).
+        ``whole_outputs``: the batch's outputs stay on the device (batch_()): the probe's limit
+        leaves room for them, their gradient and the loss's two intermediates of their size."""
         if self.micro_batch_size is None:
-            self.micro_batch_size = self._resolve(inputs, targets, total)
+            self.micro_batch_size = self._resolve(inputs, targets, total, whole_outputs=whole_outputs)
             self._warn_ghost(total)
         return min(self.micro_batch_size, total)
 
-    def _resolve(self, inputs: Any, targets: Any, total: int) -> int:
+    def _resolve(self, inputs: Any, targets: Any, total: int, *, whole_outputs: bool) -> int:
         if isinstance(self.max_micro_batch, int):
             return self.max_micro_batch
         on_cuda = self.device.type == "cuda"
@@ -343,6 +345,10 @@ class InfinityBatch:
         if targets is None:
             raise RuntimeError("probing the micro-batch size needs targets: use ib.dataloader, or set "
                                "max_micro_batch")
+        if whole_outputs:
+            with torch.no_grad():
+                one = self.model(mb.to_device(mb.take(inputs, 0, 1), self.device))
+            limit -= 4 * total * sum(t.nelement() * t.element_size() for t in mb.tensors_of(one))
         step = training_step(self.model, self.optimizer, self.criterion,
                              lambda m: (mb.to_device(mb.take(inputs, 0, m), self.device),
                                         mb.to_device(mb.take(targets, 0, m), self.device)))

@@ -56,6 +56,11 @@ def batch_size_of(inputs: Inputs, *, what: str = "inputs") -> int:
     return sizes.pop()
 
 
+def tensors_of(value: Any) -> list[torch.Tensor]:
+    """The tensors in a tensor or a tuple/list/dict of them (outputs included)."""
+    return _tensors(value, what="value")
+
+
 def _tensors(inputs: Inputs, *, what: str) -> list[torch.Tensor]:
     if isinstance(inputs, torch.Tensor):
         return [inputs]
@@ -198,4 +203,4 @@ def _kept_running_stats(norms: list[tuple[str, torch.nn.Module]]) -> Iterator[No
 
 
 __all__ = ["BatchError", "accumulate", "batch_norm_layers", "batch_size_of", "loss_share", "offload_forward",
-           "recompute_forward", "slices", "take", "to_device"]
+           "recompute_forward", "slices", "take", "tensors_of", "to_device"]

@@ -46,6 +46,7 @@ import torch
 
 from flextrain.elastic.adaptive import AdaptiveBatchSampler
 from flextrain.elastic.infinity import InfinityBatch
+from flextrain.elastic.memory import MemoryMonitor, summary
 from flextrain.elastic.rules import AdaScaleOptimizer, LinearRuleOptimizer, RootRuleOptimizer, SqrtRuleOptimizer
 from flextrain.elastic.session import ElasticInitError, Session, activate, max_micro_batch_of
 from flextrain.elastic.state import State
@@ -352,5 +353,5 @@ def no_sync(model: torch.nn.Module, optimizer: Optimizer) -> contextlib.Abstract
     return model.no_sync()
 
 
-__all__ = ["AdaScaleOptimizer", "AdaptiveBatchSampler", "ElasticInitError", "InfinityBatch", "LinearRuleOptimizer", "Optimizer", "RootRuleOptimizer", "Session",
-           "SqrtRuleOptimizer", "State", "TraceBatchSampler", "init", "no_sync"]
+__all__ = ["AdaScaleOptimizer", "AdaptiveBatchSampler", "ElasticInitError", "InfinityBatch", "LinearRuleOptimizer", "MemoryMonitor", "Optimizer", "RootRuleOptimizer", "Session",
+           "SqrtRuleOptimizer", "State", "TraceBatchSampler", "init", "no_sync", "summary"]

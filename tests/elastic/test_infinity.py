@@ -229,3 +229,77 @@ def test_bad_settings_are_named():
         InfinityBatch(model=mlp(), optimizer=torch.optim.SGD(mlp().parameters(), lr=0.1), dataloader=[]).epoch()
     with pytest.raises(RuntimeError, match=r"ib\.batch_\(\) without inputs needs a batch"):
         InfinityBatch(model=mlp()).batch_()
+
+
+def fitting_limit(model, x, y, size):
+    """The measured peak of a training step of ``size`` samples: the limit under which ``size`` just fits."""
+    from flextrain.elastic.memory import step_peak
+    from flextrain.elastic.probe import training_step
+
+    probe_model = copy.deepcopy(model)
+    step = training_step(probe_model, torch.optim.SGD(probe_model.parameters(), lr=0.1, momentum=0.9),
+                         torch.nn.CrossEntropyLoss(), lambda m: (x[:m], y[:m]))
+    return step_peak(lambda: step(size), baseline=step.baseline_bytes).peak_bytes, step
+
+
+@pytest.mark.parametrize("loop", ["manager", "custom"])
+def test_a_memory_limit_bounds_the_step_for_real_and_keeps_the_full_batch_update(loop):
+    """Logical batch 2048, a limit under which 256 samples just fit: the probe picks a size within 10%
+    below 256, the update is the full batch's, and the measured peak of the whole step (custom loop:
+    batch_, the script's loss and backward, step) stays within the limit, where a plain step of the
+    batch needs several times it."""
+    from flextrain.elastic.memory import static_bytes, step_peak
+
+    x, y = data("cnn")
+    model = cnn()
+    limit, step = fitting_limit(model, x, y, M)
+    whole = step_peak(lambda: step(B), baseline=step.baseline_bytes).peak_bytes
+    assert whole > 3 * limit
+    expected = full_batch_step(model, x, y)
+    ib = make_ib(model, x, y, memory_limit=limit)
+    ib(1) if loop == "manager" else custom_loop(ib)  # the first batch probes (its snapshot is extra)
+    # batch_() leaves room for the batch's outputs (4 x 2048 x 5 floats): a smaller size in the custom loop
+    low = 0.9 * M if loop == "manager" else 0.6 * M
+    assert low <= ib.micro_batch_size <= M and ib.probe is not None and not ib.probe.cached, ib.micro_batch_size
+    assert_same_state(ib.model, expected)
+    peak = step_peak(lambda: ib(1) if loop == "manager" else custom_loop(ib),
+                     baseline=static_bytes(ib.model, ib.optimizer)).peak_bytes
+    assert peak <= limit * 1.01, (peak, limit)  # + a few kB: loss scalars, the weighted loss
+
+
+@pytest.mark.parametrize("env", [{"FLEXTRAIN_MAX_MICRO_BATCH": "64"}, {"FLEXTRAIN_MAX_MICRO_BATCH": "auto",
+                                                                       "FLEXTRAIN_MEMORY_LIMIT": "100kB"}])
+def test_the_environment_tells_a_script_kept_as_written(monkeypatch, env):
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    x, y = data("mlp", 512)
+    ib = make_ib(mlp(), x, y)
+    ib(1)
+    assert ib.max_micro_batch == ("auto" if env["FLEXTRAIN_MAX_MICRO_BATCH"] == "auto" else 64)
+    assert ib.micro_batch_size < 512 and (ib.probe is None) == (env["FLEXTRAIN_MAX_MICRO_BATCH"] == "64")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("mechanism", ["accumulate", "recompute", "offload"])
+def test_on_cuda_the_update_is_the_full_batch_and_the_allocator_peak_is_bounded(mechanism):
+    """The batch stays in host memory; micro-batches (or offloaded activations) bound the CUDA
+    allocator's peak well below a whole-batch step's, with the same update."""
+    x, y = data("cnn")
+    model = cnn().cuda()
+    expected = full_batch_step(model, x.cuda(), y.cuda())
+    whole = copy.deepcopy(model)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    torch.nn.functional.cross_entropy(whole(x.cuda()), y.cuda()).backward()
+    whole_peak = torch.cuda.max_memory_allocated() - base
+    del whole
+    ib = make_ib(model, x, y, max_micro_batch=M, mechanism=mechanism)
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    ib(1) if mechanism == "accumulate" else custom_loop(ib)
+    peak = torch.cuda.max_memory_allocated() - base
+    assert_same_state(ib.model, expected)
+    # offload still holds one layer's input and output for the whole batch: less than all of them
+    assert peak < (whole_peak if mechanism == "offload" else whole_peak / 2), (peak, whole_peak)
+    assert "allocated" in ib.memory.last
