@@ -11,9 +11,11 @@ same in-memory data, in turns (rounds of one block each, the order rotated), sam
 second of thread CPU time of:
 
 * **plain**: a hand-written loop at batch ``P`` (the most a plain loop can do under the limit);
-* **accumulate**: ``ib.epoch()`` over logical batches of ``--factor``×P in micro-batches of P;
+* **accumulate**: ``ib.epoch()`` over logical batches of ``--factor``×P, its micro-batch size
+  probed under the same limit (``max_micro_batch="auto"``: a little under P, since accumulating
+  holds a micro-batch's gradients beside the sums);
 * **recompute**: infinitybatch's custom loop (``outputs = ib.batch_(); loss.backward(); ...``)
-  over the same logical batches, micro-batches of P checkpointed and recomputed;
+  over the same logical batches, micro-batches probed likewise, checkpointed and recomputed;
 * **offload**: the custom loop with ``mechanism="offload"``: one forward of the whole logical
   batch with saved activations in host memory (on a CPU device a plain forward, so its peak is
   the whole batch's -- reported, it does not fit the limit here; on a GPU it bounds device memory).
@@ -96,8 +98,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def ib_side(mechanism: str, custom: bool):
         model = demo_cnn()
-        ib = InfinityBatch(max_micro_batch=P, model=model, optimizer=sgd(model), criterion=criterion,
-                           dataloader=batches, mechanism=mechanism)
+        ib = InfinityBatch(max_micro_batch="auto", memory_limit=limit, model=model, optimizer=sgd(model),
+                           criterion=criterion, dataloader=batches, mechanism=mechanism)
         ibs[mechanism] = ib
 
         def run() -> int:
@@ -147,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
                      "plain blocks; median of paired ratios, 95% bootstrap interval", "sides": {}}
     for name in sides:
         entry = {"samples_per_s": round(statistics.median(r for n, r in series if n == name), 1),
-                 "peak_bytes": peak_of(name)}
+                 "peak_bytes": peak_of(name), "micro_batch": P if name == "plain" else ibs[name].micro_batch_size}
         entry["fits"] = entry["peak_bytes"] <= limit
         if name != "plain":
             ratios = paired_ratios([(("hand" if n == "plain" else n), r) for n, r in series], name)

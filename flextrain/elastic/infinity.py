@@ -349,10 +349,19 @@ class InfinityBatch:
             with torch.no_grad():
                 one = self.model(mb.to_device(mb.take(inputs, 0, 1), self.device))
             limit -= 4 * total * sum(t.nelement() * t.element_size() for t in mb.tensors_of(one))
-        step = training_step(self.model, self.optimizer, self.criterion,
-                             lambda m: (mb.to_device(mb.take(inputs, 0, m), self.device),
-                                        mb.to_device(mb.take(targets, 0, m), self.device)))
-        self.probe = probe_micro_batch(step, limit=limit, upper=total, device=self.device)
+        # Probed as the micro-steps after the first run: into gradients that exist already (each
+        # backward then holds its incoming gradients beside the accumulated ones).
+        fresh = [p for p in self.model.parameters() if p.requires_grad and p.grad is None]
+        for p in fresh:
+            p.grad = torch.zeros_like(p)
+        try:
+            step = training_step(self.model, self.optimizer, self.criterion,
+                                 lambda m: (mb.to_device(mb.take(inputs, 0, m), self.device),
+                                            mb.to_device(mb.take(targets, 0, m), self.device)))
+            self.probe = probe_micro_batch(step, limit=limit, upper=total, device=self.device)
+        finally:
+            for p in fresh:
+                p.grad = None
         if self.verbose:
             print(f"micro-batch size {self.probe.size} (probed in {self.probe.seconds:.1f}s under "
                   f"{limit} bytes)")
