@@ -62,6 +62,38 @@ def probe_for_init(global_batch_size: int, *, model: Any, loss_fn: Any, sample: 
     return _agreed(found.size, device)
 
 
+def probe_batch(model: torch.nn.Module, optimizer: Any, criterion: Any, inputs: Any, targets: Any, *,
+                device: torch.device, limit: int | None, whole_outputs: bool) -> Any:
+    """InfinityBatch's probe on the first samples of a batch (``upper``: the batch); a ProbeResult.
+
+    ``limit`` None: 90% of a CUDA device's free memory, else the container's default. With
+    ``whole_outputs`` (``batch_()`` keeps the batch's outputs on the device) the limit leaves
+    room for them, their gradient and the loss's two intermediates of their size. The step is
+    probed into gradients that exist already, as every micro-step after the first runs (each
+    backward then holds its incoming gradients beside the accumulated ones).
+    """
+    from flextrain.elastic.memory import default_memory_limit
+    from flextrain.elastic.probe import probe_micro_batch, training_step
+
+    total = mb.batch_size_of(inputs)
+    if limit is None:
+        limit = int(torch.cuda.mem_get_info(device)[0] * 0.9) if device.type == "cuda" else default_memory_limit()
+    if whole_outputs:
+        with torch.no_grad():
+            one = model(mb.to_device(mb.take(inputs, 0, 1), device))
+        limit -= 4 * total * sum(t.nelement() * t.element_size() for t in mb.tensors_of(one))
+    fresh = [p for p in model.parameters() if p.requires_grad and p.grad is None]
+    for p in fresh:
+        p.grad = torch.zeros_like(p)
+    try:
+        step = training_step(model, optimizer, criterion, lambda m: (mb.to_device(mb.take(inputs, 0, m), device),
+                                                                     mb.to_device(mb.take(targets, 0, m), device)))
+        return probe_micro_batch(step, limit=limit, upper=total, device=device)
+    finally:
+        for p in fresh:
+            p.grad = None
+
+
 def _agreed(size: int, device: torch.device) -> int:
     """The smallest size over the ranks of an initialised process group (else ``size``)."""
     import torch.distributed as dist
@@ -88,4 +120,4 @@ def _take(x: Any, m: int) -> Any:
     return mb.take(x, 0, m)
 
 
-__all__ = ["probe_for_init"]
+__all__ = ["probe_batch", "probe_for_init"]

@@ -163,7 +163,7 @@ class InfinityBatch:
         self.callbacks.fire("on_epoch_start", self, epoch)
         self.model.train()
         start, loss_sum, samples, steps = time.perf_counter(), 0.0, 0, 0
-        for index, (inputs, targets) in enumerate(_batches(self._loader)):
+        for index, (inputs, targets) in enumerate(mb.checked_batches(self._loader)):
             self.callbacks.fire("on_batch_start", self, index)
             loss, n = self._train_batch(inputs, targets)
             self.optimizer.step()
@@ -289,7 +289,7 @@ class InfinityBatch:
         self.model.eval()
         try:
             with torch.no_grad():
-                for inputs, targets in _batches(loader):
+                for inputs, targets in mb.checked_batches(loader):
                     total = mb.batch_size_of(inputs)
                     micro = self._micro_for(inputs, targets, total)
                     for start, stop in mb.slices(total, micro):
@@ -335,36 +335,17 @@ class InfinityBatch:
         on_cuda = self.device.type == "cuda"
         if self.max_micro_batch is None and self.memory_limit is None and not on_cuda:
             return total  # no limit known: the batch is taken to fit
-        from flextrain.elastic.memory import default_memory_limit
-        from flextrain.elastic.probe import probe_micro_batch, training_step
+        from flextrain.elastic.autosize import probe_batch
 
         self._require("criterion")
-        limit = self.memory_limit
-        if limit is None:
-            limit = (int(torch.cuda.mem_get_info(self.device)[0] * 0.9) if on_cuda else default_memory_limit())
         if targets is None:
             raise RuntimeError("probing the micro-batch size needs targets: use ib.dataloader, or set "
                                "max_micro_batch")
-        if whole_outputs:
-            with torch.no_grad():
-                one = self.model(mb.to_device(mb.take(inputs, 0, 1), self.device))
-            limit -= 4 * total * sum(t.nelement() * t.element_size() for t in mb.tensors_of(one))
-        # Probed as the micro-steps after the first run: into gradients that exist already (each
-        # backward then holds its incoming gradients beside the accumulated ones).
-        fresh = [p for p in self.model.parameters() if p.requires_grad and p.grad is None]
-        for p in fresh:
-            p.grad = torch.zeros_like(p)
-        try:
-            step = training_step(self.model, self.optimizer, self.criterion,
-                                 lambda m: (mb.to_device(mb.take(inputs, 0, m), self.device),
-                                            mb.to_device(mb.take(targets, 0, m), self.device)))
-            self.probe = probe_micro_batch(step, limit=limit, upper=total, device=self.device)
-        finally:
-            for p in fresh:
-                p.grad = None
+        self.probe = probe_batch(self.model, self.optimizer, self.criterion, inputs, targets, device=self.device,
+                                 limit=self.memory_limit, whole_outputs=whole_outputs)
         if self.verbose:
             print(f"micro-batch size {self.probe.size} (probed in {self.probe.seconds:.1f}s under "
-                  f"{limit} bytes)")
+                  f"{self.probe.limit} bytes)")
         return self.probe.size
 
     def _warn_ghost(self, total: int) -> None:
@@ -386,7 +367,7 @@ class _Feed:
         self.ib, self.loader = ib, ib._loader
 
     def __iter__(self) -> Iterator[tuple[Any, Any]]:
-        for inputs, targets in _batches(self.loader):
+        for inputs, targets in mb.checked_batches(self.loader):
             self.ib._current = (inputs, targets)
             yield inputs, mb.to_device(targets, self.ib.backward_device)
 
@@ -395,19 +376,6 @@ class _Feed:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.loader, name)
-
-
-def _batches(loader: Iterable) -> Iterator[tuple[Any, Any]]:
-    """The loader's items, checked to be ``(inputs, targets)`` of tensors with agreeing batch sizes."""
-    for index, item in enumerate(loader):
-        if not isinstance(item, (tuple, list)) or len(item) != 2:
-            raise mb.BatchError(f"the dataloader yielded a {type(item).__name__} as batch {index}: expected "
-                                "(inputs, targets)")
-        inputs, targets = item
-        n = mb.batch_size_of(inputs, what=f"the inputs of batch {index}")
-        if mb.batch_size_of(targets, what=f"the targets of batch {index}") != n:
-            raise mb.BatchError(f"batch {index}: {n} inputs but {mb.batch_size_of(targets)} targets")
-        yield inputs, targets
 
 
 def _env_micro_batch() -> int | str | None:

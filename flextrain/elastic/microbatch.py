@@ -33,7 +33,7 @@ micro-batch updates them exactly once.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -77,6 +77,19 @@ def _tensors(inputs: Inputs, *, what: str) -> list[torch.Tensor]:
     if not out:
         raise BatchError(f"{what} holds no tensor")
     return out
+
+
+def checked_batches(loader: Iterable) -> Iterator[tuple[Any, Any]]:
+    """The loader's items, checked to be ``(inputs, targets)`` of tensors with agreeing batch sizes."""
+    for index, item in enumerate(loader):
+        if not isinstance(item, (tuple, list)) or len(item) != 2:
+            raise BatchError(f"the dataloader yielded a {type(item).__name__} as batch {index}: expected "
+                             "(inputs, targets)")
+        inputs, targets = item
+        n = batch_size_of(inputs, what=f"the inputs of batch {index}")
+        if batch_size_of(targets, what=f"the targets of batch {index}") != n:
+            raise BatchError(f"batch {index}: {n} inputs but {batch_size_of(targets)} targets")
+        yield inputs, targets
 
 
 def take(inputs: Inputs, start: int, stop: int) -> Inputs:
@@ -202,5 +215,5 @@ def _kept_running_stats(norms: list[tuple[str, torch.nn.Module]]) -> Iterator[No
                     live.copy_(old)
 
 
-__all__ = ["BatchError", "accumulate", "batch_norm_layers", "batch_size_of", "loss_share", "offload_forward",
+__all__ = ["BatchError", "accumulate", "checked_batches", "batch_norm_layers", "batch_size_of", "loss_share", "offload_forward",
            "recompute_forward", "slices", "take", "tensors_of", "to_device"]

@@ -46,7 +46,8 @@ import torch
 
 from flextrain.elastic.adaptive import AdaptiveBatchSampler
 from flextrain.elastic.infinity import InfinityBatch
-from flextrain.elastic.memory import MemoryMonitor, summary
+from flextrain.elastic.memory import MemoryMonitor
+from flextrain.elastic.model_summary import summary
 from flextrain.elastic.rules import AdaScaleOptimizer, LinearRuleOptimizer, RootRuleOptimizer, SqrtRuleOptimizer
 from flextrain.elastic.session import ElasticInitError, Session, activate, max_micro_batch_of
 from flextrain.elastic.state import State

@@ -10,7 +10,8 @@ import torch
 from torch import nn
 
 from flextrain.elastic.memory import (MemoryMonitor, default_memory_limit, format_bytes, parse_memory, static_bytes,
-                                      step_peak, summary)
+                                      step_peak)
+from flextrain.elastic.model_summary import summary
 
 GiB, MiB = 2**30, 2**20
 
