@@ -60,6 +60,17 @@ def sgd(model: torch.nn.Module) -> torch.optim.Optimizer:
     return torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 
 
+def one_epoch(ib: InfinityBatch, custom: bool) -> None:
+    """``ib.epoch()``, or infinitybatch's custom loop over ``ib.dataloader``."""
+    if not custom:
+        ib.epoch()
+        return
+    for _, targets in ib.dataloader:
+        ib.criterion(ib.batch_(), targets).backward()
+        ib.step()
+        ib.zero_grad()
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--fit", type=int, default=128, help="the default limit is the peak of a step of this many")
@@ -103,13 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         ibs[mechanism] = ib
 
         def run() -> int:
-            if not custom:
-                ib.epoch()
-            else:
-                for _, targets in ib.dataloader:
-                    ib.criterion(ib.batch_(), targets).backward()
-                    ib.step()
-                    ib.zero_grad()
+            one_epoch(ib, custom)
             return logical * len(batches)
         return run
 
@@ -133,13 +138,7 @@ def main(argv: list[str] | None = None) -> int:
 
         def go() -> None:
             ib.dataloader = one
-            if name == "accumulate":
-                ib.epoch()
-            else:
-                for _, targets in ib.dataloader:
-                    ib.criterion(ib.batch_(), targets).backward()
-                    ib.step()
-                    ib.zero_grad()
+            one_epoch(ib, name != "accumulate")
             ib.dataloader = batches
         return step_peak(go, baseline=static_bytes(ib.model, ib.optimizer)).peak_bytes
 
