@@ -83,6 +83,7 @@ class InfinityBatch:
         self.memory = MemoryMonitor(device=self._device)
         self.micro_batch_size: int | None = None  # the size in use (set by the first batch)
         self.probe = None  # the ProbeResult when the size was probed
+        self._probed_on = 0  # the batch size it was probed on
         self.inputs: deque = deque(maxlen=keep_batches)  # the last batches, detached (bounded)
         self.targets: deque = deque(maxlen=keep_batches)
         self.outputs: deque = deque(maxlen=keep_batches)
@@ -324,7 +325,11 @@ class InfinityBatch:
         """The micro-batch size for a batch of ``total`` samples (probed once when asked).
         ``whole_outputs``: the batch's outputs stay on the device (batch_()): the probe's limit
         leaves room for them, their gradient and the loss's two intermediates of their size."""
-        if self.micro_batch_size is None:
+        # Probed again when a batch is bigger than the one probed on and that one fitted whole
+        # (the probe stopped at its size, not at the memory limit).
+        regrow = self.probe is not None and self.probe.size == self._probed_on < total
+        if self.micro_batch_size is None or regrow:
+            self._probed_on = total
             self.micro_batch_size = self._resolve(inputs, targets, total, whole_outputs=whole_outputs)
             self._warn_ghost(total)
         return min(self.micro_batch_size, total)

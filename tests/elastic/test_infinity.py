@@ -303,3 +303,12 @@ def test_on_cuda_the_update_is_the_full_batch_and_the_allocator_peak_is_bounded(
     # offload still holds one layer's input and output for the whole batch: less than all of them
     assert peak < (whole_peak if mechanism == "offload" else whole_peak / 2), (peak, whole_peak)
     assert "allocated" in ib.memory.last
+
+
+def test_a_bigger_batch_than_the_probed_one_is_probed_again_when_the_first_fitted_whole():
+    x, y = data("mlp", 2048 + 64)
+    limit, _ = fitting_limit(mlp(), x, y, 512)
+    ib = make_ib(mlp(), x, y, memory_limit=limit)
+    ib.dataloader = [(x[:64], y[:64]), (x[64:], y[64:])]  # a small batch first
+    ib(1)
+    assert ib.probe.size < 2048 and ib.micro_batch_size == ib.probe.size > 64, ib.probe  # probed on 2048 too
