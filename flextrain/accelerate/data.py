@@ -134,7 +134,8 @@ class GlobalBatchSampler(Sampler[list[int]]):
     """Rank ``rank``'s share of every global batch: one index order on every process (shuffled
     with ``seed + epoch``), cut into global batches of ``global_batch``, each split by the planner.
     The last, short global batch is re-planned over the world (padded from the start of the order
-    when it has fewer samples than processes), or dropped with ``drop_last``."""
+    when it has fewer samples than processes), or dropped with ``drop_last``. Each pass advances
+    the epoch (``set_epoch`` sets it, as for ``DistributedSampler``)."""
 
     def __init__(self, size: int, global_batch: int, world: World, *, shuffle: bool = False, seed: int = 0,
                  drop_last: bool = False) -> None:
@@ -163,6 +164,7 @@ class GlobalBatchSampler(Sampler[list[int]]):
             order = torch.randperm(self.size, generator=g).tolist()
         else:
             order = list(range(self.size))
+        self.epoch += 1  # the next pass reshuffles, set_epoch or not (every process iterates alike)
         for i in range(len(self)):
             yield self._share(order[i * self.global_batch:(i + 1) * self.global_batch])
 
