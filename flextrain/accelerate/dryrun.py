@@ -168,16 +168,24 @@ def _off_reference(losses: Sequence[float], reference: Sequence[float], rtol: fl
     return None
 
 
-def dry_run(strategy: Any, inputs: Inputs, *, steps: int = 3, warmup: int = 1, batches: Sequence[Any] | None = None,
+def warmup_of(strategy: Strategy) -> int:
+    """Untimed steps before a dry run's timed ones: the most any method of the strategy needs."""
+    return max((get(s.name).warmup_steps for s in strategy), default=1)
+
+
+def dry_run(strategy: Any, inputs: Inputs, *, steps: int = 3, warmup: int | None = None,
+            batches: Sequence[Any] | None = None,
             device: Any = None, world: World | None = None, skip_unavailable: bool = True, reference: Any = None,
             rtol: float | None = None, seed: int = 0) -> DryRunResult:
     """Run ``strategy`` for ``warmup + steps`` steps on a copy of ``inputs.model`` (module docstring).
-    ``batches``: raw batches to use (default :func:`sample_batches`); ``reference``: a DryRunResult
-    or a list of per-step losses to hold this run's losses to."""
+    ``warmup`` None: :func:`warmup_of` the strategy. ``batches``: raw batches to use (default
+    :func:`sample_batches`; cycled when fewer); ``reference``: a DryRunResult or a list of per-step
+    losses to hold this run's losses to."""
+    strategy = Strategy.load(strategy)
+    warmup = warmup_of(strategy) if warmup is None else warmup
     for name, value in (("steps", steps), ("warmup", warmup)):
         if isinstance(value, bool) or not isinstance(value, int) or value < (1 if name == "steps" else 0):
             raise AccelerateError(f"{name} must be an integer >= {1 if name == 'steps' else 0}, got {value!r}")
-    strategy = Strategy.load(strategy)
     device, world = default_device(device), world or current_world()
     missing = [m for m in missing_for_dry_run(inputs) if not (batches is not None and m.startswith("dataset"))]
     if missing:
@@ -274,7 +282,8 @@ def _run(applied: Any, inputs: Inputs, batches: list[Any], warmup: int, steps: i
     return total_samples / max(slowest, 1e-9), int(peak_all), losses, seconds, skips, None
 
 
-def compare(strategy: Any, inputs: Inputs, *, baseline: DryRunResult | None = None, steps: int = 3, warmup: int = 1,
+def compare(strategy: Any, inputs: Inputs, *, baseline: DryRunResult | None = None, steps: int = 3,
+            warmup: int | None = None,
             batches: Sequence[Any] | None = None, device: Any = None, world: World | None = None,
             rtol: float | None = None, seed: int = 0) -> Comparison:
     """Dry-run ``strategy`` against ``baseline`` (default: a dry run of :func:`plain_strategy` now) on
@@ -282,13 +291,15 @@ def compare(strategy: Any, inputs: Inputs, *, baseline: DryRunResult | None = No
     Pass the same ``batches`` that produced ``baseline``."""
     world = world or current_world()
     device = default_device(device)
+    strategy = Strategy.load(strategy)
+    warmup = warmup_of(strategy) if warmup is None else warmup
     if batches is None:
         batches = sample_batches(inputs, warmup + steps + (1 if device.type == "cpu" else 0), world=world)
     if baseline is None:
         baseline = dry_run(plain_strategy(world), inputs, steps=steps, warmup=warmup, batches=batches, device=device,
                            world=world, seed=seed)
     if not baseline.ok:
-        failed = DryRunResult(Strategy.load(strategy), False, reason=f"the plain run failed: {baseline.reason}")
+        failed = DryRunResult(strategy, False, reason=f"the plain run failed: {baseline.reason}")
         return Comparison(failed, baseline)
     candidate = dry_run(strategy, inputs, steps=steps, warmup=warmup, batches=batches, device=device, world=world,
                         reference=baseline, rtol=rtol, seed=seed)
@@ -296,4 +307,4 @@ def compare(strategy: Any, inputs: Inputs, *, baseline: DryRunResult | None = No
 
 
 __all__ = ["Comparison", "DryRunResult", "compare", "dry_run", "missing_for_dry_run", "plain_strategy",
-           "sample_batches", "strategy_rtol"]
+           "sample_batches", "strategy_rtol", "warmup_of"]

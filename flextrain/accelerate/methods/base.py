@@ -59,6 +59,8 @@ class Method(ABC):
     # Needs a data-parallel world of more than one process (check() says so otherwise).
     distributed: ClassVar[bool] = False
     loss_rtol: ClassVar[float] = 1e-3
+    # Steps a dry run makes before timing (compiled code is still settling in its first steps).
+    warmup_steps: ClassVar[int] = 1
     summary: ClassVar[str] = ""
 
     # ---- config ------------------------------------------------------------------------

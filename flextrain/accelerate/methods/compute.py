@@ -94,6 +94,7 @@ def _cxx_compiler() -> str | None:
 @register
 class NativeDynamo(Method):
     name, aliases, phase = "native_dynamo", ("compile",), Phase.COMPILE
+    warmup_steps = 3  # on the CPU, steps 2 and 3 still run ~100x slower than later ones (measured)
     summary = "torch.compile of the whole model (config: backend, mode, fullgraph, dynamic)"
 
     def validate(self, config: Any) -> Any:
