@@ -183,16 +183,6 @@ def check_memory_flag(spec) -> None:
         raise JobSpecError(str(exc)) from None
 
 
-def check_auto_framework(spec, model_def) -> None:
-    """``--max-micro-batch auto`` probes a PyTorch training step; a Keras module is refused naming it."""
-    from flextrain.job import JobSpecError
-    from flextrain.worker.module import Framework
-
-    if spec.training.auto_micro_batch and model_def.framework is not Framework.PYTORCH:
-        raise JobSpecError(f"--max-micro-batch auto measures PyTorch training steps; {model_def.path} is a "
-                           f"{model_def.framework.value} module: give --max-micro-batch as a number")
-
-
 def schedule_abs(value: str | None) -> str | None:
     """A trace path made absolute (the master reads it, and again on --resume); inline text as is."""
     return value if value is None or value == "adaptive" or "\n" in value.strip() else abs_path(value)
@@ -276,7 +266,10 @@ def cmd_train(args) -> int:
 
             run_preflight(spec, timeout=args.preflight_timeout)
         model_def = load_model_def(spec.model_def)  # without preflight, at least names and signatures
-        check_auto_framework(spec, model_def)
+        if spec.training.auto_micro_batch:  # without preflight, the module is first seen here
+            from flextrain.worker.probing import check_framework
+
+            check_framework(spec, model_def)
         if spec.strategy is Strategy.PARAMETER_SERVER and not spec.training.preflight:  # else preflight did it
             from flextrain.worker.ps_trainer import check_ps_optimizer
 

@@ -169,6 +169,10 @@ def check(spec: JobSpec, *, on_stage=lambda stage: None) -> None:
                       if spec.data.validation else None)
     with run.stage(f"importing the module of {spec.model_def}"):
         md = run.md = load_model_def(spec.model_def)
+    if spec.training.auto_micro_batch:
+        from flextrain.worker.probing import check_framework
+
+        check_framework(spec, md)
     with run.stage("seeding the random generators"):
         _seed(md, spec.training.seed)
     with run.stage(f"building the model: {md.model_name}()", call=f"the model callable {md.model_name}()"):

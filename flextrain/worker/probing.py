@@ -74,11 +74,17 @@ def memory_limit(spec: JobSpec, device: torch.device) -> int:
     return limit - limit % DEFAULT_GRAIN if limit > DEFAULT_GRAIN else limit
 
 
-def probe_worker(spec: JobSpec, model_def: ModelDef, model, optimizer, *, time_budget: float = 10.0) -> pb.MicroBatchProbe:
-    """The largest micro-batch this worker's training step fits in (module docstring)."""
-    if model_def.framework is not Framework.PYTORCH:
+def check_framework(spec: JobSpec, model_def: ModelDef) -> None:
+    """``--max-micro-batch auto`` steps PyTorch modules only: ModelDefError naming a Keras module (the CLI,
+    preflight and the worker check it, whichever sees the module first)."""
+    if spec.training.auto_micro_batch and model_def.framework is not Framework.PYTORCH:
         raise ModelDefError(f"--max-micro-batch auto measures PyTorch training steps; {model_def.path} is a "
                             f"{model_def.framework.value} module: give --max-micro-batch as a number")
+
+
+def probe_worker(spec: JobSpec, model_def: ModelDef, model, optimizer, *, time_budget: float = 10.0) -> pb.MicroBatchProbe:
+    """The largest micro-batch this worker's training step fits in (module docstring)."""
+    check_framework(spec, model_def)
     upper = upper_bound(spec)
     features, labels, n = _first_records(spec, model_def, upper)
 
@@ -124,5 +130,5 @@ def _first_records(spec: JobSpec, model_def: ModelDef, upper: int):
     return features, labels, n
 
 
-__all__ = ["CACHE", "PROBE_RECORDS", "MicroBatchProbeError", "cache_path", "memory_limit", "probe_worker",
-           "upper_bound"]
+__all__ = ["CACHE", "PROBE_RECORDS", "MicroBatchProbeError", "cache_path", "check_framework", "memory_limit",
+           "probe_worker", "upper_bound"]

@@ -10,9 +10,10 @@ Test-only knobs, read from the environment (inherited from ``flextrain train`` b
     shape of an empty non-persistent buffer, so the probe's cache key (flextrain.elastic.probe.probe_key)
     tells the widths apart, while the broadcast state (state_dict) stays the same for every worker.
 ``FT_RLIMIT_HEADROOM``
-    In a ``flextrain worker`` process, building the model sets RLIMIT_DATA to the process's data size
-    now plus this many bytes (after starting torch's intra-op threads, whose stacks count too): an
-    allocation past it fails with torch's "can't allocate memory". A real limit the kernel enforces.
+    In a ``flextrain worker`` process, the model's first forward (the micro-batch probe's, or the first
+    step's) sets RLIMIT_DATA to the process's data size then plus this many bytes (after starting
+    torch's intra-op threads, whose stacks count too): from there on an allocation past it fails with
+    torch's "can't allocate memory". A real limit the kernel enforces, on the worker alone.
 """
 
 import os
@@ -44,10 +45,15 @@ def _vm_data() -> int:
         return int(re.search(rb"VmData:\s+(\d+)", f.read()).group(1)) * 1024
 
 
+_limited = False
+
+
 def _limit_data() -> None:
+    global _limited
     headroom = os.environ.get("FT_RLIMIT_HEADROOM")
-    if not headroom or _worker_id() is None:
+    if _limited or not headroom or _worker_id() is None:
         return
+    _limited = True
     torch.ones(512, 512).sum()  # start the intra-op thread pool now: a thread refused later aborts
     _, hard = resource.getrlimit(resource.RLIMIT_DATA)
     resource.setrlimit(resource.RLIMIT_DATA, (_vm_data() + int(headroom), hard))
@@ -59,9 +65,9 @@ class Model(nn.Module):
         self.wide = _wide()
         self.net = nn.Sequential(nn.Linear(64, hidden), nn.ReLU(), nn.Linear(hidden, 10))
         self.register_buffer("width", torch.empty(0, self.wide), persistent=False)
-        _limit_data()
 
     def forward(self, x):
+        _limit_data()
         out = self.net(x)
         spread = x.new_ones(x.shape[0], self.wide) * out[:, :1]  # (n, wide), kept for backward
         return out + 0.0 * spread.mean(dim=1, keepdim=True)
