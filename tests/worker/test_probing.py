@@ -48,3 +48,12 @@ def test_the_upper_bound_is_the_largest_global_batch():
     assert upper_bound(spec) == 32
     adaptive = spec.replace(batch_schedule="adaptive", min_global_batch=16, max_global_batch=256, lr_rule="adascale")
     assert upper_bound(adaptive) == 256
+
+
+def test_a_memory_sample_travels_as_the_heartbeat_carries_it():
+    from flextrain.worker.state import memory_sample
+
+    cpu = memory_sample({"step": 3, "rss": 100, "peak_rss": 150}, torch.device("cpu"))
+    assert (cpu.step, cpu.device, cpu.used_bytes, cpu.peak_bytes, cpu.reserved_bytes) == (3, "cpu", 100, 150, 0)
+    gpu = memory_sample({"step": 4, "allocated": 10, "peak": 20, "reserved": 30}, torch.device("cuda", 0))
+    assert (gpu.device, gpu.used_bytes, gpu.peak_bytes, gpu.reserved_bytes) == ("cuda:0", 10, 20, 30)
