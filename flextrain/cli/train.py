@@ -62,9 +62,15 @@ def add_commands(sub) -> None:
     g.add_argument("--epochs", type=int, default=1, metavar="N", help="passes over the training data")
     g.add_argument("--global-batch-size", type=int, default=64, metavar="N",
                    help="samples per optimizer step, kept fixed as workers come and go")
-    g.add_argument("--max-micro-batch", type=int, metavar="N",
+    g.add_argument("--max-micro-batch", type=int_or_text, metavar="N|auto",
                    help="largest batch one worker computes at once; more samples are accumulated "
-                        "(default: --global-batch-size)")
+                        "(default: --global-batch-size). auto: each worker measures the largest whose training "
+                        "step stays under --memory-limit, and every round plans with its members' smallest "
+                        "(AllReduce, PyTorch modules; docs/running-jobs.md)")
+    g.add_argument("--memory-limit", type=int_or_text, metavar="BYTES",
+                   help="--max-micro-batch auto: the memory a worker's training step may peak at, in bytes or "
+                        "e.g. 2GiB, 512MB (default: 80%% of what the worker may use: its container's limit, "
+                        "else the machine's available memory)")
     g.add_argument("--lr", "--learning-rate", dest="learning_rate", type=float, metavar="LR",
                    help="learning rate passed to the module's optimizer (default: the module's own)")
     g.add_argument("--batch-schedule", metavar="TRACE.csv|adaptive",
@@ -139,6 +145,7 @@ def build_spec(args):
         evaluation_steps=args.evaluation_steps,
         min_workers=args.min_workers, max_workers=args.max_workers, epochs=args.epochs,
         global_batch_size=args.global_batch_size, max_micro_batch=args.max_micro_batch,
+        memory_limit=args.memory_limit,
         learning_rate=args.learning_rate, seed=args.seed, shuffle=args.shuffle,
         batch_schedule=schedule_abs(args.batch_schedule), lr_rule=args.lr_rule,
         reference_batch_size=args.reference_batch_size, min_global_batch=args.min_global_batch,
@@ -152,6 +159,28 @@ def build_spec(args):
         ps_wal=args.ps_wal, nan_policy=args.nan_policy, preflight=not getattr(args, "no_preflight", False),
         skip_unknown_files=args.skip_unknown_files, csv_header=args.csv_header,
     )
+
+
+def int_or_text(value: str) -> int | str:
+    """A flag that takes a number or a word (``--max-micro-batch 32|auto``, ``--memory-limit 2GiB``):
+    an integer when it reads as one, else the text, which the JobSpec's rules judge (naming the flag)."""
+    try:
+        return int(value)
+    except ValueError:
+        return value.strip()
+
+
+def check_memory_flag(spec) -> None:
+    """``--memory-limit`` read as flextrain.elastic.memory reads it in the workers (JobSpecError naming the flag)."""
+    if spec.training.memory_limit is None:
+        return
+    from flextrain.elastic.memory import parse_memory  # imports torch
+    from flextrain.job import JobSpecError
+
+    try:
+        parse_memory(spec.training.memory_limit, what="--memory-limit")
+    except ValueError as exc:
+        raise JobSpecError(str(exc)) from None
 
 
 def schedule_abs(value: str | None) -> str | None:
@@ -215,6 +244,7 @@ def cmd_train(args) -> int:
     try:
         resumed = resume_spec(args) if args.resume else None
         spec = (resumed.spec if resumed else build_spec(args)).validate()
+        check_memory_flag(spec)
         guard(spec.job_dir, resume=bool(args.resume), overwrite=args.overwrite)  # before anything is written
         job_schedule(spec)  # a bad trace names its line before anything starts
         if resumed and resumed.moved_from:
@@ -236,6 +266,10 @@ def cmd_train(args) -> int:
 
             run_preflight(spec, timeout=args.preflight_timeout)
         model_def = load_model_def(spec.model_def)  # without preflight, at least names and signatures
+        if spec.training.auto_micro_batch:  # without preflight, the module is first seen here
+            from flextrain.worker.probing import check_framework
+
+            check_framework(spec, model_def)
         if spec.strategy is Strategy.PARAMETER_SERVER and not spec.training.preflight:  # else preflight did it
             from flextrain.worker.ps_trainer import check_ps_optimizer
 

@@ -15,12 +15,14 @@ CLI, operator, resume and tests read it instead of keeping their own lists.
 """
 
 from flextrain.job.settings import (
+    AUTO,
     NAN_POLICIES,
     SETTING,
     SETTINGS,
     VALUE_RULES,
     Backend,
     JobSpecError,
+    IntOrStr,
     JobType,
     Setting,
     Strategy,
@@ -32,6 +34,6 @@ from flextrain.job.settings import (
 )
 from flextrain.job.spec import SECTIONS, DataSpec, JobSpec, PSSpec, TrainingSpec, WorkerSpec
 
-__all__ = ["NAN_POLICIES", "SECTIONS", "SETTING", "SETTINGS", "VALUE_RULES", "Backend", "DataSpec", "JobSpec",
+__all__ = ["AUTO", "IntOrStr", "NAN_POLICIES", "SECTIONS", "SETTING", "SETTINGS", "VALUE_RULES", "Backend", "DataSpec", "JobSpec",
            "JobSpecError", "JobType", "PSSpec", "Setting", "Strategy", "TrainingSpec", "WorkerSpec", "check_count",
            "check_job_name", "check_non_negative", "check_positive_finite", "flag_of"]

@@ -110,6 +110,51 @@ def check_adaptive(*, batch_schedule, lr_rule, min_global_batch, max_global_batc
                            f"got --lr-rule {lr_rule}")
 
 
+AUTO = "auto"  # --max-micro-batch auto: each worker measures the largest micro-batch that fits
+
+
+class IntOrStr:
+    """The kind of a setting that holds an integer or a string (``--max-micro-batch 32`` or ``auto``,
+    ``--memory-limit 2147483648`` or ``2GiB``); the CRD declares it ``x-kubernetes-int-or-string``."""
+
+
+def check_max_micro_batch(flag: str, value) -> None:
+    """A positive count, or ``"auto"`` (measured by each worker: docs/running-jobs.md)."""
+    if value != AUTO and (not is_int(value) or value < 1):
+        raise JobSpecError(f"{flag} must be a positive integer or 'auto', got {value!r}")
+
+
+def check_memory_limit(flag: str, value) -> None:
+    """Bytes (an integer >= 1) or a size with a unit ("2GiB", "512MB"): what the micro-batch probe of
+    ``--max-micro-batch auto`` keeps a training step under. Only its form is checked here (flextrain.job
+    may not import flextrain.elastic); the CLI and the operator parse it with
+    ``flextrain.elastic.memory.parse_memory`` at submission, naming the flag."""
+    if not (is_int(value) and value >= 1) and not (isinstance(value, str) and value.strip()):
+        raise JobSpecError(f"{flag} must be a number of bytes or a size such as '2GiB', got {value!r}")
+
+
+def check_auto_micro_batch(*, max_micro_batch, memory_limit, strategy, job_type, script) -> None:
+    """``--max-micro-batch auto`` is for AllReduce training jobs of a module; ``--memory-limit`` is its
+    bound and means nothing without it. (Whether the module is one the probe can step, PyTorch, is
+    known once it is loaded: the CLI and the worker check that.)"""
+    if max_micro_batch != AUTO:
+        if memory_limit is not None:
+            raise JobSpecError("--memory-limit applies to --max-micro-batch auto only (the bound its probe keeps "
+                               "a training step under)")
+        return
+    if script:
+        raise JobSpecError("--max-micro-batch auto applies to module jobs; a script plans its own micro-batches "
+                           "with flextrain.elastic.torch.init(G, M)")
+    if job_type is not JobType.TRAINING:
+        raise JobSpecError(f"--max-micro-batch auto applies to training jobs (got a {job_type.value} job): "
+                           "give the batch to run through the model as a number")
+    if strategy is not Strategy.ALLREDUCE:
+        raise JobSpecError("--max-micro-batch auto needs --distribution-strategy AllReduce: the probe measures a "
+                           "worker's whole training step (forward, loss, backward, optimizer step), and a "
+                           f"{strategy.value} worker's step applies no optimizer locally (the parameter servers "
+                           "do); give --max-micro-batch as a number")
+
+
 def check_ps_mode(flag: str, value) -> None:
     if value not in ("sync", "async"):
         raise JobSpecError(f"{flag} must be 'sync' or 'async', got {value!r}")
@@ -161,7 +206,9 @@ SETTINGS: tuple[Setting, ...] = (
     _s("csv_header", "data.csv_header", bool, "spec.data.csvHeader"),
     _s("epochs", "training.epochs", int, "spec.training.epochs"),
     _s("global_batch_size", "training.global_batch_size", int, "spec.training.globalBatchSize"),
-    _s("max_micro_batch", "training.max_micro_batch", int, "spec.training.maxMicroBatch"),
+    # An integer, or "auto": each worker probes the largest micro-batch under memory_limit (docs/running-jobs.md).
+    _s("max_micro_batch", "training.max_micro_batch", IntOrStr, "spec.training.maxMicroBatch"),
+    _s("memory_limit", "training.memory_limit", IntOrStr, "spec.training.memoryLimit"),
     _s("learning_rate", "training.learning_rate", float, "spec.training.learningRate", "--lr"),
     # A trace of the global batch per optimizer step: a CSV path, or its text inline (docs/batch-schedules.md).
     _s("batch_schedule", "training.batch_schedule", str, "spec.training.batchSchedule"),
@@ -206,14 +253,14 @@ def flag_of(key: str) -> str:
 # Every numeric JobSpec field, by kind. OPTIONAL_NUMBERS ones may be None (= derived from another field).
 NUMBER_RULES = (
     (check_count, ("workers", "epochs", "global_batch_size", "steps_per_task", "reference_batch_size",
-                   "max_micro_batch", "min_workers", "max_workers", "grads_to_wait", "min_global_batch",
+                   "min_workers", "max_workers", "grads_to_wait", "min_global_batch",
                    "max_global_batch", "adapt_every")),
     (check_non_negative, ("evaluation_steps", "max_task_retries", "checkpoint_steps", "relaunch_budget",
                           "ps_checkpoint_steps")),
     (check_positive_finite, ("rendezvous_timeout", "worker_timeout", "start_timeout", "min_workers_timeout",
                              "learning_rate")),
 )
-OPTIONAL_NUMBERS = {"reference_batch_size", "max_micro_batch", "min_workers", "max_workers", "grads_to_wait", "learning_rate",
+OPTIONAL_NUMBERS = {"reference_batch_size", "min_workers", "max_workers", "grads_to_wait", "learning_rate",
                     "min_global_batch", "max_global_batch", "adapt_every"}
 # Every rule about one setting's value alone, by key: ``check(flag, value)`` raises JobSpecError. What
 # the operator runs field by field, so that all bad values of an ElasticJob are reported at once.
@@ -221,4 +268,5 @@ VALUE_RULES = {
     **{key: check for check, keys in NUMBER_RULES for key in keys},
     "ps": check_non_negative, "seed": check_seed, "nan_policy": check_nan_policy, "ps_mode": check_ps_mode,
     "lr_rule": check_lr_rule, "batch_schedule": check_batch_schedule,
+    "max_micro_batch": check_max_micro_batch, "memory_limit": check_memory_limit,
 }

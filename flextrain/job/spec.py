@@ -7,6 +7,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from flextrain.job.crossfield import CROSS_FIELD, check_script
 from flextrain.job.settings import (
     SETTING_AT,
     NUMBER_RULES,
@@ -17,14 +18,12 @@ from flextrain.job.settings import (
     JobSpecError,
     JobType,
     Strategy,
-    is_int,
     check_job_name,
-    check_adaptive,
     check_batch_schedule,
     check_lr_rule,
+    check_max_micro_batch,
+    check_memory_limit,
     check_nan_policy,
-    check_non_negative,
-    check_ps_mode,
     check_seed,
     flag_of,
 )
@@ -49,8 +48,13 @@ class TrainingSpec:
 
     epochs: int = 1
     global_batch_size: int = 64
-    # Largest micro-batch one worker holds; None means the whole global batch.
-    max_micro_batch: int | None = None
+    # Largest micro-batch one worker holds; None means the whole global batch; "auto": each AllReduce
+    # worker probes the largest whose training step stays under memory_limit, and a round plans with the
+    # smallest of its members' (flextrain/worker/probing.py, flextrain/master/micro_batches.py).
+    max_micro_batch: int | str | None = None
+    # "auto"'s bound: bytes, or a size such as "2GiB" (flextrain.elastic.memory.parse_memory); None: a
+    # fraction of what each worker may use (flextrain.elastic.memory.default_memory_limit()).
+    memory_limit: int | str | None = None
     learning_rate: float | None = None  # None: the module's own
     # The global batch of every optimizer step from a trace (a CSV path, or its text inline: text with a
     # newline); global_batch_size then only defaults reference_batch_size and max_micro_batch.
@@ -81,7 +85,14 @@ class TrainingSpec:
 
     @property
     def effective_max_micro_batch(self) -> int:
-        return self.max_micro_batch or self.global_batch_size
+        """M as set (the global batch when unset); under ``auto`` the global batch, the probe's upper
+        bound: a worker plans with the M its round gives it (``JoinRendezvousResponse.max_micro_batch``)."""
+        return self.global_batch_size if self.auto_micro_batch else self.max_micro_batch or self.global_batch_size
+
+    @property
+    def auto_micro_batch(self) -> bool:
+        """``--max-micro-batch auto``: each worker measures M (flextrain/worker/probing.py)."""
+        return self.max_micro_batch == "auto"
 
     @property
     def effective_reference_batch_size(self) -> int:
@@ -241,7 +252,7 @@ class JobSpec:
             if not isinstance(getattr(self, section), kind):  # a hand-built spec; of() and from_json build them
                 raise JobSpecError(f"JobSpec.{section} must be a {kind.__name__}, got {getattr(self, section)!r}")
         check_job_name(self.name)
-        self._validate_script()
+        check_script(self)
         for check, fields in NUMBER_RULES:
             for field in fields:
                 value = self.get(field)
@@ -250,6 +261,10 @@ class JobSpec:
         check_seed("--seed", self.training.seed)
         check_nan_policy("--nan-policy", self.training.nan_policy)
         check_lr_rule("--lr-rule", self.training.lr_rule)
+        if self.training.max_micro_batch is not None:
+            check_max_micro_batch("--max-micro-batch", self.training.max_micro_batch)
+        if self.training.memory_limit is not None:
+            check_memory_limit("--memory-limit", self.training.memory_limit)
         if self.training.batch_schedule is not None:
             check_batch_schedule("--batch-schedule", self.training.batch_schedule)
         for field in ("shuffle", "ps_wal", "preflight", "skip_unknown_files", "csv_header"):
@@ -260,120 +275,23 @@ class JobSpec:
             if not isinstance(getattr(self, field), kind):  # from_json converts; a hand-built spec may not
                 raise JobSpecError(f"{name} must be one of {', '.join(k.value for k in kind)}, "
                                    f"got {self.get(field)!r}")
-        self._validate_worker_range()
-        self._validate_job_type()
-        self._validate_ps()
-        self._validate_schedule()
+        for check in CROSS_FIELD[1:]:
+            check(self)
         return self
 
     def cross_field_problems(self) -> list[str]:
-        """Every problem between fields (worker range, job type, parameter servers), not just the first.
+        """Every problem between fields (flextrain/job/crossfield.py), not just the first.
 
         Assumes each field passed its own rule (:data:`VALUE_RULES`, as ``validate`` checks first);
         the operator uses it to report all problems of an ElasticJob at once.
         """
         out = []
-        for check in (self._validate_script, self._validate_worker_range, self._validate_job_type, self._validate_ps,
-                      self._validate_schedule):
+        for check in CROSS_FIELD:
             try:
-                check()
+                check(self)
             except JobSpecError as exc:
                 out.append(str(exc))
         return out
-
-    def _validate_worker_range(self) -> None:
-        """min_workers <= workers <= max_workers, blaming only flags that were given.
-
-        An unset bound defaults to --workers, so it can never be the culprit:
-        ``--workers 3 --max-workers 2`` is about --workers and --max-workers.
-        """
-        lo, n, hi = self.worker.min_replicas, self.worker.replicas, self.worker.max_replicas
-        if lo is not None and hi is not None:
-            if lo > hi:
-                raise JobSpecError(f"--min-workers ({lo}) is greater than --max-workers ({hi})")
-            if not lo <= n <= hi:
-                raise JobSpecError(f"--workers ({n}) must lie between --min-workers ({lo}) and --max-workers ({hi})")
-        elif lo is not None and lo > n:
-            raise JobSpecError(f"--min-workers ({lo}) is greater than --workers ({n})")
-        elif hi is not None and n > hi:
-            raise JobSpecError(f"--workers ({n}) is greater than --max-workers ({hi})")
-
-    def _validate_script(self) -> None:
-        """Exactly one of a model-zoo module and a script; a script job takes its data itself."""
-        if self.script is not None and not isinstance(self.script, str):
-            raise JobSpecError(f"the script must be a path, got {self.script!r}")
-        if not isinstance(self.script_args, tuple) or not all(isinstance(a, str) for a in self.script_args):
-            raise JobSpecError(f"the script's arguments must be strings, got {self.script_args!r}")
-        if self.script and self.model_def:
-            raise JobSpecError(f"a job runs a module (--model-def {self.model_def}) or a script "
-                               f"({self.script}), not both")
-        if not self.script and self.script_args:
-            raise JobSpecError("script arguments need a script")
-        if not self.script and not self.model_def:
-            raise JobSpecError("--model-def is required (e.g. model_zoo/digits_torch.py:Model)")
-        if self.script:
-            if self.job_type is not JobType.TRAINING or self.strategy is not Strategy.ALLREDUCE:
-                raise JobSpecError("a script job trains with the AllReduce strategy "
-                                   f"(got {self.job_type.value}, {self.strategy.value})")
-            for field in ("training_data", "validation_data", "prediction_data"):
-                if self.get(field):
-                    raise JobSpecError(f"{flag_of(field)} applies to module jobs; a script reads its own data")
-
-    def _validate_job_type(self) -> None:
-        if self.script:
-            return  # _validate_script
-        if self.job_type is JobType.TRAINING:
-            if not self.data.training:
-                raise JobSpecError("--training-data is required")
-        else:
-            if self.strategy is not Strategy.ALLREDUCE:
-                raise JobSpecError(f"{self.job_type.value} jobs run without --distribution-strategy "
-                                   f"(got {self.strategy.value})")
-            if not self.checkpoint:
-                raise JobSpecError(f"--checkpoint is required for an {self.job_type.value} job "
-                                   "(a checkpoint file or a training job's directory)")
-        if self.job_type is JobType.EVALUATION and not self.data.validation:
-            raise JobSpecError("--validation-data is required for an evaluation job")
-        if self.job_type is JobType.PREDICTION:
-            if not self.data.prediction:
-                raise JobSpecError("--prediction-data is required for a prediction job")
-            if not self.output:
-                raise JobSpecError("--output is required for a prediction job (directory for the predictions)")
-        if self.training.evaluation_steps and not self.data.validation:
-            raise JobSpecError(f"--evaluation-steps {self.training.evaluation_steps} needs --validation-data")
-        if self.training.evaluation_steps and self.job_type is not JobType.TRAINING:
-            raise JobSpecError("--evaluation-steps applies to training jobs only")
-
-    def _validate_schedule(self) -> None:
-        """A batch schedule and an LR rule are for AllReduce training jobs of a module (a script
-        schedules its own batches through flextrain.elastic); what the trace holds is checked by
-        whoever can read it (``flextrain train``, the operator for inline text, the master)."""
-        training = self.training
-        check_adaptive(batch_schedule=training.batch_schedule, lr_rule=training.lr_rule,
-                       min_global_batch=training.min_global_batch, max_global_batch=training.max_global_batch,
-                       adapt_every=training.adapt_every)
-        if training.batch_schedule is None and training.lr_rule == "none":
-            return
-        what = "--batch-schedule" if training.batch_schedule is not None else f"--lr-rule {training.lr_rule}"
-        if self.script:
-            raise JobSpecError(f"{what} applies to module jobs; a script schedules its batches through "
-                               "flextrain.elastic")
-        if self.job_type is JobType.TRAINING and self.strategy is not Strategy.ALLREDUCE:
-            raise JobSpecError(f"{what} needs --distribution-strategy AllReduce (lockstep steps of one global "
-                               f"batch); got {self.strategy.value}")
-
-    def _validate_ps(self) -> None:
-        if self.strategy is Strategy.PARAMETER_SERVER:
-            if not is_int(self.ps.replicas) or self.ps.replicas < 1:
-                raise JobSpecError(
-                    f"--distribution-strategy ParameterServer needs --ps N (N >= 1 parameter servers), "
-                    f"got {self.ps.replicas!r}")
-        else:
-            check_non_negative("--ps", self.ps.replicas)
-            if self.ps.replicas:
-                raise JobSpecError(f"--ps {self.ps.replicas} needs --distribution-strategy ParameterServer "
-                                   f"(the strategy is {self.strategy.value})")
-        check_ps_mode("--ps-mode", self.ps.ps_mode)
 
     # ---- (de)serialisation -------------------------------------------------
     def to_json(self) -> str:

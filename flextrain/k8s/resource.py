@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from flextrain.job import (
-    SETTING, SETTINGS, VALUE_RULES, Backend, JobSpec, JobSpecError, Strategy, check_job_name, check_non_negative,
+    SETTING, SETTINGS, VALUE_RULES, Backend, IntOrStr, JobSpec, JobSpecError, Strategy, check_job_name,
+    check_non_negative,
 )
 from flextrain.k8s import kubeschema, meta, template
 from flextrain.k8s.traces import inline_trace_problems
@@ -64,7 +65,7 @@ class Field:
 
     path: str  # dotted, below ``spec`` (e.g. "training.globalBatchSize")
     key: str  # the setting's key (flextrain.job.SETTING)
-    kind: type  # int, float, str, bool or list (of strings)
+    kind: type  # int, float, str, bool, list (of strings) or IntOrStr (x-kubernetes-int-or-string)
 
     @property
     def full_path(self) -> str:
@@ -73,7 +74,7 @@ class Field:
 
 # The mapping, in the order ``resource_from_jobspec`` writes it: the settings table's CRD column.
 FIELDS: tuple[Field, ...] = tuple(
-    Field(s.crd.removeprefix("spec."), s.key, s.kind if s.kind in (int, float, str, bool, list) else str)
+    Field(s.crd.removeprefix("spec."), s.key, s.kind if s.kind in (int, float, str, bool, list, IntOrStr) else str)
     for s in SETTINGS if s.crd and s.crd.startswith("spec."))
 # In the CRD with no behaviour yet: refused (never silently dropped) until an issue implements them.
 NOT_YET: tuple[str, ...] = ()
@@ -104,7 +105,7 @@ def _set(obj: dict[str, Any], dotted: str, value: Any) -> None:
 
 
 _KIND_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string",
-               list: "a list of strings"}
+               list: "a list of strings", IntOrStr: "an integer or a string"}
 
 
 def _type_problem(field_path: str, value: Any, kind: type) -> str | None:
@@ -114,6 +115,7 @@ def _type_problem(field_path: str, value: Any, kind: type) -> str | None:
         bool: isinstance(value, bool),
         str: isinstance(value, str),
         list: isinstance(value, list) and all(isinstance(item, str) for item in value),
+        IntOrStr: isinstance(value, (int, str)) and not isinstance(value, bool),
     }[kind]
     return None if ok else f"{field_path}: must be {_KIND_NAMES[kind]}, got {value!r}"
 
@@ -218,6 +220,8 @@ def _check(obj: Mapping[str, Any]) -> tuple[list[str], JobSpec | None]:
         if value is None or f.key == "strategy":
             continue
         bad = _value_problems(f.full_path, value, f.kind, VALUE_RULES.get(f.key))
+        if not bad and f.key == "memory_limit":  # read as the workers read it
+            bad = _value_problems(f.full_path, value, f.kind, _check_memory_size)
         if bad:
             out += bad
         else:
@@ -268,6 +272,15 @@ def _value_problems(field_path: str, value: Any, kind: type, rule=None) -> list[
         message = _translate(str(exc))
         return [message if message.startswith(field_path) else f"{field_path}: {message}"]
     return []
+
+
+def _check_memory_size(flag: str, value: Any) -> None:
+    from flextrain.elastic.memory import parse_memory  # imports torch: only for a job that sets it
+
+    try:
+        parse_memory(value, what=flag.rstrip(":"))
+    except ValueError as exc:
+        raise JobSpecError(str(exc)) from None
 
 
 def _checkpoint_dir_problems(checkpoint_dir: Any, job_dir: str) -> list[str]:

@@ -26,6 +26,7 @@ from flextrain.master.failures import FailureHandling, FailureTracker, WorkerFai
 from flextrain.master.health import Liveness, find_hung
 from flextrain.master.ledger import TaskKind, TaskLedger
 from flextrain.master.lockstep import AllReduceStrategy
+from flextrain.master.memory import MemoryBook, MicroBatchChoice
 from flextrain.master.phase import Phase
 from flextrain.master.ps_tasks import ParameterServerStrategy
 from flextrain.master.rendezvous import Rendezvous, Round, RoundState
@@ -105,6 +106,8 @@ class JobMaster(FailureHandling, RoundKeeping):
         # (every member of a round computes the same); None: none reported yet.
         self.adascale: tuple[float, float | None] | None = None
         self.launched_at: dict[str, float] = {}  # launch times, for workers that never finish starting
+        self.micro_batches = MicroBatchChoice(spec)  # each round's M (--max-micro-batch auto: the probes)
+        self.memory = MemoryBook()  # the workers' latest memory samples and the job's peak
         self.strategy = strategy_for(spec)  # what differs between AllReduce and ParameterServer
         # What the user reads names settings as the user wrote them: flags, or ElasticJob fields.
         self.words = in_spec_words if spec.backend is Backend.KUBERNETES else str
@@ -222,10 +225,12 @@ class JobMaster(FailureHandling, RoundKeeping):
             return True, self.message if self.over else "stopping at the next step boundary"
 
     # ---- RPC logic -------------------------------------------------------------
-    def register(self, worker_id: str, *, pid: int = 0) -> None:
+    def register(self, worker_id: str, *, pid: int = 0, probe: pb.MicroBatchProbe | None = None) -> None:
+        """A worker is ready to train; ``probe``: what its --max-micro-batch auto probe found."""
         with self.cond:
             now = self.clock()
             self.workers[worker_id] = WorkerInfo(worker_id, now, now, pb.Position(round_id=-1), pid=pid)
+            self.micro_batches.report(worker_id, probe)
             self.launched.discard(worker_id)
             self.alive.add(worker_id)
             if self.rendezvous.current is not None:
@@ -305,6 +310,8 @@ class JobMaster(FailureHandling, RoundKeeping):
                 if req.lr_gain:
                     self.adascale = (req.lr_gain, req.gradient_noise_scale
                                      if req.HasField("gradient_noise_scale") else None)
+                if req.HasField("memory"):
+                    self.memory.record(req.worker_id, req.memory)
                 if req.samples:
                     info.loss, info.samples = req.loss, info.samples + req.samples
                     self.last_loss = req.loss

@@ -5,7 +5,7 @@ snapshot the reporter writes to ``status.json`` is offered to it, and it
 patches the ElasticJob's status subresource with the CRD's status fields
 (``phase``, ``message``, ``workers`` {desired, active, summary}, ``selector``,
 ``epoch``, ``step``, ``progress`` {recordsDone, recordsTotal, percent,
-summary}, ``metrics``, ``samplesPerSecond``, ``globalBatchSize``, ``lrRule``, ``lrFactor``,
+summary}, ``metrics``, ``samplesPerSecond``, ``globalBatchSize``, ``maxMicroBatch``, ``lrRule``, ``lrFactor``,
 ``learningRate``, ``gradientNoiseScale``, ``startTime``, ``completionTime``,
 ``conditions``).
 
@@ -60,7 +60,7 @@ def cr_status(snap: Mapping[str, Any], *, job_name: str) -> dict[str, Any]:
         "metrics": {k: v if isinstance(v, str) else float(v) for k, v in (snap.get("metrics") or {}).items()},
         "samplesPerSecond": float(snap.get("samplesPerSecond", 0.0)),
     }
-    for key in ("globalBatchSize", "lrRule", "lrFactor", "learningRate"):  # training jobs of a module
+    for key in ("globalBatchSize", "maxMicroBatch", "lrRule", "lrFactor", "learningRate"):  # training jobs of a module
         if key in snap:
             status[key] = snap[key]
     if isinstance(snap.get("gradientNoiseScale"), (int, float)):  # not "inf": the CRD field is a number

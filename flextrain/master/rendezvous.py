@@ -45,6 +45,7 @@ class Round:
     version: int
     restore_checkpoint: str = ""
     store_port: int = 0  # the round's own TCPStore (script jobs); 0: the job's store, under a round prefix
+    max_micro_batch: int = 0  # M every member plans with (flextrain.master.memory.MicroBatchChoice)
     state: RoundState = RoundState.ACTIVE
     # Memoized GetTask answers, by task index: (action, task id or -1).
     answers: list[tuple[int, int]] = field(default_factory=list)

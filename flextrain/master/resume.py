@@ -42,6 +42,7 @@ CHANGEABLE = {
     "data.validation": "evaluation tasks are never persisted",
     "training.evaluation_steps": "as --validation-data",
     "training.max_micro_batch": "only how a step is split into micro-batches, not its samples",
+    "training.memory_limit": "as --max-micro-batch (auto's bound)",
     "training.checkpoint_steps": "when checkpoints are taken",
     "ps.ps_checkpoint_steps": "when the parameter servers checkpoint",
     "worker.rendezvous_timeout": "a timeout",

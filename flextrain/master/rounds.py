@@ -49,7 +49,7 @@ class RoundKeeping:
                         store_host=self.store_host, store_port=rnd.store_port or self.store_port,
                         version=rnd.version,
                         restore_checkpoint=rnd.restore_checkpoint,
-                        max_micro_batch=self.spec.training.effective_max_micro_batch,
+                        max_micro_batch=rnd.max_micro_batch,
                     )
                 left = deadline - self.clock()
                 if left <= 0:
@@ -67,9 +67,14 @@ class RoundKeeping:
         rnd, waiters = self.rendezvous.form(previous_round=previous.round_id if previous else None)
         self.strategy.round_formed(self, rnd, previous, waiters)
         self.short_since = None
+        last_m = self.micro_batches.current
+        rnd.max_micro_batch, why = self.micro_batches.for_round(rnd.members)
+        if self.micro_batches.auto and (previous is None or rnd.max_micro_batch != last_m):
+            self.note(f"round {rnd.round_id}: max micro-batch {rnd.max_micro_batch} ({why}; --max-micro-batch auto)")
         self.round_history.append({
             "round": rnd.round_id, "version": rnd.version, "time": round(time.time(), 3),
             "members": [{"id": m, "pid": self.workers[m].pid if m in self.workers else 0} for m in rnd.members],
+            "maxMicroBatch": rnd.max_micro_batch,
         })
         for wid in rnd.members:
             self.assigned[wid] = rnd

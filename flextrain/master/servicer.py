@@ -38,7 +38,8 @@ class MasterServicer(pb_grpc.MasterServicer):
                                      ps_addresses=list(self.job.ps_addresses))
 
     def RegisterWorker(self, request, context):
-        self.job.register(request.worker_id, pid=request.pid)
+        self.job.register(request.worker_id, pid=request.pid,
+                          probe=request.probe if request.HasField("probe") else None)
         return pb.RegisterWorkerResponse()
 
     def JoinRendezvous(self, request, context):

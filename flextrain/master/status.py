@@ -58,7 +58,8 @@ def members(job: JobMaster) -> list[dict]:
     if rnd is None or rnd.state is RoundState.CLOSED or job.over:
         return []
     return [{"id": m, "rank": r, "pid": job.workers[m].pid if m in job.workers else 0,
-             "round": rnd.round_id} for r, m in enumerate(rnd.members)]
+             "round": rnd.round_id, **({"memory": sample} if (sample := job.memory.of(m)) else {})}
+            for r, m in enumerate(rnd.members)]
 
 def active_workers(job: JobMaster) -> int:
     rnd = job.rendezvous.current
@@ -190,6 +191,11 @@ class StatusReporter:
                 # the step in progress: its global batch (a batch schedule's), LR rule and factor (and LR)
                 **(step_settings(job.spec, job.ledger.schedule, job.step, adascale=job.adascale)
                    if job.spec.job_type is JobType.TRAINING and not job.spec.is_script else {}),
+                # M the current round plans with, and how it was chosen (--max-micro-batch auto: the probes)
+                **(job.micro_batches.status() if job.spec.job_type is JobType.TRAINING and not job.spec.is_script
+                   else {}),
+                # the highest memory peak a worker reported (once per step: flextrain.elastic.memory.MemoryMonitor)
+                "memoryPeak": job.memory.peak,
                 "progress": {
                     "recordsDone": done, "recordsTotal": total,
                     "percent": round(100.0 * done / total, 1) if total else 0.0,

@@ -50,14 +50,30 @@ class GetJobSpecResponse(_message.Message):
     def __init__(self, job_spec_json: _Optional[str] = ..., heartbeat_interval: _Optional[float] = ..., ps_addresses: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RegisterWorkerRequest(_message.Message):
-    __slots__ = ("worker_id", "host", "pid")
+    __slots__ = ("worker_id", "host", "pid", "probe")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
+    PROBE_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     host: str
     pid: int
-    def __init__(self, worker_id: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ...) -> None: ...
+    probe: MicroBatchProbe
+    def __init__(self, worker_id: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., probe: _Optional[_Union[MicroBatchProbe, _Mapping]] = ...) -> None: ...
+
+class MicroBatchProbe(_message.Message):
+    __slots__ = ("max_micro_batch", "memory_limit", "peak_bytes", "cached", "device")
+    MAX_MICRO_BATCH_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    PEAK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CACHED_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    max_micro_batch: int
+    memory_limit: int
+    peak_bytes: int
+    cached: bool
+    device: str
+    def __init__(self, max_micro_batch: _Optional[int] = ..., memory_limit: _Optional[int] = ..., peak_bytes: _Optional[int] = ..., cached: _Optional[bool] = ..., device: _Optional[str] = ...) -> None: ...
 
 class RegisterWorkerResponse(_message.Message):
     __slots__ = ()
@@ -260,7 +276,7 @@ class ReportTaskResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("worker_id", "position", "loss", "samples", "waiting_for_peers", "stalled_seconds", "skipped_steps", "lr_gain", "gradient_noise_scale")
+    __slots__ = ("worker_id", "position", "loss", "samples", "waiting_for_peers", "stalled_seconds", "skipped_steps", "lr_gain", "gradient_noise_scale", "memory")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     POSITION_FIELD_NUMBER: _ClassVar[int]
     LOSS_FIELD_NUMBER: _ClassVar[int]
@@ -270,6 +286,7 @@ class HeartbeatRequest(_message.Message):
     SKIPPED_STEPS_FIELD_NUMBER: _ClassVar[int]
     LR_GAIN_FIELD_NUMBER: _ClassVar[int]
     GRADIENT_NOISE_SCALE_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     position: Position
     loss: float
@@ -279,7 +296,22 @@ class HeartbeatRequest(_message.Message):
     skipped_steps: int
     lr_gain: float
     gradient_noise_scale: float
-    def __init__(self, worker_id: _Optional[str] = ..., position: _Optional[_Union[Position, _Mapping]] = ..., loss: _Optional[float] = ..., samples: _Optional[int] = ..., waiting_for_peers: _Optional[bool] = ..., stalled_seconds: _Optional[float] = ..., skipped_steps: _Optional[int] = ..., lr_gain: _Optional[float] = ..., gradient_noise_scale: _Optional[float] = ...) -> None: ...
+    memory: MemorySample
+    def __init__(self, worker_id: _Optional[str] = ..., position: _Optional[_Union[Position, _Mapping]] = ..., loss: _Optional[float] = ..., samples: _Optional[int] = ..., waiting_for_peers: _Optional[bool] = ..., stalled_seconds: _Optional[float] = ..., skipped_steps: _Optional[int] = ..., lr_gain: _Optional[float] = ..., gradient_noise_scale: _Optional[float] = ..., memory: _Optional[_Union[MemorySample, _Mapping]] = ...) -> None: ...
+
+class MemorySample(_message.Message):
+    __slots__ = ("step", "device", "used_bytes", "peak_bytes", "reserved_bytes")
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PEAK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    RESERVED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    step: int
+    device: str
+    used_bytes: int
+    peak_bytes: int
+    reserved_bytes: int
+    def __init__(self, step: _Optional[int] = ..., device: _Optional[str] = ..., used_bytes: _Optional[int] = ..., peak_bytes: _Optional[int] = ..., reserved_bytes: _Optional[int] = ...) -> None: ...
 
 class HeartbeatResponse(_message.Message):
     __slots__ = ("end_round", "stop", "job_over")

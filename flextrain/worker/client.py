@@ -53,12 +53,13 @@ class MasterClient:
     def job_spec(self) -> pb.GetJobSpecResponse:
         return self._call("GetJobSpec", pb.GetJobSpecRequest(worker_id=self.worker_id))
 
-    def register(self, *, pid: int) -> pb.RegisterWorkerResponse:
+    def register(self, *, pid: int, probe: pb.MicroBatchProbe | None = None) -> pb.RegisterWorkerResponse:
+        """Ready to train; ``probe``: what --max-micro-batch auto measured (before any round is joined)."""
         import socket
 
         return self._call(
             "RegisterWorker",
-            pb.RegisterWorkerRequest(worker_id=self.worker_id, host=socket.gethostname(), pid=pid),
+            pb.RegisterWorkerRequest(worker_id=self.worker_id, host=socket.gethostname(), pid=pid, probe=probe),
         )
 
     def join(self, position: pb.Position, reason: str, detail: str = "") -> pb.JoinRendezvousResponse:
@@ -111,14 +112,16 @@ class MasterClient:
 
     def heartbeat(self, position: pb.Position, loss: float, samples: int, *, waiting_for_peers: bool = False,
                   stalled_seconds: float = 0.0, skipped_steps: int = 0, lr_gain: float = 0.0,
-                  gradient_noise_scale: float | None = None) -> pb.HeartbeatResponse:
-        """``lr_gain`` and ``gradient_noise_scale``: --lr-rule adascale's last step (0 and None: none yet)."""
+                  gradient_noise_scale: float | None = None,
+                  memory: pb.MemorySample | None = None) -> pb.HeartbeatResponse:
+        """``lr_gain`` and ``gradient_noise_scale``: --lr-rule adascale's last step (0 and None: none yet);
+        ``memory``: the latest sample of this process's memory (None: none yet)."""
         return self._call(
             "Heartbeat",
             pb.HeartbeatRequest(worker_id=self.worker_id, position=position, loss=loss, samples=samples,
                                 waiting_for_peers=waiting_for_peers, stalled_seconds=stalled_seconds,
                                 skipped_steps=skipped_steps, lr_gain=lr_gain,
-                                gradient_noise_scale=gradient_noise_scale),
+                                gradient_noise_scale=gradient_noise_scale, memory=memory),
             deadline=5.0,
         )
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from flextrain.elastic.memory import MemoryMonitor
 from flextrain.failures import ExitCode
 from flextrain.job import JobSpec, JobType, Strategy
 from flextrain.proto import flextrain_pb2 as pb
@@ -48,7 +49,7 @@ def _heartbeat_loop(client: MasterClient, state: WorkerState, interval: float, d
             resp = client.heartbeat(state.position(), loss, samples, waiting_for_peers=state.waiting,
                                     stalled_seconds=time.monotonic() - state.progressed,
                                     skipped_steps=state.skipped_steps, lr_gain=state.lr_factor,
-                                    gradient_noise_scale=state.noise_scale)
+                                    gradient_noise_scale=state.noise_scale, memory=state.memory)
         except MasterUnreachable as exc:
             log.error("%s", exc)
             state.stop.set()
@@ -136,6 +137,17 @@ def _run_worker(client: MasterClient, worker_id: str, doing: _Doing) -> int:
         return _run_inference_job(spec, client, reg, model_def, model, worker_id, doing)
     optimizer = model_def.build_optimizer(model, spec.training.learning_rate)
     state = doing.state = WorkerState()
+    if model_def.framework is Framework.PYTORCH:  # sampled once per step, sent with each heartbeat
+        state.monitor = MemoryMonitor(device=next((p.device for p in model.parameters()), None), keep=100)
+    probe = None
+    if spec.training.auto_micro_batch and spec.strategy is Strategy.ALLREDUCE:
+        from flextrain.worker.probing import probe_worker
+
+        doing.stage = "probing the largest micro-batch (--max-micro-batch auto)"
+        probe = probe_worker(spec, model_def, model, optimizer)
+        doing.stage = "starting"
+    # Evaluation batches: the probed M holds a training step, so it holds a forward without gradients.
+    eval_batch = probe.max_micro_batch if probe is not None else spec.training.effective_max_micro_batch
     collective: Collective | None = None
     if spec.strategy is Strategy.PARAMETER_SERVER:
         ps_trainer = PSTrainer
@@ -145,7 +157,7 @@ def _run_worker(client: MasterClient, worker_id: str, doing: _Doing) -> int:
         trainer = ps_trainer(spec=spec, model_def=model_def, model=model, optimizer=optimizer, client=client,
                             state=state, ps_addresses=list(reg.ps_addresses),
                             evaluate=lambda version: _evaluate(spec, client, model_def, predictor, state, version,
-                                                               position=state.position()))
+                                                               position=state.position(), batch=eval_batch))
     else:
         collective = Collective(timeout=spec.worker.worker_timeout)
         predictor = make_predictor(model_def, model)
@@ -153,9 +165,9 @@ def _run_worker(client: MasterClient, worker_id: str, doing: _Doing) -> int:
             spec=spec, model_def=model_def, model=model, optimizer=optimizer, client=client,
             collective=collective, state=state,
             evaluate=lambda version: _evaluate(spec, client, model_def, predictor, state, version,
-                                               position=state.position()))
+                                               position=state.position(), batch=eval_batch))
     # Ready: only now may the master end the running round to let us in.
-    client.register(pid=os.getpid())
+    client.register(pid=os.getpid(), probe=probe)
     log.info("%s registered with master %s (pid %d)", worker_id, master, os.getpid())
     done = threading.Event()
     beat = threading.Thread(target=_heartbeat_loop, args=(client, state, reg.heartbeat_interval, done),
@@ -174,10 +186,11 @@ def _run_worker(client: MasterClient, worker_id: str, doing: _Doing) -> int:
         loss, samples = state.take_loss()
         if samples or state.skipped_steps:  # since the last heartbeat: the final loss, skipped steps
             client.heartbeat(state.position(), loss, samples, skipped_steps=state.skipped_steps,
-                             lr_gain=state.lr_factor, gradient_noise_scale=state.noise_scale)
+                             lr_gain=state.lr_factor, gradient_noise_scale=state.noise_scale, memory=state.memory)
         if finished:
             doing.stage = "evaluating"
-            _evaluate(spec, client, model_def, make_predictor(model_def, model), state, state.version)
+            _evaluate(spec, client, model_def, make_predictor(model_def, model), state, state.version,
+                      batch=eval_batch)
     finally:
         done.set()
         if collective is not None:
@@ -204,6 +217,8 @@ def _train(spec, client, collective, trainer, state) -> bool:
         state.end_round.clear()
         with state.lock:  # adopt the round before anything can report a position
             state.round_id, state.task_index, state.steps_done = resp.round_id, 0, 0
+        # Every member plans with the round's M (under auto: the smallest its members probed).
+        trainer.max_micro_batch = resp.max_micro_batch or spec.training.effective_max_micro_batch
         try:
             state.waiting = True  # forming the group and the broadcast wait on every member
             try:
@@ -212,8 +227,8 @@ def _train(spec, client, collective, trainer, state) -> bool:
                 trainer.sync_state(restore_from=resp.restore_checkpoint)
             finally:
                 state.waiting = False
-            log.info("round %d: rank %d of %d at version %d", resp.round_id, resp.rank,
-                     resp.world_size, state.version)
+            log.info("round %d: rank %d of %d at version %d, max micro-batch %d", resp.round_id, resp.rank,
+                     resp.world_size, state.version, trainer.max_micro_batch)
             outcome = trainer.run_round()
         except CollectiveError as exc:
             log.warning("%s", exc)
@@ -282,9 +297,11 @@ def _take_tasks(client, state, kind, run, *, model_version: int = 0, position=No
             return resp.action
 
 
-def _evaluate(spec, client, model_def, predictor, state, model_version: int, position=None) -> int:
-    """Take part in the evaluation of the model at ``model_version`` until it is complete."""
-    batch = spec.training.effective_max_micro_batch
+def _evaluate(spec, client, model_def, predictor, state, model_version: int, position=None,
+              batch: int | None = None) -> int:
+    """Take part in the evaluation of the model at ``model_version`` until it is complete, ``batch``
+    records at a time (default: the job's max micro-batch)."""
+    batch = batch or spec.training.effective_max_micro_batch
     return _take_tasks(client, state, pb.Task.EVALUATION,
                        lambda task: evaluate_task(model_def, predictor, task, batch_size=batch),
                        model_version=model_version, position=position)

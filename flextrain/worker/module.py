@@ -32,6 +32,7 @@ import importlib.util
 import inspect
 import os
 import sys
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -196,7 +197,9 @@ def _framework(module: ModuleType, optimizer: Callable) -> Framework:
 
 
 def _import_file(path: Path) -> ModuleType:
-    name = f"flextrain_user_{path.stem}_{abs(hash(str(path))) & 0xFFFFFF:x}"
+    # The same name in every process (str hashes are salted per process): the module's classes are then
+    # named alike everywhere, e.g. in the micro-batch probe's cache key (flextrain.elastic.probe.probe_key).
+    name = f"flextrain_user_{path.stem}_{zlib.crc32(str(path).encode()) & 0xFFFFFF:x}"
     if name in sys.modules:
         return sys.modules[name]
     loader_spec = importlib.util.spec_from_file_location(name, path)

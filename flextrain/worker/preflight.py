@@ -16,8 +16,9 @@ here gets past the same points in a worker:
    ``torch.optim.Optimizer`` (a Keras optimizer): ``ModelDef.build_optimizer``;
    ParameterServer jobs: one the parameter servers run;
 5. the first ``min(global batch, max micro-batch)`` records of the first
-   training file go through ``feed(records, "training", metadata)`` and the
-   worker's checks of what it returns;
+   training file (``--max-micro-batch auto``: at most ``AUTO_RECORDS``, since
+   what fits is not known before the workers probe it) go through
+   ``feed(records, "training", metadata)`` and the worker's checks of what it returns;
 6. forward and ``loss`` on them: the loss is a scalar that depends on the
    parameters (torch: requires grad; Keras: has a gradient); then backward
    and one optimizer step (AllReduce: through the worker's model backend);
@@ -55,6 +56,7 @@ DEFAULT_TIMEOUT = 120.0
 ENV_TIMEOUT = "FLEXTRAIN_PREFLIGHT_TIMEOUT"  # the default for `flextrain master` in a pod (no flag there)
 MESSAGE_CHARS = 600  # of a user exception's text in the message
 OUTPUT_TAIL_LINES = 15  # of the child's stderr, shown when it died or hung without a result
+AUTO_RECORDS = 8  # records of the training step checked under --max-micro-batch auto
 
 
 class PreflightError(ModelDefError):
@@ -167,6 +169,10 @@ def check(spec: JobSpec, *, on_stage=lambda stage: None) -> None:
                       if spec.data.validation else None)
     with run.stage(f"importing the module of {spec.model_def}"):
         md = run.md = load_model_def(spec.model_def)
+    if spec.training.auto_micro_batch:
+        from flextrain.worker.probing import check_framework
+
+        check_framework(spec, md)
     with run.stage("seeding the random generators"):
         _seed(md, spec.training.seed)
     with run.stage(f"building the model: {md.model_name}()", call=f"the model callable {md.model_name}()"):
@@ -176,7 +182,8 @@ def check(spec: JobSpec, *, on_stage=lambda stage: None) -> None:
     if spec.strategy is Strategy.PARAMETER_SERVER:
         with run.stage("checking the optimizer for the parameter servers"):
             _check_ps_optimizer(md, spec)
-    n = min(spec.training.global_batch_size, spec.training.effective_max_micro_batch, shard.size)
+    n = min(spec.training.global_batch_size, spec.training.effective_max_micro_batch, shard.size,
+            AUTO_RECORDS if spec.training.auto_micro_batch else shard.size)
     with run.stage("reading the first training records"):
         records = read_shard_range(shard.source, shard.start, shard.start + n)
     meta = FeedMetadata(shard.source, shard.start, shard.start + n, 0)
@@ -193,7 +200,7 @@ def check(spec: JobSpec, *, on_stage=lambda stage: None) -> None:
     step = _keras_step if md.framework is Framework.TENSORFLOW else _torch_step
     step(run, md, model, optimizer, backend, records, meta)
     if validation is not None:
-        _evaluate(run, md, model, validation, batch=min(spec.training.global_batch_size, spec.training.effective_max_micro_batch))
+        _evaluate(run, md, model, validation, batch=n)
 
 
 class _Stages:

@@ -33,7 +33,7 @@ from flextrain.worker.ps_trainer import PSTrainer
 from flextrain.worker.tf.backend import to_numpy, to_torch
 from flextrain.worker.tf.checks import require_tf
 from flextrain.worker.tf.feed import feed_dataset, take
-from flextrain.worker.trainer import WorkerState
+from flextrain.worker.state import WorkerState
 
 _KERAS_OPTIMIZERS = {"SGD": "sgd", "Adam": "adam", "AdamW": "adamw", "Adagrad": "adagrad"}
 

@@ -69,7 +69,7 @@ from flextrain.worker.failure import NonFiniteError, failure_of, log_failure, on
 from flextrain.worker.module import FeedMetadata, Framework, Mode, ModelDef, ModelDefError
 from flextrain.worker.ps_client import PSClient, PSError
 from flextrain.worker.pytorch import feed_tensors, take
-from flextrain.worker.trainer import WorkerState
+from flextrain.worker.state import WorkerState
 
 log = logging.getLogger("flextrain.worker.ps")
 # Seconds an evaluation waits for the other parameter servers to apply the pushes PS 0 counted.
@@ -248,6 +248,7 @@ class PSTrainer:
             if math.isfinite(loss_sum):  # NaN: a minibatch skipped as non-finite
                 self.state.add_loss(loss_sum, end - start)
             self.state.mark_progress()
+            self.state.sample_memory()
             self.evaluate_if_due()
         self.client.report_task(task.task_id, ok=True)
 

@@ -31,9 +31,7 @@ from __future__ import annotations
 import logging
 import math
 import os
-import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
@@ -52,6 +50,7 @@ from flextrain.worker.collective import Collective
 from flextrain.worker.failure import NonFiniteError, failure_of, log_failure, one_line
 from flextrain.worker.module import FeedMetadata, Mode, ModelDef
 from flextrain.worker.prefetch import StepLoader, read_ahead_wanted
+from flextrain.worker.state import WorkerState
 
 log = logging.getLogger("flextrain.worker")
 
@@ -61,49 +60,6 @@ _CONTROL_SLOTS = 4
 # wakes dozens of gRPC threads across worker and master, each preempting a compute thread.
 AHEAD_SECONDS = 2.0
 MAX_AHEAD = 32
-
-
-@dataclass
-class WorkerState:
-    """What the heartbeat thread reports; written by the training thread."""
-
-    round_id: int = -1
-    task_index: int = 0
-    steps_done: int = 0
-    version: int = 0
-    loss_sum: float = 0.0
-    loss_samples: int = 0
-    waiting: bool = False  # blocked on peers: a collective or the rendezvous
-    in_rendezvous: bool = False  # ... and of those, the rendezvous (an RPC, not a collective)
-    progressed: float = field(default_factory=time.monotonic)
-    step_seconds: float = 0.0  # moving average of the time between progress marks
-    skipped_steps: int = 0  # steps dropped for a non-finite loss or gradient (--nan-policy skip-step)
-    lr_factor: float = 0.0  # --lr-rule adascale: the last step's gain (0: none measured yet)
-    noise_scale: float | None = None  # ... and the gradient noise scale (None: no estimate yet)
-    end_round: threading.Event = field(default_factory=threading.Event)
-    stop: threading.Event = field(default_factory=threading.Event)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def position(self) -> pb.Position:
-        return pb.Position(round_id=self.round_id, task_index=self.task_index,
-                           steps_done=self.steps_done, version=self.version, lr_gain=self.lr_factor,
-                           gradient_noise_scale=self.noise_scale)
-
-    def mark_progress(self) -> None:
-        now = time.monotonic()
-        took, self.progressed = now - self.progressed, now
-        self.step_seconds = took if not self.step_seconds else 0.9 * self.step_seconds + 0.1 * took
-
-    def add_loss(self, loss_sum: float, samples: int) -> None:
-        with self.lock:
-            self.loss_sum += loss_sum
-            self.loss_samples += samples
-
-    def take_loss(self) -> tuple[float, int]:
-        with self.lock:
-            n, s = self.loss_samples, self.loss_sum
-            self.loss_sum, self.loss_samples = 0.0, 0
-        return (s / n if n else math.nan), n
 
 
 class AllReduceTrainer:
@@ -135,6 +91,9 @@ class AllReduceTrainer:
         self._lr_factor: float | None = None  # --lr-rule's factor now set on the optimizer (None: not set)
         self.ahead_asks = 0  # GetTask calls made ahead
         self.adascale: AdaScaleRule | None = None  # --lr-rule adascale: the gain, measured per step
+        # M this worker plans its steps with: its round's (JoinRendezvousResponse.max_micro_batch), the same
+        # on every member; until a round gives one, the job's setting.
+        self.max_micro_batch = spec.training.effective_max_micro_batch
         if spec.training.effective_lr_rule == "adascale":  # --batch-schedule adaptive implies it
             self.adascale = AdaScaleRule(reference=spec.training.effective_reference_batch_size)
             self.backend.measure_micro_batches()
@@ -291,6 +250,7 @@ class AllReduceTrainer:
                     self.state.version += 1
                     self.state.steps_done = j + 1
             self.state.mark_progress()
+            self.state.sample_memory()
             every = self.spec.training.checkpoint_steps
             if control[STOP] > 0:
                 return pb.GetTaskResponse.STOP  # the caller writes the stop checkpoint
@@ -365,7 +325,7 @@ class AllReduceTrainer:
         """``(start, end, plan)``: this rank's records of step ``j`` and the step's plan."""
         step_start = task.start + j * task.global_batch_size
         step_size = min(task.global_batch_size, task.end - step_start)
-        plan = plan_step(step_size, self.collective.world_size, self.spec.training.effective_max_micro_batch)
+        plan = plan_step(step_size, self.collective.world_size, self.max_micro_batch)
         lo, hi = plan.span(self.collective.rank)
         return step_start + lo, step_start + hi, plan
 

@@ -63,12 +63,27 @@ def test_model_def_naming_missing_callable(capsys, tmp_path, data):
     ("--global-batch-size", "0", "--global-batch-size must be a positive integer, got 0"),
     ("--global-batch-size", "-8", "--global-batch-size must be a positive integer, got -8"),
     ("--max-micro-batch", "0", "--max-micro-batch must be a positive integer"),
+    ("--max-micro-batch", "big", "--max-micro-batch must be a positive integer or 'auto', got 'big'"),
     ("--epochs", "0", "--epochs must be a positive integer"),
 ])
 def test_non_positive_numbers(capsys, tmp_path, data, flag, value, expected):
     code, err = train(capsys, flag, value, data=data, tmp=tmp_path)
     assert code == 2
     assert expected in err
+
+
+@pytest.mark.parametrize("extra, expected", [
+    (("--memory-limit", "-1"), "--memory-limit must be a number of bytes or a size such as '2GiB', got -1"),
+    (("--memory-limit", "12parsecs"), "--memory-limit='12parsecs' is not a memory size"),
+    (("--memory-limit", "0"), "--memory-limit must be a number of bytes or a size such as '2GiB', got 0"),
+    (("--distribution-strategy", "ParameterServer", "--ps", "1"),
+     "--max-micro-batch auto needs --distribution-strategy AllReduce"),
+])
+def test_bad_auto_micro_batch_settings(capsys, tmp_path, data, extra, expected):
+    code, err = train(capsys, "--max-micro-batch", "auto", *extra, data=data, tmp=tmp_path)
+    assert code == 2
+    assert expected in err
+    assert not (tmp_path / "job").exists()  # refused before anything started
 
 
 def test_min_workers_above_max_workers(capsys, tmp_path, data):

@@ -135,16 +135,32 @@ def test_from_json_names_a_section_that_is_no_object():
         JobSpec.from_json(json.dumps(data))
 
 
-def test_from_json_rejects_unknown_fields():
-    data = json.loads(spec().to_json())
-    data["gpus"] = 2
-    data["zeta"] = 1
-    with pytest.raises(JobSpecError, match="unknown JobSpec fields: gpus, zeta"):
-        JobSpec.from_json(json.dumps(data))
-
-
 def test_from_json_rejects_unknown_strategy():
     data = json.loads(spec().to_json())
     data["strategy"] = "Horovod"
     with pytest.raises(ValueError):
         JobSpec.from_json(json.dumps(data))
+
+
+# ---- --max-micro-batch auto and --memory-limit ------------------------------------------------------
+def test_auto_micro_batch_and_memory_limit_validate_and_round_trip():
+    s = spec(max_micro_batch="auto", memory_limit="2GiB", global_batch_size=128).validate()
+    assert s.training.auto_micro_batch and s.training.effective_max_micro_batch == 128  # the probe's upper bound
+    assert JobSpec.from_json(s.to_json()) == s
+    assert spec(max_micro_batch="auto", memory_limit=2**30).validate().training.memory_limit == 2**30
+
+
+@pytest.mark.parametrize("changes, needle", [
+    (dict(max_micro_batch="big"), "--max-micro-batch must be a positive integer or 'auto', got 'big'"),
+    (dict(max_micro_batch=True), "--max-micro-batch must be a positive integer or 'auto'"),
+    (dict(max_micro_batch="auto", memory_limit=-1), "--memory-limit must be a number of bytes or a size"),
+    (dict(max_micro_batch="auto", memory_limit=""), "--memory-limit must be a number of bytes or a size"),
+    (dict(memory_limit="2GiB"), "--memory-limit applies to --max-micro-batch auto only"),
+    (dict(max_micro_batch="auto", strategy=Strategy.PARAMETER_SERVER, ps=1),
+     "--max-micro-batch auto needs --distribution-strategy AllReduce: the probe measures a worker's whole "
+     "training step"),
+])
+def test_bad_auto_settings_name_the_flag(changes, needle):
+    with pytest.raises(JobSpecError) as info:
+        spec(**changes).validate()
+    assert needle in str(info.value)

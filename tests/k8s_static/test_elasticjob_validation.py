@@ -93,6 +93,9 @@ BAD_SPECS = [
     ("relative mountPath", "spec.volumes", [{"name": "d", "mountPath": "data", "emptyDir": {}}],
      "spec.volumes.0.mountPath"),
     ("data as a string", "spec.data", "/data/digits", "spec.data"),
+    ("micro-batch a word other than auto", "spec.training.maxMicroBatch", "big", "spec.training.maxMicroBatch"),
+    ("zero micro-batch", "spec.training.maxMicroBatch", 0, "spec.training.maxMicroBatch"),
+    ("negative memory limit", "spec.training.memoryLimit", -1, "spec.training.memoryLimit"),
     ("unknown status phase", "status", {"phase": "Done"}, "status.phase"),
 ]
 
@@ -180,3 +183,17 @@ def test_the_adascale_status_fits_the_crd(elasticjob_validator):
     assert errors(elasticjob_validator, job) == []
     job["status"] = cr_status(dict(snapshot, gradientNoiseScale="inf"), job_name="digits")
     assert "gradientNoiseScale" not in job["status"] and errors(elasticjob_validator, job) == []
+
+
+def test_auto_micro_batch_and_its_limit_fit_the_crd(elasticjob_validator):
+    """maxMicroBatch takes an integer or "auto", memoryLimit bytes or a size; status.maxMicroBatch is the
+    M the master chose."""
+    from flextrain.master.k8s_status import cr_status
+
+    job = copy.deepcopy(example())
+    for limit in ("2GiB", 2**31):
+        job["spec"]["training"].update(maxMicroBatch="auto", memoryLimit=limit)
+        assert errors(elasticjob_validator, job) == []
+    job["status"] = cr_status({"phase": "Running", "maxMicroBatch": 24, "maxMicroBatchChoice": {"setting": "auto"}},
+                              job_name="digits")
+    assert job["status"]["maxMicroBatch"] == 24 and errors(elasticjob_validator, job) == []

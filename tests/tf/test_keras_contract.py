@@ -163,3 +163,16 @@ def test_job_with_a_feed_of_the_wrong_structure_fails_naming_feed(digits_example
     assert "pairless.py: feed(dataset, 'training', metadata) must return a dataset of (features, labels) pairs, " \
            "got a dataset of 'float32(2,)'" in status["message"], status["message"]
     assert status["progress"]["recordsDone"] == 0  # nothing was applied
+
+
+def test_auto_micro_batch_refuses_a_keras_module():
+    """--max-micro-batch auto probes a PyTorch step; the CLI, preflight and the worker refuse a Keras module."""
+    from flextrain.job import JobSpec
+    from flextrain.worker.probing import check_framework
+
+    module = f"{MODEL_ZOO / 'digits_keras.py'}:custom_model"
+    spec = JobSpec.of(name="k", model_def=module, training_data="d", job_dir="/j", max_micro_batch="auto").validate()
+    with pytest.raises(ModelDefError, match="--max-micro-batch auto measures PyTorch training steps; .*digits_keras.py "
+                                            "is a tensorflow module"):
+        check_framework(spec, load_model_def(module))
+    check_framework(spec.replace(max_micro_batch=16), load_model_def(module))  # a number: nothing to probe

@@ -200,3 +200,28 @@ def test_a_bad_master_port_annotation_is_one_of_the_problems():
     obj["metadata"]["annotations"] = {meta.ANNOTATION_MASTER_PORT: "http"}
     assert [path_of(p) for p in problems(obj)] == [
         "spec.training.epochs", f"metadata.annotations[{meta.ANNOTATION_MASTER_PORT}]"]
+
+
+def test_max_micro_batch_auto_and_memory_limit_map_both_ways():
+    spec = jobspec_from_resource(job(training__maxMicroBatch="auto", training__memoryLimit="3GiB"))
+    assert (spec.training.max_micro_batch, spec.training.memory_limit) == ("auto", "3GiB")
+    body = resource_from_jobspec(spec, image="flextrain:test")
+    assert body["spec"]["training"]["maxMicroBatch"] == "auto" and body["spec"]["training"]["memoryLimit"] == "3GiB"
+    assert jobspec_from_resource(body) == spec
+    assert jobspec_from_resource(job(training__maxMicroBatch="auto",
+                                     training__memoryLimit=2**31)).training.memory_limit == 2**31
+
+
+@pytest.mark.parametrize("changes, problem", [
+    (dict(training__maxMicroBatch="big"), "spec.training.maxMicroBatch: must be a positive integer or 'auto', got 'big'"),
+    (dict(training__maxMicroBatch=0), "spec.training.maxMicroBatch: must be a positive integer or 'auto', got 0"),
+    (dict(training__maxMicroBatch="auto", training__memoryLimit="12parsecs"),
+     "spec.training.memoryLimit='12parsecs' is not a memory size"),
+    (dict(training__maxMicroBatch="auto", training__memoryLimit=-1), "spec.training.memoryLimit: must be a number of bytes"),
+    (dict(training__memoryLimit="2GiB"), "spec.training.memoryLimit applies to spec.training.maxMicroBatch auto only"),
+    (dict(training__maxMicroBatch="auto", strategy="ParameterServer", replicaSpecs__ps={"replicas": 1}),
+     "spec.training.maxMicroBatch auto needs spec.strategy AllReduce"),
+])
+def test_bad_auto_settings_name_their_field(changes, problem):
+    found = problems(job(**changes))
+    assert any(problem in p for p in found), found

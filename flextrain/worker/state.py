@@ -1,0 +1,77 @@
+"""WorkerState: where a worker stands, written by its training thread and read by its heartbeat thread."""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+
+from flextrain.elastic.memory import MemoryMonitor
+from flextrain.proto import flextrain_pb2 as pb
+
+
+@dataclass
+class WorkerState:
+    """What the heartbeat thread reports; written by the training thread."""
+
+    round_id: int = -1
+    task_index: int = 0
+    steps_done: int = 0
+    version: int = 0
+    loss_sum: float = 0.0
+    loss_samples: int = 0
+    waiting: bool = False  # blocked on peers: a collective or the rendezvous
+    in_rendezvous: bool = False  # ... and of those, the rendezvous (an RPC, not a collective)
+    progressed: float = field(default_factory=time.monotonic)
+    step_seconds: float = 0.0  # moving average of the time between progress marks
+    skipped_steps: int = 0  # steps dropped for a non-finite loss or gradient (--nan-policy skip-step)
+    lr_factor: float = 0.0  # --lr-rule adascale: the last step's gain (0: none measured yet)
+    noise_scale: float | None = None  # ... and the gradient noise scale (None: no estimate yet)
+    # Samples this process's memory once per optimizer step (sample_memory); None: not sampled.
+    monitor: MemoryMonitor | None = None
+    memory: pb.MemorySample | None = None  # the latest sample, sent with every heartbeat
+    end_round: threading.Event = field(default_factory=threading.Event)
+    stop: threading.Event = field(default_factory=threading.Event)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def position(self) -> pb.Position:
+        return pb.Position(round_id=self.round_id, task_index=self.task_index,
+                           steps_done=self.steps_done, version=self.version, lr_gain=self.lr_factor,
+                           gradient_noise_scale=self.noise_scale)
+
+    def mark_progress(self) -> None:
+        now = time.monotonic()
+        took, self.progressed = now - self.progressed, now
+        self.step_seconds = took if not self.step_seconds else 0.9 * self.step_seconds + 0.1 * took
+
+    def add_loss(self, loss_sum: float, samples: int) -> None:
+        with self.lock:
+            self.loss_sum += loss_sum
+            self.loss_samples += samples
+
+    def take_loss(self) -> tuple[float, int]:
+        with self.lock:
+            n, s = self.loss_samples, self.loss_sum
+            self.loss_sum, self.loss_samples = 0.0, 0
+        return (s / n if n else math.nan), n
+
+    def sample_memory(self) -> None:
+        """After each optimizer step: the monitor's sample of this process's memory, for the heartbeat."""
+        if self.monitor is not None:
+            self.memory = memory_sample(self.monitor.record(self.version), self.monitor.device)
+
+
+def memory_sample(entry: dict, device) -> pb.MemorySample:
+    """A :meth:`MemoryMonitor.record` entry as the heartbeat carries it: on the CPU the resident set and
+    its high-water mark; on CUDA the bytes allocated to tensors, the most since the last sample, and
+    what the caching allocator holds."""
+    if device.type == "cuda":
+        return pb.MemorySample(step=entry["step"], device=str(device), used_bytes=entry["allocated"],
+                               peak_bytes=entry["peak"], reserved_bytes=entry["reserved"])
+    rss = entry.get("rss", 0)
+    return pb.MemorySample(step=entry["step"], device=str(device), used_bytes=rss,
+                           peak_bytes=entry.get("peak_rss", rss))
+
+
+__all__ = ["WorkerState", "memory_sample"]
