@@ -86,6 +86,13 @@ class Applied:
     def restore(self) -> None:
         self._context.restore()
 
+    @property
+    def core(self) -> torch.nn.Module:
+        """The user's module as the strategy left it (casts, patched forwards, replaced modules), inside
+        any wrapper (``torch.compile``, DDP, FSDP): its ``state_dict`` keys are the plain model's. What
+        flextrain jobs checkpoint and broadcast (flextrain/worker/accelerating.py)."""
+        return self._context.core
+
 
 def _optimizer(ctx: Context) -> torch.optim.Optimizer | None:
     inputs = ctx.inputs

@@ -92,6 +92,8 @@ def cmd_status(args) -> int:
     print(f"workers   {w['active']} active / {w['desired']} desired")
     print(f"epoch     {status['epoch']}/{status['epochs']}   step {status['step']}")
     print(f"progress  {p['recordsDone']:,}/{p['recordsTotal']:,} records ({p['percent']}%)")
+    if accelerate := status.get("accelerate"):  # --accelerate: the training strategy, and how it was chosen
+        print(f"strategy  {accelerate.get('strategy') or 'not chosen yet'}  ({accelerate.get('source')})")
     for name, value in sorted(status.get("metrics", {}).items()):
         print(f"{name:<9} {value:.4f}" if not isinstance(value, str) else f"{name:<9} {value}")
     if evaluations := status.get("evaluations"):  # the metrics above are the latest evaluation's

@@ -27,7 +27,7 @@ from importlib import metadata
 from pathlib import Path
 
 from flextrain.cli.common import CLIError, api_client, get_job
-from flextrain.cli.train import build_spec, check_memory_flag
+from flextrain.cli.train import accelerate_in_spec, build_spec, check_memory_flag
 
 
 def _default_image() -> str:
@@ -152,7 +152,7 @@ def elasticjob_from_args(args) -> dict:
             in_pod["prediction_data"] = args.prediction_data
         if args.batch_schedule is not None:  # a trace on this machine travels inline; else a path in the pods
             in_pod["batch_schedule"] = _inline_trace(args.batch_schedule)
-        spec = spec.replace(backend=Backend.KUBERNETES, **in_pod).validate()
+        spec = accelerate_in_spec(spec.replace(backend=Backend.KUBERNETES, **in_pod).validate())
         check_memory_flag(spec)
     except JobSpecError as exc:
         raise CLIError(str(exc)) from exc

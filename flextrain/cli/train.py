@@ -73,6 +73,12 @@ def add_commands(sub) -> None:
                         "else the machine's available memory)")
     g.add_argument("--lr", "--learning-rate", dest="learning_rate", type=float, metavar="LR",
                    help="learning rate passed to the module's optimizer (default: the module's own)")
+    g.add_argument("--accelerate", metavar="auto|FILE|METHODS",
+                   help="a training strategy the workers apply to the module's model (PyTorch, AllReduce): 'auto' "
+                        "(the first worker searches once by dry runs; the job keeps its choice in "
+                        "JOBDIR/accelerate/strategy.json and every worker, relaunched, joining or resumed, applies "
+                        "it), a JSON strategy FILE, or methods such as amp_native:bf16,checkpoint:Block "
+                        "(docs/accelerate.md, 'In jobs')")
     g.add_argument("--batch-schedule", metavar="TRACE.csv|adaptive",
                    help="the global batch of every optimizer step from a CSV 'step,batchsize' (steps counted "
                         "from 0 across epochs; the last size holds past its end), or 'adaptive': chosen from the "
@@ -145,7 +151,7 @@ def build_spec(args):
         evaluation_steps=args.evaluation_steps,
         min_workers=args.min_workers, max_workers=args.max_workers, epochs=args.epochs,
         global_batch_size=args.global_batch_size, max_micro_batch=args.max_micro_batch,
-        memory_limit=args.memory_limit,
+        memory_limit=args.memory_limit, accelerate=args.accelerate,
         learning_rate=args.learning_rate, seed=args.seed, shuffle=args.shuffle,
         batch_schedule=schedule_abs(args.batch_schedule), lr_rule=args.lr_rule,
         reference_batch_size=args.reference_batch_size, min_global_batch=args.min_global_batch,
@@ -181,6 +187,37 @@ def check_memory_flag(spec) -> None:
         parse_memory(spec.training.memory_limit, what="--memory-limit")
     except ValueError as exc:
         raise JobSpecError(str(exc)) from None
+
+
+def accelerate_in_spec(spec):
+    """``--accelerate`` read as the workers will read it (flextrain.accelerate.jobs: JobSpecError naming the
+    flag, the method and why); a FILE is read here and its strategy travels in the job as JSON (the workers,
+    pods included, may not see the file): the spec to run."""
+    value = spec.training.accelerate
+    if value is None:
+        return spec
+    from flextrain.accelerate import AccelerateError, Strategy  # imports torch
+    from flextrain.accelerate.jobs import AUTO, check_for_jobs, check_setting, is_json
+    from flextrain.job import JobSpecError
+
+    text = value.strip()
+    try:
+        if text != AUTO and not is_json(text) and _names_a_file(text):
+            what = f"--accelerate {text}"
+            strategy = check_for_jobs(Strategy.load(text, argument=what), what=what)
+            return spec.replace(accelerate=strategy.to_json(indent=None))
+        check_setting(text, what="--accelerate")
+    except AccelerateError as exc:
+        raise JobSpecError(str(exc)) from None
+    return spec
+
+
+def _names_a_file(text: str) -> bool:
+    """A value of ``--accelerate`` that is a path rather than a comma list of methods (which never has a
+    slash, and whose names are no files here)."""
+    from pathlib import Path
+
+    return "/" in text or text.endswith(".json") or Path(text).is_file()
 
 
 def schedule_abs(value: str | None) -> str | None:
@@ -243,7 +280,7 @@ def cmd_train(args) -> int:
             raise CLIError(f"--{missing[0].replace('_', '-')} is required (unless --resume JOBDIR)")
     try:
         resumed = resume_spec(args) if args.resume else None
-        spec = (resumed.spec if resumed else build_spec(args)).validate()
+        spec = accelerate_in_spec((resumed.spec if resumed else build_spec(args)).validate())
         check_memory_flag(spec)
         guard(spec.job_dir, resume=bool(args.resume), overwrite=args.overwrite)  # before anything is written
         job_schedule(spec)  # a bad trace names its line before anything starts
@@ -270,6 +307,10 @@ def cmd_train(args) -> int:
             from flextrain.worker.probing import check_framework
 
             check_framework(spec, model_def)
+        if spec.training.accelerate is not None:  # PyTorch modules only: a Keras one is refused, named
+            from flextrain.worker.accelerating import check_framework as check_accelerate_framework
+
+            check_accelerate_framework(spec, model_def)
         if spec.strategy is Strategy.PARAMETER_SERVER and not spec.training.preflight:  # else preflight did it
             from flextrain.worker.ps_trainer import check_ps_optimizer
 

@@ -27,6 +27,7 @@ import yaml
 from flextrain.cli.common import HelpFormatter
 from flextrain.k8s import crdschema, meta
 from flextrain.k8s.resource import path_of, problems
+from flextrain.operator.jobview import accelerate_problems
 
 VALID, INVALID, UNUSABLE = 0, 1, 2
 
@@ -83,7 +84,7 @@ def validate_file(path: Path) -> int:
 
 def job_problems(job: dict[str, Any]) -> tuple[list[str], list[str]]:
     """(every problem, notes on what was not checked) of one ElasticJob object."""
-    ours = problems(job)
+    ours = problems(job) + accelerate_problems(job)  # the operator's checks
     blamed = {path_of(p) for p in ours}
     # The operator's message is the more telling one; the schema's adds what the operator does not check.
     schema = [p for p in crdschema.problems(job) if not any(_within(path_of(p), b) for b in blamed)]

@@ -12,6 +12,7 @@ from flextrain.job.settings import (
     JobSpecError,
     JobType,
     Strategy,
+    check_accelerate_job,
     check_adaptive,
     check_auto_micro_batch,
     check_non_negative,
@@ -109,6 +110,10 @@ def check_micro_batch(spec: JobSpec) -> None:
     check_auto_micro_batch(max_micro_batch=spec.training.max_micro_batch, memory_limit=spec.training.memory_limit,
                            strategy=spec.strategy, job_type=spec.job_type, script=spec.script)
 
+def check_accelerate(spec: JobSpec) -> None:
+    check_accelerate_job(accelerate=spec.training.accelerate, strategy=spec.strategy, job_type=spec.job_type,
+                         script=spec.script)
+
 def check_ps(spec: JobSpec) -> None:
     if spec.strategy is Strategy.PARAMETER_SERVER:
         if not is_int(spec.ps.replicas) or spec.ps.replicas < 1:
@@ -124,7 +129,8 @@ def check_ps(spec: JobSpec) -> None:
 
 
 # In the order validate() runs them (check_script first, before any number is read).
-CROSS_FIELD = (check_script, check_worker_range, check_job_type, check_ps, check_schedule, check_micro_batch)
+CROSS_FIELD = (check_script, check_worker_range, check_job_type, check_ps, check_schedule, check_micro_batch,
+               check_accelerate)
 
-__all__ = ["CROSS_FIELD", "check_job_type", "check_micro_batch", "check_ps", "check_schedule", "check_script",
+__all__ = ["CROSS_FIELD", "check_accelerate", "check_job_type", "check_micro_batch", "check_ps", "check_schedule", "check_script",
            "check_worker_range"]

@@ -155,6 +155,31 @@ def check_auto_micro_batch(*, max_micro_batch, memory_limit, strategy, job_type,
                            "do); give --max-micro-batch as a number")
 
 
+def check_accelerate(flag: str, value) -> None:
+    """``auto``, a JSON strategy or a comma list of methods: only the form is checked here (flextrain.job may
+    not import flextrain.accelerate); the CLI, the operator and the workers read it with
+    ``flextrain.accelerate.jobs.check_setting``, naming the flag and the method."""
+    if not isinstance(value, str) or not value.strip():
+        raise JobSpecError(f"{flag} must be 'auto', a JSON strategy or a comma list of methods such as "
+                           f"amp_native:bf16,checkpoint:Block, got {value!r}")
+
+
+def check_accelerate_job(*, accelerate, strategy, job_type, script) -> None:
+    """``--accelerate`` applies a strategy to an AllReduce training job's module (docs/accelerate.md, "In jobs").
+    (Whether the module is a PyTorch one is known once it is loaded: the CLI and the workers check that.)"""
+    if accelerate is None:
+        return
+    if script:
+        raise JobSpecError("--accelerate applies to module jobs; a script calls auto_accelerate itself "
+                           "(flextrain.accelerate or flextrain.compat.atorch)")
+    if job_type is not JobType.TRAINING:
+        raise JobSpecError(f"--accelerate applies to training jobs, not to {job_type.value} jobs")
+    if strategy is not Strategy.ALLREDUCE:
+        raise JobSpecError(f"--accelerate needs --distribution-strategy AllReduce: with {strategy.value} the "
+                           "parameter servers hold the weights and apply the optimizer, and a strategy that casts "
+                           "or replaces the worker's modules would train a different model from the one they keep")
+
+
 def check_ps_mode(flag: str, value) -> None:
     if value not in ("sync", "async"):
         raise JobSpecError(f"{flag} must be 'sync' or 'async', got {value!r}")
@@ -210,6 +235,8 @@ SETTINGS: tuple[Setting, ...] = (
     _s("max_micro_batch", "training.max_micro_batch", IntOrStr, "spec.training.maxMicroBatch"),
     _s("memory_limit", "training.memory_limit", IntOrStr, "spec.training.memoryLimit"),
     _s("learning_rate", "training.learning_rate", float, "spec.training.learningRate", "--lr"),
+    # A training strategy (flextrain.accelerate): auto, a JSON strategy or a comma list (docs/accelerate.md).
+    _s("accelerate", "training.accelerate", str, "spec.training.accelerate"),
     # A trace of the global batch per optimizer step: a CSV path, or its text inline (docs/batch-schedules.md).
     _s("batch_schedule", "training.batch_schedule", str, "spec.training.batchSchedule"),
     _s("lr_rule", "training.lr_rule", str, "spec.training.lrRule"),
@@ -268,5 +295,5 @@ VALUE_RULES = {
     **{key: check for check, keys in NUMBER_RULES for key in keys},
     "ps": check_non_negative, "seed": check_seed, "nan_policy": check_nan_policy, "ps_mode": check_ps_mode,
     "lr_rule": check_lr_rule, "batch_schedule": check_batch_schedule,
-    "max_micro_batch": check_max_micro_batch, "memory_limit": check_memory_limit,
+    "max_micro_batch": check_max_micro_batch, "memory_limit": check_memory_limit, "accelerate": check_accelerate,
 }

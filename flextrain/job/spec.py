@@ -20,6 +20,7 @@ from flextrain.job.settings import (
     Strategy,
     check_job_name,
     check_batch_schedule,
+    check_accelerate,
     check_lr_rule,
     check_max_micro_batch,
     check_memory_limit,
@@ -56,6 +57,10 @@ class TrainingSpec:
     # fraction of what each worker may use (flextrain.elastic.memory.default_memory_limit()).
     memory_limit: int | str | None = None
     learning_rate: float | None = None  # None: the module's own
+    # A training strategy the workers apply to the module's model (flextrain.accelerate): "auto" (the first
+    # worker searches, the master keeps its choice in <job dir>/accelerate/strategy.json), a JSON strategy
+    # (flextrain train reads --accelerate FILE into it) or a comma list "amp_native:bf16,checkpoint:Block".
+    accelerate: str | None = None
     # The global batch of every optimizer step from a trace (a CSV path, or its text inline: text with a
     # newline); global_batch_size then only defaults reference_batch_size and max_micro_batch.
     batch_schedule: str | None = None
@@ -93,6 +98,11 @@ class TrainingSpec:
     def auto_micro_batch(self) -> bool:
         """``--max-micro-batch auto``: each worker measures M (flextrain/worker/probing.py)."""
         return self.max_micro_batch == "auto"
+
+    @property
+    def auto_accelerate(self) -> bool:
+        """``--accelerate auto``: the job's first worker searches for the strategy (docs/accelerate.md)."""
+        return isinstance(self.accelerate, str) and self.accelerate.strip() == "auto"
 
     @property
     def effective_reference_batch_size(self) -> int:
@@ -265,6 +275,8 @@ class JobSpec:
             check_max_micro_batch("--max-micro-batch", self.training.max_micro_batch)
         if self.training.memory_limit is not None:
             check_memory_limit("--memory-limit", self.training.memory_limit)
+        if self.training.accelerate is not None:
+            check_accelerate("--accelerate", self.training.accelerate)
         if self.training.batch_schedule is not None:
             check_batch_schedule("--batch-schedule", self.training.batch_schedule)
         for field in ("shuffle", "ps_wal", "preflight", "skip_unknown_files", "csv_header"):

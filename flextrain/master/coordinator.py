@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass
 
 from flextrain.job import Backend, JobSpec, JobType, Strategy
+from flextrain.master.accelerating import StrategyChoice
 from flextrain.master.accounting import commit_passed, ledger_at
 from flextrain.master.checkpoints import CheckpointStore, StateWriteError
 from flextrain.master.evaluation import Evaluations, outcome, prediction_task, record_task, task_message
@@ -108,6 +109,8 @@ class JobMaster(FailureHandling, RoundKeeping):
         self.launched_at: dict[str, float] = {}  # launch times, for workers that never finish starting
         self.micro_batches = MicroBatchChoice(spec)  # each round's M (--max-micro-batch auto: the probes)
         self.memory = MemoryBook()  # the workers' latest memory samples and the job's peak
+        # --accelerate: the job's training strategy (auto: chosen by one worker's search, kept in the job dir)
+        self.accelerating = StrategyChoice(spec, clock=clock)
         self.strategy = strategy_for(spec)  # what differs between AllReduce and ParameterServer
         # What the user reads names settings as the user wrote them: flags, or ElasticJob fields.
         self.words = in_spec_words if spec.backend is Backend.KUBERNETES else str
@@ -184,6 +187,7 @@ class JobMaster(FailureHandling, RoundKeeping):
             self.alive.discard(worker_id)
             self.launched.discard(worker_id)
             self.retiring.discard(worker_id)
+            self.accelerating.worker_left(worker_id)  # a searcher that left: the next to ask searches
             self.strategy.worker_left(self, worker_id)
             self.rendezvous.drop(worker_id)
             self.assigned.pop(worker_id, None)
@@ -236,6 +240,14 @@ class JobMaster(FailureHandling, RoundKeeping):
             if self.rendezvous.current is not None:
                 self.rendezvous.request_end()  # a newcomer: re-form at the next step boundary
             self.cond.notify_all()
+
+    def accelerate(self, req: pb.AccelerateRequest) -> pb.AccelerateResponse:
+        """--accelerate auto: the job's strategy, or SEARCH / WAIT (flextrain/master/accelerating.py)."""
+        with self.cond:
+            response, event = self.accelerating.ask(req.worker_id, req.strategy_json, req.search_json)
+            if event:
+                self.note(event)
+            return response
 
     def get_task(self, req: pb.GetTaskRequest) -> pb.GetTaskResponse:
         with self.cond:

@@ -5,8 +5,8 @@ snapshot the reporter writes to ``status.json`` is offered to it, and it
 patches the ElasticJob's status subresource with the CRD's status fields
 (``phase``, ``message``, ``workers`` {desired, active, summary}, ``selector``,
 ``epoch``, ``step``, ``progress`` {recordsDone, recordsTotal, percent,
-summary}, ``metrics``, ``samplesPerSecond``, ``globalBatchSize``, ``maxMicroBatch``, ``lrRule``, ``lrFactor``,
-``learningRate``, ``gradientNoiseScale``, ``startTime``, ``completionTime``,
+summary}, ``metrics``, ``samplesPerSecond``, ``globalBatchSize``, ``maxMicroBatch``, ``accelerate``,
+``lrRule``, ``lrFactor``, ``learningRate``, ``gradientNoiseScale``, ``startTime``, ``completionTime``,
 ``conditions``).
 
 Contract: offering a snapshot never blocks the master and never raises. A
@@ -63,6 +63,8 @@ def cr_status(snap: Mapping[str, Any], *, job_name: str) -> dict[str, Any]:
     for key in ("globalBatchSize", "maxMicroBatch", "lrRule", "lrFactor", "learningRate"):  # training jobs of a module
         if key in snap:
             status[key] = snap[key]
+    if isinstance((snap.get("accelerate") or {}).get("strategy"), str):  # --accelerate (auto: once chosen)
+        status["accelerate"] = snap["accelerate"]["strategy"]
     if isinstance(snap.get("gradientNoiseScale"), (int, float)):  # not "inf": the CRD field is a number
         status["gradientNoiseScale"] = snap["gradientNoiseScale"]
     for key in ("startTime", "completionTime", "failure"):

@@ -168,6 +168,8 @@ def _run_master(
         refused = restore(job, store_dir, moved_from=moved_from)
         if refused:
             raise ResumeError(refused)
+    if job.accelerating.note:  # --accelerate auto: an earlier run's choice, reused (or unreadable)
+        job.note(job.accelerating.note)
     try:  # after the resume's checks: a refused resume leaves the directory as it was
         write_bytes_atomic(job_dir / "jobspec.json", spec.to_json() + "\n")
         record_run(job_dir, "resume" if resume else "start", changes=changes, moved_from=moved_from,

@@ -42,6 +42,12 @@ class MasterServicer(pb_grpc.MasterServicer):
                           probe=request.probe if request.HasField("probe") else None)
         return pb.RegisterWorkerResponse()
 
+    def Accelerate(self, request, context):
+        try:
+            return self.job.accelerate(request)
+        except ValueError as exc:  # a strategy that is not JSON
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"strategy_json: {exc}")
+
     def JoinRendezvous(self, request, context):
         return self.job.join(request.worker_id, request.position, wait=JOIN_LONG_POLL)
 

@@ -194,6 +194,8 @@ class StatusReporter:
                 # M the current round plans with, and how it was chosen (--max-micro-batch auto: the probes)
                 **(job.micro_batches.status() if job.spec.job_type is JobType.TRAINING and not job.spec.is_script
                    else {}),
+                # --accelerate: the training strategy the workers apply, and how it was chosen
+                **({"accelerate": job.accelerating.status()} if job.spec.training.accelerate else {}),
                 # the highest memory peak a worker reported (once per step: flextrain.elastic.memory.MemoryMonitor)
                 "memoryPeak": job.memory.peak,
                 "progress": {

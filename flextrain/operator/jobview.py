@@ -16,10 +16,27 @@ def ident(job: dict) -> tuple[str, str]:
     return md["namespace"], md["name"]
 
 
+def accelerate_problems(job: dict) -> list[str]:
+    """``spec.training.accelerate`` read as the workers read it (flextrain.accelerate.jobs: an unknown method,
+    a bad config, a method a job refuses, each named); [] when unset or not a string (problems() says so)."""
+    training = (job.get("spec") or {}).get("training") if isinstance(job.get("spec"), dict) else None
+    value = training.get("accelerate") if isinstance(training, dict) else None
+    if not isinstance(value, str) or not value.strip():
+        return []
+    from flextrain.accelerate import AccelerateError  # imports torch: only for a job that sets it
+    from flextrain.accelerate.jobs import check_setting
+
+    try:
+        check_setting(value, what="spec.training.accelerate")
+    except AccelerateError as exc:
+        return [str(exc)]
+    return []
+
+
 def spec_problems(job: dict) -> str | None:
     """Every problem of a job's spec, one per line, each starting with its field path; or None."""
-    found = problems(job)
+    found = problems(job) + accelerate_problems(job)
     return "\n".join(found) if found else None
 
 
-__all__ = ["TERMINAL", "ident", "phase_of", "spec_problems"]
+__all__ = ["TERMINAL", "accelerate_problems", "ident", "phase_of", "spec_problems"]

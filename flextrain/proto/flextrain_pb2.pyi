@@ -79,6 +79,34 @@ class RegisterWorkerResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class AccelerateRequest(_message.Message):
+    __slots__ = ("worker_id", "strategy_json", "search_json")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    STRATEGY_JSON_FIELD_NUMBER: _ClassVar[int]
+    SEARCH_JSON_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    strategy_json: str
+    search_json: str
+    def __init__(self, worker_id: _Optional[str] = ..., strategy_json: _Optional[str] = ..., search_json: _Optional[str] = ...) -> None: ...
+
+class AccelerateResponse(_message.Message):
+    __slots__ = ("action", "strategy_json", "source")
+    class Action(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        USE: _ClassVar[AccelerateResponse.Action]
+        SEARCH: _ClassVar[AccelerateResponse.Action]
+        WAIT: _ClassVar[AccelerateResponse.Action]
+    USE: AccelerateResponse.Action
+    SEARCH: AccelerateResponse.Action
+    WAIT: AccelerateResponse.Action
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    STRATEGY_JSON_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    action: AccelerateResponse.Action
+    strategy_json: str
+    source: str
+    def __init__(self, action: _Optional[_Union[AccelerateResponse.Action, str]] = ..., strategy_json: _Optional[str] = ..., source: _Optional[str] = ...) -> None: ...
+
 class JoinRendezvousRequest(_message.Message):
     __slots__ = ("worker_id", "position", "reason", "detail")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]

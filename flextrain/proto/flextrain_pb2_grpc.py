@@ -44,6 +44,11 @@ class MasterStub:
                 request_serializer=flextrain_dot_proto_dot_flextrain__pb2.RegisterWorkerRequest.SerializeToString,
                 response_deserializer=flextrain_dot_proto_dot_flextrain__pb2.RegisterWorkerResponse.FromString,
                 _registered_method=True)
+        self.Accelerate = channel.unary_unary(
+                '/flextrain.v1.Master/Accelerate',
+                request_serializer=flextrain_dot_proto_dot_flextrain__pb2.AccelerateRequest.SerializeToString,
+                response_deserializer=flextrain_dot_proto_dot_flextrain__pb2.AccelerateResponse.FromString,
+                _registered_method=True)
         self.JoinRendezvous = channel.unary_unary(
                 '/flextrain.v1.Master/JoinRendezvous',
                 request_serializer=flextrain_dot_proto_dot_flextrain__pb2.JoinRendezvousRequest.SerializeToString,
@@ -101,6 +106,12 @@ class MasterServicer:
         raise NotImplementedError('Method not implemented!')
 
     def RegisterWorker(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Accelerate(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -172,6 +183,11 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.RegisterWorker,
                     request_deserializer=flextrain_dot_proto_dot_flextrain__pb2.RegisterWorkerRequest.FromString,
                     response_serializer=flextrain_dot_proto_dot_flextrain__pb2.RegisterWorkerResponse.SerializeToString,
+            ),
+            'Accelerate': grpc.unary_unary_rpc_method_handler(
+                    servicer.Accelerate,
+                    request_deserializer=flextrain_dot_proto_dot_flextrain__pb2.AccelerateRequest.FromString,
+                    response_serializer=flextrain_dot_proto_dot_flextrain__pb2.AccelerateResponse.SerializeToString,
             ),
             'JoinRendezvous': grpc.unary_unary_rpc_method_handler(
                     servicer.JoinRendezvous,
@@ -273,6 +289,33 @@ class Master:
             '/flextrain.v1.Master/RegisterWorker',
             flextrain_dot_proto_dot_flextrain__pb2.RegisterWorkerRequest.SerializeToString,
             flextrain_dot_proto_dot_flextrain__pb2.RegisterWorkerResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Accelerate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/flextrain.v1.Master/Accelerate',
+            flextrain_dot_proto_dot_flextrain__pb2.AccelerateRequest.SerializeToString,
+            flextrain_dot_proto_dot_flextrain__pb2.AccelerateResponse.FromString,
             options,
             channel_credentials,
             insecure,

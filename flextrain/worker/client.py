@@ -62,6 +62,11 @@ class MasterClient:
             pb.RegisterWorkerRequest(worker_id=self.worker_id, host=socket.gethostname(), pid=pid, probe=probe),
         )
 
+    def accelerate(self, *, strategy_json: str = "", search_json: str = "") -> pb.AccelerateResponse:
+        """--accelerate auto: ask for the job's strategy, or send the one this worker's search chose."""
+        return self._call("Accelerate", pb.AccelerateRequest(worker_id=self.worker_id, strategy_json=strategy_json,
+                                                             search_json=search_json))
+
     def join(self, position: pb.Position, reason: str, detail: str = "") -> pb.JoinRendezvousResponse:
         return self._call(
             "JoinRendezvous",

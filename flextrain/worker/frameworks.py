@@ -61,29 +61,32 @@ def support(framework: Framework) -> FrameworkSupport:
     return _loaded[framework]
 
 
-def make_backend(*, model_def: ModelDef, model, optimizer, extra: int, keep_lr: bool = False) -> ModelBackend:
+def make_backend(*, model_def: ModelDef, model, optimizer, extra: int, keep_lr: bool = False,
+                 compute=None) -> ModelBackend:
     """The backend for the module's framework. ``keep_lr``: the job's ``--lr`` was given, so the
-    optimizer's learning rate as built stays when a state is loaded (a resume may change it)."""
+    optimizer's learning rate as built stays when a state is loaded (a resume may change it).
+    ``compute``: the job's training strategy as applied (``--accelerate``, PyTorch only)."""
     backend = support(model_def.framework).backend(model_def=model_def, model=model, optimizer=optimizer,
-                                                   extra=extra)
+                                                   extra=extra, **({} if compute is None else {"compute": compute}))
     backend.keep_lr = keep_lr
     return backend
 
 
-def make_predictor(model_def: ModelDef, model) -> Predictor:
-    """The :class:`~flextrain.worker.evaluation.Predictor` for ``model``'s framework."""
-    return support(model_def.framework).predictor(model_def, model)
+def make_predictor(model_def: ModelDef, model, forward=None) -> Predictor:
+    """The :class:`~flextrain.worker.evaluation.Predictor` for ``model``'s framework; ``forward``: how the
+    model runs on features under the job's training strategy (``--accelerate``, PyTorch only)."""
+    return support(model_def.framework).predictor(model_def, model, **({} if forward is None else {"forward": forward}))
 
 
 def _pytorch() -> FrameworkSupport:
     from flextrain.worker import pytorch
 
-    def predictor(model_def, model):
+    def predictor(model_def, model, forward=None):
         import torch
 
         if not isinstance(model, torch.nn.Module):
             raise ModelDefError(f"{model_def.spec}: no predictor for a model of type {type(model).__name__}")
-        return pytorch.TorchPredictor(model_def, model)
+        return pytorch.TorchPredictor(model_def, model, forward)
 
     return FrameworkSupport(check_model=pytorch.check_model, build_optimizer=pytorch.build_optimizer,
                             backend=pytorch.TorchBackend, predictor=predictor)

@@ -135,6 +135,14 @@ def _run_worker(client: MasterClient, worker_id: str, doing: _Doing) -> int:
     model = model_def.build_model()
     if spec.job_type is not JobType.TRAINING:
         return _run_inference_job(spec, client, reg, model_def, model, worker_id, doing)
+    accelerated = None
+    if spec.training.accelerate is not None:  # a training strategy (flextrain/worker/accelerating.py)
+        from flextrain.worker.accelerating import accelerate_worker
+
+        doing.stage = "choosing and applying the training strategy (--accelerate)"
+        accelerated = accelerate_worker(spec, model_def, model, client)
+        model = accelerated.core  # what the optimizer steps and checkpoints hold (plain state_dict keys)
+        doing.stage = "starting"
     optimizer = model_def.build_optimizer(model, spec.training.learning_rate)
     state = doing.state = WorkerState()
     if model_def.framework is Framework.PYTORCH:  # sampled once per step, sent with each heartbeat
@@ -144,10 +152,11 @@ def _run_worker(client: MasterClient, worker_id: str, doing: _Doing) -> int:
         from flextrain.worker.probing import probe_worker
 
         doing.stage = "probing the largest micro-batch (--max-micro-batch auto)"
-        probe = probe_worker(spec, model_def, model, optimizer)
+        probe = probe_worker(spec, model_def, model, optimizer, compute=accelerated)
         doing.stage = "starting"
     # Evaluation batches: the probed M holds a training step, so it holds a forward without gradients.
     eval_batch = probe.max_micro_batch if probe is not None else spec.training.effective_max_micro_batch
+    forward = accelerated.evaluate if accelerated is not None else None  # evaluation under the strategy
     collective: Collective | None = None
     if spec.strategy is Strategy.PARAMETER_SERVER:
         ps_trainer = PSTrainer
@@ -160,10 +169,10 @@ def _run_worker(client: MasterClient, worker_id: str, doing: _Doing) -> int:
                                                                position=state.position(), batch=eval_batch))
     else:
         collective = Collective(timeout=spec.worker.worker_timeout)
-        predictor = make_predictor(model_def, model)
+        predictor = make_predictor(model_def, model, forward)
         trainer = AllReduceTrainer(
             spec=spec, model_def=model_def, model=model, optimizer=optimizer, client=client,
-            collective=collective, state=state,
+            collective=collective, state=state, compute=accelerated,
             evaluate=lambda version: _evaluate(spec, client, model_def, predictor, state, version,
                                                position=state.position(), batch=eval_batch))
     # Ready: only now may the master end the running round to let us in.
@@ -189,7 +198,7 @@ def _run_worker(client: MasterClient, worker_id: str, doing: _Doing) -> int:
                              lr_gain=state.lr_factor, gradient_noise_scale=state.noise_scale, memory=state.memory)
         if finished:
             doing.stage = "evaluating"
-            _evaluate(spec, client, model_def, make_predictor(model_def, model), state, state.version,
+            _evaluate(spec, client, model_def, make_predictor(model_def, model, forward), state, state.version,
                       batch=eval_batch)
     finally:
         done.set()

@@ -28,6 +28,7 @@ first round):
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from pathlib import Path
 
@@ -82,24 +83,43 @@ def check_framework(spec: JobSpec, model_def: ModelDef) -> None:
                             f"{model_def.framework.value} module: give --max-micro-batch as a number")
 
 
-def probe_worker(spec: JobSpec, model_def: ModelDef, model, optimizer, *, time_budget: float = 10.0) -> pb.MicroBatchProbe:
-    """The largest micro-batch this worker's training step fits in (module docstring)."""
+class _Accelerated(torch.nn.Module):
+    """The model as ``--accelerate``'s strategy runs it (its ``forward``), holding the parameters it steps."""
+
+    def __init__(self, core: torch.nn.Module, forward) -> None:
+        super().__init__()
+        self.core, self._run = core, forward
+
+    def forward(self, features):
+        return self._run(features)
+
+
+def probe_worker(spec: JobSpec, model_def: ModelDef, model, optimizer, *, time_budget: float = 10.0,
+                 compute=None) -> pb.MicroBatchProbe:
+    """The largest micro-batch this worker's training step fits in (module docstring). ``compute``: the
+    job's ``--accelerate`` strategy as applied (flextrain/worker/accelerating.py): its forward and loss are
+    the step probed, and its methods part of the cache key."""
     check_framework(spec, model_def)
     upper = upper_bound(spec)
-    features, labels, n = _first_records(spec, model_def, upper)
+    features, labels, n = first_records(spec, model_def, upper)
 
     def batch_of(m: int):
         index = slice(0, m) if m <= n else torch.arange(m) % n  # reuse the records read, in turn
         return take(features, index), take(labels, index)
 
+    loss = model_def.loss if compute is None else compute.loss
+
     def loss_fn(predictions, targets):
-        return check_loss(model_def, model_def.loss(targets, predictions), samples=len(targets))
+        return check_loss(model_def, loss(targets, predictions), samples=len(targets))
 
     model.train()
-    step = training_step(model, optimizer, loss_fn, batch_of)
+    step = training_step(model if compute is None else _Accelerated(model, compute.forward), optimizer, loss_fn,
+                         batch_of)
     device = step.device  # the model's
     limit = memory_limit(spec, device)
     key = probe_key(model, take(features, slice(0, 1)), device)
+    if compute is not None:
+        key += "+" + hashlib.sha256(compute.description.encode()).hexdigest()[:8]
     path = cache_path(spec)
     try:
         result = probe_micro_batch(step, limit=limit, upper=upper, device=device, cache=path, key=key,
@@ -120,8 +140,9 @@ def probe_worker(spec: JobSpec, model_def: ModelDef, model, optimizer, *, time_b
                               cached=result.cached, device=str(device))
 
 
-def _first_records(spec: JobSpec, model_def: ModelDef, upper: int):
-    """(features, labels, n): the first ``n`` records of the first training shard, fed."""
+def first_records(spec: JobSpec, model_def: ModelDef, upper: int):
+    """(features, labels, n): the first ``n`` (at most ``upper``, :data:`PROBE_RECORDS`) records of the first
+    training shard, fed (also what ``--accelerate auto``'s search runs on)."""
     shard = make_shards(spec.data.training, what="training data", options=DataOptions.of(spec.data), skipped=[])[0]
     n = min(upper, shard.size, PROBE_RECORDS)
     records = read_shard_range(shard.source, shard.start, shard.start + n)
@@ -130,5 +151,5 @@ def _first_records(spec: JobSpec, model_def: ModelDef, upper: int):
     return features, labels, n
 
 
-__all__ = ["CACHE", "PROBE_RECORDS", "MicroBatchProbeError", "cache_path", "check_framework", "memory_limit",
-           "probe_worker", "upper_bound"]
+__all__ = ["CACHE", "PROBE_RECORDS", "MicroBatchProbeError", "cache_path", "check_framework", "first_records",
+           "memory_limit", "probe_worker", "upper_bound"]

@@ -85,8 +85,13 @@ class TorchBackend(ModelBackend):
     """
 
     def __init__(self, *, model_def: ModelDef, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                 extra: int) -> None:
+                 extra: int, compute=None) -> None:
+        """``compute``: how a micro-batch runs when the job has a training strategy (``--accelerate``: a
+        :class:`flextrain.worker.accelerating.JobAcceleration`): its ``forward(features)`` and ``loss(labels,
+        predictions)`` replace ``model(features)`` and the module's loss; ``model`` is then the strategy's
+        core module, whose parameters, ``state_dict`` and checkpoints are the plain model's."""
         self.model_def, self.model, self.optimizer = model_def, model, optimizer
+        self.compute = compute
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         for name, p in named:
             if p.dtype not in FLOAT_DTYPES:
@@ -140,7 +145,9 @@ class TorchBackend(ModelBackend):
 
     def accumulate(self, features, labels, index: slice, *, scale: float) -> float:
         self.model.train()
-        loss = check_loss(self.model_def, self.model_def.loss(take(labels, index), self.model(take(features, index))),
+        forward, loss_fn = (self.model, self.model_def.loss) if self.compute is None else \
+            (self.compute.forward, self.compute.loss)
+        loss = check_loss(self.model_def, loss_fn(take(labels, index), forward(take(features, index))),
                           samples=index.stop - index.start)
         (loss if scale == 1.0 else loss * scale).backward()
         if self.micro_sqr is not None and self._norms:
@@ -212,9 +219,12 @@ def check_loss(model_def: ModelDef, loss, *, samples: int):
 class TorchPredictor(Predictor):
     """:class:`Predictor` for a ``torch.nn.Module`` (also a PS-backed one: its rows are pulled)."""
 
-    def __init__(self, model_def: ModelDef, model) -> None:
+    def __init__(self, model_def: ModelDef, model, forward=None) -> None:
+        """``forward``: how the model runs on features (default: ``model(features)``; ``--accelerate``: the
+        strategy's casts and autocast around the core module)."""
         self.model_def = model_def
         self.model = model
+        self.forward = forward or model
 
     def batches(self, records, *, mode, metadata, batch_size):
         import torch
@@ -226,7 +236,7 @@ class TorchPredictor(Predictor):
             with torch.no_grad():
                 for lo in range(0, len(records), batch_size):
                     sl = slice(lo, min(lo + batch_size, len(records)))
-                    yield self.model(take(features, sl)), (None if labels is None else take(labels, sl))
+                    yield self.forward(take(features, sl)), (None if labels is None else take(labels, sl))
         finally:
             self.model.train(was_training)
 

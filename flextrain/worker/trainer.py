@@ -68,9 +68,10 @@ class AllReduceTrainer:
     gradient buffers, the first followed by the control slots, are what the collective reduces."""
 
     def __init__(self, *, spec: JobSpec, model_def: ModelDef, model, optimizer, client: MasterClient,
-                 collective: Collective, state: WorkerState, evaluate=None) -> None:
+                 collective: Collective, state: WorkerState, evaluate=None, compute=None) -> None:
         """``evaluate(version)``, when given, is called after every committed step whose version is
-        a multiple of ``spec.training.evaluation_steps``; it returns once that evaluation is complete."""
+        a multiple of ``spec.training.evaluation_steps``; it returns once that evaluation is complete.
+        ``compute``: the job's training strategy as applied (``--accelerate``; ``model`` is its core)."""
         self.spec = spec
         self.evaluate = evaluate
         self.model_def = model_def
@@ -80,7 +81,7 @@ class AllReduceTrainer:
         self.collective = collective
         self.state = state
         self.backend = make_backend(model_def=model_def, model=model, optimizer=optimizer, extra=_CONTROL_SLOTS,
-                                    keep_lr=self.spec.training.learning_rate is not None)
+                                    keep_lr=self.spec.training.learning_rate is not None, compute=compute)
         self.control = self.backend.slots  # END_ROUND, FAILED, STOP: the end of backend.buffers[0]
         self.loader = StepLoader(self._load_span, background=read_ahead_wanted())
         # The next task, asked for during the current task's last step: (task index, future).

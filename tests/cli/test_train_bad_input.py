@@ -119,3 +119,57 @@ def test_default_job_name_is_the_module_name(model_def, expected):
 
     args = make_parser().parse_args(["train", "--model-def", model_def, "--training-data", "d"])
     assert job_name(args) == expected
+
+
+# ---- --accelerate: refused at submission, before anything starts, naming the method, the file or the module ----
+@pytest.mark.parametrize("value, needles", [
+    ("amp_natve:bf16", ["--accelerate: unknown optimization method 'amp_natve'", "did you mean 'amp_native'"]),
+    ("amp_native:bf16,zero2", ["--accelerate: zero2 (", "is data parallelism, which is flextrain's own in a job"]),
+    ("fsdp", ["--accelerate: fsdp (", "use it in a script job (flextrain run)"]),
+    ("amp_native", ["amp_native with fp16 (also its default", "use amp_native:bf16"]),
+    ("half:bf17", ["--accelerate: config of 'half' needs dtype 'fp16' or 'bf16'"]),
+])
+def test_bad_accelerate_methods(capsys, tmp_path, data, value, needles):
+    code, err = train(capsys, "--accelerate", value, data=data, tmp=tmp_path)
+    assert code == 2
+    for needle in needles:
+        assert needle in err
+    assert not (tmp_path / "job").exists()
+
+
+def test_bad_accelerate_files_are_named(capsys, tmp_path, data):
+    missing = tmp_path / "missing.json"
+    code, err = train(capsys, "--accelerate", str(missing), data=data, tmp=tmp_path)
+    assert code == 2 and f"cannot read strategy file {str(missing)!r}" in err
+    broken = tmp_path / "broken.json"
+    broken.write_text('{"format": "flextrain.accelerate.strategy/1", "methods": [')
+    code, err = train(capsys, "--accelerate", str(broken), data=data, tmp=tmp_path)
+    assert code == 2 and f"--accelerate {broken} ({broken}) is not a JSON strategy" in err
+    sharded = tmp_path / "sharded.json"
+    sharded.write_text('["parallel_mode", "fsdp2"]')
+    code, err = train(capsys, "--accelerate", str(sharded), data=data, tmp=tmp_path)
+    assert code == 2 and f"--accelerate {sharded}: fsdp2 (" in err
+    assert not (tmp_path / "job").exists()
+
+
+def test_accelerate_with_parameter_servers_is_refused(capsys, tmp_path, data):
+    code, err = train(capsys, "--accelerate", "auto", "--distribution-strategy", "ParameterServer", "--ps", "1",
+                      data=data, tmp=tmp_path)
+    assert code == 2 and "--accelerate needs --distribution-strategy AllReduce" in err
+    assert not (tmp_path / "job").exists()
+
+
+def test_an_accelerate_file_travels_in_the_job_as_json(tmp_path):
+    """The workers (pods too) may not see the file: its strategy goes into the JobSpec, checked."""
+    from flextrain.accelerate import Strategy
+    from flextrain.cli.train import accelerate_in_spec
+    from flextrain.job import JobSpec
+
+    path = Strategy([("amp_native", "bf16"), ("checkpoint", ("Linear",))]).save(tmp_path / "fast.json")
+    spec = JobSpec.of(name="j", model_def=DIGITS_MODEL, job_dir=str(tmp_path / "job"), training_data="d",
+                      accelerate=str(path)).validate()
+    inline = accelerate_in_spec(spec)
+    assert Strategy.load(inline.training.accelerate) == Strategy.load(path)
+    assert accelerate_in_spec(inline) == inline  # a resume reads it again: unchanged
+    as_list = spec.replace(accelerate="amp_native:bf16")
+    assert accelerate_in_spec(as_list) is as_list

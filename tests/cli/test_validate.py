@@ -24,7 +24,7 @@ BAD = textwrap.dedent("""\
       modelDef: no_loss.py:Model
       colour: blue
       data: {training: /data/train}
-      training: {epochs: 0, learningRate: 0.1}
+      training: {epochs: 0, learningRate: 0.1, accelerate: "zero2,half:bf16"}
       replicaSpecs:
         worker:
           replicas: 3
@@ -40,6 +40,7 @@ BAD = textwrap.dedent("""\
     """)
 EXPECTED = {
     "spec.training.epochs: must be a positive integer, got 0",
+    "spec.training.accelerate: zero2 (",  # what a job refuses (flextrain.accelerate.jobs), as the operator does
     "spec.colour: unknown field",
     "spec.volumes[0]: unknown field ('persistentVolumeClam' was unexpected)",
     "spec.replicaSpecs.worker.template.spec.containers[0].command: is set by flextrain",

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from flextrain.job import Backend, JobSpec, JobSpecError, Strategy
+from flextrain.job import Backend, JobSpec, JobSpecError, JobType, Strategy
 
 
 def spec(**changes) -> JobSpec:
@@ -161,6 +161,31 @@ def test_auto_micro_batch_and_memory_limit_validate_and_round_trip():
      "training step"),
 ])
 def test_bad_auto_settings_name_the_flag(changes, needle):
+    with pytest.raises(JobSpecError) as info:
+        spec(**changes).validate()
+    assert needle in str(info.value)
+
+
+# ---- --accelerate ----------------------------------------------------------------------------------
+def test_accelerate_validates_and_round_trips():
+    s = spec(accelerate="amp_native:bf16,checkpoint:Block").validate()
+    assert JobSpec.from_json(s.to_json()) == s and not s.training.auto_accelerate
+    assert spec(accelerate=" auto ").validate().training.auto_accelerate
+    assert spec().training.accelerate is None and not spec().training.auto_accelerate
+
+
+@pytest.mark.parametrize("changes, needle", [
+    (dict(accelerate=""), "--accelerate must be 'auto', a JSON strategy or a comma list of methods"),
+    (dict(accelerate=["amp_native"]), "--accelerate must be 'auto'"),
+    (dict(accelerate="auto", strategy=Strategy.PARAMETER_SERVER, ps=1),
+     "--accelerate needs --distribution-strategy AllReduce: with ParameterServer the parameter servers hold the "
+     "weights"),
+    (dict(accelerate="auto", job_type=JobType.EVALUATION, checkpoint="/c.ckpt", validation_data="/v"),
+     "--accelerate applies to training jobs, not to evaluation jobs"),
+    (dict(accelerate="auto", model_def="", training_data=None, script="/train.py"),
+     "--accelerate applies to module jobs; a script calls auto_accelerate itself"),
+])
+def test_bad_accelerate_settings_name_the_flag(changes, needle):
     with pytest.raises(JobSpecError) as info:
         spec(**changes).validate()
     assert needle in str(info.value)

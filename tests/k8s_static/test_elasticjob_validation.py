@@ -96,6 +96,8 @@ BAD_SPECS = [
     ("micro-batch a word other than auto", "spec.training.maxMicroBatch", "big", "spec.training.maxMicroBatch"),
     ("zero micro-batch", "spec.training.maxMicroBatch", 0, "spec.training.maxMicroBatch"),
     ("negative memory limit", "spec.training.memoryLimit", -1, "spec.training.memoryLimit"),
+    ("empty accelerate", "spec.training.accelerate", "", "spec.training.accelerate"),
+    ("accelerate as a list", "spec.training.accelerate", ["amp_native"], "spec.training.accelerate"),
     ("unknown status phase", "status", {"phase": "Done"}, "status.phase"),
 ]
 
@@ -197,3 +199,19 @@ def test_auto_micro_batch_and_its_limit_fit_the_crd(elasticjob_validator):
     job["status"] = cr_status({"phase": "Running", "maxMicroBatch": 24, "maxMicroBatchChoice": {"setting": "auto"}},
                               job_name="digits")
     assert job["status"]["maxMicroBatch"] == 24 and errors(elasticjob_validator, job) == []
+
+
+def test_accelerate_and_the_strategy_status_fit_the_crd(elasticjob_validator):
+    """training.accelerate takes auto, a method list or inline JSON; status.accelerate is the strategy applied."""
+    from flextrain.master.k8s_status import cr_status
+
+    job = copy.deepcopy(example())
+    for value in ("auto", "amp_native:bf16,checkpoint:Block", '{"format": "flextrain.accelerate.strategy/1", '
+                                                              '"methods": [{"name": "half", "config": "bf16"}]}'):
+        job["spec"]["training"]["accelerate"] = value
+        assert errors(elasticjob_validator, job) == []
+    job["status"] = cr_status({"phase": "Running", "accelerate": {"setting": "auto", "strategy": "amp_native:bf16"}},
+                              job_name="digits")
+    assert job["status"]["accelerate"] == "amp_native:bf16" and errors(elasticjob_validator, job) == []
+    unchosen = cr_status({"phase": "Running", "accelerate": {"setting": "auto", "strategy": None}}, job_name="digits")
+    assert "accelerate" not in unchosen

@@ -176,3 +176,17 @@ def test_auto_micro_batch_refuses_a_keras_module():
                                             "is a tensorflow module"):
         check_framework(spec, load_model_def(module))
     check_framework(spec.replace(max_micro_batch=16), load_model_def(module))  # a number: nothing to probe
+
+
+def test_accelerate_refuses_a_keras_module(capsys, tmp_path, digits_data):
+    """--accelerate applies PyTorch strategies: flextrain train exits 2 naming the Keras module, before any
+    process starts (the worker refuses it too: flextrain.worker.accelerating.check_framework)."""
+    from flextrain.cli import main
+
+    module = MODEL_ZOO / "digits_keras.py"
+    code = main(["train", "--model-def", f"{module}:custom_model", "--training-data", str(digits_data / "train"),
+                 "--job-dir", str(tmp_path / "job"), "--accelerate", "amp_native:bf16", "--no-preflight"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert f"--accelerate applies training strategies to PyTorch models; {module} is a tensorflow module" in err
+    assert not (tmp_path / "job").exists()

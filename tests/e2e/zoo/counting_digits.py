@@ -17,6 +17,8 @@ a count's gradient is ``size/G * 1/size`` per application, 1/G within a
 rounding of the dtype (exactly, for power-of-two micro-batches), which the
 optimizer rounds to a whole count; and counts are small integers, exact in
 bfloat16 up to 256 (float16: 2048).
+FT_COUNT_ARCH=conv: a small conv net instead of the MLP (a 3x3 Conv2d over the 8x8 image, which
+``feed`` then gives as a 4-D tensor), for the conv methods of ``--accelerate`` (channels_last, checkpoint).
 FT_HANG_WORKER / FT_HANG_FILE: that worker hangs in `feed` once the file exists.
 FT_FEED_DELAY: seconds per `feed` call, standing in for a bigger model's compute (the
 chaos suite uses it so that a job outlasts the workers it starts and kills).
@@ -37,12 +39,14 @@ RECORDS = int(os.environ.get("FT_COUNT_RECORDS", "1408"))
 # step, whatever G, so a non-zero gradient counts one application.
 G = 0 if os.environ.get("FT_COUNT_G") == "any" else int(os.environ.get("FT_COUNT_G", "32"))
 DTYPE = os.environ.get("FT_COUNT_DTYPE", "float32")
+CONV = os.environ.get("FT_COUNT_ARCH") == "conv"
 
 
 class Model(nn.Module):
     def __init__(self):
         super().__init__()
-        self.net = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
+        self.net = nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 64, 10)) \
+            if CONV else nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
         self.seen = nn.Parameter(torch.zeros(RECORDS))
         if DTYPE == "mixed":
             self.net[2].double()
@@ -55,7 +59,7 @@ class Model(nn.Module):
         marked = self.seen[ids]
         h = features["x"]
         for layer in self.net:
-            h = layer(h.to(layer.weight.dtype) if isinstance(layer, nn.Linear) else h)
+            h = layer(h.to(layer.weight.dtype) if isinstance(layer, nn.Linear | nn.Conv2d) else h)
         return {"logits": h, "mark": marked - marked.detach()}
 
 
@@ -95,7 +99,8 @@ def feed(records, mode, metadata):
     if delay:
         time.sleep(delay)
     pixels, labels = decode_digits(records)
-    features = {"x": torch.from_numpy(pixels), "id": torch.arange(metadata.start, metadata.end)}
+    x = torch.from_numpy(pixels)
+    features = {"x": x.view(-1, 1, 8, 8) if CONV else x, "id": torch.arange(metadata.start, metadata.end)}
     return features, torch.from_numpy(labels)
 
 

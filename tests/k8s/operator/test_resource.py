@@ -225,3 +225,53 @@ def test_max_micro_batch_auto_and_memory_limit_map_both_ways():
 def test_bad_auto_settings_name_their_field(changes, problem):
     found = problems(job(**changes))
     assert any(problem in p for p in found), found
+
+
+def test_accelerate_maps_both_ways_and_the_operator_reads_it_as_the_workers_do():
+    from flextrain.operator.jobview import accelerate_problems, spec_problems
+
+    for value in ("auto", "amp_native:bf16,checkpoint:Block", '["channels_last", ["half", "bf16"]]'):
+        spec = jobspec_from_resource(job(training__accelerate=value))
+        assert spec.training.accelerate == value
+        body = resource_from_jobspec(spec, image="flextrain:test")
+        assert body["spec"]["training"]["accelerate"] == value and jobspec_from_resource(body) == spec
+        assert accelerate_problems(body) == [] and spec_problems(body) is None
+    assert "accelerate" not in resource_from_jobspec(jobspec_from_resource(job()), image="x")["spec"]["training"]
+
+
+@pytest.mark.parametrize("changes, problem", [
+    (dict(training__accelerate=""), "spec.training.accelerate: must be 'auto', a JSON strategy or a comma list"),
+    (dict(training__accelerate=3), "spec.training.accelerate: must be a string, got 3"),
+    (dict(training__accelerate="auto", strategy="ParameterServer", replicaSpecs__ps={"replicas": 1}),
+     "spec.training.accelerate needs spec.strategy AllReduce"),
+])
+def test_bad_accelerate_settings_name_their_field(changes, problem):
+    found = problems(job(**changes))
+    assert any(problem in p for p in found), found
+
+
+@pytest.mark.parametrize("value, problem", [
+    ("amp_native:bf16,zero1", "spec.training.accelerate: zero1 ("),
+    ("amp_natve", "spec.training.accelerate: unknown optimization method 'amp_natve'"),
+    ("strategy.json", "spec.training.accelerate: 'strategy.json' looks like a file"),
+])
+def test_the_operator_refuses_what_a_job_cannot_apply_naming_the_method(value, problem):
+    from flextrain.operator.jobview import spec_problems
+
+    found = spec_problems(job(training__accelerate=value))
+    assert found is not None and problem in found, found
+
+
+def test_train_backend_kubernetes_puts_an_accelerate_file_in_the_elasticjob(tmp_path):
+    """The pods may not see a strategy file on the submitting machine: its JSON goes into the ElasticJob."""
+    from flextrain.accelerate import Strategy
+    from flextrain.cli import make_parser
+    from flextrain.cli.kubernetes import elasticjob_from_args
+
+    path = Strategy(["parallel_mode", ("amp_native", "bf16")]).save(tmp_path / "fast.json")
+    args = make_parser().parse_args(["train", "--backend", "kubernetes", "--model-def", "/opt/zoo/m.py:Model",
+                                     "--training-data", "/data/train", "--job-name", "digits", "--namespace", "ns",
+                                     "--image", "flextrain:test", "--accelerate", str(path)])
+    body = elasticjob_from_args(args)
+    assert Strategy.load(body["spec"]["training"]["accelerate"]) == Strategy.load(path)
+    assert problems(body) == []
