@@ -120,7 +120,17 @@ def test_keras_modules_are_refused_naming_the_module():
         check_framework(spec, keras)
 
 
-def test_the_search_leaves_the_model_alone_and_chooses_what_a_job_applies(digits, digits_data, tmp_path):
+def test_the_search_leaves_the_model_alone_and_chooses_what_a_job_applies(digits, digits_data, tmp_path,
+                                                                           monkeypatch):
+    import flextrain.worker.accelerating as accelerating
+
+    every = accelerating._candidates
+    candidates = every(digits.build_model(), torch.device("cpu"))
+    assert Strategy([("amp_native", "bf16")]) in candidates and Strategy([("half", "bf16")]) in candidates
+    assert all(job_candidate(c) for c in candidates)
+    # Lean: no torch.compile (inductor's C++ build) in this run of the search.
+    monkeypatch.setattr(accelerating, "_candidates",
+                        lambda model, device: [c for c in every(model, device) if "native_dynamo" not in c])
     spec = JobSpec.of(name="j", model_def=DIGITS_MODEL, job_dir=str(tmp_path), training_data=str(digits_data / "train"),
                       global_batch_size=32, accelerate="auto")
     torch.manual_seed(0)
