@@ -23,7 +23,7 @@
    is the best of its runs (noise on a shared machine only slows a run down), and a rerun that
    breaks training rejects it.
 5. **The pick** is the accepted candidate with the highest figure (ties: fewer methods); the base
-   when nothing beats it.
+   when nothing beats it. None when the plain run or the base is rejected.
 
 A candidate is rejected when applying or running it raises (a CUDA out-of-memory error
 included), a loss is not finite, or a step's loss is off the plain run's by more than its
@@ -191,7 +191,7 @@ class SearchResult:
         sps, ratio = c.samples_per_second, self.speedup(c)
         return [c.label, "" if sps is None else f"{sps:,.1f}", "" if ratio is None else f"{ratio:.2f}x",
                 "" if c.peak_bytes is None else format_bytes(c.peak_bytes), f"{c.seconds:.2f}", str(len(c.runs)),
-                c.status, c.reason or ""]
+                c.status, _short(c.reason or "")]
 
     _HEADER = ("methods", "samples/s", "vs plain", "peak memory", "dry-run s", "runs", "status", "why")
 
@@ -235,6 +235,12 @@ class SearchResult:
 
     def __str__(self) -> str:
         return self.table()
+
+
+def _short(reason: str, limit: int = 120) -> str:
+    """A reason's first line, cut at ``limit`` characters (rows() and the log keep it whole)."""
+    line = reason.split("\n", 1)[0].strip()
+    return line if len(line) <= limit else line[:limit - 3] + "..."
 
 
 # ---- candidates ----------------------------------------------------------------------------------
@@ -396,11 +402,13 @@ def search(inputs: Inputs, *, device: torch.device, world: World, excluded: Sequ
     if plain.accepted:
         s.reference = plain.runs[0]
         s.rerun(0, required=True)  # its first run paid the process's one-off costs: a second one to predict from
+        plain = s.candidates[0]
         base_c = plain if base == plain.strategy else s.run(base, 0, required=True)
         if base_c.accepted:
             _rounds(s, base, base_c, singles)
             _finals(s)
-    accepted = [(i, c) for i, c in enumerate(s.candidates) if c.accepted]
+    # the plain run is a candidate too, unless the base has included methods it lacks
+    accepted = [(i, c) for i, c in enumerate(s.candidates) if c.accepted and set(base.names) <= set(c.strategy.names)]
     chosen = None
     if accepted:
         best = max(accepted, key=lambda ic: (ic[1].samples_per_second, -len(ic[1].strategy), -ic[0]))[0]

@@ -218,3 +218,11 @@ def test_verbose_prints_the_table_and_the_pick_is_saved_as_json(loop_pair, capsy
     text = result.args.search.table()
     assert text.splitlines()[1].split()[:3] == ["methods", "samples/s", "vs"]
 
+
+
+def test_an_included_method_that_breaks_training_gives_status_false(register, caplog):
+    register(_FiveTimesTheLearningRate)
+    status, result, best = auto_accelerate(TupleModel(BlockNet()), **common(), included=["test_search_lr_x5"],
+                                           time_limit=10)
+    assert (status, result, best) == (False, None, None)  # never the plain run, which lacks it
+    assert "loss at step 2" in caplog.text
