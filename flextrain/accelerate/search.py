@@ -16,7 +16,9 @@
    the base, cheap ones first (compiled candidates last).
 3. **Combinations that helped.** A candidate *helped* when it was accepted and ran at least
    :data:`HELPS` times the base's samples/s and, if it combines methods, :data:`HELPS` times each
-   combination it was built from. Pairs are made of singles that helped, triples of pairs that
+   combination it was built from (its figure: the best of its runs). A single method that did not
+   help runs a second time (not a compiled one: compiling again costs too much), since a busy
+   moment on a shared machine may have hidden it. Pairs are made of singles that helped, triples of pairs that
    all helped, and so on (an Apriori-style enumeration), never two methods of one group
    (:func:`~flextrain.accelerate.strategy.conflict`).
 4. **Finals.** The :data:`FINALISTS` fastest accepted candidates run again; a candidate's figure
@@ -427,19 +429,25 @@ def search(inputs: Inputs, *, device: torch.device, world: World, excluded: Sequ
 def _rounds(s: _Search, base: Strategy, base_c: Candidate, singles: list[Step]) -> None:
     """Single methods, then combinations of those that helped (module docstring, rules 2 and 3).
     A combination is a sorted tuple of indices into ``singles`` (configs need not be hashable)."""
-    by_combo: dict[tuple[int, ...], Candidate] = {}
+    by_combo: dict[tuple[int, ...], int] = {}  # -> index in s.candidates
     level: list[tuple[int, ...]] = [(i,) for i in range(len(singles))]
     helped_singles: list[int] = []
     size = 1
     while level:
-        helped: list[tuple[int, ...]] = []
         for combo in level:
-            parts = [by_combo[p] for p in itertools.combinations(combo, size - 1)] if size > 1 else []
+            parts = [s.candidates[by_combo[p]] for p in itertools.combinations(combo, size - 1)] if size > 1 else []
             strategy = Strategy([*base.steps, *(singles[i] for i in combo)])
-            c = s.run(strategy, size, predicted=s.predicted(strategy, parts))
-            by_combo[combo] = c
-            if _helped(c, base_c, parts):
-                helped.append(combo)
+            s.run(strategy, size, predicted=s.predicted(strategy, parts))
+            by_combo[combo] = len(s.candidates) - 1
+        if size == 1:  # a second chance for singles a busy moment may have hidden (not compiled ones: costly)
+            for (i,) in level:
+                c = s.candidates[by_combo[(i,)]]
+                if c.accepted and not _helped(c, base_c, []) and COMPILE not in c.strategy.names:
+                    s.rerun(by_combo[(i,)])
+        helped = [combo for combo in level if _helped(s.candidates[by_combo[combo]], base_c,
+                                                      [s.candidates[by_combo[p]]
+                                                       for p in itertools.combinations(combo, size - 1)]
+                                                      if size > 1 else [])]
         if size == 1:
             helped_singles = [i for (i,) in helped]
         size += 1
