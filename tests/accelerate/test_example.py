@@ -88,8 +88,10 @@ def test_fully_automatic_example_searches_prints_the_table_and_saves_the_pick(tm
         assert compiled["status"] in ("accepted", "rejected") and compiled["runs"] >= 1
     assert result["steps"] == 2 * 16 and result["last_loss"] < 0.5 * result["first_loss"]
     assert Strategy.load(str(saved)).names == tuple(result["strategy"])
-    again, _ = run_auto("--load_strategy_file", str(saved), "--epoch", "1")
+    again, _ = run_auto("--load_strategy_file", str(saved), "--epoch", "1", "--save_strategy_to_file",
+                        str(tmp_path / "again.json"))
     assert again["strategy"] == result["strategy"] and again["search"] is None
+    assert Strategy.load(str(tmp_path / "again.json")) == Strategy.load(str(saved))
 
 
 @pytest.mark.skipif(not TORCHRUN.exists(), reason="torchrun is not installed beside this Python")
