@@ -1,10 +1,9 @@
 """``auto_accelerate``: ATorch's API over flextrain's methods, strategies and dry runs.
 
-Semi-automatic mode (``load_strategy`` given) is complete here. Fully automatic mode
-(``load_strategy=None``) goes through :func:`_search`, the seam the automatic search fills: it
-gets the checked :class:`Inputs`, the device and world, ``excluded``/``included`` and
-``time_limit``, and returns the chosen strategy with its dry runs; everything around it (the
-final apply, saving, the report) is shared with the semi-automatic mode.
+Semi-automatic mode (``load_strategy`` given) applies the strategy loaded (after a dry run or a
+finetuning, if asked). Fully automatic mode (``load_strategy=None``) chooses one with
+:func:`flextrain.accelerate.search.search`. Everything around the choice (the final apply,
+saving, the report) is shared by both.
 """
 
 from __future__ import annotations
@@ -23,6 +22,7 @@ from flextrain.accelerate.dryrun import DryRunResult, compare, dry_run, missing_
     sample_batches
 from flextrain.accelerate.errors import AccelerateError
 from flextrain.accelerate.methods import canonical_name
+from flextrain.accelerate.search import SEARCH_STEPS, SearchResult, search
 from flextrain.accelerate.strategy import Strategy
 from flextrain.elastic.world import World
 
@@ -31,13 +31,15 @@ log = logging.getLogger(__name__)
 # ATorch kwargs that have no meaning here: accepted with a warning, so ATorch scripts still run.
 _ATORCH_IGNORED = frozenset({"meta_init_offload_name", "batch_size", "expand_sample_batch"})
 FINETUNE_MARGIN = 1.05  # a variation replaces the loaded strategy only when this much faster
+LOADED_DRY_RUN_STEPS = 3  # timed steps of a loaded strategy's dry runs (the search's: SEARCH_STEPS)
 
 
 @dataclass(frozen=True)
 class Options:
     """``auto_accelerate``'s keyword-only extras: ATorch's ``verbose``, ``time_limit``,
     ``find_unused_parameters``, ``sample_batch``, ``sampler_seed``, and flextrain's ``device``,
-    ``skip_unavailable`` and ``dry_run_steps``."""
+    ``skip_unavailable`` and ``dry_run_steps`` (timed steps per dry run; None: 3 for a loaded
+    strategy, :data:`~flextrain.accelerate.search.SEARCH_STEPS` in the search)."""
 
     verbose: bool = False
     time_limit: float | None = None
@@ -46,7 +48,7 @@ class Options:
     sampler_seed: int = 0
     device: Any = None
     skip_unavailable: bool = False
-    dry_run_steps: int = 3
+    dry_run_steps: int | None = None
 
     @classmethod
     def of(cls, kwargs: dict[str, Any]) -> Options:
@@ -66,7 +68,7 @@ class Options:
         if t is not None and (isinstance(t, bool) or not isinstance(t, numbers.Real) or t <= 0):
             raise AccelerateError(f"time_limit must be a number of seconds > 0, got {t!r}")
         n = opts.dry_run_steps
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
             raise AccelerateError(f"dry_run_steps must be a positive integer, got {n!r}")
         return opts
 
@@ -77,23 +79,6 @@ def _method_names(argument: str, value: Any) -> tuple[str, ...]:
     if isinstance(value, str) or not isinstance(value, Sequence | set | frozenset):
         raise AccelerateError(f"{argument} must be a list of optimization method names, got {value!r}")
     return tuple(canonical_name(v, argument=argument) for v in value)
-
-
-def _search(inputs: Inputs, *, excluded: tuple[str, ...], included: tuple[str, ...], time_limit: float | None,
-            device: torch.device, world: World, verbose: bool) -> tuple[Strategy | None, DryRunResult | None,
-                                                                        tuple[DryRunResult, ...]]:
-    """FULLY AUTOMATIC MODE — the seam for the automatic search (the next part fills it).
-
-    Contract: choose a strategy for ``inputs`` on ``device`` in ``world`` within ``time_limit``
-    seconds, using only methods not in ``excluded`` and all of ``included``. Build candidates from
-    :func:`flextrain.accelerate.methods.names` / ``get(name).candidates(model, device, world)``
-    (``Strategy``, ``with_step``, ``+``, :func:`flextrain.accelerate.strategy.conflict`); measure
-    them with :func:`flextrain.accelerate.dryrun.compare` against one baseline dry run of
-    :func:`plain_strategy` on one list of :func:`sample_batches` (so every process agrees);
-    return ``(best strategy or None if none ran, its DryRunResult, every DryRunResult tried)``.
-    Every process must return the same strategy (dry-run figures are all-reduced already).
-    """
-    raise NotImplementedError("fully automatic search: next part (give load_strategy for the semi-automatic mode)")
 
 
 def _finetune(strategy: Strategy, inputs: Inputs, *, device: torch.device, world: World, steps: int,
@@ -144,11 +129,14 @@ def auto_accelerate(model: torch.nn.Module, optim_func: Any = None, dataset: Any
       ``prepare_input(data, device)`` (default: move tensors to the device); ``model_input_format``
       None (``model(data)``), ``"unpack_sequence"`` (``model(*data)``), ``"unpack_dict"`` (``model(**data)``).
     - ``load_strategy``: method names and ``(name, config)`` pairs, a Strategy, JSON text/bytes or
-      a JSON file path. None: fully automatic mode (:func:`_search`).
+      a JSON file path. None: fully automatic mode (:func:`flextrain.accelerate.search.search`;
+      ``result.args.search`` holds every candidate's figures, ``verbose=True`` prints them).
     - ``ignore_dryrun_on_load_strategy`` (default True when a strategy is loaded, as ATorch):
       False dry-runs the loaded strategy against a plain run first. ``finetune_strategy`` dry-runs
       variations of it and keeps the fastest. ``save_strategy_to_file`` writes the result as JSON.
-    - ``excluded``/``included``/``time_limit`` steer the automatic search; kwargs: see :class:`Options`.
+    - ``excluded``/``included``/``time_limit`` (seconds, default
+      :data:`~flextrain.accelerate.search.DEFAULT_TIME_LIMIT`) steer the automatic search; kwargs:
+      see :class:`Options`.
     """
     opts = Options.of(kwargs)
     inputs = Inputs.checked(model, optim_func=optim_func, dataset=dataset, loss_func=loss_func,
@@ -165,13 +153,20 @@ def auto_accelerate(model: torch.nn.Module, optim_func: Any = None, dataset: Any
     device, world = default_device(opts.device), current_world()
     dry: DryRunResult | None = None
     tried: tuple[DryRunResult, ...] = ()
+    found: SearchResult | None = None
+    loaded_steps = opts.dry_run_steps or LOADED_DRY_RUN_STEPS
     if load_strategy is None:
         missing = missing_for_dry_run(inputs)
         if missing:
             raise AccelerateError(f"fully automatic mode (load_strategy=None) runs dry runs, which need "
                                   f"{', '.join(missing)}; or give load_strategy for the semi-automatic mode")
-        strategy, dry, tried = _search(inputs, excluded=excluded_names, included=included_names,
-                                       time_limit=opts.time_limit, device=device, world=world, verbose=opts.verbose)
+        found = search(inputs, device=device, world=world, excluded=excluded_names, included=included_names,
+                       time_limit=opts.time_limit, steps=opts.dry_run_steps or SEARCH_STEPS,
+                       skip_unavailable=opts.skip_unavailable)
+        if opts.verbose and world.rank == 0:
+            found.print()
+        strategy, tried = found.strategy, found.tried
+        dry = found.chosen.best_run if found.chosen is not None else None
     else:
         strategy = Strategy.load(load_strategy)
         check_strategy(strategy, inputs.model, device, world, skip_unavailable=opts.skip_unavailable)
@@ -179,14 +174,14 @@ def auto_accelerate(model: torch.nn.Module, optim_func: Any = None, dataset: Any
             missing = missing_for_dry_run(inputs)
             if missing:
                 raise AccelerateError(f"finetune_strategy=True runs dry runs, which need {', '.join(missing)}")
-            strategy, dry, tried = _finetune(strategy, inputs, device=device, world=world, steps=opts.dry_run_steps,
+            strategy, dry, tried = _finetune(strategy, inputs, device=device, world=world, steps=loaded_steps,
                                              skip_unavailable=opts.skip_unavailable)
         elif ignore_dryrun_on_load_strategy is False:
             missing = missing_for_dry_run(inputs)
             if missing:
                 log.warning("auto_accelerate: dry run skipped, it needs %s", ", ".join(missing))
             else:
-                dry = compare(strategy, inputs, steps=opts.dry_run_steps, device=device, world=world).candidate
+                dry = compare(strategy, inputs, steps=loaded_steps, device=device, world=world).candidate
                 tried = (dry,)
                 strategy = dry.strategy if dry.ok else None
     if strategy is None:
@@ -194,7 +189,10 @@ def auto_accelerate(model: torch.nn.Module, optim_func: Any = None, dataset: Any
             log.error("auto_accelerate: %s", r.describe())
         return False, None, None
     applied = apply_strategy(strategy, inputs, device=device, world=world, skip_unavailable=opts.skip_unavailable)
-    report = applied.report.replace(dry_run=dry, tried=tried if finetune_strategy or load_strategy is None else ())
+    report = applied.report.replace(dry_run=dry, tried=tried if finetune_strategy or load_strategy is None else (),
+                                    search=found)
+    if found is not None and found.skipped:
+        report = report.replace(skipped=(*report.skipped, *found.skipped))
     if save_strategy_to_file is not None:
         report.strategy.save(save_strategy_to_file)
     if opts.verbose:

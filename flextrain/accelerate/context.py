@@ -162,7 +162,8 @@ class Report:
     rank: int = 0
     data_plan: str | None = None
     dry_run: Any = None  # flextrain.accelerate.dryrun.DryRunResult of the chosen strategy, if one ran
-    tried: tuple[Any, ...] = ()  # finetune: every candidate's DryRunResult
+    tried: tuple[Any, ...] = ()  # finetune and search: every DryRunResult
+    search: Any = None  # fully automatic mode: flextrain.accelerate.search.SearchResult (every candidate)
 
     def replace(self, **changes: Any) -> Report:
         return dataclasses.replace(self, **changes)
@@ -174,8 +175,10 @@ class Report:
         lines += [f"  {n}" for n in self.notes]
         if self.data_plan:
             lines.append(f"  data: {self.data_plan}")
-        for r in self.tried:
-            lines.append(f"  tried {r.describe()}")
+        if self.search is not None:
+            lines += [f"  {line}" for line in self.search.table().splitlines()]
+        else:
+            lines += [f"  tried {r.describe()}" for r in self.tried]
         if self.dry_run is not None and not self.tried:
             lines.append(f"  dry run: {self.dry_run.describe()}")
         return "\n".join(lines)

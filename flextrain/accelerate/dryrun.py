@@ -4,18 +4,20 @@
 touched), runs ``warmup`` + ``steps`` training steps (``prepare_input`` -> model -> ``loss_func``
 -> ``backward`` -> ``step`` -> ``zero_grad``, the loop ``auto_accelerate``'s result is made for),
 and reports the samples per second of the timed steps (every process's samples over the slowest
-process's time), the peak memory (CUDA: the allocator's peak over the timed steps; CPU: one more
+process's time, a process's time being its median step's times the steps: one step stalled by
+another program on a shared machine does not count), the peak memory (CUDA: the allocator's peak over the timed steps; CPU: one more
 step measured by :func:`flextrain.elastic.memory.step_peak`) and the loss of every step. With a
 ``reference`` (another run's losses on the same batches from the same weights) it rejects a run
 whose loss drifts further than the strategy's tolerance (the largest ``loss_tolerance`` of its
 methods, or ``rtol``), comparing the steps up to the first update an amp scaler skipped (fp16's
-loss scale calibrates by skipping steps, after which the weights differ on purpose); a run that raises or reaches a non-finite loss is rejected too. Errors in
-the user's arguments (a non-scalar loss, a batch of the wrong structure) are raised, not reported.
+loss scale calibrates by skipping steps, after which the weights differ on purpose); a run that
+raises or reaches a non-finite loss is rejected too. Errors in the user's arguments (a non-scalar loss, a batch of the wrong structure) are raised, not reported.
 
 :func:`compare` runs the plain strategy (:func:`plain_strategy`: nothing, or DDP alone when
 several processes train) and a candidate on the same batches (:func:`sample_batches`) from the
-same weights and seed. The automatic search runs the baseline once and passes it as
-``baseline=`` to compare every candidate against it.
+same weights and seed. The automatic search (:mod:`flextrain.accelerate.search`) runs the
+plain strategy first and passes it as ``reference=`` to every candidate's dry run, with a
+``deadline`` (its time limit) at which a run stops between steps.
 
 On the CPU a compiled model's fused kernels allocate outside torch's dispatcher, so its peak
 is under-counted: compare compiled strategies there by samples per second.
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -59,6 +62,8 @@ class DryRunResult:
     reason: str | None = None
     rtol: float | None = None
     skipped_steps: int = 0  # optimizer steps an amp scaler skipped (non-finite gradients)
+    wall_seconds: float | None = None  # the whole dry run (apply, compile, every step), slowest process
+    timed_out: bool = False  # stopped between steps at ``deadline`` (the search's time limit)
 
     def describe(self) -> str:
         names = ", ".join(self.strategy.names) or "plain"
@@ -176,11 +181,14 @@ def warmup_of(strategy: Strategy) -> int:
 def dry_run(strategy: Any, inputs: Inputs, *, steps: int = 3, warmup: int | None = None,
             batches: Sequence[Any] | None = None,
             device: Any = None, world: World | None = None, skip_unavailable: bool = True, reference: Any = None,
-            rtol: float | None = None, seed: int = 0) -> DryRunResult:
+            rtol: float | None = None, seed: int = 0, deadline: float | None = None) -> DryRunResult:
     """Run ``strategy`` for ``warmup + steps`` steps on a copy of ``inputs.model`` (module docstring).
     ``warmup`` None: :func:`warmup_of` the strategy. ``batches``: raw batches to use (default
     :func:`sample_batches`; cycled when fewer); ``reference``: a DryRunResult or a list of per-step
-    losses to hold this run's losses to."""
+    losses to hold this run's losses to. ``deadline`` (a :func:`time.perf_counter` value): the run
+    stops between steps once it has passed (every process agrees when), rejected with
+    ``timed_out`` set; a step under way (e.g. one that compiles) finishes first."""
+    started = time.perf_counter()
     strategy = Strategy.load(strategy)
     warmup = warmup_of(strategy) if warmup is None else warmup
     for name, value in (("steps", steps), ("warmup", warmup)):
@@ -203,12 +211,15 @@ def dry_run(strategy: Any, inputs: Inputs, *, steps: int = 3, warmup: int | None
         except AccelerateError:
             raise
         except Exception as e:  # e.g. a wrapper that refuses this model: a rejected candidate
-            return DryRunResult(strategy, False, reason=f"applying it failed: {type(e).__name__}: {e}", rtol=tol)
+            wall, = _agree([time.perf_counter() - started], dist.ReduceOp.MAX, device)
+            return DryRunResult(strategy, False, reason=f"applying it failed: {type(e).__name__}: {e}", rtol=tol,
+                                wall_seconds=wall)
         try:
-            result = _run(applied, inputs, batches, warmup, steps, device)
+            result = _run(applied, inputs, batches, warmup, steps, device, deadline)
         finally:
             applied.restore()
     sps, peak, losses, seconds, skips, error = result
+    timed_out = error == _TIMED_OUT
     reason = error
     if reason is None and not all(math.isfinite(v) for v in losses):
         reason = f"a loss is not finite: {losses}"
@@ -220,12 +231,19 @@ def dry_run(strategy: Any, inputs: Inputs, *, steps: int = 3, warmup: int | None
     ok = _agree([0.0 if reason else 1.0], dist.ReduceOp.MIN, device)[0] == 1.0
     if not ok and reason is None:
         reason = "rejected on another process"
+    if timed_out:
+        reason = f"stopped at the time limit after {len(losses)} step(s)"
+    wall, = _agree([time.perf_counter() - started], dist.ReduceOp.MAX, device)
     return DryRunResult(applied.report.strategy, ok, sps if ok else None, peak if ok else None, tuple(losses),
-                        tuple(seconds), applied.report.skipped, reason, tol, len(skips))
+                        tuple(seconds), applied.report.skipped, reason, tol, len(skips), wall, timed_out)
 
 
-def _run(applied: Any, inputs: Inputs, batches: list[Any], warmup: int, steps: int,
-         device: torch.device) -> tuple[float | None, int | None, list[float], list[float], list[int], str | None]:
+_TIMED_OUT = "timed out"  # _run's error when it stopped at the deadline
+
+
+def _run(applied: Any, inputs: Inputs, batches: list[Any], warmup: int, steps: int, device: torch.device,
+         deadline: float | None = None) -> tuple[float | None, int | None, list[float], list[float], list[int],
+                                                 str | None]:
     model, optim, loss_func, prepare = (applied.result.model, applied.result.optim, applied.result.loss_func,
                                         applied.result.prepare_input)
     fmt = inputs.model_input_format
@@ -253,14 +271,23 @@ def _run(applied: Any, inputs: Inputs, batches: list[Any], warmup: int, steps: i
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
+    def expired() -> bool:  # agreed, so that every process stops before the same step
+        if deadline is None:
+            return False
+        return _agree([1.0 if time.perf_counter() > deadline else 0.0], dist.ReduceOp.MAX, device)[0] > 0
+
     seconds: list[float] = []
     try:
         for batch in batches[:warmup]:
+            if expired():
+                return None, None, losses, seconds, skips, _TIMED_OUT
             step(batch)
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         samples = 0
         for batch in batches[warmup:warmup + steps]:
+            if expired():
+                return None, None, losses, seconds, skips, _TIMED_OUT
             sync()
             start = time.perf_counter()
             step(batch)
@@ -270,6 +297,8 @@ def _run(applied: Any, inputs: Inputs, batches: list[Any], warmup: int, steps: i
         if device.type == "cuda":
             peak = torch.cuda.max_memory_allocated(device)
         else:
+            if expired():
+                return None, None, losses, seconds, skips, _TIMED_OUT
             peak = step_peak(lambda: step(batches[-1]), baseline=_held_bytes(applied._context.core, optim)).peak_bytes
             losses.pop()  # the measured step's loss belongs to no comparison (its batch may repeat)
     except AccelerateError:
@@ -277,7 +306,7 @@ def _run(applied: Any, inputs: Inputs, batches: list[Any], warmup: int, steps: i
     except Exception as e:  # the strategy failed to run here: a rejected candidate, not a crash
         return None, None, losses, seconds, skips, f"{stage[0]} raised {type(e).__name__}: {e}"
     total_samples, = _agree([float(samples)], dist.ReduceOp.SUM, device)
-    slowest, = _agree([sum(seconds)], dist.ReduceOp.MAX, device)
+    slowest, = _agree([statistics.median(seconds) * len(seconds)], dist.ReduceOp.MAX, device)
     peak_all, = _agree([float(peak)], dist.ReduceOp.MAX, device)
     return total_samples / max(slowest, 1e-9), int(peak_all), losses, seconds, skips, None
 

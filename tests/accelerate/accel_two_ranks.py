@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from accel_models import Block, BlockNet, TupleModel, mse, regression, train
+from accel_models import Block, BlockNet, TupleModel, loop_net, mse, regression, register_loop_pair, train
 from flextrain.accelerate import Inputs, auto_accelerate, compare
 
 
@@ -90,10 +90,26 @@ def compared():
             "sps": c.candidate.samples_per_second, "peak": c.candidate.peak_bytes}
 
 
+def auto():
+    """The fully automatic mode: one search over both processes, the same strategy applied on each."""
+    register_loop_pair()
+    torch.manual_seed(0)
+    status, result, best = auto_accelerate(TupleModel(loop_net()), torch.optim.SGD, regression(512), mse,
+                                           optim_args={"lr": 0.05}, dataloader_args={"batch_size": 128},
+                                           excluded=["native_dynamo"], time_limit=120)
+    search = result.args.search
+    losses = train(result, epochs=2)
+    return {"status": status, "strategy": best.to_json(), "names": list(best.names),
+            "wrapper": type(result.model).__name__, "loader_batch": result.dataloader.batch_size,
+            "rows": [[r["label"], r["status"], r["samples_per_second"], r["runs"]] for r in search.rows()],
+            "speedup": search.speedup(search.chosen), "first": sum(losses[:4]), "last": sum(losses[-4:]),
+            "same": same_on_every_rank(result.model)}
+
+
 if __name__ == "__main__":
     out = {"ddp": ddp(), "zero1": zero1(), "fsdp2": sharded("fsdp2", {"atorch_wrap_cls": (Block,)}),
            "zero2": sharded("zero2", {"atorch_wrap_cls": (Block,), "limit_all_gathers": True}),
-           "uneven": uneven(), "compare": compared(), "rank": dist.get_rank()}
+           "uneven": uneven(), "compare": compared(), "auto": auto(), "rank": dist.get_rank()}
     with open(sys.argv[1], "w") as f:
         json.dump(out, f)
     dist.destroy_process_group()

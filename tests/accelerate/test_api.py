@@ -168,9 +168,7 @@ def test_finetune_tries_variations_and_keeps_one_that_runs():
     assert train(result, epochs=1)
 
 
-def test_fully_automatic_mode_is_the_next_part():
-    with pytest.raises(NotImplementedError, match="fully automatic search: next part"):
-        auto_accelerate(TupleModel(BlockNet()), **common())
+def test_fully_automatic_mode_needs_what_a_dry_run_needs():
     with pytest.raises(AccelerateError, match="fully automatic mode.*need optim_func"):
         auto_accelerate(TupleModel(BlockNet()), **common(optim_func=None))
 

@@ -50,3 +50,18 @@ def test_compare_runs_in_both_processes_against_ddp(ranks):
         assert c["baseline"] == ["parallel_mode"] and c["accepted"], c["reason"]
         assert c["sps"] > 0 and c["peak"] > 0
     assert ranks[0]["compare"]["sps"] == ranks[1]["compare"]["sps"]  # agreed over the processes
+
+
+def test_the_automatic_search_applies_one_strategy_on_both_processes(ranks):
+    first, second = (r["auto"] for r in ranks)
+    assert first["status"] and second["status"]
+    assert first["strategy"] == second["strategy"] and first["rows"] == second["rows"]  # one decision, agreed
+    names = first["names"]
+    assert names[0] == "parallel_mode" and "module_replace" in names
+    labels = [row[0] for row in first["rows"]]
+    assert labels[0] == "parallel_mode"  # the plain run of a 2-process world: DDP alone
+    assert {"parallel_mode + zero1", "parallel_mode + zero2", "parallel_mode + fsdp2"} <= set(labels)
+    assert all(label.startswith("parallel_mode") for label in labels)
+    for r in (first, second):
+        assert r["wrapper"] == "DistributedDataParallel" and r["loader_batch"] == 64
+        assert r["last"] < r["first"] and r["same"]

@@ -40,6 +40,24 @@ def _checkpointed(model: torch.nn.Module, classes: tuple[Any, ...], limit: int |
     return chosen
 
 
+_CONTAINERS = (torch.nn.Sequential, torch.nn.ModuleList, torch.nn.ModuleDict)
+
+
+def repeated_block(model: torch.nn.Module) -> type | None:
+    """The class of the model's repeated blocks (a transformer's layers): of the classes with two or
+    more instances that have submodules and parameters (containers and the model itself aside), the
+    one whose instances hold the most parameters; None when there is none."""
+    held: dict[type, list[int]] = {}
+    for module in model.modules():
+        if module is model or isinstance(module, _CONTAINERS) or not any(True for _ in module.children()):
+            continue
+        numel = sum(p.numel() for p in module.parameters())
+        if numel:
+            held.setdefault(type(module), []).append(numel)
+    repeated = [(sum(sizes), cls.__qualname__, cls) for cls, sizes in held.items() if len(sizes) >= 2]
+    return max(repeated, key=lambda r: r[:2])[2] if repeated else None
+
+
 @register
 class Checkpoint(Method):
     name, phase = "checkpoint", Phase.CHECKPOINT
@@ -75,6 +93,10 @@ class Checkpoint(Method):
 
     def neighbours(self, config: Any) -> tuple[Any, ...]:
         return ({**config, "no_reentrant": not config["no_reentrant"]},)
+
+    def candidates(self, model: torch.nn.Module, device: torch.device, world: Any) -> tuple[Any, ...]:
+        block = repeated_block(model)
+        return () if block is None else (self.validate((block,)),)
 
     def apply(self, ctx: Any, config: Any) -> None:
         chosen = _checkpointed(ctx.model, config["wrap_class"], config.get("max_checkpoint_module_num"))

@@ -51,6 +51,10 @@ class ParallelMode(Method):
             raise self.config_error(config, f"needs a positive data size, got {size!r}")
         return ([("data", size)], None)
 
+    def candidates(self, model: torch.nn.Module, device: torch.device, world: Any) -> tuple[Any, ...]:
+        # A no-op in a world of one process; with more, the search puts it in every candidate.
+        return (None,) if world.processes > 1 else ()
+
     def apply(self, ctx: Any, config: Any) -> None:
         size = ctx.world.processes
         ctx.effective[self.name] = ([("data", size)], None)
@@ -70,6 +74,9 @@ class AutoDDP(Method):
     def validate(self, config: Any) -> Any:
         out = self.dict_config(config, dict.fromkeys(_DDP_KEYS))
         return out or None
+
+    def candidates(self, model: torch.nn.Module, device: torch.device, world: Any) -> tuple[Any, ...]:
+        return ()  # the search's DDP is parallel_mode's; auto_ddp's config (DDP's arguments) is the user's to give
 
     def apply(self, ctx: Any, config: Any) -> None:
         if ctx.world.processes > 1:

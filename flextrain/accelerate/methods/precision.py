@@ -120,6 +120,14 @@ class _AmpLoss:
         return scaled
 
 
+def _search_dtypes(device: torch.device) -> tuple[str, ...]:
+    """The half dtypes the automatic search tries: bf16 (where the device has it) and fp16 on CUDA;
+    bf16 alone on the CPU, whose fp16 kernels are few and slow."""
+    if device.type == "cuda":
+        return ("bf16", "fp16") if torch.cuda.is_bf16_supported() else ("fp16",)
+    return ("bf16",)
+
+
 def _grad_scaler(ctx: Any) -> Any:
     if ctx.sharded_by is not None:
         from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
@@ -153,6 +161,9 @@ class AmpNative(Method):
     def neighbours(self, config: Any) -> tuple[Any, ...]:
         other = "fp16" if config["dtype"] == "bf16" else "bf16"
         return (self.validate({"dtype": other, "skip_if_nonfinite": config["skip_if_nonfinite"]}),)
+
+    def candidates(self, model: torch.nn.Module, device: torch.device, world: Any) -> tuple[Any, ...]:
+        return tuple(self.validate(d) for d in _search_dtypes(device))
 
     def apply(self, ctx: Any, config: Any) -> None:
         name = config["dtype"]
@@ -188,6 +199,9 @@ class Half(Method):
 
     def neighbours(self, config: Any) -> tuple[Any, ...]:
         return ("fp16" if config == "bf16" else "bf16",)
+
+    def candidates(self, model: torch.nn.Module, device: torch.device, world: Any) -> tuple[Any, ...]:
+        return _search_dtypes(device)
 
     def apply(self, ctx: Any, config: Any) -> None:
         dtype = HALF_DTYPES[config]
