@@ -42,14 +42,8 @@ from typing import Any, Callable
 
 import torch
 
-from flextrain.accelerate import (
-    AccelerateError, Inputs, Strategy, UnavailableMethodError, apply_strategy, compare, dry_run, get, names,
-)
-from flextrain.accelerate.dryrun import plain_strategy, warmup_of
-from flextrain.accelerate.strategy import conflict
-from flextrain.accelerate.jobs import (
-    NO_OPS, applied_in_jobs, check_for_jobs, describe, job_candidate, parse_setting,
-)
+from flextrain.accelerate import AccelerateError, Inputs, Strategy, UnavailableMethodError, apply_strategy
+from flextrain.accelerate.jobs import applied_in_jobs, check_for_jobs, describe, job_candidate, parse_setting
 from flextrain.elastic.world import World, WorldSource
 from flextrain.job import JobSpec
 from flextrain.proto import flextrain_pb2 as pb
@@ -175,18 +169,14 @@ def _module_loss(model_def: ModelDef) -> Callable[[Any, Any], Any]:
     return loss
 
 
-# ---- the search: REPLACEABLE --------------------------------------------------------------------------------
-# Until flextrain.accelerate's fully automatic mode (auto_accelerate(..., load_strategy=None), written apart)
-# is on this branch, --accelerate auto searches here, and only here: replace search_strategy's body by a call
-# of that function on the same inputs (the model wrapped by _JobStep, the module's optimizer and loss, the
-# batches below) with excluded=the methods a job refuses, keeping its (strategy, summary) result.
+# ---- the search -----------------------------------------------------------------------------------------------
+# auto_accelerate's fully automatic search (flextrain.accelerate.search), run on the job's first records with
+# the module's model, optimizer and loss, less what a job refuses (data parallelism is flextrain's own).
 
-SEARCH_MARGIN = 1.05  # a candidate replaces the plain run only when this much faster
-SEARCH_TIME_LIMIT = 60.0  # seconds; no candidate starts after it (a running one finishes)
+SEARCH_TIME_LIMIT = 60.0  # seconds (the search's own rule: no candidate starts that would not fit)
 SEARCH_MICRO_BATCH = 64  # most samples per dry-run step (else the job's micro-batch)
-SEARCH_STEPS = 5  # timed steps per dry run
-# Configs a job searches beyond a method's own candidates (amp_native's default, fp16, is refused in jobs).
-JOB_CONFIGS = {"amp_native": ("bf16",)}
+# Never candidates in a job (flextrain.accelerate.jobs says why); tests may add native_dynamo (a slow build).
+SEARCH_EXCLUDED = ("zero1", "zero2", "fsdp", "fsdp2", "parallel_mode", "auto_ddp")
 
 
 class _JobStep(torch.nn.Module):
@@ -200,106 +190,46 @@ class _JobStep(torch.nn.Module):
         return self.model(batch[0])
 
 
-def _candidates(model: torch.nn.Module, device: torch.device) -> list[Strategy]:
-    """One strategy per method and config a job may apply alone on this model (the method's own
-    candidates and their neighbours: amp_native's fp16 default leads to its bf16), compile last."""
-    out: list[Strategy] = []
-    for name in sorted(names(), key=lambda n: (n == "native_dynamo", n)):
-        if name in NO_OPS:
-            continue
-        method = get(name)
-        configs = list(method.candidates(model, device, ONE_PROCESS))
-        configs += [n for c in configs for n in method.neighbours(c) if n not in configs]
-        configs += [c for c in map(method.validate, JOB_CONFIGS.get(name, ())) if c not in configs]
-        for config in configs:
-            candidate = Strategy([(name, config)])
-            if job_candidate(candidate) and method.check(model, device, ONE_PROCESS, config) is None:
-                out.append(candidate)
-    return out
-
-
 def search_strategy(spec: JobSpec, model_def: ModelDef, model: torch.nn.Module, *,
                     time_limit: float = SEARCH_TIME_LIMIT) -> tuple[Strategy, dict]:
-    """REPLACEABLE (see above): the strategy for this job and what the search measured. Each candidate
-    (:func:`_candidates`) is dry-run against the plain run on the same batches of the job's first
-    training records, from the same weights (flextrain.accelerate.dryrun.compare: a loss off the plain
-    run's beyond the methods' tolerance rejects it); the fastest that beats the plain run by
-    :data:`SEARCH_MARGIN` wins, then the best together when two or more do; none: no methods. ``model``
-    is never touched (dry runs train copies)."""
+    """The strategy for this job and what the search measured: :func:`flextrain.accelerate.search.search`
+    on a micro-batch of the job's first training records, from the module's model (never touched: dry runs
+    train copies), optimizer and loss; the fastest accepted candidate a job may apply wins (none: no
+    methods). A candidate whose loss leaves the plain run's beyond its methods' tolerance is rejected."""
+    from flextrain.accelerate.search import search
     from flextrain.worker.probing import first_records  # the probe's reading of the first records
 
     started = time.monotonic()
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     m = min(SEARCH_MICRO_BATCH, spec.training.global_batch_size,
             spec.training.max_micro_batch if isinstance(spec.training.max_micro_batch, int) else SEARCH_MICRO_BATCH)
-    features, labels, n = first_records(spec, model_def, 4 * m)
+    features, labels, n = first_records(spec, model_def, m)
     m = min(m, n)
-    batches = [(take(features, slice(i, i + m)), take(labels, slice(i, i + m))) for i in range(0, n - m + 1, m)]
     lr = spec.training.learning_rate
     inputs = Inputs.checked(_JobStep(model), loss_func=lambda batch, out: _module_loss(model_def)(batch[1], out),
                             optim_func=lambda params: model_def.optimizer(params, **({} if lr is None else {"lr": lr})),
-                            sample_batch=batches[0])
-    candidates = _candidates(model, device)
-    # One plain run per warmup length (a compiled candidate warms up longer): same batches, weights, seed.
-    # The first dry run of a process also warms the process up: the plain run goes first, and again at the end.
-    baselines: dict[int, Any] = {}
-
-    def plain(warmup: int) -> Any:
-        return dry_run(plain_strategy(ONE_PROCESS), inputs, steps=SEARCH_STEPS, warmup=warmup, batches=batches,
-                       device=device, world=ONE_PROCESS)
-
-    def measure(candidate: Strategy) -> Any:
-        warmup = warmup_of(candidate)
-        if warmup not in baselines:
-            baselines[warmup] = plain(warmup)
-        return compare(candidate, inputs, baseline=baselines[warmup], steps=SEARCH_STEPS, warmup=warmup,
-                       batches=batches, device=device, world=ONE_PROCESS)
-
-    plain(1)  # warms the process up; not counted
-    runs: list[tuple[Strategy, Any]] = []
-    tried: list[dict] = []
-    for candidate in candidates:
-        if time.monotonic() - started > time_limit:
-            tried.append({"strategy": describe(candidate), "ok": False, "reason": "not tried: the time limit ran out"})
-            continue
-        runs.append((candidate, measure(candidate)))
-    # The plain run's speed: the faster of its runs before the candidates and one after them (noise on a
-    # busy machine counts against the candidates, not for them).
-    after = plain(1)
-    plain_sps = max([b.samples_per_second for b in (*baselines.values(), after) if b.ok] or [0.0])
-
-    def speedup(c: Any) -> float:
-        return c.candidate.samples_per_second / plain_sps if c.accepted and plain_sps else 0.0
-
-    winners = sorted(((speedup(c), s) for s, c in runs if speedup(c) >= SEARCH_MARGIN), key=lambda w: -w[0])
-    chosen = winners[0][1] if winners else Strategy()
-    if len(winners) >= 2 and time.monotonic() - started <= time_limit:
-        together = Strategy()
-        for _, w in winners:  # the fastest first; one of a group (amp_native or half)
-            if conflict([*together.names, *w.names]) is None and job_candidate(together + w):
-                together = together + w
-        if len(together) > 1:
-            c = measure(together)
-            runs.append((together, c))
-            if speedup(c) > winners[0][0]:
-                chosen = together
-    tried = [_row(s, c, speedup(c)) for s, c in runs] + tried
-    summary = {"chosen": describe(chosen), "candidates": tried, "microBatch": m, "records": n,
-               "plainSamplesPerSecond": round(plain_sps, 1), "margin": SEARCH_MARGIN,
-               "seconds": round(time.monotonic() - started, 2)}
+                            sample_batch=(take(features, slice(0, m)), take(labels, slice(0, m))))
+    found = search(inputs, device=device, world=ONE_PROCESS, excluded=SEARCH_EXCLUDED, time_limit=time_limit)
+    allowed = [c for c in found.candidates if c.accepted and job_candidate(c.strategy)]
+    best = max(allowed, key=lambda c: (c.samples_per_second or 0.0, -len(c.strategy)), default=None)
+    chosen = best.strategy if best is not None else Strategy()
+    rows = [_row(c, found.speedup(c)) for c in found.candidates]
+    summary = {"chosen": describe(chosen), "candidates": rows, "microBatch": m, "records": n,
+               "plainSamplesPerSecond": round(found.plain.samples_per_second or 0.0, 1),
+               "stoppedEarly": found.stopped_early, "seconds": round(time.monotonic() - started, 2)}
     log.info("accelerate: searched %d candidate strategies in %.1f s on %d records (micro-batch %d): chose %s%s",
-             len(tried), summary["seconds"], n, m, describe(chosen),
+             len(rows), summary["seconds"], n, m, describe(chosen),
              "".join(f"; {row['strategy']}: " + (f"{row['speedup']:.2f}x" if row.get("ok") else row.get("reason", ""))
-                     for row in tried))
+                     for row in rows))
     return chosen, summary
 
 
-def _row(candidate: Strategy, c: Any, speedup: float) -> dict:
-    row: dict = {"strategy": describe(candidate), "ok": bool(c.accepted)}
-    if c.accepted:
-        row.update(speedup=round(speedup, 3), samplesPerSecond=round(c.candidate.samples_per_second, 1))
+def _row(c: Any, speedup: float | None) -> dict:
+    row: dict = {"strategy": describe(c.strategy), "ok": bool(c.accepted)}
+    if c.accepted and speedup is not None:
+        row.update(speedup=round(speedup, 3), samplesPerSecond=round(c.samples_per_second, 1))
     else:
-        row["reason"] = c.candidate.reason or c.baseline.reason
+        row.update(ok=False, reason=c.reason or c.status)
     return row
 
 
