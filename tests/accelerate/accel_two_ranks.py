@@ -6,6 +6,7 @@ auto_accelerate initialises the gloo group itself from WORLD_SIZE/RANK (as launc
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import torch
@@ -113,3 +114,6 @@ if __name__ == "__main__":
     with open(sys.argv[1], "w") as f:
         json.dump(out, f)
     dist.destroy_process_group()
+    # Leave without interpreter teardown: with gloo, torch's threads sometimes abort it ('terminate called
+    # without an active exception', exit -6) after all the work is done.
+    os._exit(0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import torch
@@ -30,3 +31,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    os._exit(0)  # no interpreter teardown: gloo's threads sometimes abort it ('terminate called ...')
