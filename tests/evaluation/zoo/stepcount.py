@@ -78,6 +78,9 @@ class PredictionOutputsProcessor:
         with open(os.environ["STEPCOUNT_PROCESSOR_LOG"], "a") as f:
             f.write(json.dumps({"worker": worker_id, "shape": list(predictions.shape),
                                 "x": predictions[:, 0].tolist()}) + "\n")
-        if marker and not os.path.exists(marker):
-            open(marker, "w").close()
+        if marker:
+            try:  # O_EXCL: of two workers processing at once, exactly one fails (an exists() check let both)
+                os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            except FileExistsError:
+                return
             raise RuntimeError("processor fails once (test)")
