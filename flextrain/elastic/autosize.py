@@ -51,7 +51,8 @@ def probe_for_init(global_batch_size: int, *, model: Any, loss_fn: Any, sample: 
 
     def batch_of(m: int) -> tuple[Any, Any]:
         reps = -(-m // have)
-        return (mb.to_device(_take(_tile(inputs, reps), m), device), mb.to_device(_take(_tile(targets, reps), m), device))
+        return (mb.to_device(mb.take(_tile(inputs, reps), 0, m), device),
+                mb.to_device(mb.take(_tile(targets, reps), 0, m), device))
 
     step = training_step(model, optimizer, loss_fn, batch_of)
     try:
@@ -114,10 +115,6 @@ def _tile(x: Any, reps: int) -> Any:
     if isinstance(x, dict):
         return {k: _tile(v, reps) for k, v in x.items()}
     return type(x)(_tile(v, reps) for v in x)
-
-
-def _take(x: Any, m: int) -> Any:
-    return mb.take(x, 0, m)
 
 
 __all__ = ["probe_batch", "probe_for_init"]
