@@ -150,7 +150,9 @@ class Optimizer(WrappedOptimizer):
     multiplies it by the last weight: one ``foreach`` multiply per real step. Under DDP with
     several processes and an uneven split the processes' last weights differ, so before the
     last micro-step ``.grad`` is brought to true units and that micro-step's gradient is
-    scaled by parameter hooks before DDP all-reduces it.
+    scaled by parameter hooks before DDP all-reduces it. A script that calls
+    ``optimizer.scale(loss).backward()`` (opt-in, as with ``GradScaler.scale``) has the weight
+    applied to the scalar loss instead, and no pass over the gradients is made at all.
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, steps: int | None = None, *,
@@ -166,6 +168,11 @@ class Optimizer(WrappedOptimizer):
         self._stepped = False
         self._real_steps = 0
         self._hooks: list[Any] = []
+        # This accumulation's mode: None until its first micro-step, True when the script weights
+        # its losses through scale(), False when the gradients are weighted; _scaled_at is the
+        # micro-step scale() last ran in (it must run in every one of a loss-weighted accumulation).
+        self._loss_weighted: bool | None = None
+        self._scaled_at = -1
         if session is not None and not self._follows_init:
             if self._steps_given != session.steps:
                 raise _disagreement(self._steps_given, session)
@@ -209,6 +216,20 @@ class Optimizer(WrappedOptimizer):
         (see :func:`no_sync`)."""
         return no_sync(model, self)
 
+    def scale(self, loss: torch.Tensor) -> torch.Tensor:
+        """``loss`` times this micro-step's weight, to call ``.backward()`` on: opt-in, for scripts
+        that want no pass over the gradients (the weight lands on a scalar). Once used, it must be
+        used in every micro-step of the accumulation, before that micro-step's ``step()``; mixing
+        it with plain ``loss.backward()`` in one accumulation is refused (the weights would be
+        applied twice or not at all)."""
+        cycle, j = self._current_cycle(), self._position
+        if self._loss_weighted is False:
+            raise RuntimeError(f"optimizer.scale(loss) in micro-step {j + 1} of {cycle.steps}, but the earlier "
+                               "micro-steps of this accumulation called backward() on the plain loss: use "
+                               "scale() in every micro-step or in none")
+        self._loss_weighted, self._scaled_at = True, j
+        return loss * cycle.weights[j]
+
     def step(self, closure: Any = None) -> Any:
         """Count a micro-step; on the ``steps``-th, apply the weights and run the inner step.
 
@@ -220,17 +241,30 @@ class Optimizer(WrappedOptimizer):
         cycle = self._current_cycle()
         j = self._position
         self._stepped = False
+        if self._loss_weighted:
+            if self._scaled_at != j:
+                raise RuntimeError(f"micro-step {j + 1} of {cycle.steps} did not call optimizer.scale(loss), but "
+                                   "earlier micro-steps of this accumulation did: use scale() in every micro-step "
+                                   "or in none")
+            return self._count(cycle, j, weigh=False)
+        self._loss_weighted = False
+        return self._count(cycle, j, weigh=True)
+
+    def _count(self, cycle: _Cycle, j: int, *, weigh: bool) -> Any:
         if j < cycle.steps - 1:
             self._position = j + 1
             if cycle.hooked and j + 1 == cycle.steps - 1:
                 factor = cycle.weights[j]  # to true units: the hooks weight the last micro-step
             else:
                 factor = cycle.weights[j] / cycle.weights[j + 1]
-            self._scale_grads(factor)
+            if weigh:
+                self._scale_grads(factor)
             return None
-        self._scale_grads(1.0 if cycle.hooked else cycle.weights[j])
+        if weigh:
+            self._scale_grads(1.0 if cycle.hooked else cycle.weights[j])
         result = self.optimizer.step()
         self._cycle, self._position, self._stepped = None, 0, True
+        self._loss_weighted, self._scaled_at = None, -1
         self._real_steps += 1
         return result
 
@@ -292,7 +326,7 @@ class Optimizer(WrappedOptimizer):
         # Runs on the incoming gradient, before it is accumulated into .grad and before DDP's
         # reducer sees it; a no-op except on the last micro-step of a hooked accumulation.
         cycle = self._current_cycle()
-        if cycle.hooked and self._position == cycle.steps - 1:
+        if cycle.hooked and self._position == cycle.steps - 1 and not self._loss_weighted:
             return grad * cycle.weights[-1]
         return None
 
@@ -305,7 +339,7 @@ class Optimizer(WrappedOptimizer):
         if self._position:
             cycle = self._current_cycle()
             accumulation.update(steps=cycle.steps, weights=list(cycle.weights), hooked=cycle.hooked,
-                                grads=[p.grad for p in self._params()])
+                                grads=[p.grad for p in self._params()], loss_weighted=bool(self._loss_weighted))
         return {"optimizer": self.optimizer.state_dict(), "accumulation": accumulation}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -328,6 +362,8 @@ class Optimizer(WrappedOptimizer):
         self.optimizer.load_state_dict(state_dict["optimizer"])
         self._cycle, self._position, self._stepped = cycle, position, False
         self._real_steps = int(acc["real_steps"])
+        self._loss_weighted = bool(acc.get("loss_weighted")) if position else None
+        self._scaled_at = position - 1 if self._loss_weighted else -1
         if position:
             for p, g in zip(self._params(), acc["grads"], strict=True):
                 p.grad = None if g is None else g.detach().to(device=p.device, dtype=p.dtype, copy=True)

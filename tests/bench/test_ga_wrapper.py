@@ -36,4 +36,5 @@ def test_a_small_run_prints_one_json_object():
     assert result["target_cases"] == ["cnn-even", "cnn-uneven"]
     for case in result["cases"].values():
         assert case["wrapper_vs_hand"] > 0 and len(case["wrapper_vs_hand_ci95"]) == 2
+        assert case["scaled_vs_hand"] > 0 and case["scaled_steps_per_s"] > 0
     assert isinstance(result["met"], bool)

@@ -2,7 +2,8 @@
 
 Forms a gloo group, then calls ``init`` with the launcher's variables removed (so the plan must
 come from the process group), trains ``real_steps`` steps of the global batch G through DDP and
-the GA wrapper with ``no_sync``, counting the all-reduces DDP makes at each micro-step, and
+the GA wrapper with ``no_sync`` (weighting the gradients, or with argv[5] == "loss" the losses
+through ``optimizer.scale``), counting the all-reduces DDP makes at each micro-step, and
 writes its plan, the counts and the final parameters as JSON to argv[1].
 """
 
@@ -21,7 +22,7 @@ import flextrain.elastic.torch as elastic
 from ga_model import data, loss, model
 
 
-def main(out: str, G: int, M: int, real_steps: int) -> None:
+def main(out: str, G: int, M: int, real_steps: int, weigh: str = "grads") -> None:
     dist.init_process_group("gloo", init_method="env://")
     for var in ("WORLD_SIZE", "RANK"):
         del os.environ[var]
@@ -44,7 +45,8 @@ def main(out: str, G: int, M: int, real_steps: int) -> None:
             before = reduces[0]
             boundary = opt.is_boundary
             with opt.sync_context(net):
-                loss(net, x[offset:offset + n], y[offset:offset + n]).backward()
+                micro_loss = loss(net, x[offset:offset + n], y[offset:offset + n])
+                (opt.scale(micro_loss) if weigh == "loss" else micro_loss).backward()
             offset += n
             opt.step()
             opt.zero_grad()
@@ -59,7 +61,7 @@ def main(out: str, G: int, M: int, real_steps: int) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))
+    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), *sys.argv[5:])
     # Leave without interpreter teardown: with gloo, torch's threads sometimes abort it ('terminate called
     # without an active exception', exit -6) after all the work is done, even for plain DDP scripts.
     os._exit(0)

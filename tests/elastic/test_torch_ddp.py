@@ -12,8 +12,8 @@ from two_ranks import run_two_ranks
 
 
 
-def run_ddp_ranks(tmp_path: Path, G: int, M: int, real_steps: int) -> list[dict]:
-    return run_two_ranks(tmp_path, "ddp_ga_worker.py", str(G), str(M), str(real_steps))
+def run_ddp_ranks(tmp_path: Path, G: int, M: int, real_steps: int, weigh: str = "grads") -> list[dict]:
+    return run_two_ranks(tmp_path, "ddp_ga_worker.py", str(G), str(M), str(real_steps), weigh)
 
 
 def sgd(params):
@@ -26,11 +26,14 @@ def assert_matches(ranks: list[dict], reference: list[torch.Tensor]) -> None:
             torch.testing.assert_close(torch.tensor(p, dtype=torch.float64), r, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("G, batch_sizes", [(256, [[64, 64], [64, 64]]), (250, [[63, 63], [62, 62]])])
-def test_two_ddp_processes_equal_full_batch_sgd(tmp_path, G, batch_sizes):
+@pytest.mark.parametrize("G, batch_sizes, weigh", [(256, [[64, 64], [64, 64]], "grads"),
+                                                    (250, [[63, 63], [62, 62]], "grads"),
+                                                    (250, [[63, 63], [62, 62]], "loss")])
+def test_two_ddp_processes_equal_full_batch_sgd(tmp_path, G, batch_sizes, weigh):
     """Even (256 = 2 x 2 x 64) and uneven (250: rank 0 gets 63+63, rank 1 62+62, so the ranks'
-    weights differ and the last micro-step is weighted before DDP's all-reduce)."""
-    ranks = run_ddp_ranks(tmp_path, G, 64, real_steps=2)
+    weights differ and the last micro-step is weighted before DDP's all-reduce); and uneven with
+    the losses weighted by ``optimizer.scale`` instead (the hooks then leave the gradients alone)."""
+    ranks = run_ddp_ranks(tmp_path, G, 64, real_steps=2, weigh=weigh)
     assert [r["batch_sizes"] for r in ranks] == batch_sizes
     for r, result in enumerate(ranks):
         # init read the process group (the launcher's variables were gone by then).

@@ -237,3 +237,80 @@ def test_attributes_pass_through_to_the_inner_optimizer(fresh_init):
     assert opt.defaults["momentum"] == 0.9 and opt._optimizer_step_pre_hooks is inner._optimizer_step_pre_hooks
     with pytest.raises(TypeError, match="already wrapped"):
         fresh_init.Optimizer(opt, steps=2)
+
+
+def train_loss_weighted(elastic, G: int, real_steps: int, make_optimizer):
+    """As train_wrapped, with each micro-step's loss weighted by ``optimizer.scale``."""
+    net = model()
+    opt = elastic.Optimizer(make_optimizer(net.parameters()))
+    x, y = data(G * real_steps)
+    offset, sizes = 0, elastic.batch_sizes
+    for _ in range(real_steps):
+        for n in sizes:
+            opt.scale(loss(net, x[offset:offset + n], y[offset:offset + n])).backward()
+            offset += n
+            opt.step()
+            opt.zero_grad()
+    assert opt.real_steps == real_steps
+    return net, opt
+
+
+@pytest.mark.parametrize("G", [256, 250])
+def test_loss_weighted_by_scale_equals_full_batch_sgd(fresh_init, G):
+    elastic = fresh_init
+    elastic.init(G, 64)
+    net, _ = train_loss_weighted(elastic, G, 3, sgd)
+    assert_same(net.parameters(), full_batch_reference(G, 3, sgd))
+
+
+def test_scale_returns_the_loss_times_the_micro_steps_weight(fresh_init):
+    elastic = fresh_init
+    elastic.init(250, 64)
+    opt = elastic.Optimizer(sgd(model().parameters()))
+    one = torch.tensor(1.0, requires_grad=True)
+    weights = []
+    for _ in range(4):
+        weights.append(opt.scale(one * 1.0).item())
+        opt.step()
+    assert weights == pytest.approx([63 / 250, 63 / 250, 62 / 250, 62 / 250], abs=1e-7)
+    summed = elastic.Optimizer(sgd(model().parameters()), reduction="sum")
+    assert summed.scale(one * 3.0).item() == 3.0
+
+
+def test_mixing_scale_and_plain_backward_in_one_accumulation_is_refused(fresh_init):
+    elastic = fresh_init
+    elastic.init(256, 64)
+    net = model()
+    x, y = data(256)
+    opt = elastic.Optimizer(sgd(net.parameters()))
+    loss(net, x[:64], y[:64]).backward()
+    opt.step()
+    with pytest.raises(RuntimeError, match=r"scale\(loss\) in micro-step 2 of 4.*plain loss"):
+        opt.scale(loss(net, x[64:128], y[64:128]))
+    opt2 = elastic.Optimizer(sgd(net.parameters()))
+    opt2.scale(loss(net, x[:64], y[:64])).backward()
+    opt2.step()
+    loss(net, x[64:128], y[64:128]).backward()
+    with pytest.raises(RuntimeError, match=r"micro-step 2 of 4 did not call optimizer.scale"):
+        opt2.step()
+
+
+def test_a_loss_weighted_accumulation_resumes_from_its_state_dict(fresh_init):
+    elastic = fresh_init
+    elastic.init(250, 64)
+    x, y = data(250)
+    net = model()
+    opt = elastic.Optimizer(sgd(net.parameters()))
+    for n, start in ((63, 0), (63, 63)):
+        opt.scale(loss(net, x[start:start + n], y[start:start + n])).backward()
+        opt.step()
+    saved = copy.deepcopy(opt.state_dict())
+    assert saved["accumulation"]["loss_weighted"] is True
+    resumed_net = copy.deepcopy(net)
+    resumed = elastic.Optimizer(sgd(resumed_net.parameters()))
+    resumed.load_state_dict(saved)
+    for n, start in ((62, 126), (62, 188)):
+        resumed.scale(loss(resumed_net, x[start:start + n], y[start:start + n])).backward()
+        resumed.step()
+    assert resumed.stepped
+    assert_same(resumed_net.parameters(), full_batch_reference(250, 1, sgd))
