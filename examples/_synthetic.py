@@ -7,9 +7,13 @@ import argparse
 import torch
 
 
-def arguments(doc: str) -> argparse.Namespace:
-    """The flags every elastic example takes: G, M, the data size and the epochs."""
+def arguments(doc: str, *, scale_loss: bool = False) -> argparse.Namespace:
+    """The flags every elastic example takes: G, M, the data size and the epochs (and --scale-loss
+    where the example offers it)."""
     p = argparse.ArgumentParser(description=doc.splitlines()[0])
+    if scale_loss:
+        p.add_argument("--scale-loss", action="store_true",
+                       help="optimizer.scale(loss).backward(): the wrapper weights the loss, not the gradients")
     p.add_argument("--global-batch-size", type=int, default=256)
     p.add_argument("--max-micro-batch", type=int, default=64)
     p.add_argument("--samples", type=int, default=4096)

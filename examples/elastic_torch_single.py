@@ -1,10 +1,12 @@
 """Elastic PyTorch in one process: init(G, M) plans gradient accumulation, the wrapper applies it.
 
-    python examples/elastic_torch_single.py --global-batch-size 256 --max-micro-batch 64
+    python examples/elastic_torch_single.py --global-batch-size 256 --max-micro-batch 64 [--scale-loss]
 
 Each optimizer step sees the whole global batch G; one device holds at most M samples, so the
 step is accumulated over ``elastic.steps`` micro-batches of ``elastic.batch_sizes`` (exact also
-when G does not split evenly, e.g. G=250: 63, 63, 62, 62). Prints one JSON line at the end.
+when G does not split evenly, e.g. G=250: 63, 63, 62, 62). With --scale-loss the script calls
+``optimizer.scale(loss).backward()``: the same training, with the weight on the scalar loss instead
+of a pass over the gradients. Prints one JSON line at the end.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from _synthetic import arguments, dataset, loss_fn, model
 
 
 def main() -> None:
-    args = arguments(__doc__)
+    args = arguments(__doc__, scale_loss=True)
     logging.basicConfig(level=logging.INFO, format="%(message)s")  # shows init's one-line plan
 
     elastic.init(args.global_batch_size, max_micro_batch=args.max_micro_batch)
@@ -36,7 +38,7 @@ def main() -> None:
         for x, y in loader:
             for xm, ym in zip(x.split(elastic.batch_sizes), y.split(elastic.batch_sizes)):
                 loss = loss_fn(net(xm), ym)
-                loss.backward()
+                (optimizer.scale(loss) if args.scale_loss else loss).backward()
                 optimizer.step()       # the real step on every elastic.steps-th call
                 optimizer.zero_grad()  # a no-op between micro-steps
                 total += loss.item() * len(xm)

@@ -39,6 +39,15 @@ def test_single_process_accumulates_and_steps_the_scheduler_per_real_step():
     assert result["losses"][-1] < 0.6 * result["losses"][0]
 
 
+@pytest.mark.parametrize("G", ["256", "250"])
+def test_weighting_the_loss_with_scale_trains_the_same_model(G):
+    plain = single("--global-batch-size", G, "--max-micro-batch", "64")
+    scaled = single("--global-batch-size", G, "--max-micro-batch", "64", "--scale-loss")
+    assert scaled["real_steps"] == plain["real_steps"]
+    assert scaled["losses"] == pytest.approx(plain["losses"], rel=1e-5)
+    assert scaled["checksum"] == pytest.approx(plain["checksum"], rel=1e-5, abs=1e-5)
+
+
 def test_single_process_uneven_split():
     result = single("--global-batch-size", "250", "--max-micro-batch", "64")
     assert (result["steps"], result["batch_sizes"]) == (4, [63, 63, 62, 62])
