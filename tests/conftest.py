@@ -7,7 +7,9 @@ Also ends the test process with ``os._exit`` once pytest is done (see
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -22,6 +24,21 @@ def digits_data(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("digits")
     write_digits(out)
     return out
+
+
+@pytest.fixture(scope="session")
+def postgres(tmp_path_factory):
+    """A real PostgreSQL server for the session (tests/pg_server.py); skips, saying why, where none can start."""
+    import pg_server
+
+    why = pg_server.unavailable()
+    if why:
+        pytest.skip(why)
+    # Not under pytest's temporary root: its directories are private to root, and the server runs as postgres.
+    server = pg_server.PgServer(Path(tempfile.mkdtemp(prefix="flextrain-pg-"))).start()
+    yield server
+    server.stop()
+    shutil.rmtree(server.root, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config, items) -> None:

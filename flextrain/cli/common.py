@@ -66,10 +66,37 @@ def abs_path(path: str | None) -> str | None:
 
 
 def data_abs(path: str | None) -> str | None:
-    """A data path made absolute: each part of a comma-separated list (unless the whole path exists)."""
+    """A data path made absolute: each part of a comma-separated list (unless the whole path exists).
+
+    A database URL (flextrain.data.sql) keeps its form, with a relative SQLite file made absolute,
+    and loses its password: that moves to ``FLEXTRAIN_DATA_PASSWORD`` in this process's
+    environment, which the job's processes inherit, so it is written to no job spec, log or status.
+    """
+    from flextrain.data.sql import is_sql_url
+
+    if is_sql_url(path):
+        return _database_url(path)
     if not path or "," not in path or Path(path).exists():
         return abs_path(path)
     return ",".join(abs_path(part.strip()) for part in path.split(",") if part.strip())
+
+
+def _database_url(url: str) -> str:
+    import os
+
+    from flextrain.data.sql import PASSWORD_ENV, redact, split_password
+
+    url, password = split_password(url)
+    if password is not None:
+        if os.environ.get(PASSWORD_ENV, password) != password:
+            raise CLIError(f"{redact(url)}: its password differs from the one already given (in another data URL "
+                           f"or {PASSWORD_ENV}): give one password, in {PASSWORD_ENV}")
+        os.environ[PASSWORD_ENV] = password
+    head, sep, rest = url.partition(":///")
+    if head.startswith("sqlite") and sep and rest and not rest.startswith((":memory:", "/", "?")):
+        file, q, query = rest.partition("?")
+        url = f"{head}:///{Path(file).resolve()}{q}{query}"
+    return url
 
 
 def model_def_abs(spec: str) -> str:

@@ -21,12 +21,14 @@ import logging
 import os
 import threading
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from flextrain.data.csv import CSVReader
 from flextrain.data.errors import DataError
 from flextrain.data.formats import CSV, EMPTY, HINT_EXTENSIONS, RECORDIO, NotDataError, sniff
 from flextrain.data.recordio import RecordIOReader
+from flextrain.data.sql import is_sql_url
 
 __all__ = [
     "SUPPORTED_EXTENSIONS",
@@ -236,6 +238,10 @@ def make_shards(path: str | os.PathLike[str], *, what: str = "data", options: Da
     """
     options = options or DataOptions()
     path = os.fspath(path)
+    if is_sql_url(path):
+        from flextrain.data.sql import make_sql_shards
+
+        return make_sql_shards(path, what=what, columns=getattr(options, "columns", None))
     found, bad = _classify(path, what, options)
     if bad:
         warning = skipped_warning(what, path, bad)
@@ -258,6 +264,12 @@ def make_shards(path: str | os.PathLike[str], *, what: str = "data", options: Da
     return shards
 
 
-def read_shard_range(source: str | os.PathLike[str], start: int, end: int) -> list[bytes]:
-    """Records ``[start, end)`` of data file ``source`` (via the reader cache)."""
+def read_shard_range(source: str | os.PathLike[str], start: int, end: int, *,
+                     columns: Sequence[str] | None = None) -> list[bytes] | list[dict]:
+    """Records ``[start, end)`` of ``source``: ``bytes`` of a RecordIO/CSV file (via the reader
+    cache), or row dicts of a table source, only ``columns`` where given."""
+    if is_sql_url(source):
+        from flextrain.data.sql import read_sql_range
+
+        return read_sql_range(source, start, end, columns=columns)
     return open_reader(source).records(start, end)

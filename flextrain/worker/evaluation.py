@@ -128,7 +128,7 @@ def metric_sums(model_def: ModelDef, predictor: Predictor, records: list[bytes],
 def evaluate_task(model_def: ModelDef, predictor: Predictor, task: pb.Task, *,
                   batch_size: int) -> EvalSums:
     """Read an evaluation task's records and return its metric sums and sample count."""
-    records = read_shard_range(task.source, task.start, task.end)
+    records = read_shard_range(task.source, task.start, task.end, columns=model_def.columns)
     meta = FeedMetadata(task.source, task.start, task.end, task.epoch)
     return metric_sums(model_def, predictor, records, metadata=meta, batch_size=batch_size)
 

@@ -68,6 +68,13 @@ class ModelDef:
         """The model callable's name (``Model`` of ``path/to/module.py:Model``)."""
         return self.spec.rsplit(":", 1)[-1] if ":" in self.spec else self.spec.rsplit(".", 1)[-1]
 
+    @property
+    def columns(self) -> tuple[str, ...] | None:
+        """The module's ``columns``: the table columns ``feed`` needs (Parquet and SQL sources read
+        only those); None reads every column."""
+        names = getattr(self.module, "columns", None)
+        return None if names is None else tuple(names)
+
     def build_model(self):
         """Call the model callable and check what it returned (preflight and every worker do)."""
         from flextrain.worker.frameworks import support
@@ -281,4 +288,15 @@ def load_model_def(spec: str) -> ModelDef:
     callbacks = getattr(module, "callbacks", None)
     if callbacks is not None:
         _require(module, where, "callbacks", "callbacks()", 0)
+    _check_columns(module, where)
     return ModelDef(spec, module, model_fn, loss, optimizer, feed, eval_metrics_fn, callbacks, framework)
+
+
+def _check_columns(module: ModuleType, where: str) -> None:
+    names = getattr(module, "columns", None)
+    if names is None:
+        return
+    if isinstance(names, str) or not isinstance(names, list | tuple) or not names \
+            or not all(isinstance(n, str) and n for n in names):
+        raise ModelDefError(f"{where}: `columns` must be a non-empty list of column names (the table columns "
+                            f"feed needs), got {names!r}")

@@ -72,7 +72,7 @@ def _concat(parts: list[Any]) -> Any:
 def predict_task(model_def: ModelDef, predictor: Predictor, task: pb.Task, *, output: str, batch_size: int,
                  worker_id: str, processor=None) -> int:
     """Predict every record of ``task`` and write its part file; returns the rows written."""
-    records = read_shard_range(task.source, task.start, task.end)
+    records = read_shard_range(task.source, task.start, task.end, columns=model_def.columns)
     meta = FeedMetadata(task.source, task.start, task.end, task.epoch)
     rows, outputs = [], []
     for predictions, _ in predictor.batches(records, mode=Mode.PREDICTION, metadata=meta, batch_size=batch_size):

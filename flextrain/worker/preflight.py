@@ -185,7 +185,7 @@ def check(spec: JobSpec, *, on_stage=lambda stage: None) -> None:
     n = min(spec.training.global_batch_size, spec.training.effective_max_micro_batch, shard.size,
             AUTO_RECORDS if spec.training.auto_micro_batch else shard.size)
     with run.stage("reading the first training records"):
-        records = read_shard_range(shard.source, shard.start, shard.start + n)
+        records = read_shard_range(shard.source, shard.start, shard.start + n, columns=md.columns)
     meta = FeedMetadata(shard.source, shard.start, shard.start + n, 0)
     # AllReduce workers drive the model through a backend; PS workers through their own trainer.
     backend = None
@@ -332,7 +332,7 @@ def _evaluate(run: _Stages, md: ModelDef, model, shard, *, batch: int) -> None:
         md.metric_fns()
     n = min(batch, shard.size)
     with run.stage("reading the first validation records"):
-        records = read_shard_range(shard.source, shard.start, shard.start + n)
+        records = read_shard_range(shard.source, shard.start, shard.start + n, columns=md.columns)
     meta = FeedMetadata(shard.source, shard.start, shard.start + n, 0)
     with run.stage("evaluating the first validation records",
                    call="evaluation of the first validation records (feed in 'evaluation' mode, the model, "

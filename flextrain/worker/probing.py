@@ -145,7 +145,7 @@ def first_records(spec: JobSpec, model_def: ModelDef, upper: int):
     training shard, fed (also what ``--accelerate auto``'s search runs on)."""
     shard = make_shards(spec.data.training, what="training data", options=DataOptions.of(spec.data), skipped=[])[0]
     n = min(upper, shard.size, PROBE_RECORDS)
-    records = read_shard_range(shard.source, shard.start, shard.start + n)
+    records = read_shard_range(shard.source, shard.start, shard.start + n, columns=model_def.columns)
     meta = FeedMetadata(shard.source, shard.start, shard.start + n, 0)
     features, labels = feed_tensors(model_def, records, Mode.TRAINING, meta)
     return features, labels, n

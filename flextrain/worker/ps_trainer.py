@@ -232,7 +232,7 @@ class PSTrainer:
                     self.state.steps_done = j + 1
                 continue
             try:
-                records = read_shard_range(task.source, start, end)
+                records = read_shard_range(task.source, start, end, columns=self.model_def.columns)
                 features, labels = self._feed(records, FeedMetadata(task.source, start, end, task.epoch))
             except Exception as exc:  # bad data or a failing feed: the rest of the task is retried
                 failure = failure_of(exc, stage="training", step=self.state.version)

@@ -331,7 +331,7 @@ class AllReduceTrainer:
         return step_start + lo, step_start + hi, plan
 
     def _load_span(self, task: pb.Task, start: int, end: int):
-        records = read_shard_range(task.source, start, end)
+        records = read_shard_range(task.source, start, end, columns=self.model_def.columns)
         meta = FeedMetadata(task.source, start, end, task.epoch)
         return self.backend.feed(records, Mode.TRAINING, meta)
 

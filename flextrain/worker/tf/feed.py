@@ -42,10 +42,25 @@ def _describe_spec(spec: Any) -> str:
     return repr(tf.nest.map_structure(lambda s: f"{s.dtype.name}{s.shape}", spec))
 
 
+def _rows_dataset(model_def: ModelDef, rows: Sequence[dict]):
+    """A table source's rows as a dataset of per-row dicts (column name -> tensor)."""
+    tf = require_tf()
+    columns = {}
+    for name in rows[0]:
+        values = [row[name] for row in rows]
+        if any(v is None for v in values):
+            raise ModelDefError(f"{model_def.path}: column {name!r} holds NULL in the rows given to feed: "
+                                "a tf.data.Dataset cannot hold a missing value (fill it in the table, or leave "
+                                "the column out of the module's `columns`)")
+        columns[name] = values
+    return tf.data.Dataset.from_tensor_slices(columns)
+
+
 def feed_dataset(model_def: ModelDef, records: Sequence[bytes], mode: Mode, meta: FeedMetadata):
     """``(features, labels)`` tensors (nested structures allowed) whose first dimension is ``len(records)``."""
     tf = require_tf()
-    dataset = tf.data.Dataset.from_tensor_slices(tf.constant(list(records), dtype=tf.string, shape=[len(records)]))
+    dataset = _rows_dataset(model_def, records) if records and isinstance(records[0], dict) else \
+        tf.data.Dataset.from_tensor_slices(tf.constant(list(records), dtype=tf.string, shape=[len(records)]))
     name = getattr(model_def.feed, "__name__", "feed")
     usage = f"{name}(dataset, {mode.value!r}, metadata)"
     out = model_def.feed(dataset, mode.value, meta)

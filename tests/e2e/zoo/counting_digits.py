@@ -98,10 +98,23 @@ def feed(records, mode, metadata):
     delay = float(os.environ.get("FT_FEED_DELAY", "0"))
     if delay:
         time.sleep(delay)
-    pixels, labels = decode_digits(records)
+    if records and isinstance(records[0], dict):  # a table source: rows with id, p0..p63 (or pixels), label
+        pixels, labels, ids = _rows(records)
+    else:
+        (pixels, labels), ids = decode_digits(records), torch.arange(metadata.start, metadata.end)
     x = torch.from_numpy(pixels)
-    features = {"x": x.view(-1, 1, 8, 8) if CONV else x, "id": torch.arange(metadata.start, metadata.end)}
+    features = {"x": x.view(-1, 1, 8, 8) if CONV else x, "id": ids}
     return features, torch.from_numpy(labels)
+
+
+def _rows(rows):
+    """A table's rows: the record id is the row's ``id`` column (its index in the original data)."""
+    import numpy as np
+
+    pixels = np.array([row["pixels"] if "pixels" in row else [row[f"p{i}"] for i in range(64)] for row in rows],
+                      dtype=np.float32) / np.float32(16)
+    labels = np.array([row["label"] for row in rows], dtype=np.int64)
+    return pixels, labels, torch.tensor([row["id"] for row in rows], dtype=torch.long)
 
 
 def eval_metrics_fn():
