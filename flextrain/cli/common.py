@@ -44,6 +44,9 @@ def add_data_flags(g) -> None:
                         "unreadable files), with a warning naming each; by default such a file is an error")
     g.add_argument("--csv-header", action="store_true",
                    help="the first line of every CSV data file is a header, not a record")
+    g.add_argument("--data-secret", metavar="SECRET",
+                   help="Kubernetes jobs: the Secret whose keys become the master's and workers' environment, "
+                        "e.g. FLEXTRAIN_DATA_PASSWORD for a database URL (docs/data.md)")
 
 
 # ---- job names and paths --------------------------------------------------------

@@ -6,9 +6,11 @@
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
 from flextrain.job.settings import (
+    Backend,
     JobSpecError,
     JobType,
     Strategy,
@@ -129,8 +131,24 @@ def check_ps(spec: JobSpec) -> None:
 
 
 # In the order validate() runs them (check_script first, before any number is read).
-CROSS_FIELD = (check_script, check_worker_range, check_job_type, check_ps, check_schedule, check_micro_batch,
-               check_accelerate)
+_PASSWORD_IN_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://[^:/?#@]*:[^@/?#]+@")
 
-__all__ = ["CROSS_FIELD", "check_accelerate", "check_job_type", "check_micro_batch", "check_ps", "check_schedule", "check_script",
+
+def check_data_urls(spec: JobSpec) -> None:
+    """No password in a database URL (a job spec is stored and shown); --data-secret on Kubernetes only."""
+    for field in ("training_data", "validation_data", "prediction_data"):
+        value = spec.get(field)
+        if isinstance(value, str) and _PASSWORD_IN_URL.match(value):
+            raise JobSpecError(f"{flag_of(field)}: a database URL must not hold its password (the job spec is stored "
+                               "and shown): locally set FLEXTRAIN_DATA_PASSWORD; on Kubernetes put it in a Secret "
+                               "(key FLEXTRAIN_DATA_PASSWORD) and name the Secret with --data-secret")
+    if spec.data.secret_ref is not None and spec.backend is not Backend.KUBERNETES:
+        raise JobSpecError("--data-secret names a Kubernetes Secret, for Kubernetes jobs: a local job reads the "
+                           "password from FLEXTRAIN_DATA_PASSWORD (or from the URL given to flextrain train)")
+
+
+CROSS_FIELD = (check_script, check_worker_range, check_job_type, check_ps, check_schedule, check_micro_batch,
+               check_accelerate, check_data_urls)
+
+__all__ = ["CROSS_FIELD", "check_accelerate", "check_data_urls", "check_job_type", "check_micro_batch", "check_ps", "check_schedule", "check_script",
            "check_worker_range"]

@@ -229,6 +229,9 @@ SETTINGS: tuple[Setting, ...] = (
     _s("prediction_data", "data.prediction", str, "spec.data.prediction"),
     _s("skip_unknown_files", "data.skip_unknown_files", bool, "spec.data.skipUnknownFiles"),
     _s("csv_header", "data.csv_header", bool, "spec.data.csvHeader"),
+    # The Kubernetes Secret whose keys become the environment of the master and the workers: a database
+    # password (FLEXTRAIN_DATA_PASSWORD, or the driver's own such as PGPASSWORD), never in a data URL.
+    _s("data_secret", "data.secret_ref", str, "spec.data.secretRef", "--data-secret"),
     _s("epochs", "training.epochs", int, "spec.training.epochs"),
     _s("global_batch_size", "training.global_batch_size", int, "spec.training.globalBatchSize"),
     # An integer, or "auto": each worker probes the largest micro-batch under memory_limit (docs/running-jobs.md).

@@ -41,6 +41,8 @@ class DataSpec:
     skip_unknown_files: bool = False
     # The first line of every CSV data file is a header, not a record.
     csv_header: bool = False
+    # Kubernetes: the Secret holding a database password, mounted as environment into master and workers.
+    secret_ref: str | None = None
 
 
 @dataclass(frozen=True)
