@@ -19,6 +19,8 @@ optimizer rounds to a whole count; and counts are small integers, exact in
 bfloat16 up to 256 (float16: 2048).
 FT_COUNT_ARCH=conv: a small conv net instead of the MLP (a 3x3 Conv2d over the 8x8 image, which
 ``feed`` then gives as a 4-D tensor), for the conv methods of ``--accelerate`` (channels_last, checkpoint).
+Records are digits RecordIO records (ids: their record numbers, ``metadata.start..end``) or Parquet
+row dicts with the columns ``pixels`` (64 floats in [0, 1]), ``label`` and ``id`` (the record's id).
 FT_HANG_WORKER / FT_HANG_FILE: that worker hangs in `feed` once the file exists.
 FT_FEED_DELAY: seconds per `feed` call, standing in for a bigger model's compute (the
 chaos suite uses it so that a job outlasts the workers it starts and kills).
@@ -29,6 +31,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -98,9 +101,15 @@ def feed(records, mode, metadata):
     delay = float(os.environ.get("FT_FEED_DELAY", "0"))
     if delay:
         time.sleep(delay)
-    pixels, labels = decode_digits(records)
+    if records and isinstance(records[0], dict):  # Parquet rows
+        pixels = np.array([r["pixels"] for r in records], dtype=np.float32).reshape(-1, 64)
+        labels = np.array([r["label"] for r in records], dtype=np.int64)
+        ids = torch.tensor([r["id"] for r in records], dtype=torch.int64)
+    else:
+        pixels, labels = decode_digits(records)
+        ids = torch.arange(metadata.start, metadata.end)
     x = torch.from_numpy(pixels)
-    features = {"x": x.view(-1, 1, 8, 8) if CONV else x, "id": torch.arange(metadata.start, metadata.end)}
+    features = {"x": x.view(-1, 1, 8, 8) if CONV else x, "id": ids}
     return features, torch.from_numpy(labels)
 
 
