@@ -40,8 +40,8 @@ class HelpFormatter(argparse.HelpFormatter):
 def add_data_flags(g) -> None:
     """--skip-unknown-files and --csv-header (train, evaluate, predict)."""
     g.add_argument("--skip-unknown-files", action="store_true",
-                   help="skip files under the data paths that are not RecordIO, CSV or Parquet data (and dangling links, "
-                        "unreadable files), with a warning naming each; by default such a file is an error")
+                   help="skip files under the data paths that are not RecordIO, CSV or Parquet data (and dangling "
+                        "links, unreadable files), with a warning naming each; by default such a file is an error")
     g.add_argument("--csv-header", action="store_true",
                    help="the first line of every CSV data file is a header, not a record")
 

@@ -117,9 +117,10 @@ def open_reader(path: str | os.PathLike[str]) -> Reader:
 
     Raises DataError for a missing file or one that is not RecordIO, CSV or
     Parquet, CorruptRecordIOError (a DataError) for a structurally damaged
-    RecordIO file and DataError for a Parquet file whose footer is damaged. Readers are cached by absolute path, size and mtime, so a
-    file that is rewritten is re-sniffed and re-indexed instead of served
-    from a stale index. A CSV reader returns every line: a header is left
+    RecordIO file and DataError for a Parquet file whose footer is damaged.
+    Readers are cached by absolute path, size and mtime, so a file that is
+    rewritten is re-sniffed and re-indexed instead of served from a stale
+    index. A CSV reader returns every line: a header is left
     out by the shards (see :func:`make_shards`), so workers need no options.
     """
     return _open(os.fspath(path), None)
