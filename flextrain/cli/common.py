@@ -40,8 +40,8 @@ class HelpFormatter(argparse.HelpFormatter):
 def add_data_flags(g) -> None:
     """--skip-unknown-files and --csv-header (train, evaluate, predict)."""
     g.add_argument("--skip-unknown-files", action="store_true",
-                   help="skip files under the data paths that are not RecordIO or CSV data (and dangling links, "
-                        "unreadable files), with a warning naming each; by default such a file is an error")
+                   help="skip files under the data paths that are not RecordIO, CSV or Parquet data (and dangling "
+                        "links, unreadable files), with a warning naming each; by default such a file is an error")
     g.add_argument("--csv-header", action="store_true",
                    help="the first line of every CSV data file is a header, not a record")
     g.add_argument("--data-secret", metavar="SECRET",
@@ -91,7 +91,7 @@ def _database_url(url: str) -> str:
 
     url, password = split_password(url)
     if password is not None:
-        if os.environ.get(PASSWORD_ENV, password) != password:
+        if (os.environ.get(PASSWORD_ENV) or password) != password:
             raise CLIError(f"{redact(url)}: its password differs from the one already given (in another data URL "
                            f"or {PASSWORD_ENV}): give one password, in {PASSWORD_ENV}")
         os.environ[PASSWORD_ENV] = password

@@ -31,7 +31,7 @@ def add_commands(sub) -> None:
     g.add_argument("--model-def", metavar="MODULE:NAME",
                    help="model-zoo module and model callable: path/to/module.py:Name or package.module.Name")
     g.add_argument("--training-data", metavar="PATH",
-                   help="RecordIO or CSV training data (told by content): a directory, a file, a glob "
+                   help="RecordIO, CSV or Parquet training data (told by content): a directory, a file, a glob "
                         "('data/part-*') or a comma-separated list of files")
     g.add_argument("--validation-data", metavar="PATH",
                    help="records evaluated with eval_metrics_fn at the end of training (like --training-data)")

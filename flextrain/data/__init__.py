@@ -1,4 +1,4 @@
-"""flextrain data layer: RecordIO/CSV readers, data sources and demo data.
+"""flextrain data layer: RecordIO/CSV/Parquet readers, data sources and demo data.
 
 Foundation layer: imports nothing from the rest of flextrain.
 """
@@ -6,6 +6,7 @@ Foundation layer: imports nothing from the rest of flextrain.
 from flextrain.data.csv import CSVReader
 from flextrain.data.digits import DIGITS_RECORD_BYTES, decode_digits, encode_digits, write_digits
 from flextrain.data.errors import CorruptRecordIOError, DataError
+from flextrain.data.parquet import ParquetReader
 from flextrain.data.recordio import (
     DEFAULT_MAX_CHUNK_SIZE,
     ChunkInfo,
@@ -16,6 +17,7 @@ from flextrain.data.recordio import (
     write_records,
 )
 from flextrain.data.sources import (
+    PARQUET_SHARD_ROWS,
     SUPPORTED_EXTENSIONS,
     DataOptions,
     Shard,
@@ -37,6 +39,8 @@ __all__ = [
     "write_records",
     "read_records",
     "CSVReader",
+    "ParquetReader",
+    "PARQUET_SHARD_ROWS",
     "SUPPORTED_EXTENSIONS",
     "DataOptions",
     "Shard",

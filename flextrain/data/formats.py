@@ -9,7 +9,11 @@ needs:
 * ``CSV``: text (no NUL or other control bytes) whose lines parse as CSV rows
   with one number of fields, two or more. A text file named ``*.csv`` is CSV
   whatever its lines look like (single-column data).
-* ``EMPTY``: a 0-byte file, zero records of either format.
+* ``PARQUET``: the file starts with the Parquet magic ``PAR1`` and ends with
+  it (the footer), whatever its name. A file starting with ``PAR1`` that is
+  not text is Parquet too, damaged or cut short: the Parquet reader names
+  what is wrong with it rather than calling it an unknown file.
+* ``EMPTY``: a 0-byte file, zero records of any format.
 
 The name settles only what the content alone cannot: a ``*.rio`` or
 ``*.recordio`` file that is not text is read as RecordIO, so damage at its
@@ -29,15 +33,19 @@ import struct
 
 from flextrain.data.errors import DataError
 
-__all__ = ["RECORDIO", "CSV", "EMPTY", "NotDataError", "sniff", "HINT_EXTENSIONS"]
+__all__ = ["RECORDIO", "CSV", "PARQUET", "EMPTY", "FORMATS", "NotDataError", "sniff", "HINT_EXTENSIONS"]
 
 RECORDIO = "RecordIO"
 CSV = "CSV"
+PARQUET = "Parquet"
 EMPTY = "empty"
+#: The formats flextrain reads, for messages ("not RecordIO, CSV or Parquet data").
+FORMATS = "RecordIO, CSV or Parquet"
 
 _SAMPLE = 64 * 1024  # bytes read to classify a file
 _RECORDIO_MAGIC = struct.pack("<I", 0x01020304)
 _RECORDIO_EXTENSIONS = (".rio", ".recordio")
+_PARQUET_MAGIC = b"PAR1"
 #: Extensions that settle what content cannot (see the module docstring).
 HINT_EXTENSIONS: tuple[str, ...] = (".csv", ".recordio", ".rio")
 # Bytes a text file may hold: printable ASCII and above, tab, newlines, form feed, escape.
@@ -81,7 +89,7 @@ def _special(mode: int) -> str | None:
 
 
 def sniff(path: str | os.PathLike[str]) -> str:
-    """``RECORDIO``, ``CSV`` or ``EMPTY`` for the file ``path``; raises NotDataError otherwise."""
+    """``RECORDIO``, ``CSV``, ``PARQUET`` or ``EMPTY`` for the file ``path``; raises NotDataError otherwise."""
     path = os.fspath(path)
     st = _stat(path)
     special = _special(st.st_mode)
@@ -97,6 +105,9 @@ def sniff(path: str | os.PathLike[str]) -> str:
     ext = os.path.splitext(path)[1].lower()
     if head.startswith(_RECORDIO_MAGIC):
         return RECORDIO
+    parquet = head.startswith(_PARQUET_MAGIC)
+    if parquet and _tail(path, st.st_size, head) == _PARQUET_MAGIC:
+        return PARQUET
     if not head.translate(None, _TEXT_BYTES):  # nothing but text bytes
         if ext == ".csv" or _parses_as_csv(head, whole=len(head) == st.st_size):
             return CSV
@@ -105,11 +116,25 @@ def sniff(path: str | os.PathLike[str]) -> str:
                                      "separated fields, 2 or more: name a single-column CSV file *.csv)")
     if ext in _RECORDIO_EXTENSIONS:
         return RECORDIO  # the reader names what is wrong with the first chunk
+    if parquet:
+        return PARQUET  # no footer: cut short or damaged, which the reader names
     if _looks_like_tfrecord(head):
         raise NotDataError(path, "a TFRecord file, and flextrain reads RecordIO (rewrite the records with "
                                  "flextrain.data.write_records)")
-    raise NotDataError(path, f"binary, and not RecordIO (its first bytes are {head[:4].hex(' ')}, not the chunk "
-                             "magic 04 03 02 01)")
+    raise NotDataError(path, f"binary, and not RecordIO or Parquet (its first bytes are {head[:4].hex(' ')}, not "
+                             "the RecordIO chunk magic 04 03 02 01 or the Parquet magic PAR1)")
+
+
+def _tail(path: str, size: int, head: bytes) -> bytes:
+    """The last 4 bytes of the file (from ``head`` when it holds the whole file)."""
+    if len(head) == size:
+        return head[-4:]
+    try:
+        with open(path, "rb") as f:
+            f.seek(size - 4)
+            return f.read(4)
+    except OSError:
+        return b""
 
 
 def _parses_as_csv(head: bytes, *, whole: bool) -> bool:

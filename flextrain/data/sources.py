@@ -9,9 +9,12 @@ A data path is a file, a directory (its files, sorted by name), a glob
 classified by content (:mod:`flextrain.data.formats`), so ElasticDL's
 ``data-00000`` shards need no extension. In a directory (or a glob's
 matches) only dot-files and subdirectories are passed over; any other file
-that is not RecordIO or CSV is an error naming it, or with
+that is not RecordIO, CSV or Parquet is an error naming it, or with
 ``DataOptions(skip_unknown_files=True)`` a warning naming every file skipped.
-One data path holds one format: RecordIO and CSV files mixed are refused.
+One data path holds one format: RecordIO, CSV and Parquet files mixed are
+refused. A Parquet file gives one shard per row group (large row groups cut
+into pieces of at most ``PARQUET_SHARD_ROWS`` rows) and its records are row
+dicts (:mod:`flextrain.data.parquet`).
 """
 
 from __future__ import annotations
@@ -23,15 +26,18 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from flextrain.data.csv import CSVReader
 from flextrain.data.errors import DataError
-from flextrain.data.formats import CSV, EMPTY, HINT_EXTENSIONS, RECORDIO, NotDataError, sniff
+from flextrain.data.formats import CSV, EMPTY, FORMATS, HINT_EXTENSIONS, PARQUET, RECORDIO, NotDataError, sniff
+from flextrain.data.parquet import ParquetReader, shard_ranges
 from flextrain.data.recordio import RecordIOReader
 from flextrain.data.sql import is_sql_url
 
 __all__ = [
     "SUPPORTED_EXTENSIONS",
+    "PARQUET_SHARD_ROWS",
     "DataOptions",
     "Shard",
     "open_reader",
@@ -43,11 +49,13 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-Reader = RecordIOReader | CSVReader
+Reader = RecordIOReader | CSVReader | ParquetReader
 
 #: Extensions that name a format; only a hint since formats are told by content.
 SUPPORTED_EXTENSIONS: tuple[str, ...] = HINT_EXTENSIONS
 _SHOWN = 5  # problem files named in one message
+#: The most rows of one Parquet shard: a larger row group is cut into pieces of at most this many.
+PARQUET_SHARD_ROWS = 65536
 
 # Workers read many tasks from the same few files: keep their indexes.
 _CACHE_SIZE = 32
@@ -57,16 +65,31 @@ _cache_lock = threading.Lock()
 
 @dataclass(frozen=True)
 class DataOptions:
-    """How a data path is read: the JobSpec's ``skip_unknown_files`` and ``csv_header``."""
+    """How a data path is read: the JobSpec's ``skip_unknown_files``, ``csv_header`` and ``columns``."""
 
     skip_unknown_files: bool = False  # warn about files that are not data instead of failing
     csv_header: bool = False  # the first line of each CSV file is a header, not a record
+    columns: tuple[str, ...] | None = None  # the columns every Parquet file must have (the module's `columns`)
+
+    def __post_init__(self) -> None:
+        if self.columns is not None:
+            object.__setattr__(self, "columns", _column_names(self.columns))
 
     @classmethod
     def of(cls, spec) -> DataOptions:
         """The options of a JobSpec's data section (or anything with those attributes)."""
         return cls(skip_unknown_files=bool(getattr(spec, "skip_unknown_files", False)),
-                   csv_header=bool(getattr(spec, "csv_header", False)))
+                   csv_header=bool(getattr(spec, "csv_header", False)),
+                   columns=getattr(spec, "columns", None))
+
+
+def _column_names(columns: Sequence[str]) -> tuple[str, ...]:
+    if isinstance(columns, str):
+        columns = (columns,)
+    names = tuple(columns)
+    if not all(isinstance(c, str) for c in names):
+        raise TypeError(f"columns must be column names (strings), not {names!r}")
+    return names
 
 
 @dataclass(frozen=True)
@@ -93,11 +116,12 @@ def _extension(path: str) -> str:
 def open_reader(path: str | os.PathLike[str]) -> Reader:
     """Return a (cached) reader for one data file of any name, its format told by content.
 
-    Raises DataError for a missing file or one that is not RecordIO or CSV,
-    and CorruptRecordIOError (a DataError) for a structurally damaged
-    RecordIO file. Readers are cached by absolute path, size and mtime, so a
-    file that is rewritten is re-sniffed and re-indexed instead of served
-    from a stale index. A CSV reader returns every line: a header is left
+    Raises DataError for a missing file or one that is not RecordIO, CSV or
+    Parquet, CorruptRecordIOError (a DataError) for a structurally damaged
+    RecordIO file and DataError for a Parquet file whose footer is damaged.
+    Readers are cached by absolute path, size and mtime, so a file that is
+    rewritten is re-sniffed and re-indexed instead of served from a stale
+    index. A CSV reader returns every line: a header is left
     out by the shards (see :func:`make_shards`), so workers need no options.
     """
     return _open(os.fspath(path), None)
@@ -120,7 +144,8 @@ def _open(path: str, kind: str | None) -> Reader:
     # same file just both build an index (harmless).
     kind = kind or sniff(path)
     try:
-        reader = CSVReader(path) if kind == CSV else RecordIOReader(path)  # EMPTY: a 0-record RecordIO file
+        reader = (CSVReader(path) if kind == CSV else ParquetReader(path) if kind == PARQUET
+                  else RecordIOReader(path))  # EMPTY: a 0-record RecordIO file
     except FileNotFoundError:
         raise DataError(f"data file not found: {path}") from None
     except PermissionError as exc:
@@ -189,21 +214,22 @@ def _classify(path: str, what: str, options: DataOptions) -> tuple[list[tuple[st
             bad.append((file, exc.reason))
     if bad and not options.skip_unknown_files:
         if len(bad) == 1 and bad[0][0] == path:  # the one file given
-            raise DataError(f"{what} file {path} is not RecordIO or CSV data: {bad[0][1]}")
+            raise DataError(f"{what} file {path} is not {FORMATS} data: {bad[0][1]}")
         many = f"{len(bad)} files are" if len(bad) > 1 else "a file is"
-        raise DataError(f"{what} {path}: {many} not RecordIO or CSV data: {_problems(bad)}; remove "
+        raise DataError(f"{what} {path}: {many} not {FORMATS} data: {_problems(bad)}; remove "
                         f"{'them' if len(bad) > 1 else 'it'} or pass --skip-unknown-files to skip such files")
     first = {}
     for file, kind in found:
         if kind != EMPTY:
             first.setdefault(kind, file)
     if len(first) > 1:
-        raise DataError(f"{what} {path} mixes RecordIO and CSV files ({first[RECORDIO]} is RecordIO, {first[CSV]} "
-                        "is CSV): one data path must hold one format")
+        kinds = [k for k in (RECORDIO, CSV, PARQUET) if k in first]
+        raise DataError(f"{what} {path} mixes {' and '.join(kinds)} files ("
+                        + ", ".join(f"{first[k]} is {k}" for k in kinds) + "): one data path must hold one format")
     if not found:
         where = "directory" if os.path.isdir(path) else "path"
         skipped = f" ({len(bad)} skipped: {_problems(bad)})" if bad else ""
-        raise DataError(f"{what} {where} {path} contains no data files{skipped} (RecordIO or CSV files, told by "
+        raise DataError(f"{what} {where} {path} contains no data files{skipped} ({FORMATS} files, told by "
                         "their content)")
     return found, bad
 
@@ -211,7 +237,7 @@ def _classify(path: str, what: str, options: DataOptions) -> tuple[list[tuple[st
 def skipped_warning(what: str, path: str, skipped: list[tuple[str, str]]) -> str:
     """The one-line warning about the files --skip-unknown-files skipped."""
     return (f"{what} {path}: skipped {len(skipped)} file{'s' if len(skipped) > 1 else ''} that "
-            f"{'are' if len(skipped) > 1 else 'is'} not RecordIO or CSV data (--skip-unknown-files): "
+            f"{'are' if len(skipped) > 1 else 'is'} not {FORMATS} data (--skip-unknown-files): "
             + "; ".join(f"{file}: {reason}" for file, reason in skipped))
 
 
@@ -231,6 +257,9 @@ def make_shards(path: str | os.PathLike[str], *, what: str = "data", options: Da
 
     With ``options.csv_header`` a CSV shard starts at line 1, so the header
     is never a record (record ``i`` of a CSV source is always its line ``i``).
+    A Parquet file gives one shard per row group, cut into pieces of at most
+    ``PARQUET_SHARD_ROWS`` rows; with ``options.columns`` every Parquet file
+    must have those columns (DataError naming the file and the ones missing).
     Files without records are left out; raises DataError if no file holds
     any record (a job over such data could never make progress). Files
     skipped under ``options.skip_unknown_files`` give one warning line,
@@ -251,10 +280,7 @@ def make_shards(path: str | os.PathLike[str], *, what: str = "data", options: Da
             skipped.append(warning)
     shards = []
     for file, kind in found:
-        n = _open(file, kind).num_records
-        start = 1 if kind == CSV and options.csv_header else 0
-        if n > start:
-            shards.append(Shard(file, start, n))
+        shards += _file_shards(file, kind, options)
     if not shards:
         raise DataError(
             f"{what}: the file set under {path} holds no records "
@@ -264,12 +290,30 @@ def make_shards(path: str | os.PathLike[str], *, what: str = "data", options: Da
     return shards
 
 
+def _file_shards(file: str, kind: str, options: DataOptions) -> list[Shard]:
+    reader = _open(file, kind)
+    if isinstance(reader, ParquetReader):
+        if options.columns is not None:
+            reader.check_columns(options.columns)
+        return [Shard(file, lo, hi) for lo, hi in shard_ranges(reader, PARQUET_SHARD_ROWS)]
+    n = reader.num_records
+    start = 1 if kind == CSV and options.csv_header else 0
+    return [Shard(file, start, n)] if n > start else []
+
+
 def read_shard_range(source: str | os.PathLike[str], start: int, end: int, *,
-                     columns: Sequence[str] | None = None) -> list[bytes] | list[dict]:
-    """Records ``[start, end)`` of ``source``: ``bytes`` of a RecordIO/CSV file (via the reader
-    cache), or row dicts of a table source, only ``columns`` where given."""
+                     columns: Sequence[str] | None = None) -> list[bytes] | list[dict[str, Any]]:
+    """Records ``[start, end)`` of ``source`` (files via the reader cache).
+
+    RecordIO and CSV records are ``bytes``; Parquet and SQL table records are row
+    dicts, with ``columns`` only those columns (read by projection; ignored for the
+    other formats, which have no columns).
+    """
     if is_sql_url(source):
         from flextrain.data.sql import read_sql_range
 
-        return read_sql_range(source, start, end, columns=columns)
-    return open_reader(source).records(start, end)
+        return read_sql_range(source, start, end, columns=None if columns is None else _column_names(columns))
+    reader = open_reader(source)
+    if isinstance(reader, ParquetReader):
+        return reader.records(start, end, columns=None if columns is None else _column_names(columns))
+    return reader.records(start, end)

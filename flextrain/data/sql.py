@@ -124,7 +124,7 @@ def engine_for(ref: TableRef):
 
             url = make_url(ref.url)
             password = os.environ.get(PASSWORD_ENV)
-            if password and url.password is None:
+            if password and url.password is None and url.get_backend_name() != "sqlite":
                 url = url.set(password=password)
             try:
                 engine = create_engine(url, pool_pre_ping=True)

@@ -36,7 +36,7 @@ class DataSpec:
     training: str | None = None  # required for training jobs
     validation: str | None = None
     prediction: str | None = None  # prediction jobs: records to predict on
-    # Files under a data path that are not RecordIO or CSV (or dangling links, unreadable files):
+    # Files under a data path that are not RecordIO, CSV or Parquet (or dangling links, unreadable files):
     # skipped with a warning naming each instead of failing the job (flextrain.data.sources).
     skip_unknown_files: bool = False
     # The first line of every CSV data file is a header, not a record.

@@ -1,9 +1,9 @@
 """Data files are told by content and never skipped in silence (issue 18).
 
-Every file a data path names is RecordIO, CSV or empty, whatever its name;
+Every file a data path names is RecordIO, CSV, Parquet or empty, whatever its name;
 anything else (a stray file, a dangling link, an unreadable file) is refused at
 submission naming it, or skipped with --skip-unknown-files and a warning naming
-each. RecordIO and CSV mixed are refused. Runs the real CLI entry in-process;
+each. Formats mixed are refused. Runs the real CLI entry in-process;
 the job itself is not started (run_master is replaced) where a case passes.
 """
 
@@ -104,7 +104,7 @@ def test_elasticdl_shard_names_train(capsys, tmp_path, shards_dir, started):
 def test_stray_file_is_refused_naming_it(capsys, tmp_path, shards_dir, name, content):
     (shards_dir / name).write_bytes(content)
     err = refused(*train(capsys, tmp_path, shards_dir), tmp_path, shards_dir / name, "--skip-unknown-files")
-    assert "not RecordIO or CSV data" in err
+    assert "not RecordIO, CSV or Parquet data" in err
     assert str(shards_dir / "data-00000") not in err  # good files are not blamed
 
 
@@ -112,8 +112,9 @@ def test_stray_file_given_as_the_data_path(capsys, tmp_path):
     path = tmp_path / "model.pt"
     path.write_bytes(b"\x80\x02}q\x00" * 10)
     err = refused(*train(capsys, tmp_path, path), tmp_path, path)
-    assert err == f"flextrain: error: training data file {path} is not RecordIO or CSV data: binary, and not " \
-                  "RecordIO (its first bytes are 80 02 7d 71, not the chunk magic 04 03 02 01)\n"
+    assert err == f"flextrain: error: training data file {path} is not RecordIO, CSV or Parquet data: binary, and " \
+                  "not RecordIO or Parquet (its first bytes are 80 02 7d 71, not the RecordIO chunk magic 04 03 02 01 " \
+                  "or the Parquet magic PAR1)\n"
 
 
 def test_tfrecord_file_is_named_as_such(capsys, tmp_path):
@@ -136,7 +137,7 @@ def test_skip_unknown_files_warns_naming_each(capsys, tmp_path, shards_dir, digi
     assert code == 0, err
     (warning,) = err.splitlines()
     assert warning.startswith(f"flextrain: warning: training data {shards_dir}: skipped 3 files that are not "
-                              "RecordIO or CSV data (--skip-unknown-files): ")
+                              "RecordIO, CSV or Parquet data (--skip-unknown-files): ")
     for path in stray:
         assert str(path) in warning
     assert f"a dangling symbolic link to {tmp_path / 'nowhere'}" in warning
@@ -296,7 +297,7 @@ def test_job_over_headed_csv_shards_with_a_stray_file(tmp_path):
         "--no-progress",
     )
     assert proc.returncode == 0, proc.stderr
-    warning = (f"training data {tmp_path / 'train'}: skipped 1 file that is not RecordIO or CSV data "
+    warning = (f"training data {tmp_path / 'train'}: skipped 1 file that is not RecordIO, CSV or Parquet data "
                f"(--skip-unknown-files): {tmp_path / 'train' / '_README'}: text that is not CSV")
     assert f"flextrain: warning: {warning}" in proc.stderr
     status = read_status(job_dir)

@@ -70,7 +70,7 @@ def test_empty_directory(tmp_path):
         make_shards(tmp_path, what="validation data")
     assert str(info.value).startswith(f"validation data directory {tmp_path} contains no data files")
     (tmp_path / "readme.md").write_text("no data here")  # not skipped in silence
-    with pytest.raises(DataError, match=f"^validation data {tmp_path}: a file is not RecordIO or CSV data: "
+    with pytest.raises(DataError, match=f"^validation data {tmp_path}: a file is not RecordIO, CSV or Parquet data: "
                                         f"{tmp_path / 'readme.md'}: text that is not CSV"):
         make_shards(tmp_path, what="validation data")
 
@@ -85,8 +85,8 @@ def test_only_zero_record_files(tmp_path):
 
 
 def test_unknown_content(tmp_path):
-    path = tmp_path / "data.parquet"
-    path.write_bytes(b"PAR1\x00\x15")
+    path = tmp_path / "data.orc"
+    path.write_bytes(b"ORC\x00\x15")  # neither RecordIO, CSV nor Parquet (PAR1: tests/data/test_parquet.py)
     for call in (lambda: list_data_files(path), lambda: open_reader(path)):
         with pytest.raises(DataError) as info:
             call()

@@ -105,7 +105,7 @@ def test_passwords_are_split_off_and_redacted():
 
 
 def test_submission_moves_the_password_to_the_environment_and_makes_sqlite_paths_absolute(monkeypatch, tmp_path):
-    monkeypatch.delenv(PASSWORD_ENV, raising=False)
+    monkeypatch.setenv(PASSWORD_ENV, "")  # restored after the test: data_abs sets it
     monkeypatch.chdir(tmp_path)
     assert data_abs("postgresql+psycopg://u:pw@h/db?table=t") == "postgresql+psycopg://u@h/db?table=t"
     import os

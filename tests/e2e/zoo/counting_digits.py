@@ -19,6 +19,8 @@ optimizer rounds to a whole count; and counts are small integers, exact in
 bfloat16 up to 256 (float16: 2048).
 FT_COUNT_ARCH=conv: a small conv net instead of the MLP (a 3x3 Conv2d over the 8x8 image, which
 ``feed`` then gives as a 4-D tensor), for the conv methods of ``--accelerate`` (channels_last, checkpoint).
+Records are digits RecordIO records (ids: their record numbers, ``metadata.start..end``) or Parquet
+row dicts with the columns ``pixels`` (64 floats in [0, 1]), ``label`` and ``id`` (the record's id).
 FT_HANG_WORKER / FT_HANG_FILE: that worker hangs in `feed` once the file exists.
 FT_FEED_DELAY: seconds per `feed` call, standing in for a bigger model's compute (the
 chaos suite uses it so that a job outlasts the workers it starts and kills).
@@ -29,6 +31,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -98,7 +101,7 @@ def feed(records, mode, metadata):
     delay = float(os.environ.get("FT_FEED_DELAY", "0"))
     if delay:
         time.sleep(delay)
-    if records and isinstance(records[0], dict):  # a table source: rows with id, p0..p63 (or pixels), label
+    if records and isinstance(records[0], dict):  # a table source: rows with id, pixels or p0..p63, label
         pixels, labels, ids = _rows(records)
     else:
         (pixels, labels), ids = decode_digits(records), torch.arange(metadata.start, metadata.end)
@@ -109,10 +112,10 @@ def feed(records, mode, metadata):
 
 def _rows(rows):
     """A table's rows: the record id is the row's ``id`` column (its index in the original data)."""
-    import numpy as np
-
-    pixels = np.array([row["pixels"] if "pixels" in row else [row[f"p{i}"] for i in range(64)] for row in rows],
-                      dtype=np.float32) / np.float32(16)
+    if "pixels" in rows[0]:  # Parquet: the 64 pixels as floats in [0, 1], as decode_digits gives them
+        pixels = np.array([row["pixels"] for row in rows], dtype=np.float32).reshape(-1, 64)
+    else:  # SQL: integer columns p0..p63 in 0..16
+        pixels = np.array([[row[f"p{i}"] for i in range(64)] for row in rows], dtype=np.float32) / np.float32(16)
     labels = np.array([row["label"] for row in rows], dtype=np.int64)
     return pixels, labels, torch.tensor([row["id"] for row in rows], dtype=torch.long)
 
