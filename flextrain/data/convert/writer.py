@@ -167,7 +167,7 @@ def encode_examples(columns, schema: Schema) -> list[bytes]:
     n = len(columns[schema.fields[0].name]) if schema.fields else 0
     out = []
     for i in range(n):
-        features = {}
+        features, empty = {}, []
         for f in schema.fields:
             value = columns[f.name][i]
             if f.dtype in ("string", "bytes"):
@@ -176,9 +176,21 @@ def encode_examples(columns, schema: Schema) -> list[bytes]:
                 arr = np.asarray(value).reshape(-1)
                 if arr.dtype == np.uint64 and arr.size and arr.max() > np.iinfo(np.int64).max:
                     raise ValueError(f"row {i}: field {f.name!r} holds {arr.max()}, beyond a tf.train.Example's int64")
+                if not arr.size:  # an empty list: a feature of the right kind without values
+                    empty.append((f.name, "float_list" if arr.dtype.kind == "f" else "int64_list"))
+                    continue
                 features[f.name] = arr if arr.dtype.kind == "f" else arr.astype(np.int64)
-        out.append(encode_example(features))
+        out.append(_with_empty(encode_example(features), empty) if empty else encode_example(features))
     return out
+
+
+def _with_empty(record: bytes, empty: list[tuple[str, str]]) -> bytes:
+    from flextrain.proto import example_pb2
+
+    example = example_pb2.Example.FromString(record)
+    for name, kind in empty:
+        getattr(example.features.feature[name], kind).SetInParent()
+    return example.SerializeToString(deterministic=True)
 
 
 # ---- pool workers -------------------------------------------------------------------------
