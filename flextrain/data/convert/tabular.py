@@ -24,18 +24,19 @@ __all__ = ["open_csv", "open_jsonl", "open_npy", "open_npz", "open_parquet"]
 # ---- CSV --------------------------------------------------------------------------------
 def open_csv(path: str, *, header: bool | None = None) -> Source:
     """Columns named by the header (else c0, c1, ...), each int64, float64 or string."""
-    rows, lines = [], []
+    rows, width, first = [], 0, 0
     try:
         with open(path, newline="", encoding="utf-8") as f:
             reader = csv.reader(f)
             for row in reader:
-                if not row:
-                    continue  # a blank line
-                if rows and len(row) != len(rows[0]):
-                    raise DataError(f"{path}, line {reader.line_num}: {len(row)} field(s), but line {lines[0]} "
-                                    f"has {len(rows[0])} (a ragged CSV line)")
+                if len(row) != width:
+                    if not row:
+                        continue  # a blank line
+                    if rows:
+                        raise DataError(f"{path}, line {reader.line_num}: {len(row)} field(s), but line {first} "
+                                        f"has {width} (a ragged CSV line)")
+                    width, first = len(row), reader.line_num
                 rows.append(row)
-                lines.append(reader.line_num)
     except UnicodeDecodeError as exc:
         raise DataError(f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     except csv.Error as exc:
@@ -67,10 +68,10 @@ def _is_number(text: str) -> bool:
 
 
 def _parse_column(values: tuple[str, ...]):
-    raw = np.array(values)
-    for dtype in (np.int64, np.float64):
-        try:
-            return raw.astype(dtype)
+    """int64 if every value is an integer, else float64 if every value is a number, else the strings."""
+    for parse, dtype in ((int, np.int64), (float, np.float64)):
+        try:  # a column of the other kind fails at its first such value
+            return np.fromiter(map(parse, values), dtype, len(values))
         except (ValueError, OverflowError):
             pass
     return list(values)
