@@ -11,6 +11,7 @@ the command (``main``, the ``flextrain`` console script):
 * flextrain.cli.kubernetes -- ``--backend kubernetes`` / ``--namespace``: the commands on ElasticJobs
 * flextrain.cli.cluster -- ``operator`` and ``master``, what runs inside the cluster
 * flextrain.cli.data -- ``data digits|ctr``
+* flextrain.cli.convert -- ``data convert|inspect`` (under ``data``)
 * flextrain.cli.internal -- ``worker``, ``ps``, ``preflight``
 * flextrain.cli.validate -- ``validate``: ElasticJob YAML checked offline as the cluster would
 
@@ -42,7 +43,7 @@ def make_parser() -> argparse.ArgumentParser:
     evaluate.add_commands(sub)  # evaluate, predict
     cluster.add_commands(sub)  # operator, master
     kubernetes.add_commands(sub)  # Kubernetes flags on train/status/stop/scale
-    data.add_commands(sub)  # data digits|ctr
+    data.add_commands(sub)  # data digits|ctr|convert|inspect
     internal.add_commands(sub)  # ps, preflight, worker
     validate.add_commands(sub)  # validate
     return parser

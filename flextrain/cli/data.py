@@ -1,13 +1,16 @@
-"""``flextrain data digits|ctr``: write the demo data sets (train/ and validation/ RecordIO files)."""
+"""``flextrain data digits|ctr``: write the demo data sets (train/ and validation/ RecordIO files);
+``data convert|inspect`` are in flextrain.cli.convert."""
 
 from __future__ import annotations
 
+from flextrain.cli import convert
 from flextrain.cli.common import CLIError, HelpFormatter
 
 
 def add_commands(sub) -> None:
-    """The ``data`` subcommand and its ``digits`` and ``ctr`` subcommands."""
-    data = sub.add_parser("data", help="write demo data sets").add_subparsers(dest="dataset", required=True)
+    """The ``data`` subcommand and its ``digits``, ``ctr``, ``convert`` and ``inspect`` subcommands."""
+    data = sub.add_parser("data", help="write demo data sets, convert data to RecordIO, inspect it").add_subparsers(
+        dest="dataset", required=True)
     d = data.add_parser("digits", help="scikit-learn's handwritten digits as RecordIO train/validation files",
                         formatter_class=HelpFormatter)
     d.add_argument("--out", required=True, metavar="DIR", help="writes DIR/train and DIR/validation")
@@ -26,6 +29,7 @@ def add_commands(sub) -> None:
                    help="share of the records held out for validation, between 0 and 1")
     d.add_argument("--seed", type=int, default=0, metavar="N", help="seeds the generator")
     d.set_defaults(fn=cmd_data_ctr)
+    convert.add_commands(data)
 
 
 def _check_data_flags(args) -> None:

@@ -8,7 +8,8 @@ A data path is a file, a directory (its files, sorted by name), a glob
 (``data/part-*``) or a comma-separated list of those. Every file is
 classified by content (:mod:`flextrain.data.formats`), so ElasticDL's
 ``data-00000`` shards need no extension. In a directory (or a glob's
-matches) only dot-files and subdirectories are passed over; any other file
+matches) only dot-files, subdirectories and ``schema.json`` (the schema
+``flextrain data convert`` writes beside its shards) are passed over; any other file
 that is not RecordIO, CSV or Parquet is an error naming it, or with
 ``DataOptions(skip_unknown_files=True)`` a warning naming every file skipped.
 One data path holds one format: RecordIO, CSV and Parquet files mixed are
@@ -33,6 +34,7 @@ from flextrain.data.errors import DataError
 from flextrain.data.formats import CSV, EMPTY, FORMATS, HINT_EXTENSIONS, PARQUET, RECORDIO, NotDataError, sniff
 from flextrain.data.parquet import ParquetReader, shard_ranges
 from flextrain.data.recordio import RecordIOReader
+from flextrain.data.rows import SCHEMA_FILE
 from flextrain.data.sql import is_sql_url
 
 __all__ = [
@@ -165,12 +167,12 @@ def clear_reader_cache() -> None:
 
 
 def _listing(directory: str) -> list[str]:
-    """A directory's entries to classify: all but dot-files and subdirectories."""
+    """A directory's entries to classify: all but dot-files, subdirectories and a converted directory's schema."""
     try:
         names = sorted(os.listdir(directory))
     except OSError as exc:
         raise DataError(f"data directory {directory} cannot be listed ({exc.strerror})") from None
-    paths = (os.path.join(directory, name) for name in names if not name.startswith("."))
+    paths = (os.path.join(directory, name) for name in names if not name.startswith(".") and name != SCHEMA_FILE)
     return [p for p in paths if not os.path.isdir(p)]
 
 
@@ -181,7 +183,7 @@ def _expand_one(part: str, what: str, *, in_list: bool) -> list[str]:
         matches = sorted(glob.glob(part))
         if not matches:
             raise DataError(f"{what} pattern {part} matches no file")
-        return [p for p in matches if not os.path.isdir(p)]
+        return [p for p in matches if not os.path.isdir(p) and os.path.basename(p) != SCHEMA_FILE]
     kind = "file" if in_list or _extension(part) in HINT_EXTENSIONS else "directory"
     raise DataError(f"{what} {kind} not found: {part}")
 
@@ -270,7 +272,7 @@ def make_shards(path: str | os.PathLike[str], *, what: str = "data", options: Da
     if is_sql_url(path):
         from flextrain.data.sql import make_sql_shards
 
-        return make_sql_shards(path, what=what, columns=getattr(options, "columns", None))
+        return [Shard(*shard) for shard in make_sql_shards(path, what=what, columns=options.columns)]
     found, bad = _classify(path, what, options)
     if bad:
         warning = skipped_warning(what, path, bad)

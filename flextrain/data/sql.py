@@ -191,12 +191,11 @@ def _key_of(table, ref: TableRef) -> str | None:
 
 
 def make_sql_shards(text: str, *, what: str = "data", columns: Sequence[str] | None = None,
-                    shard_rows: int = SHARD_ROWS) -> list:
-    """The shards of a table (see the module docstring); raises DataError naming the problem."""
+                    shard_rows: int = SHARD_ROWS) -> list[tuple[str, int, int]]:
+    """The shards of a table as ``(source, start, end)`` (see the module docstring); raises
+    DataError naming the problem."""
     from sqlalchemy import func, select
     from sqlalchemy.exc import SQLAlchemyError
-
-    from flextrain.data.sources import Shard
 
     ref = TableRef.parse(text, what=what)
     _check_sqlite_file(ref, what=what)
@@ -208,7 +207,7 @@ def make_sql_shards(text: str, *, what: str = "data", columns: Sequence[str] | N
             if key is None:
                 n = conn.execute(select(func.count()).select_from(table)).scalar_one()
                 source = ref.source()
-                return [Shard(source, a, min(a + shard_rows, n)) for a in range(0, n, shard_rows)] or _empty(ref, what)
+                return [(source, a, min(a + shard_rows, n)) for a in range(0, n, shard_rows)] or _empty(ref, what)
             _check_columns(table, [key], ref, what=what, role="key column")
             col = table.c[key]
             n, distinct, present = conn.execute(select(func.count(), func.count(col.distinct()), func.count(col))
@@ -230,7 +229,7 @@ def make_sql_shards(text: str, *, what: str = "data", columns: Sequence[str] | N
                     firsts.append((i, value))
         except SQLAlchemyError as exc:
             raise DataError(f"{what}: reading {ref.shown()} failed: {_words(exc)}") from None
-    shards = [Shard(ref.source(key=key, first_key=value, first_row=i), i, min(i + shard_rows, n)) for i, value in firsts]
+    shards = [(ref.source(key=key, first_key=value, first_row=i), i, min(i + shard_rows, n)) for i, value in firsts]
     return shards or _empty(ref, what)
 
 

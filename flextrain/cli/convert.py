@@ -1,0 +1,149 @@
+"""``flextrain data convert SRC --out DIR`` and ``flextrain data inspect DIR``: thin wrappers over
+:mod:`flextrain.data.convert` (the flags, the progress bar, the printed summary)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from flextrain.cli.common import CLIError, HelpFormatter
+
+
+def add_commands(data) -> None:
+    """``convert`` and ``inspect`` under the ``data`` subcommands."""
+    c = data.add_parser("convert", help="CSV, NumPy, Parquet, JSON lines or an image folder to RecordIO shards",
+                        formatter_class=HelpFormatter,
+                        description="Convert SRC to RecordIO shards DIR/data-00000, ... and DIR/schema.json. "
+                                    "SRC: a .csv, .npy, .npz, .parquet or .jsonl file, a directory of Parquet "
+                                    "files, or an image folder (one sub-folder per class).")
+    c.add_argument("src", metavar="SRC", help="the data to convert")
+    c.add_argument("--out", required=True, metavar="DIR", help="writes the shards and schema.json here")
+    c.add_argument("--format", choices=("recordio", "example"), default="recordio",
+                   help="recordio: flextrain's raw rows (decode with flextrain.data.rows.decode_rows); "
+                        "example: serialized tf.train.Example")
+    c.add_argument("--shard-size", type=int, default=10000, metavar="N", help="records per shard")
+    c.add_argument("--workers", type=int, default=None, metavar="K",
+                   help="processes writing shards (default: min(4, cores))")
+    c.add_argument("--overwrite", action="store_true", help="replace the shards and schema of a non-empty DIR")
+    c.add_argument("--header", action=_Tristate, nargs=0, default=None,
+                   help="CSV: the first line names the columns (--no-header: it is a record; default: detected)")
+    c.add_argument("--no-header", dest="header", action=_Tristate, nargs=0, help="CSV: the first line is a record")
+    c.add_argument("--field", default="x", metavar="NAME", help="the field name of a .npy array")
+    c.add_argument("--quiet", action="store_true", help="no progress bar")
+    c.set_defaults(fn=cmd_convert)
+    i = data.add_parser("inspect", help="schema, record count and first records of a directory of RecordIO shards",
+                        formatter_class=HelpFormatter)
+    i.add_argument("dir", metavar="DIR", help="a directory written by `flextrain data convert`, or of RecordIO files")
+    i.add_argument("--head", type=int, default=3, metavar="N", help="records to decode and print")
+    i.add_argument("--json", action="store_true", help="print one JSON object")
+    i.set_defaults(fn=cmd_inspect)
+
+
+class _Tristate:
+    """``--header`` sets True, ``--no-header`` False; neither leaves None (argparse action)."""
+
+    def __new__(cls, option_strings, dest, **kwargs):
+        import argparse
+
+        class Action(argparse.Action):
+            def __call__(self, parser, namespace, values, option_string=None):
+                setattr(namespace, self.dest, not option_string.startswith("--no-"))
+
+        return Action(option_strings, dest, **kwargs)
+
+
+def cmd_convert(args) -> int:
+    from flextrain.data.convert import ConvertOptions, convert
+    from flextrain.data.errors import DataError
+
+    if args.shard_size < 1:
+        raise CLIError(f"--shard-size must be at least 1, got {args.shard_size}")
+    if args.workers is not None and args.workers < 1:
+        raise CLIError(f"--workers must be at least 1, got {args.workers}")
+    options = ConvertOptions(format=args.format, shard_size=args.shard_size, workers=args.workers,
+                             overwrite=args.overwrite, header=args.header, field=args.field)
+    show = not args.quiet and sys.stderr.isatty()
+    with _Bar(show) as bar:
+        try:
+            result = convert(args.src, args.out, options, on_open=bar.start, on_shard=bar.advance)
+        except DataError as exc:
+            raise CLIError(str(exc)) from None
+    schema = result.schema
+    rate = schema.records / result.seconds if result.seconds else 0.0
+    print(f"converted {schema.records} records ({schema.source_kind} -> {schema.format}, {len(schema.fields)} "
+          f"field{'s' if len(schema.fields) != 1 else ''}) into {len(schema.shards)} shard"
+          f"{'s' if len(schema.shards) != 1 else ''} in {result.out}: {result.bytes / 1e6:.1f} MB, "
+          f"{result.seconds:.1f} s, {rate:,.0f} records/s, {result.workers} worker{'s' if result.workers > 1 else ''}")
+    for note in schema.notes:
+        print(f"note: {note}", file=sys.stderr)
+    return 0
+
+
+class _Bar:
+    """A rich progress bar over the records written, on stderr; does nothing when not shown."""
+
+    def __init__(self, show: bool):
+        self.show, self.progress, self.task = show, None, None
+
+    def __enter__(self):
+        return self
+
+    def start(self, source) -> None:
+        if not self.show:
+            return
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+        self.progress = Progress(TextColumn("converting"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                                 console=Console(stderr=True), transient=True)
+        self.progress.start()
+        self.task = self.progress.add_task("records", total=source.num_rows)
+
+    def advance(self, records: int) -> None:
+        if self.progress is not None:
+            self.progress.advance(self.task, records)
+
+    def __exit__(self, *exc) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+
+
+def cmd_inspect(args) -> int:
+    from flextrain.data.convert import inspect_dir
+    from flextrain.data.errors import DataError
+
+    if args.head < 0:
+        raise CLIError(f"--head must be 0 or more, got {args.head}")
+    try:
+        info = inspect_dir(args.dir, head=args.head)
+    except DataError as exc:
+        raise CLIError(str(exc)) from None
+    if args.json:
+        print(json.dumps(info))
+        return 0
+    schema = info["schema"]
+    print(f"{info['directory']}: {info['records']} records in {len(info['shards'])} shard"
+          f"{'s' if len(info['shards']) != 1 else ''}")
+    if schema is None:
+        print("no schema.json: records shown as " + ("tf.train.Example" if info["decoded_as"] == "example" else
+                                                     "raw bytes"))
+    else:
+        print(f"format: {schema['format']}  source: {schema['source']} ({schema['source_kind']})")
+        print("fields:")
+        for f in schema["fields"]:
+            print(f"  {f['name']}: {f['dtype']} {f['shape']}")
+        if schema.get("class_names") is not None:
+            print(f"classes: {', '.join(schema['class_names'])}")
+        for note in schema.get("notes", []):
+            print(f"note: {note}")
+        if info["agrees"]:
+            print(f"record count agrees with schema.json ({schema['records']})")
+        else:
+            print("record count DISAGREES with schema.json: " + "; ".join(info["disagreements"]))
+    for shard in info["shards"]:
+        print(f"  {shard['name']}: {shard['records']} records, {shard['bytes']} bytes")
+    for n, record in enumerate(info["head"]):
+        print(f"record {n}:")
+        for name, value in record.items():
+            print(f"  {name}: {json.dumps(value)}")
+    return 0

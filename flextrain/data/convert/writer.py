@@ -1,0 +1,218 @@
+"""Sharding and writing: :func:`convert` turns a source into RecordIO shards plus ``schema.json``.
+
+Shards are ``DIR/data-00000``, ``DIR/data-00001``, ... (ElasticDL's names),
+each holding ``shard_size`` consecutive records (the last one the rest).
+Shard ``i`` depends only on rows ``[i * shard_size, (i + 1) * shard_size)``,
+so the output is byte for byte the same whatever the number of workers.
+Each shard is written to a dot-file (``.data-00000.tmp``) and renamed when
+complete, so a crash never leaves a partial shard under a final name;
+``schema.json`` is written last, the same way.
+
+Workers are a process pool (fork where available: the parsed source is
+shared, not copied); each writes whole shards. Parsing a tabular source
+happens once, in the calling process; the workers decode images, encode
+rows, compress and write.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from flextrain.data.convert.base import Source
+from flextrain.data.convert.sources import open_source
+from flextrain.data.errors import DataError
+from flextrain.data.recordio import Compressor, RecordIOWriter
+from flextrain.data.rows import FORMATS, SCHEMA_FILE, Schema, encode_rows, save_schema
+
+__all__ = ["ConvertOptions", "ConvertResult", "convert", "shard_name", "default_workers"]
+
+SHARD_PATTERN = re.compile(r"data-\d{5,}")
+_MAX_CHUNK_SIZE = 1024 * 1024  # small chunks keep ranged reads of a shard cheap
+
+
+def shard_name(index: int) -> str:
+    return f"data-{index:05d}"
+
+
+def default_workers() -> int:
+    return max(1, min(4, os.cpu_count() or 1))
+
+
+@dataclass(frozen=True)
+class ConvertOptions:
+    """How to convert: record ``format`` (``recordio`` raw rows or ``example``), records per shard,
+    pool size (None: min(4, cores)), whether to replace the shards of a non-empty output directory,
+    a CSV file's ``header`` (None: detect) and the field name of a ``.npy`` array."""
+
+    format: str = "recordio"
+    shard_size: int = 10000
+    workers: int | None = None
+    overwrite: bool = False
+    header: bool | None = None
+    field: str = "x"
+    compressor: Compressor = Compressor.SNAPPY
+
+    def __post_init__(self) -> None:
+        if self.format not in FORMATS:
+            raise ValueError(f"unknown record format {self.format!r} (one of {', '.join(FORMATS)})")
+        if self.shard_size < 1:
+            raise ValueError(f"shard size must be at least 1, got {self.shard_size}")
+        if self.workers is not None and self.workers < 1:
+            raise ValueError(f"workers must be at least 1, got {self.workers}")
+
+
+@dataclass(frozen=True)
+class ConvertResult:
+    """What :func:`convert` wrote: the schema (with counts), bytes on disk, seconds taken, workers used."""
+
+    out: str
+    schema: Schema
+    bytes: int
+    seconds: float
+    workers: int
+
+
+def convert(src: str | os.PathLike[str], out: str | os.PathLike[str], options: ConvertOptions = ConvertOptions(), *,
+            on_shard: Callable[[int], None] | None = None, on_open: Callable[[Source], None] | None = None
+            ) -> ConvertResult:
+    """Convert ``src`` into shards and ``schema.json`` under ``out`` (created if missing).
+
+    ``on_open(source)`` is called once the source is read and checked; ``on_shard(records)`` in this
+    process as each shard is complete. Raises DataError naming the problem: the source's (see
+    :func:`~flextrain.data.convert.sources.open_source`), or a non-empty ``out`` without ``overwrite``.
+    """
+    started = time.perf_counter()
+    src, out = os.fspath(src), os.fspath(out)
+    _prepare_out(src, out, overwrite=options.overwrite)
+    source = open_source(src, header=options.header, field=options.field)
+    if on_open:
+        on_open(source)
+    schema = Schema(fields=source.fields, format=options.format, source=os.path.abspath(src),
+                    source_kind=source.kind, class_names=source.class_names)
+    if options.format == "example":
+        schema = example_schema(schema)
+    ranges = [(i, lo, min(lo + options.shard_size, source.num_rows))
+              for i, lo in enumerate(range(0, source.num_rows, options.shard_size))]
+    workers = min(options.workers or default_workers(), len(ranges))
+    job = (source, schema, out, options.compressor)
+    done: dict[int, tuple[int, int]] = {}
+    try:
+        if workers == 1:
+            _init(job)
+            results = map(_write_shard, ranges)
+            for index, count, size in results:
+                done[index] = (count, size)
+                if on_shard:
+                    on_shard(count)
+        else:
+            ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else None)
+            with ctx.Pool(workers, initializer=_init, initargs=(job,)) as pool:
+                for index, count, size in pool.imap_unordered(_write_shard, ranges):
+                    done[index] = (count, size)
+                    if on_shard:
+                        on_shard(count)
+    finally:
+        _JOB.clear()
+        for name in os.listdir(out):  # what a failed shard left behind
+            if name.startswith(".data-") and name.endswith(".tmp"):
+                os.remove(os.path.join(out, name))
+    shards = tuple((shard_name(i), done[i][0]) for i in range(len(ranges)))
+    schema = replace(schema, records=sum(c for _, c in shards), shards=shards)
+    save_schema(out, schema)
+    return ConvertResult(out=out, schema=schema, bytes=sum(s for _, s in done.values()),
+                         seconds=time.perf_counter() - started, workers=workers)
+
+
+def _prepare_out(src: str, out: str, *, overwrite: bool) -> None:
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise DataError(f"output {out} exists and is not a directory")
+    if os.path.lexists(src) and os.path.realpath(src) == os.path.realpath(out):
+        raise DataError(f"the output directory is the source itself: {out}")
+    os.makedirs(out, exist_ok=True)
+    names = sorted(n for n in os.listdir(out))
+    if names and not overwrite:
+        raise DataError(f"output directory {out} is not empty ({len(names)} entr{'ies' if len(names) > 1 else 'y'}, "
+                        f"e.g. {names[0]}); pass --overwrite to replace its shards and schema")
+    for name in names:  # --overwrite: the shards and schema of an earlier conversion
+        if SHARD_PATTERN.fullmatch(name) or name == SCHEMA_FILE:
+            os.remove(os.path.join(out, name))
+
+
+def example_schema(schema: Schema) -> Schema:
+    """The schema of ``format: example`` records: float64 fields are float32 (the one float kind a
+    tf.train.Example holds), noted in ``notes``."""
+    from flextrain.data.rows import Field
+
+    fields, notes = [], []
+    for f in schema.fields:
+        if f.dtype == "float64":
+            notes.append(f"field {f.name!r}: float64 values stored as float32 (tf.train.Example holds float32 only)")
+            f = Field(f.name, "float32", f.shape)
+        fields.append(f)
+    return replace(schema, fields=tuple(fields), notes=tuple(notes))
+
+
+def encode_examples(columns, schema: Schema) -> list[bytes]:
+    """One serialized tf.train.Example per row: a feature per field, values flattened (ints, bools and
+    unsigned ints as int64, floats as float32, string/bytes as one bytes value)."""
+    from flextrain.data.example import encode_example
+
+    n = len(columns[schema.fields[0].name]) if schema.fields else 0
+    out = []
+    for i in range(n):
+        features, empty = {}, []
+        for f in schema.fields:
+            value = columns[f.name][i]
+            if f.dtype in ("string", "bytes"):
+                features[f.name] = [value]
+            else:
+                arr = np.asarray(value).reshape(-1)
+                if arr.dtype == np.uint64 and arr.size and arr.max() > np.iinfo(np.int64).max:
+                    raise ValueError(f"row {i}: field {f.name!r} holds {arr.max()}, beyond a tf.train.Example's int64")
+                if not arr.size:  # an empty list: a feature of the right kind without values
+                    empty.append((f.name, "float_list" if arr.dtype.kind == "f" else "int64_list"))
+                    continue
+                features[f.name] = arr if arr.dtype.kind == "f" else arr.astype(np.int64)
+        out.append(_with_empty(encode_example(features), empty) if empty else encode_example(features))
+    return out
+
+
+def _with_empty(record: bytes, empty: list[tuple[str, str]]) -> bytes:
+    from flextrain.proto import example_pb2
+
+    example = example_pb2.Example.FromString(record)
+    for name, kind in empty:
+        getattr(example.features.feature[name], kind).SetInParent()
+    return example.SerializeToString(deterministic=True)
+
+
+# ---- pool workers -------------------------------------------------------------------------
+_JOB: dict = {}
+
+
+def _init(job) -> None:
+    _JOB["job"] = job
+
+
+def _write_shard(task: tuple[int, int, int]) -> tuple[int, int, int]:
+    index, start, end = task
+    source, schema, out, compressor = _JOB["job"]
+    columns = source.read(start, end)
+    try:
+        records = encode_examples(columns, schema) if schema.format == "example" else encode_rows(columns, schema)
+    except ValueError as exc:
+        raise DataError(f"{source.path}, records {start}..{end - 1}: {exc}") from None
+    final = os.path.join(out, shard_name(index))
+    tmp = os.path.join(out, f".{shard_name(index)}.tmp")
+    with RecordIOWriter(tmp, compressor=compressor, max_chunk_size=_MAX_CHUNK_SIZE) as writer:
+        for record in records:
+            writer.write(record)
+    os.replace(tmp, final)
+    return index, len(records), os.path.getsize(final)

@@ -1,0 +1,72 @@
+"""`flextrain data inspect`: schema, counted records, the first records, as text and as JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+from flextrain.cli import main
+from flextrain.data import write_records
+from flextrain.data.convert import ConvertOptions, convert
+from flextrain.data.example import encode_example
+
+
+def inspect(capsys, *args: str) -> tuple[int, str, str]:
+    code = main(["data", "inspect", *args])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_inspect_text_and_json(tmp_path, capsys):
+    np.savez(tmp_path / "d.npz", x=np.arange(50, dtype=np.float16).reshape(5, 10), y=np.arange(5))
+    convert(tmp_path / "d.npz", tmp_path / "o", ConvertOptions(shard_size=2))
+    code, out, _ = inspect(capsys, str(tmp_path / "o"), "--head", "2")
+    assert code == 0
+    assert f"{tmp_path / 'o'}: 5 records in 3 shards" in out
+    assert "  x: float16 [10]" in out and "  y: int64 []" in out
+    assert "record count agrees with schema.json (5)" in out
+    assert "record 1:" in out and "record 2:" not in out and '"first": [10.0, 11.0' in out
+    code, out, _ = inspect(capsys, str(tmp_path / "o"), "--json")
+    info = json.loads(out)
+    assert info["records"] == 5 and info["agrees"] is True and info["decoded_as"] == "schema"
+    assert [s["records"] for s in info["shards"]] == [2, 2, 1]
+    assert info["schema"]["fields"] == [{"name": "x", "dtype": "float16", "shape": [10]},
+                                        {"name": "y", "dtype": "int64", "shape": []}]
+    assert [r["y"] for r in info["head"]] == [0, 1, 2]
+    assert info["head"][0]["x"] == {"dtype": "float16", "shape": [10], "first": list(map(float, range(8)))}
+
+
+def test_inspect_says_when_the_shards_disagree_with_the_schema(tmp_path, capsys):
+    np.save(tmp_path / "x.npy", np.arange(6))
+    convert(tmp_path / "x.npy", tmp_path / "o", ConvertOptions(shard_size=3))
+    write_records(tmp_path / "o" / "data-00001", [np.int64(1).tobytes()])  # a shard rewritten with 1 record
+    code, out, _ = inspect(capsys, str(tmp_path / "o"))
+    assert code == 0
+    assert "DISAGREES" in out and "data-00001 holds 1 records, schema.json says 3" in out
+    assert "the shards hold 4 records, schema.json says 6" in out
+
+
+def test_inspect_without_a_schema(tmp_path, capsys):
+    (tmp_path / "ex").mkdir()
+    write_records(tmp_path / "ex" / "part-0", [encode_example({"label": [k], "w": [0.5, 1.0]}) for k in range(4)])
+    code, out, _ = inspect(capsys, str(tmp_path / "ex"), "--json")
+    info = json.loads(out)
+    assert info["schema"] is None and info["agrees"] is None and info["records"] == 4
+    assert info["decoded_as"] == "example" and info["head"][1] == {"label": [1], "w": [0.5, 1.0]}
+    (tmp_path / "raw").mkdir()
+    write_records(tmp_path / "raw" / "data-00000", [b"\xff\xff\xff" * 3, b"\xfe"])
+    code, out, _ = inspect(capsys, str(tmp_path / "raw"))
+    assert "2 records in 1 shard" in out and "no schema.json: records shown as raw bytes" in out
+    assert "  bytes: 9" in out and 'first_bytes: "ff ff ff' in out
+
+
+def test_inspect_errors(tmp_path, capsys):
+    code, _, err = inspect(capsys, str(tmp_path / "missing"))
+    assert code == 2 and f"flextrain: error: directory not found: {tmp_path / 'missing'}" in err
+    (tmp_path / "e").mkdir()
+    (tmp_path / "e" / "notes.txt").write_text("hello")
+    code, _, err = inspect(capsys, str(tmp_path / "e"))
+    assert code == 2 and "holds no RecordIO files and no schema.json" in err
+    assert os.listdir(tmp_path / "e") == ["notes.txt"]

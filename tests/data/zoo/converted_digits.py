@@ -1,0 +1,51 @@
+"""The digits classifier over records written by `flextrain data convert` from a CSV (p0..p63, label).
+
+``feed`` decodes them with ``flextrain.data.rows.decode_rows`` and the schema
+written beside the shards (found from the shard's path in ``metadata``).
+"""
+
+import functools
+import os
+
+import numpy as np
+import torch
+from torch import nn
+
+from flextrain.data.rows import decode_rows, load_schema
+
+PIXELS = [f"p{i}" for i in range(64)]
+
+
+class Model(nn.Module):
+    def __init__(self, hidden: int = 64):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(64, hidden), nn.ReLU(), nn.Linear(hidden, 10))
+
+    def forward(self, x):
+        return self.net(x)
+
+
+def loss(labels, predictions):
+    return nn.functional.cross_entropy(predictions, labels)
+
+
+def optimizer(params, lr=0.1):
+    return torch.optim.SGD(params, lr=lr, momentum=0.9)
+
+
+@functools.lru_cache(maxsize=8)
+def schema_of(directory: str):
+    return load_schema(directory)
+
+
+def feed(records, mode, metadata):
+    columns = decode_rows(records, schema_of(os.path.dirname(metadata.source)))
+    pixels = np.stack([columns[name] for name in PIXELS], axis=1).astype(np.float32) / 16
+    features = torch.from_numpy(pixels)
+    if mode == "prediction":
+        return features
+    return features, torch.from_numpy(columns["label"].astype(np.int64))
+
+
+def eval_metrics_fn():
+    return {"accuracy": lambda labels, predictions: (predictions.argmax(dim=1) == labels).float()}
