@@ -98,6 +98,10 @@ def instance_pod(
                    port=ps_port(job, index) if role == "ps" else None)
 
 
+# The roles that read the job's data (spec.data.secretRef's keys become their environment); PS never do.
+DATA_ROLES = ("master", "worker")
+
+
 def job_pod(
     job: Mapping[str, Any],
     *,
@@ -150,6 +154,9 @@ def job_pod(
         container["imagePullPolicy"] = settings.image_pull_policy
     if settings.resources:
         container["resources"] = dict(settings.resources)
+    secret = ((job.get("spec") or {}).get("data") or {}).get("secretRef")
+    if secret and role in DATA_ROLES:  # the database password, as environment: never in the data URL
+        container["envFrom"] = [*(tpl.container.get("envFrom") or ()), {"secretRef": {"name": secret}}]
     mounts = [*(dict(m) for m in settings.volume_mounts), *(tpl.container.get("volumeMounts") or ())]
     if mounts:
         container["volumeMounts"] = mounts

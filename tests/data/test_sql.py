@@ -137,3 +137,14 @@ def test_the_same_code_reads_a_real_postgresql_table(postgres, monkeypatch):
     with pytest.raises(DataError, match="password authentication failed") as info:
         make_shards(postgres.url(table="unit"))
     assert "wrong" not in str(info.value)
+
+
+def test_a_job_spec_refuses_a_password_in_a_url_and_a_data_secret_outside_kubernetes():
+    from flextrain.job import JobSpec, JobSpecError
+
+    base = dict(name="j", model_def="m.py:M", job_dir="/j")
+    with pytest.raises(JobSpecError, match=r"--validation-data: a database URL must not hold its password"):
+        JobSpec.of(**base, training_data="/d", validation_data="postgresql://u:pw@h/db?table=v").validate()
+    with pytest.raises(JobSpecError, match=r"--data-secret names a Kubernetes Secret"):
+        JobSpec.of(**base, training_data="postgresql://u@h/db?table=t", data_secret="creds").validate()
+    JobSpec.of(**base, training_data="postgresql://u@h/db?table=t").validate()  # no password: fine

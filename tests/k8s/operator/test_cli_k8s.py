@@ -43,6 +43,20 @@ def test_dry_run_prints_the_elasticjob_and_submits_nothing(cli, jobs):
     assert jobs.get("digits") is None
 
 
+def test_a_database_job_carries_its_secret_and_never_its_password(cli, jobs):
+    table = ("--training-data", "postgresql+psycopg://ml@db.team-a:5432/ml?table=train&key=id")
+    args = [a for a in TRAIN]
+    args[args.index("--training-data") + 1] = table[1]
+    res = cli(*args, "--data-secret", "db-credentials", "--dry-run")
+    assert res.returncode == 0, res.stderr
+    body = yaml.safe_load(res.stdout)
+    assert body["spec"]["data"] == {"training": table[1], "secretRef": "db-credentials"}
+    args[args.index("--training-data") + 1] = table[1].replace("ml@", "ml:hunter2@")
+    res = cli(*args, "--data-secret", "db-credentials", "--dry-run")
+    assert res.returncode == 2 and "--training-data: a database URL must not hold its password" in res.stderr
+    assert "hunter2" not in res.stderr + res.stdout
+
+
 def test_submit_status_scale_stop(cli, jobs):
     res = cli(*TRAIN)
     assert res.returncode == 0, res.stderr

@@ -120,6 +120,8 @@ def test_pod_fields_are_carried_and_split():
     ({"replicaSpecs__master__relaunchBudget": -1}, "spec.replicaSpecs.master.relaunchBudget", ">= 0"),
     ({"volumes": [{"name": "data"}]}, "spec.volumes[0].mountPath", "is required"),
     ({"training__checkpointDir": "/elsewhere"}, "spec.training.checkpointDir", "not supported yet"),
+    ({"data__training": "postgresql+psycopg://ml:hunter2@db/ml?table=train"}, "spec.data.training",
+     "must not hold its password"),
 ])
 def test_bad_spec_names_the_field(changes, path, words):
     err = error_of(job(**changes))
@@ -275,3 +277,22 @@ def test_train_backend_kubernetes_puts_an_accelerate_file_in_the_elasticjob(tmp_
     body = elasticjob_from_args(args)
     assert Strategy.load(body["spec"]["training"]["accelerate"]) == Strategy.load(path)
     assert problems(body) == []
+
+
+def test_a_data_secret_maps_both_ways_and_reaches_master_and_workers_not_ps():
+    from flextrain.k8s.master_pod import master_pod
+    from flextrain.k8s.pods import job_pod
+
+    obj = job(data__training="postgresql+psycopg://ml@db/ml?table=train", data__secretRef="db-credentials")
+    obj["metadata"]["uid"] = "1234-uid"
+    spec = jobspec_from_resource(obj)
+    assert spec.data.secret_ref == "db-credentials" and spec.data.training.startswith("postgresql+psycopg://ml@db")
+    c = master_pod(obj, index=0)["spec"]["containers"][0]
+    assert c["envFrom"] == [{"secretRef": {"name": "db-credentials"}}]
+    for role, wanted in (("worker", [{"secretRef": {"name": "db-credentials"}}]), ("ps", None)):
+        pod = job_pod(obj, role=role, index=0, pod_name=f"j-{role}-0", instance_id=f"{role}-0", args=[role],
+                      env={}, master_address="m:1")
+        assert pod["spec"]["containers"][0].get("envFrom") == wanted, role
+    plain = job()
+    plain["metadata"]["uid"] = "1234-uid"
+    assert "envFrom" not in master_pod(plain, index=0)["spec"]["containers"][0]
