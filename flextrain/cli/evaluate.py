@@ -168,6 +168,19 @@ def cmd_predict(args) -> int:
     from flextrain.data.predictions import MANIFEST
     from flextrain.job import JobType
 
+    from flextrain.data.sql import is_sql_url
+
+    if is_sql_url(args.output):  # a table: created here if missing, refused if it holds rows
+        from flextrain.data import DataError
+        from flextrain.data.sql_output import prepare_output_table
+
+        url = data_abs(args.output)
+        try:
+            prepare_output_table(url)
+        except DataError as exc:
+            raise CLIError(str(exc)) from None
+        spec = _spec(args, JobType.PREDICTION, prediction_data=data_abs(args.prediction_data), output=url)
+        return _check_and_run(spec, spec.data.prediction, "prediction data", args)
     output = Path(args.output)
     if output.exists() and not output.is_dir():
         raise CLIError(f"--output {args.output} exists and is not a directory")

@@ -40,7 +40,10 @@ from pathlib import Path
 
 import numpy as np
 
+from flextrain.data.errors import DataError
 from flextrain.data.predictions import FORMAT, MANIFEST, count_rows, part_name
+from flextrain.data.sql import is_sql_url
+from flextrain.data.sql_output import check_output_rows
 from flextrain.elastic import metrics
 from flextrain.job import JobType
 from flextrain.master.checkpoints import write_json_atomic
@@ -217,8 +220,11 @@ def outcome(job) -> tuple[bool, str] | None:
         if not job.ledger.prediction_finished():
             return None
         try:
-            rows = write_manifest(job.ledger, Path(spec.output))
-        except OSError as exc:
+            if is_sql_url(spec.output):
+                rows = check_output_rows(spec.output, job.ledger.prediction_plan)
+            else:
+                rows = write_manifest(job.ledger, Path(spec.output))
+        except (OSError, DataError) as exc:
             return False, f"prediction output {spec.output} is incomplete: {exc}"
         return True, f"{rows} predictions written to {spec.output}"
     return None

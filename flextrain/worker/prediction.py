@@ -23,6 +23,8 @@ import numpy as np
 
 from flextrain.data import read_shard_range
 from flextrain.data.predictions import write_part
+from flextrain.data.sql import is_sql_url
+from flextrain.data.sql_output import write_task_rows
 from flextrain.proto import flextrain_pb2 as pb
 from flextrain.worker.evaluation import Predictor, batch_len, to_numpy
 from flextrain.worker.module import FeedMetadata, Mode, ModelDef, ModelDefError
@@ -83,7 +85,10 @@ def predict_task(model_def: ModelDef, predictor: Predictor, task: pb.Task, *, ou
     if len(rows) != len(records):
         raise ModelDefError(f"{model_def.path}: the model produced {len(rows)} predictions for "
                             f"{len(records)} records of {task.source} [{task.start}, {task.end})")
-    write_part(output, task.task_id, rows, writer=worker_id)
+    if is_sql_url(output):  # a table: the task's rows replaced in one transaction
+        write_task_rows(output, task.task_id, rows)
+    else:
+        write_part(output, task.task_id, rows, writer=worker_id)
     if processor is not None and outputs:
         processor.process(_concat(outputs), worker_id)
     return len(rows)

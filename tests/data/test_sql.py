@@ -148,3 +148,25 @@ def test_a_job_spec_refuses_a_password_in_a_url_and_a_data_secret_outside_kubern
     with pytest.raises(JobSpecError, match=r"--data-secret names a Kubernetes Secret"):
         JobSpec.of(**base, training_data="postgresql://u@h/db?table=t", data_secret="creds").validate()
     JobSpec.of(**base, training_data="postgresql://u@h/db?table=t").validate()  # no password: fine
+
+
+def test_prediction_rows_of_a_retried_task_replace_its_earlier_ones(tmp_path):
+    from flextrain.data.sql_output import check_output_rows, prepare_output_table, read_output_rows, write_task_rows
+
+    url = f"sqlite:///{tmp_path / 'out.db'}?table=preds"
+    prepare_output_table(url)  # created
+    rows = [{"source": "s", "index": i, "prediction": [i, 0.5]} for i in range(3)]
+    write_task_rows(url, 7, rows[:2])  # a first attempt that got part of the way
+    write_task_rows(url, 7, rows)  # the retry replaces it
+    write_task_rows(url, 8, [{"source": "s", "index": 3, "prediction": {"p": float("nan")}}])
+    assert check_output_rows(url, [(7, "s", 0, 3), (8, "s", 3, 4)]) == 4
+    got = read_output_rows(url)
+    assert [r["index"] for r in got] == [0, 1, 2, 3] and got[0]["prediction"] == [0, 0.5]
+    with pytest.raises(DataError, match=r"holds 0 rows of task 9 for the 2 records of s \[4, 6\)"):
+        check_output_rows(url, [(7, "s", 0, 3), (9, "s", 4, 6)])
+    with pytest.raises(DataError, match=r"already holds 4 predictions"):
+        prepare_output_table(url)
+    with sqlite3.connect(tmp_path / "out.db") as c:
+        c.execute("CREATE TABLE other (a INTEGER)")
+    with pytest.raises(DataError, match=r"exists with columns a; prediction output needs a new table"):
+        prepare_output_table(f"sqlite:///{tmp_path / 'out.db'}?table=other")

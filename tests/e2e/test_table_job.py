@@ -38,20 +38,50 @@ def sqlite_table(db: Path, table: str, rows: list[tuple]) -> None:
         c.executemany(f"INSERT INTO {table} VALUES ({', '.join('?' * 67)})", rows)
 
 
-def test_digits_train_from_sqlite_tables_above_90_percent(digits_data, tmp_path):
-    db = tmp_path / "digits.db"
+@pytest.fixture(scope="module")
+def sqlite_trained(digits_data, tmp_path_factory):
+    """The digits model trained from SQLite tables by two workers: (database, job dir, process)."""
+    root = tmp_path_factory.mktemp("sqlite-digits")
+    db = root / "digits.db"
     sqlite_table(db, "train", digits_rows(digits_data / "train"))
     sqlite_table(db, "validation", digits_rows(digits_data / "validation"))
-    job_dir = tmp_path / "job"
+    job_dir = root / "job"
     proc = run_flextrain("train", "--model-def", TABLE_MODEL, "--training-data", f"sqlite:///{db}?table=train",
                          "--validation-data", f"sqlite:///{db}?table=validation", "--workers", "2", "--epochs", "6",
                          "--global-batch-size", "64", "--max-micro-batch", "32", "--lr", "0.1",
                          "--job-dir", str(job_dir))
+    return db, job_dir, proc
+
+
+def test_digits_train_from_sqlite_tables_above_90_percent(sqlite_trained):
+    _, job_dir, proc = sqlite_trained
     assert proc.returncode == 0, proc.stderr
     status = read_status(job_dir)
     assert status["phase"] == "Succeeded"
     assert status["progress"]["recordsDone"] == status["progress"]["recordsTotal"] == 6 * 1438
     assert status["metrics"]["accuracy"] > 0.90
+
+
+def test_predictions_are_written_back_to_a_table_one_row_per_record(sqlite_trained, tmp_path):
+    from flextrain.data.sql_output import read_output_rows
+
+    db, job_dir, trained = sqlite_trained
+    assert trained.returncode == 0, trained.stderr
+    out = f"sqlite:///{tmp_path / 'out.db'}?table=predictions"
+    args = ("predict", "--model-def", TABLE_MODEL, "--prediction-data", f"sqlite:///{db}?table=validation",
+            "--checkpoint", str(job_dir), "--output", out, "--workers", "2", "--global-batch-size", "32",
+            "--steps-per-task", "2")
+    proc = run_flextrain(*args, "--job-dir", str(tmp_path / "predict"))
+    assert proc.returncode == 0, proc.stderr
+    assert "359 predictions written" in read_status(tmp_path / "predict")["message"]
+    rows = read_output_rows(out)
+    assert [r["index"] for r in rows] == list(range(359))  # one row per record, in input order
+    with sqlite3.connect(db) as c:
+        labels = [label for (label,) in c.execute("SELECT label FROM validation ORDER BY id")]
+    hits = sum(max(range(10), key=lambda k: r["prediction"][k]) == y for r, y in zip(rows, labels))
+    assert hits / 359 > 0.9
+    again = run_flextrain(*args, "--job-dir", str(tmp_path / "again"))  # never mixed with an earlier run's rows
+    assert again.returncode == 2 and "already holds 359 predictions; choose a new or empty table" in again.stderr
 
 
 def test_a_missing_table_and_a_missing_column_are_refused_at_submission(digits_data, tmp_path):
