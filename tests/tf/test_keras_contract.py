@@ -190,3 +190,16 @@ def test_accelerate_refuses_a_keras_module(capsys, tmp_path, digits_data):
     assert code == 2
     assert f"--accelerate applies training strategies to PyTorch models; {module} is a tensorflow module" in err
     assert not (tmp_path / "job").exists()
+
+
+def test_table_rows_reach_a_keras_feed_as_a_dataset_of_row_dicts(tmp_path):
+    """Parquet and SQL sources give row dicts: the dataset's elements are dicts of column tensors."""
+    md = load_model_def(keras_module(tmp_path, "rows", {
+        "return dataset.map(lambda r: (tf.ones([2]), tf.zeros([1])))":
+            "return dataset.map(lambda r: (tf.stack([r['a'], r['b']]), tf.cast([r['y']], tf.float32)))"}))
+    rows = [{"a": float(i), "b": 2.0 * i, "y": i} for i in range(4)]
+    features, labels = feed_dataset(md, rows, Mode.TRAINING, META)
+    got = sorted(zip(features.numpy().tolist(), labels.numpy().ravel().tolist()), key=lambda p: p[1])
+    assert got == [([float(i), 2.0 * i], float(i)) for i in range(4)]
+    with pytest.raises(ModelDefError, match=r"column 'b' holds NULL in the rows given to feed"):
+        feed_dataset(md, [{"a": 1.0, "b": None, "y": 0}], Mode.TRAINING, META)
