@@ -98,16 +98,38 @@ def test_a_missing_table_and_a_missing_column_are_refused_at_submission(digits_d
     assert "(its columns: id, label)" in proc.stderr
 
 
-def test_postgresql_rows_are_applied_exactly_once_through_a_kill_and_the_password_is_written_nowhere(
-        postgres, digits_data, tmp_path):
+@pytest.fixture(scope="module")
+def pg_digits(postgres, digits_data):
+    """Tables ``counting`` (the first 1408 training digits) and ``validation`` in the PostgreSQL server."""
+    columns = ", ".join(f"p{i} SMALLINT" for i in range(64))
+    for table, rows in (("counting", digits_rows(digits_data / "train", 1408)),
+                        ("validation", digits_rows(digits_data / "validation"))):
+        values = ",\n".join(f"({', '.join(map(repr, row[:-1]))}, 'unused')" for row in rows)
+        postgres.psql(f"DROP TABLE IF EXISTS {table}; CREATE TABLE {table} (id BIGINT PRIMARY KEY, {columns}, "
+                      f"label SMALLINT, note TEXT); INSERT INTO {table} VALUES {values}; "
+                      f"ALTER TABLE {table} OWNER TO flextrain;", database="flextrain")
+    return postgres
+
+
+def test_digits_train_from_postgresql_tables_above_90_percent(pg_digits, tmp_path, monkeypatch):
     import pg_server
 
-    n, epochs, G = 1408, 3, 32
-    columns = ", ".join(f"p{i} SMALLINT" for i in range(64))
-    values = ",\n".join(f"({', '.join(map(repr, row[:-1]))}, 'unused')" for row in digits_rows(digits_data / "train", n))
-    postgres.psql(f"DROP TABLE IF EXISTS counting; CREATE TABLE counting (id BIGINT PRIMARY KEY, {columns}, "
-                  f"label SMALLINT, note TEXT); INSERT INTO counting VALUES {values}; "
-                  "ALTER TABLE counting OWNER TO flextrain;", database="flextrain")
+    monkeypatch.setenv("FLEXTRAIN_DATA_PASSWORD", pg_server.PASSWORD)
+    proc = run_flextrain("train", "--model-def", TABLE_MODEL, "--training-data", pg_digits.url(table="counting"),
+                         "--validation-data", pg_digits.url(table="validation"), "--workers", "2", "--epochs", "8",
+                         "--global-batch-size", "64", "--max-micro-batch", "32", "--lr", "0.1",
+                         "--job-dir", str(tmp_path / "job"))
+    assert proc.returncode == 0, proc.stderr
+    status = read_status(tmp_path / "job")
+    assert status["phase"] == "Succeeded" and status["progress"]["recordsDone"] == 8 * 1408
+    assert status["metrics"]["accuracy"] > 0.90
+
+
+def test_postgresql_rows_are_applied_exactly_once_through_a_kill_and_the_password_is_written_nowhere(
+        pg_digits, tmp_path):
+    import pg_server
+
+    postgres, n, epochs, G = pg_digits, 1408, 3, 32
     job_dir = tmp_path / "job"
     env = {k: v for k, v in os.environ.items() if k not in ("FLEXTRAIN_DATA_PASSWORD", "PGPASSWORD")}
     env.update(FT_COUNT_G=str(G), FT_COUNT_RECORDS=str(n), FT_FEED_DELAY="0.01")
