@@ -18,7 +18,7 @@ from flextrain.data.convert.base import Source
 from flextrain.data.errors import DataError
 from flextrain.data.rows import DTYPES, Field
 
-__all__ = ["open_csv", "open_jsonl", "open_npy", "open_npz", "open_parquet"]
+__all__ = ["is_number", "open_csv", "open_jsonl", "open_npy", "open_npz", "open_parquet"]
 
 
 # ---- CSV --------------------------------------------------------------------------------
@@ -29,9 +29,9 @@ def open_csv(path: str, *, header: bool | None = None) -> Source:
         with open(path, newline="", encoding="utf-8") as f:
             reader = csv.reader(f)
             for row in reader:
+                if not row:
+                    continue  # a blank line
                 if len(row) != width:
-                    if not row:
-                        continue  # a blank line
                     if rows:
                         raise DataError(f"{path}, line {reader.line_num}: {len(row)} field(s), but line {first} "
                                         f"has {width} (a ragged CSV line)")
@@ -42,7 +42,7 @@ def open_csv(path: str, *, header: bool | None = None) -> Source:
     except csv.Error as exc:
         raise DataError(f"{path}: not CSV ({exc})") from None
     if header is None:
-        header = bool(rows) and not any(map(_is_number, rows[0])) and (len(rows) == 1 or any(map(_is_number, rows[1])))
+        header = bool(rows) and not any(map(is_number, rows[0])) and (len(rows) == 1 or any(map(is_number, rows[1])))
     names = [c.strip() or f"c{i}" for i, c in enumerate(rows[0])] if header and rows else \
         [f"c{i}" for i in range(len(rows[0]) if rows else 0)]
     if len(set(names)) != len(names):
@@ -59,7 +59,8 @@ def open_csv(path: str, *, header: bool | None = None) -> Source:
     return Source("csv", path, tuple(fields), len(data), columns=columns)
 
 
-def _is_number(text: str) -> bool:
+def is_number(text: str) -> bool:
+    """Whether ``float`` takes ``text``."""
     try:
         float(text)
     except ValueError:

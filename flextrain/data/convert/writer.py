@@ -9,9 +9,16 @@ complete, so a crash never leaves a partial shard under a final name;
 ``schema.json`` is written last, the same way.
 
 Workers are a process pool (fork where available: the parsed source is
-shared, not copied); each writes whole shards. Parsing a tabular source
-happens once, in the calling process; the workers decode images, encode
-rows, compress and write.
+shared, not copied); each writes whole shards. A CSV file is parsed by the
+workers themselves: the calling process only finds its line ends
+(:mod:`~flextrain.data.convert.csvsplit`) and hands each worker a shard's
+byte range. A worker parses its range, infers its columns' types and writes
+the shard with them under its temporary name; once every shard is written
+the types merge (int64 < float64 < string) and a shard whose types were
+narrower than the file's is parsed and written again with the file's, so
+each shard is what the whole-file types give. Other tabular sources (and a
+CSV file with quotes) are parsed once, in the calling process; the workers
+decode images, encode rows, compress and write.
 """
 
 from __future__ import annotations
@@ -25,11 +32,12 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from flextrain.data.convert import csvsplit
 from flextrain.data.convert.base import Source
-from flextrain.data.convert.sources import open_source
+from flextrain.data.convert.sources import open_source, source_kind
 from flextrain.data.errors import DataError
 from flextrain.data.recordio import Compressor, RecordIOWriter
-from flextrain.data.rows import FORMATS, SCHEMA_FILE, Schema, encode_rows, save_schema
+from flextrain.data.rows import FORMATS, SCHEMA_FILE, Field, Schema, encode_rows, save_schema
 
 __all__ = ["ConvertOptions", "ConvertResult", "convert", "shard_name", "default_workers"]
 
@@ -84,50 +92,101 @@ def convert(src: str | os.PathLike[str], out: str | os.PathLike[str], options: C
             ) -> ConvertResult:
     """Convert ``src`` into shards and ``schema.json`` under ``out`` (created if missing).
 
-    ``on_open(source)`` is called once the source is read and checked; ``on_shard(records)`` in this
-    process as each shard is complete. Raises DataError naming the problem: the source's (see
-    :func:`~flextrain.data.convert.sources.open_source`), or a non-empty ``out`` without ``overwrite``.
+    ``on_open(source)`` is called once the source is read and checked (a CSV file parsed by the workers:
+    once its records are counted; its ``fields`` are empty then, their types known only at the end);
+    ``on_shard(records)`` in this process as each shard is complete. Raises DataError naming the problem:
+    the source's (see :func:`~flextrain.data.convert.sources.open_source`), or a non-empty ``out`` without
+    ``overwrite``.
     """
     started = time.perf_counter()
     src, out = os.fspath(src), os.fspath(out)
     _prepare_out(src, out, overwrite=options.overwrite)
-    source = open_source(src, header=options.header, field=options.field)
+    plan = csvsplit.plan_csv(src, header=options.header) if source_kind(src) == "csv" else None
+    source = Source("csv", src, (), plan.num_rows) if plan else \
+        open_source(src, header=options.header, field=options.field)
     if on_open:
         on_open(source)
-    schema = Schema(fields=source.fields, format=options.format, source=os.path.abspath(src),
-                    source_kind=source.kind, class_names=source.class_names)
-    if options.format == "example":
-        schema = example_schema(schema)
-    ranges = [(i, lo, min(lo + options.shard_size, source.num_rows))
-              for i, lo in enumerate(range(0, source.num_rows, options.shard_size))]
-    workers = min(options.workers or default_workers(), len(ranges))
-    job = (source, schema, out, options.compressor)
+    schema = _schema(source.fields, source, options)
+    tasks = csvsplit.shard_tasks(plan, options.shard_size) if plan else \
+        [(i, lo, min(lo + options.shard_size, source.num_rows))
+         for i, lo in enumerate(range(0, source.num_rows, options.shard_size))]
+    workers = min(options.workers or default_workers(), len(tasks))
+    job = (plan or source, schema, out, options.compressor)
     done: dict[int, tuple[int, int]] = {}
     try:
-        if workers == 1:
-            _init(job)
-            results = map(_write_shard, ranges)
-            for index, count, size in results:
-                done[index] = (count, size)
-                if on_shard:
-                    on_shard(count)
-        else:
-            ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else None)
-            with ctx.Pool(workers, initializer=_init, initargs=(job,)) as pool:
-                for index, count, size in pool.imap_unordered(_write_shard, ranges):
+        with _Pool(workers, job) as pool:
+            if plan is None:
+                for index, count, size in pool.imap(_write_shard, tasks):
                     done[index] = (count, size)
                     if on_shard:
                         on_shard(count)
+            else:
+                schema = _csv_shards(pool, plan, tasks, schema, out, done, on_shard)
     finally:
         _JOB.clear()
         for name in os.listdir(out):  # what a failed shard left behind
             if name.startswith(".data-") and name.endswith(".tmp"):
                 os.remove(os.path.join(out, name))
-    shards = tuple((shard_name(i), done[i][0]) for i in range(len(ranges)))
+    shards = tuple((shard_name(i), done[i][0]) for i in range(len(tasks)))
     schema = replace(schema, records=sum(c for _, c in shards), shards=shards)
     save_schema(out, schema)
     return ConvertResult(out=out, schema=schema, bytes=sum(s for _, s in done.values()),
                          seconds=time.perf_counter() - started, workers=workers)
+
+
+def _schema(fields, source: Source, options: ConvertOptions) -> Schema:
+    schema = Schema(fields=tuple(fields), format=options.format, source=os.path.abspath(source.path),
+                    source_kind=source.kind, class_names=source.class_names)
+    return example_schema(schema) if options.format == "example" else schema
+
+
+def _csv_shards(pool, plan, tasks, schema: Schema, out: str, done: dict, on_shard) -> Schema:
+    """Every shard written with its own types, then those narrower than the file's written again;
+    the shards left under their temporary names; the schema with the file's types."""
+    kinds = {}
+    for index, local, count, size in pool.imap(_write_csv_shard, tasks):  # in order: the first bad line raises
+        kinds[index], done[index] = local, (count, size)
+        if on_shard:
+            on_shard(count)
+    merged = csvsplit.merge_kinds(list(kinds.values()))
+    again = [(*task, merged) for task in tasks if kinds[task[0]] != merged]
+    for index, _, count, size in pool.imap(_write_csv_shard, again):
+        done[index] = (count, size)
+    for index in done:
+        os.replace(os.path.join(out, _tmp_name(index)), os.path.join(out, shard_name(index)))
+    schema = replace(schema, fields=tuple(Field(n, k) for n, k in zip(plan.names, merged)), notes=())
+    return example_schema(schema) if schema.format == "example" else schema
+
+
+def _csv_fields(names, kinds, fmt: str) -> tuple[Field, ...]:
+    fields = tuple(Field(name, kind) for name, kind in zip(names, kinds))
+    return example_schema(Schema(fields=fields)).fields if fmt == "example" else fields
+
+
+def _tmp_name(index: int) -> str:
+    return f".{shard_name(index)}.tmp"
+
+
+class _Pool:
+    """``imap`` over ``workers`` processes (fork where available), or in this process for one."""
+
+    def __init__(self, workers: int, job):
+        self.workers, self.job, self.pool = workers, job, None
+
+    def __enter__(self):
+        _init(self.job)
+        if self.workers > 1:
+            ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else None)
+            self.pool = ctx.Pool(self.workers, initializer=_init, initargs=(self.job,))
+        return self
+
+    def imap(self, fn, tasks):
+        return self.pool.imap(fn, tasks) if self.pool else map(fn, tasks)
+
+    def __exit__(self, *exc) -> None:
+        if self.pool is not None:
+            self.pool.terminate()
+            self.pool.join()
 
 
 def _prepare_out(src: str, out: str, *, overwrite: bool) -> None:
@@ -148,8 +207,6 @@ def _prepare_out(src: str, out: str, *, overwrite: bool) -> None:
 def example_schema(schema: Schema) -> Schema:
     """The schema of ``format: example`` records: float64 fields are float32 (the one float kind a
     tf.train.Example holds), noted in ``notes``."""
-    from flextrain.data.rows import Field
-
     fields, notes = [], []
     for f in schema.fields:
         if f.dtype == "float64":
@@ -210,9 +267,31 @@ def _write_shard(task: tuple[int, int, int]) -> tuple[int, int, int]:
     except ValueError as exc:
         raise DataError(f"{source.path}, records {start}..{end - 1}: {exc}") from None
     final = os.path.join(out, shard_name(index))
-    tmp = os.path.join(out, f".{shard_name(index)}.tmp")
-    with RecordIOWriter(tmp, compressor=compressor, max_chunk_size=_MAX_CHUNK_SIZE) as writer:
+    _write_records(os.path.join(out, _tmp_name(index)), records, compressor)
+    os.replace(os.path.join(out, _tmp_name(index)), final)
+    return index, len(records), os.path.getsize(final)
+
+
+def _write_records(path: str, records: list[bytes], compressor: Compressor) -> int:
+    with RecordIOWriter(path, compressor=compressor, max_chunk_size=_MAX_CHUNK_SIZE) as writer:
         for record in records:
             writer.write(record)
-    os.replace(tmp, final)
-    return index, len(records), os.path.getsize(final)
+    return os.path.getsize(path)
+
+
+def _write_csv_shard(task) -> tuple[int, tuple[str, ...], int, int]:
+    """Parse one shard's byte range, encode it with ``kinds`` (given: the file's; else its own, inferred),
+    write it under its temporary name: ``(index, kinds, records, bytes)``."""
+    index, count, start, end, line, *given = task
+    plan, schema, out, compressor = _JOB["job"]
+    rows = csvsplit.parse_range(plan.path, csvsplit.read_range(plan.path, start, end), start, line,
+                                width=plan.width, first_line=plan.first_line)
+    if len(rows) != count:  # the plan and the csv module disagree on what a record is: never expected
+        raise DataError(f"{plan.path}, line {line}: {len(rows)} records where {count} were counted")
+    kinds, columns = csvsplit.parse_columns(rows, plan.names, given[0] if given else None)
+    schema = replace(schema, fields=_csv_fields(plan.names, kinds, schema.format))
+    try:
+        records = encode_examples(columns, schema) if schema.format == "example" else encode_rows(columns, schema)
+    except ValueError as exc:
+        raise DataError(f"{plan.path}, line {line} on: {exc}") from None
+    return index, kinds, len(records), _write_records(os.path.join(out, _tmp_name(index)), records, compressor)
