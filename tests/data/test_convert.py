@@ -300,3 +300,76 @@ def test_convert_as_a_real_subprocess(tmp_path):
     assert len(proc.stdout.strip().splitlines()) == 1 and "\x1b" not in proc.stderr  # no bar: not a TTY
     got = read_back(tmp_path / "o")
     assert np.array_equal(got["x"], np.arange(30, dtype=np.float32).reshape(10, 3))
+
+
+# ---- CSV parsed by the workers (flextrain.data.convert.csvsplit) -----------------------------
+def whole_file_shards(src: Path, out: Path, monkeypatch, **options) -> None:
+    """The reference: the whole-file path (the calling process parses every row), as before the split."""
+    from flextrain.data.convert import csvsplit
+
+    with monkeypatch.context() as m:
+        m.setattr(csvsplit, "plan_csv", lambda *a, **k: None)
+        convert(src, out, ConvertOptions(**options))
+
+
+def test_a_large_csv_split_across_workers_matches_the_whole_file_path(tmp_path, monkeypatch):
+    from flextrain.data.convert import csvsplit
+
+    rng = np.random.default_rng(5)
+    n = 3000
+    x = rng.normal(size=n)
+    ints = rng.integers(-1000, 1000, size=n)
+    late_float = ints.astype(str).astype(object)
+    late_float[2500] = "0.5"  # an int column until shard 5 of 6: int64 narrows nothing, float64 it is
+    words = rng.integers(0, 50, size=n).astype(str).astype(object)
+    words[1700] = "seven"  # numbers until shard 3: a string column
+    lines = ["x,i,late,w"] + [f"{float(a)!r},{b},{c},{d}" for a, b, c, d in zip(x, ints, late_float, words)]
+    lines.insert(900, "")  # blank lines are no records
+    lines.insert(1800, "")
+    (tmp_path / "big.csv").write_bytes(("\r\n".join(lines) + "\r\n").encode())  # CRLF line ends
+    assert csvsplit.plan_csv(str(tmp_path / "big.csv")).num_rows == n  # the parallel path is taken
+    for fmt in ("recordio", "example"):
+        for k in (1, 2, 3):
+            convert(tmp_path / "big.csv", tmp_path / f"{fmt}{k}", ConvertOptions(format=fmt, shard_size=500, workers=k))
+        whole_file_shards(tmp_path / "big.csv", tmp_path / f"{fmt}-whole", monkeypatch, format=fmt, shard_size=500)
+        schema = load_schema(tmp_path / f"{fmt}1")
+        assert [(f.name, f.dtype) for f in schema.fields] == [
+            ("x", "float64" if fmt == "recordio" else "float32"), ("i", "int64"),
+            ("late", "float64" if fmt == "recordio" else "float32"), ("w", "string")]
+        assert schema.shards == tuple((f"data-0000{i}", 500) for i in range(6))
+        names = sorted(os.listdir(tmp_path / f"{fmt}-whole"))
+        for k in (1, 2, 3):
+            assert sorted(os.listdir(tmp_path / f"{fmt}{k}")) == names
+            for name in names:
+                assert (tmp_path / f"{fmt}{k}" / name).read_bytes() == (tmp_path / f"{fmt}-whole" / name).read_bytes()
+    got = read_back(tmp_path / "recordio2")
+    assert np.array_equal(got["x"], x) and np.array_equal(got["i"], ints)
+    assert got["late"][2500] == 0.5 and got["w"][1700] == "seven" and got["w"][0] == str(words[0])
+
+
+def test_split_csv_errors_name_the_line_in_the_file(tmp_path, capsys):
+    rows = [f"{k},{k * 2}" for k in range(1000)]
+    rows[777] = "1,2,3"
+    (tmp_path / "r.csv").write_text("a,b\n\n" + "\n".join(rows) + "\n")
+    for workers in ("1", "2"):
+        assert "r.csv, line 780: 3 field(s), but line 1 has 2 (a ragged CSV line)" in error_of(
+            capsys, str(tmp_path / "r.csv"), "--out", str(tmp_path / f"o{workers}"), "--shard-size", "100",
+            "--workers", workers)
+        assert not os.listdir(tmp_path / f"o{workers}")  # nothing left behind
+    (tmp_path / "u.csv").write_bytes(b"a,b\n" + b"1,2\n" * 300 + b"3,\xff\n")
+    assert f"u.csv is not UTF-8 text (invalid start byte at byte {4 + 4 * 300 + 2})" in \
+        error_of(capsys, str(tmp_path / "u.csv"), "--out", str(tmp_path / "o3"), "--shard-size", "100")
+
+
+def test_quotes_or_lone_carriage_returns_keep_the_whole_file_path(tmp_path):
+    from flextrain.data.convert import csvsplit
+
+    write_csv(tmp_path / "q.csv", [[k, f"line\nbreak {k}"] for k in range(50)], header=["n", "s"])
+    assert csvsplit.plan_csv(str(tmp_path / "q.csv")) is None
+    convert(tmp_path / "q.csv", tmp_path / "o", ConvertOptions(shard_size=7, workers=2))
+    got = read_back(tmp_path / "o")
+    assert got["s"] == [f"line\nbreak {k}" for k in range(50)] and got["n"].tolist() == list(range(50))
+    (tmp_path / "cr.csv").write_bytes(b"a,b\r1,2\r3,4\r")
+    assert csvsplit.plan_csv(str(tmp_path / "cr.csv")) is None
+    convert(tmp_path / "cr.csv", tmp_path / "o2", ConvertOptions(workers=2))
+    assert read_back(tmp_path / "o2")["b"].tolist() == [2, 4]
