@@ -2,6 +2,7 @@
 
 * :mod:`~flextrain.data.convert.sources` -- what a source is (by extension or content) and :func:`open_source`
 * :mod:`~flextrain.data.convert.tabular` -- CSV, JSON lines, ``.npy``/``.npz``, Parquet
+* :mod:`~flextrain.data.convert.csvsplit` -- a CSV file cut into shard byte ranges that workers parse
 * :mod:`~flextrain.data.convert.images` -- image folders (torchvision's ImageFolder layout)
 * :mod:`~flextrain.data.convert.writer` -- :func:`convert`: shards ``data-00000``, ... written by a pool
 * :mod:`~flextrain.data.convert.inspect` -- :func:`inspect_dir`: schema, counts, first records

@@ -1,6 +1,7 @@
 """Tabular sources of ``flextrain data convert``: CSV, JSON lines, NumPy ``.npy``/``.npz``, Parquet.
 
-Each is parsed and checked whole when opened; the dtypes are inferred from
+Each is parsed and checked whole when opened (``flextrain data convert`` parses a CSV
+file without quotes in its workers instead: :mod:`~flextrain.data.convert.csvsplit`); the dtypes are inferred from
 every value, never narrowed (a float16 array stays float16, a CSV column of
 integers is int64, of other numbers float64, else string).
 """
