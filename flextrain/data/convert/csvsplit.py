@@ -33,7 +33,7 @@ import numpy as np
 from flextrain.data.convert.tabular import is_number
 from flextrain.data.errors import DataError
 
-__all__ = ["CsvPlan", "plan_csv", "shard_tasks", "parse_range", "parse_columns", "merge_kinds", "KINDS"]
+__all__ = ["CsvPlan", "plan_csv", "shard_tasks", "read_range", "parse_range", "parse_columns", "merge_kinds", "KINDS"]
 
 KINDS = ("int64", "float64", "string")  # each holds every value of the ones before it
 _BLOCK = 64 * 1024 * 1024  # bytes scanned at a time for line ends
