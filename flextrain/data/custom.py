@@ -171,12 +171,20 @@ class CustomSource:
         what = f"{self.where}: read_records(task) of {self.call} for records [{start}, {end}) of shard {shard_name!r}"
         want = end - start
         try:
-            records = list(itertools.islice(self.reader.read_records(task), want + 1))
+            returned = self.reader.read_records(task)
+            try:
+                records = iter(returned)
+            except TypeError:
+                raise CustomReaderError(f"{what} returned {'None' if returned is None else type(returned).__name__}, "
+                                        "not an iterable of records") from None
+            records = list(itertools.islice(records, want + 1))
+        except CustomReaderError:
+            raise
         except Exception as exc:  # from the call or while iterating a generator
             raise CustomReaderError(f"{what} raised {_raised(exc)}") from exc
         if len(records) != want:
-            raise CustomReaderError(f"{what} returned {'more than ' if len(records) > want else ''}"
-                                    f"{len(records)} records; it must return exactly end - start = {want}")
+            got = f"more than {want}" if len(records) > want else str(len(records))
+            raise CustomReaderError(f"{what} returned {got} records; it must return exactly end - start = {want}")
         return records
 
 
