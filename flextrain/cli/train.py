@@ -292,8 +292,14 @@ def cmd_train(args) -> int:
 
             check_positive_finite("--preflight-timeout", args.preflight_timeout)
         # Everything checkable is checked before a single process starts; the cheap checks first.
+        if spec.training.preflight:  # the contract on real records, in a child: the module is code we cannot trust
+            from flextrain.worker.preflight import run_preflight
+
+            run_preflight(spec, timeout=args.preflight_timeout)
+        # The data's shards, here too for the warnings about skipped files. After preflight: a module's
+        # custom_data_reader plans its own shards, so the module is imported (in this process only once
+        # preflight has seen it import and return); a reader that fails is refused, named.
         skipped: list[str] = []
-        # A module's custom_data_reader plans its own shards (a reader that fails is refused here, named).
         opts = {"options": DataOptions.of(spec.data), "skipped": skipped, "reader": custom_reader_of(spec),
                 "records_per_task": spec.training.global_batch_size * spec.training.steps_per_task}
         plan_shards(spec.data.training, what="training data", **opts)
@@ -301,10 +307,6 @@ def cmd_train(args) -> int:
             plan_shards(spec.data.validation, what="validation data", **opts)
         for warning in skipped:
             print(f"flextrain: warning: {warning}", file=sys.stderr)
-        if spec.training.preflight:  # the contract on real records, in a child: the module is code we cannot trust
-            from flextrain.worker.preflight import run_preflight
-
-            run_preflight(spec, timeout=args.preflight_timeout)
         model_def = load_model_def(spec.model_def)  # without preflight, at least names and signatures
         if spec.training.auto_micro_batch:  # without preflight, the module is first seen here
             from flextrain.worker.probing import check_framework

@@ -7,8 +7,9 @@ when a check fails. The child does what a worker does up to and through its
 first training step, through the worker's own code, so a module that passes
 here gets past the same points in a worker:
 
-1. the training (and validation) data lists: ``make_shards`` (or the module's ``custom_data_reader``);
-2. the module imports and has every name with a usable signature: ``load_model_def``;
+1. the module imports, and the training (and validation) data lists: ``make_shards``, or the
+   shards of the module's ``custom_data_reader`` (flextrain.data.custom);
+2. the module has every name with a usable signature: ``load_model_def``;
 3. seeded like a worker, the model callable returns a ``torch.nn.Module`` (a
    Keras ``Model`` for TensorFlow modules) with trainable parameters:
    ``ModelDef.build_model``;
@@ -164,9 +165,9 @@ def child_main(spec_json: str) -> int:
 def check(spec: JobSpec, *, on_stage=lambda stage: None) -> None:
     """Every check of the module docstring, in this process; raises ModelDefError/DataError naming the problem."""
     run = _Stages(spec.model_def, on_stage)
-    with run.stage("listing the data"):
-        # The CLI warned about skipped files already. A module's custom_data_reader plans its own shards.
+    with run.stage(f"importing the module of {spec.model_def}"):  # its custom_data_reader plans its own shards
         reader = module_attribute(spec.model_def, "custom_data_reader")
+    with run.stage("listing the data"):  # the CLI warns about skipped files
         shard = job_shards(spec, Mode.TRAINING, reader=reader)[0]
         validation = job_shards(spec, Mode.EVALUATION, reader=reader)[0] if spec.data.validation else None
     with run.stage(f"importing the module of {spec.model_def}"):
