@@ -101,6 +101,7 @@ def cmd_master(args) -> int:
     """
     from flextrain.data import DataError
     from flextrain.job import JobSpecError
+    from flextrain.job.usermodule import ModelDefError  # the master imports a module for its custom_data_reader
     from flextrain.k8s import meta
     from flextrain.k8s.resource import ResourceError, jobspec_from_resource
     from flextrain.master.main import ResumeError, run_master
@@ -138,8 +139,6 @@ def cmd_master(args) -> int:
         return 0
     # The module's contract, before a single worker pod exists (a script job has no module contract).
     if spec.training.preflight and not resume and not spec.is_script:
-        from flextrain.worker.module import ModelDefError
-
         try:
             _preflight(spec)
         except (DataError, JobSpecError, ModelDefError) as exc:  # the job's input: relaunching cannot help
@@ -154,7 +153,7 @@ def cmd_master(args) -> int:
                                          api_client=api)
         except ResumeError as exc:
             outcome["error"] = f"the relaunched master cannot resume: {exc}"
-        except (DataError, JobSpecError) as exc:  # the job's input: no relaunch can fix it
+        except (DataError, JobSpecError, ModelDefError) as exc:  # the job's input: no relaunch can fix it
             outcome["error"] = f"the master cannot start: {exc}"
         except BaseException as exc:  # reported below; the pod fails and the operator relaunches
             log.exception("master of %s/%s crashed", namespace, args.job)

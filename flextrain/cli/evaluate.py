@@ -111,7 +111,7 @@ def _spec(args, job_type, **fields):
 
 
 def _check_and_run(spec, data: str, what: str, args) -> int:
-    from flextrain.data import DataError, DataOptions, make_shards
+    from flextrain.data import DataError, DataOptions, plan_shards
     from flextrain.job import JobSpecError, JobType
     from flextrain.master.jobdir import JobDirError, guard
     from flextrain.master.main import run_master
@@ -131,7 +131,8 @@ def _check_and_run(spec, data: str, what: str, args) -> int:
         else:
             load_outputs_processor(model_def)
         skipped: list[str] = []
-        make_shards(data, what=what, options=DataOptions.of(spec.data), skipped=skipped)
+        plan_shards(data, what=what, options=DataOptions.of(spec.data), skipped=skipped, reader=model_def.custom_data_reader,
+                    records_per_task=spec.training.global_batch_size * spec.training.steps_per_task)
         for warning in skipped:
             print(f"flextrain: warning: {warning}", file=sys.stderr)
         make_predictor(model_def, model_def.build_model()).load_checkpoint(spec.checkpoint)

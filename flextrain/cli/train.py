@@ -265,11 +265,11 @@ def resume_spec(args):
 
 
 def cmd_train(args) -> int:
-    from flextrain.data import DataError, DataOptions, make_shards
+    from flextrain.data import DataError, DataOptions, plan_shards
     from flextrain.job import JobSpecError, Strategy
     from flextrain.master.batches import job_schedule
     from flextrain.master.jobdir import JobDirError, guard
-    from flextrain.master.main import run_master
+    from flextrain.master.main import custom_reader_of, run_master
     from flextrain.worker.module import Framework, ModelDefError, load_model_def
 
     if args.resume and args.overwrite:  # before the stored job is even read
@@ -292,16 +292,21 @@ def cmd_train(args) -> int:
 
             check_positive_finite("--preflight-timeout", args.preflight_timeout)
         # Everything checkable is checked before a single process starts; the cheap checks first.
-        skipped: list[str] = []
-        make_shards(spec.data.training, what="training data", options=DataOptions.of(spec.data), skipped=skipped)
-        if spec.data.validation:
-            make_shards(spec.data.validation, what="validation data", options=DataOptions.of(spec.data), skipped=skipped)
-        for warning in skipped:
-            print(f"flextrain: warning: {warning}", file=sys.stderr)
         if spec.training.preflight:  # the contract on real records, in a child: the module is code we cannot trust
             from flextrain.worker.preflight import run_preflight
 
             run_preflight(spec, timeout=args.preflight_timeout)
+        # The data's shards, here too for the warnings about skipped files. After preflight: a module's
+        # custom_data_reader plans its own shards, so the module is imported (in this process only once
+        # preflight has seen it import and return); a reader that fails is refused, named.
+        skipped: list[str] = []
+        opts = {"options": DataOptions.of(spec.data), "skipped": skipped, "reader": custom_reader_of(spec),
+                "records_per_task": spec.training.global_batch_size * spec.training.steps_per_task}
+        plan_shards(spec.data.training, what="training data", **opts)
+        if spec.data.validation:
+            plan_shards(spec.data.validation, what="validation data", **opts)
+        for warning in skipped:
+            print(f"flextrain: warning: {warning}", file=sys.stderr)
         model_def = load_model_def(spec.model_def)  # without preflight, at least names and signatures
         if spec.training.auto_micro_batch:  # without preflight, the module is first seen here
             from flextrain.worker.probing import check_framework

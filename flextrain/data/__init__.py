@@ -4,6 +4,7 @@ Foundation layer: imports nothing from the rest of flextrain.
 """
 
 from flextrain.data.csv import CSVReader
+from flextrain.data.custom import CustomReaderError, CustomSource, ReaderTask, custom_source, plan_shards
 from flextrain.data.digits import DIGITS_RECORD_BYTES, decode_digits, encode_digits, write_digits
 from flextrain.data.errors import CorruptRecordIOError, DataError
 from flextrain.data.parquet import ParquetReader
@@ -30,6 +31,11 @@ from flextrain.data.sources import (
 
 __all__ = [
     "DataError",
+    "CustomReaderError",
+    "CustomSource",
+    "ReaderTask",
+    "custom_source",
+    "plan_shards",
     "CorruptRecordIOError",
     "Compressor",
     "ChunkInfo",

@@ -18,8 +18,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
-from flextrain.data import DataOptions, make_shards
+from flextrain.data import DataOptions, plan_shards
 from flextrain.job import Backend, JobSpec, JobType, Strategy
+from flextrain.job.usermodule import module_attribute
 from flextrain.master.adaptive_batches import AdaptiveSchedule
 from flextrain.master.batches import job_schedule
 from flextrain.master.checkpoints import CheckpointStore, StateWriteError, write_bytes_atomic
@@ -53,17 +54,20 @@ class ResumeError(RuntimeError):
 def build_ledger(spec: JobSpec, skipped: list[str] | None = None) -> TaskLedger:
     """The job's tasks: training epochs, evaluations of the validation data, or prediction tasks.
 
-    Warnings about data files skipped under --skip-unknown-files go to ``skipped`` (else the log)."""
+    Warnings about data files skipped under --skip-unknown-files go to ``skipped`` (else the log).
+    A module that defines ``custom_data_reader`` plans its own shards (flextrain.data.custom): the master
+    imports it for that name only."""
     if spec.is_script:  # a script reads its own data: no tasks
         return TaskLedger(shards=[], epochs=0, global_batch_size=spec.training.global_batch_size,
                           steps_per_task=spec.training.steps_per_task)
-    opts = {"options": DataOptions.of(spec.data), "skipped": skipped}
+    opts = {"options": DataOptions.of(spec.data), "skipped": skipped, "reader": custom_reader_of(spec),
+            "records_per_task": spec.training.global_batch_size * spec.training.steps_per_task}
     training = spec.job_type is JobType.TRAINING
-    shards = make_shards(spec.data.training, what="training data", **opts) if training else []
+    shards = plan_shards(spec.data.training, what="training data", **opts) if training else []
     evaluate = spec.data.validation and spec.job_type is not JobType.PREDICTION
-    eval_shards = make_shards(spec.data.validation, what="validation data", **opts) if evaluate else []
+    eval_shards = plan_shards(spec.data.validation, what="validation data", **opts) if evaluate else []
     predict = spec.job_type is JobType.PREDICTION
-    pred_shards = make_shards(spec.data.prediction, what="prediction data", **opts) if predict else []
+    pred_shards = plan_shards(spec.data.prediction, what="prediction data", **opts) if predict else []
     return TaskLedger(
         shards=shards, epochs=spec.training.epochs if training else 0, global_batch_size=spec.training.global_batch_size,
         steps_per_task=spec.training.steps_per_task, shuffle=spec.training.shuffle, seed=spec.training.seed,
@@ -72,6 +76,11 @@ def build_ledger(spec: JobSpec, skipped: list[str] | None = None) -> TaskLedger:
         # The trace read (and checked, naming its line) here too: in a pod, the operator could not read a path.
         schedule=job_schedule(spec) if training else None,
     )
+
+
+def custom_reader_of(spec: JobSpec):
+    """The module's ``custom_data_reader`` (None if it defines none, or the job runs a script)."""
+    return None if spec.is_script else module_attribute(spec.model_def, "custom_data_reader")
 
 
 def read_ahead_env(*, cores: int, threads: int, workers: int, gpu: bool) -> dict[str, str]:
@@ -346,4 +355,4 @@ def _restore_signal_handlers(previous) -> None:
         signal.signal(sig, handler)
 
 
-__all__ = ["run_master", "build_ledger", "ResumeError"]
+__all__ = ["run_master", "build_ledger", "custom_reader_of", "ResumeError"]

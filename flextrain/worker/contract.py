@@ -9,37 +9,15 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any
 
-
-class Mode(str, enum.Enum):
-    """What ``feed`` is asked to prepare records for."""
-
-    TRAINING = "training"
-    EVALUATION = "evaluation"
-    PREDICTION = "prediction"
-
-
-class ModelDefError(ValueError):
-    """The model-zoo module does not satisfy the contract."""
-
-
-def raised(exc: BaseException) -> str:
-    """``ValueError: bad shape``: a user's exception as a message names it."""
-    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-
-
-def returned(value: Any) -> str:
-    """What a user's function returned, for a message: ``None``, else its type (``list``, ``Tensor``)."""
-    return "None" if value is None else type(value).__name__
+# The loader's vocabulary lives below both master and worker (the master loads a module for its
+# custom_data_reader); re-exported here, where the worker has always found it.
+from flextrain.job.usermodule import TF_INSTALL_HINT, Mode, ModelDefError, raised, returned
 
 
 class Framework(str, enum.Enum):
     PYTORCH = "pytorch"
     TENSORFLOW = "tensorflow"
-
-
-TF_INSTALL_HINT = "pip install 'flextrain[tensorflow]'"
 
 
 @dataclass(frozen=True)

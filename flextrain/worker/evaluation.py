@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING, Any, Iterator, NamedTuple
 
 import numpy as np
 
-from flextrain.data import read_shard_range
 from flextrain.elastic.metrics import MergeableMetric
 from flextrain.proto import flextrain_pb2 as pb
 from flextrain.worker.contract import FeedMetadata, Mode, ModelDefError
+from flextrain.worker.reading import read_task_records
 
 if TYPE_CHECKING:  # the implementations import this module; ModelDef is only a type here
     from flextrain.worker.module import ModelDef
@@ -126,9 +126,11 @@ def metric_sums(model_def: ModelDef, predictor: Predictor, records: list[bytes],
 
 
 def evaluate_task(model_def: ModelDef, predictor: Predictor, task: pb.Task, *,
-                  batch_size: int) -> EvalSums:
-    """Read an evaluation task's records and return its metric sums and sample count."""
-    records = read_shard_range(task.source, task.start, task.end, columns=model_def.columns)
+                  batch_size: int, data_origin: str | None = None) -> EvalSums:
+    """Read an evaluation task's records and return its metric sums and sample count
+    (``data_origin``: the validation data string, for a module's custom_data_reader)."""
+    records = read_task_records(model_def, task.source, task.start, task.end, mode=Mode.EVALUATION,
+                                data_origin=data_origin)
     meta = FeedMetadata(task.source, task.start, task.end, task.epoch)
     return metric_sums(model_def, predictor, records, metadata=meta, batch_size=batch_size)
 

@@ -274,7 +274,7 @@ def _run_inference_job(spec, client, reg, model_def, model, worker_id, doing: _D
         else:
             _take_tasks(client, state, pb.Task.PREDICTION, lambda task: predict_task(
                 model_def, predictor, task, output=spec.output, batch_size=spec.training.effective_max_micro_batch,
-                worker_id=worker_id, processor=processor))
+                worker_id=worker_id, processor=processor, data_origin=spec.data.prediction))
     finally:
         done.set()
     return 0
@@ -312,6 +312,7 @@ def _evaluate(spec, client, model_def, predictor, state, model_version: int, pos
     records at a time (default: the job's max micro-batch)."""
     batch = batch or spec.training.effective_max_micro_batch
     return _take_tasks(client, state, pb.Task.EVALUATION,
-                       lambda task: evaluate_task(model_def, predictor, task, batch_size=batch),
+                       lambda task: evaluate_task(model_def, predictor, task, batch_size=batch,
+                                                          data_origin=spec.data.validation),
                        model_version=model_version, position=position)
 

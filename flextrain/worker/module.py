@@ -4,7 +4,8 @@ The contract (DESIGN.md, "Model-zoo module contract"): a zero-argument model
 callable named by ``--model-def``, ``loss(labels, predictions)``,
 ``optimizer(params, lr=...)`` (TensorFlow: ``optimizer(lr=...)``),
 ``feed(records, mode, metadata)`` (alias ``dataset_fn``), and optionally
-``eval_metrics_fn()`` and ``callbacks()``.
+``eval_metrics_fn()``, ``callbacks()`` and ``custom_data_reader(data_origin, ...)``
+(the module reads its own data: :mod:`flextrain.data.custom`, :mod:`flextrain.worker.reading`).
 
 Framework: a module that imports ``tensorflow`` or ``keras`` (and not
 ``torch``) is a TensorFlow module; one that imports ``torch`` (and not TF) is a
@@ -27,25 +28,16 @@ directory, e.g. ``model_zoo.digits_torch.Model``).
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import inspect
-import os
-import sys
-import zlib
 from dataclasses import dataclass
-from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable
 
 from flextrain.elastic.metrics import AUC, MergeableMetric
-
-
+from flextrain.job.usermodule import TF_PACKAGES as _TF_PACKAGES
+from flextrain.job.usermodule import import_module_of
 from flextrain.worker.contract import (TF_INSTALL_HINT, FeedMetadata, Framework, Mode,  # noqa: F401 (re-exported)
                                       ModelDefError, raised, returned)
-
-_TF_PACKAGES = ("tensorflow", "keras", "tf_keras")
-
 
 @dataclass(frozen=True)
 class ModelDef:
@@ -58,6 +50,9 @@ class ModelDef:
     eval_metrics_fn: Callable | None
     callbacks: Callable | None
     framework: Framework = Framework.PYTORCH
+    #: ElasticDL's ``custom_data_reader(data_origin, records_per_task=None, **kwargs)``: the module reads
+    #: its own data (flextrain.data.custom); None: flextrain's sources read the data path.
+    custom_data_reader: Callable | None = None
 
     @property
     def path(self) -> str:
@@ -125,71 +120,6 @@ def _metric(where: str, name: str, m):
     return m
 
 
-_ELASTICDL_CONSTANTS = "elasticdl.python.common.constants"
-
-
-def _install_elasticdl_shim() -> None:
-    """Make ``from elasticdl.python.common.constants import Mode`` give flextrain's Mode.
-
-    ElasticDL modules import it; they must run unchanged without an
-    ``elasticdl`` package installed. A real installed package is left alone.
-    """
-    if _ELASTICDL_CONSTANTS in sys.modules or importlib.util.find_spec("elasticdl") is not None:
-        return
-    parts = _ELASTICDL_CONSTANTS.split(".")
-    for i in range(1, len(parts) + 1):
-        name = ".".join(parts[:i])
-        module = sys.modules.setdefault(name, ModuleType(name))
-        module.__path__ = []  # a package, so the next level can be imported
-        if i > 1:
-            setattr(sys.modules[".".join(parts[: i - 1])], parts[i - 1], module)
-    sys.modules[_ELASTICDL_CONSTANTS].Mode = Mode
-
-
-def _split_spec(spec: str) -> tuple[str, str]:
-    if ":" in spec:
-        target, name = spec.rsplit(":", 1)
-    elif "." in spec and not spec.endswith(".py"):
-        target, name = spec.rsplit(".", 1)
-    else:
-        raise ModelDefError(
-            f"--model-def {spec!r} names no callable: use path/to/module.py:Name or package.module.Name"
-        )
-    if not target or not name or not name.isidentifier():
-        raise ModelDefError(f"--model-def {spec!r} names no callable: use path/to/module.py:Name")
-    return target, name
-
-
-def _import(target: str, spec: str) -> ModuleType:
-    path = Path(target)
-    # A slash or ".py" means a file path: never a module name to import (that read "No module named 'a/b'").
-    path_like = target.endswith(".py") or "/" in target or os.sep in target
-    if path.is_dir() and (path_like or not (path / "__init__.py").is_file()):  # a package is `pkg:Name`
-        raise ModelDefError(f"--model-def {spec!r}: {target} is a directory, not a module file "
-                            "(expected path/to/module.py:Name)")
-    if path_like or path.is_file():
-        if not path.is_file():
-            raise ModelDefError(f"--model-def {spec!r}: module file {target} not found")
-        return _import_file(path.resolve())
-    dotted_file = Path(*target.split(".")).with_suffix(".py")
-    if dotted_file.is_file():  # ElasticDL style: module path relative to the working directory
-        return _import_file(dotted_file.resolve())
-    try:
-        return importlib.import_module(target)
-    except (ImportError, TypeError) as exc:  # TypeError: a relative name such as ".models"
-        _raise_if_tf_missing(exc, target)
-        raise ModelDefError(f"--model-def {spec!r}: cannot import module {target!r}: {exc}") from exc
-
-
-def _raise_if_tf_missing(exc: BaseException, where: str) -> None:
-    missing = getattr(exc, "name", None) or ""
-    if isinstance(exc, ImportError) and missing.split(".")[0] in _TF_PACKAGES:
-        raise ModelDefError(
-            f"{where} is a TensorFlow module but TensorFlow is not installed "
-            f"(import of {missing!r} failed); install it with: {TF_INSTALL_HINT}"
-        ) from exc
-
-
 def _framework(module: ModuleType, optimizer: Callable) -> Framework:
     """TensorFlow if the module imported TF/Keras and not torch; torch conversely; else by signature."""
     roots = set()
@@ -201,27 +131,6 @@ def _framework(module: ModuleType, optimizer: Callable) -> Framework:
     if uses_tf != uses_torch:
         return Framework.TENSORFLOW if uses_tf else Framework.PYTORCH
     return Framework.TENSORFLOW if _positional_arity(optimizer)[0] == 0 else Framework.PYTORCH
-
-
-def _import_file(path: Path) -> ModuleType:
-    # The same name in every process (str hashes are salted per process): the module's classes are then
-    # named alike everywhere, e.g. in the micro-batch probe's cache key (flextrain.elastic.probe.probe_key).
-    name = f"flextrain_user_{path.stem}_{zlib.crc32(str(path).encode()) & 0xFFFFFF:x}"
-    if name in sys.modules:
-        return sys.modules[name]
-    loader_spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(loader_spec)
-    sys.modules[name] = module
-    sys.path.insert(0, str(path.parent))  # sibling imports inside the model zoo
-    try:
-        loader_spec.loader.exec_module(module)
-    except Exception as exc:
-        del sys.modules[name]
-        _raise_if_tf_missing(exc, str(path))
-        raise ModelDefError(f"{path}: importing the module failed: {exc!r}") from exc
-    finally:
-        sys.path.remove(str(path.parent))
-    return module
 
 
 def _positional_arity(fn: Callable) -> tuple[int, int, bool]:
@@ -261,10 +170,8 @@ def _require(module: ModuleType, where: str, name: str, usage: str, nargs: int |
 
 def load_model_def(spec: str) -> ModelDef:
     """Import the module named by ``--model-def`` and check the contract."""
-    target, name = _split_spec(spec)
-    _install_elasticdl_shim()
-    module = _import(target, spec)
-    where = getattr(module, "__file__", target)
+    module, name = import_module_of(spec)
+    where = getattr(module, "__file__", module.__name__)
     model_fn = getattr(module, name, None)
     if model_fn is None:
         raise ModelDefError(f"{where} defines no `{name}` (named by --model-def {spec!r})")
@@ -288,8 +195,13 @@ def load_model_def(spec: str) -> ModelDef:
     callbacks = getattr(module, "callbacks", None)
     if callbacks is not None:
         _require(module, where, "callbacks", "callbacks()", 0)
+    custom_data_reader = getattr(module, "custom_data_reader", None)
+    if custom_data_reader is not None:
+        _require(module, where, "custom_data_reader", "custom_data_reader(data_origin, records_per_task=None, "
+                 "**kwargs) returning a reader with create_shards() and read_records(task)", 1)
     _check_columns(module, where)
-    return ModelDef(spec, module, model_fn, loss, optimizer, feed, eval_metrics_fn, callbacks, framework)
+    return ModelDef(spec, module, model_fn, loss, optimizer, feed, eval_metrics_fn, callbacks, framework,
+                    custom_data_reader)
 
 
 def _check_columns(module: ModuleType, where: str) -> None:

@@ -21,13 +21,13 @@ from typing import Any
 
 import numpy as np
 
-from flextrain.data import read_shard_range
 from flextrain.data.predictions import write_part
 from flextrain.data.sql import is_sql_url
 from flextrain.data.sql_output import write_task_rows
 from flextrain.proto import flextrain_pb2 as pb
 from flextrain.worker.evaluation import Predictor, batch_len, to_numpy
 from flextrain.worker.module import FeedMetadata, Mode, ModelDef, ModelDefError
+from flextrain.worker.reading import read_task_records
 
 
 def load_outputs_processor(model_def: ModelDef):
@@ -72,9 +72,11 @@ def _concat(parts: list[Any]) -> Any:
 
 
 def predict_task(model_def: ModelDef, predictor: Predictor, task: pb.Task, *, output: str, batch_size: int,
-                 worker_id: str, processor=None) -> int:
-    """Predict every record of ``task`` and write its part file; returns the rows written."""
-    records = read_shard_range(task.source, task.start, task.end, columns=model_def.columns)
+                 worker_id: str, processor=None, data_origin: str | None = None) -> int:
+    """Predict every record of ``task`` and write its part file; returns the rows written
+    (``data_origin``: the prediction data string, for a module's custom_data_reader)."""
+    records = read_task_records(model_def, task.source, task.start, task.end, mode=Mode.PREDICTION,
+                                data_origin=data_origin)
     meta = FeedMetadata(task.source, task.start, task.end, task.epoch)
     rows, outputs = [], []
     for predictions, _ in predictor.batches(records, mode=Mode.PREDICTION, metadata=meta, batch_size=batch_size):

@@ -7,8 +7,9 @@ when a check fails. The child does what a worker does up to and through its
 first training step, through the worker's own code, so a module that passes
 here gets past the same points in a worker:
 
-1. the training (and validation) data lists: ``make_shards``;
-2. the module imports and has every name with a usable signature: ``load_model_def``;
+1. the module imports, and the training (and validation) data lists: ``make_shards``, or the
+   shards of the module's ``custom_data_reader`` (flextrain.data.custom);
+2. the module has every name with a usable signature: ``load_model_def``;
 3. seeded like a worker, the model callable returns a ``torch.nn.Module`` (a
    Keras ``Model`` for TensorFlow modules) with trainable parameters:
    ``ModelDef.build_model``;
@@ -44,11 +45,13 @@ import subprocess
 import sys
 from contextlib import contextmanager
 
-from flextrain.data import DataError, DataOptions, make_shards, read_shard_range
+from flextrain.data import DataError
 from flextrain.job import JobSpec, JobSpecError, Strategy
+from flextrain.job.usermodule import module_attribute
 from flextrain.orphans import ENV_PARENT_PID
 from flextrain.worker.module import (FeedMetadata, Framework, Mode, ModelDef, ModelDefError, load_model_def,
                                      raised, returned)
+from flextrain.worker.reading import job_shards, read_task_records
 
 log = logging.getLogger("flextrain.preflight")
 
@@ -162,11 +165,11 @@ def child_main(spec_json: str) -> int:
 def check(spec: JobSpec, *, on_stage=lambda stage: None) -> None:
     """Every check of the module docstring, in this process; raises ModelDefError/DataError naming the problem."""
     run = _Stages(spec.model_def, on_stage)
-    with run.stage("listing the data"):
-        opts = {"options": DataOptions.of(spec.data), "skipped": []}  # the CLI warned about skipped files already
-        shard = make_shards(spec.data.training, what="training data", **opts)[0]
-        validation = (make_shards(spec.data.validation, what="validation data", **opts)[0]
-                      if spec.data.validation else None)
+    with run.stage(f"importing the module of {spec.model_def}"):  # its custom_data_reader plans its own shards
+        reader = module_attribute(spec.model_def, "custom_data_reader")
+    with run.stage("listing the data"):  # the CLI warns about skipped files
+        shard = job_shards(spec, Mode.TRAINING, reader=reader)[0]
+        validation = job_shards(spec, Mode.EVALUATION, reader=reader)[0] if spec.data.validation else None
     with run.stage(f"importing the module of {spec.model_def}"):
         md = run.md = load_model_def(spec.model_def)
     if spec.training.auto_micro_batch:
@@ -185,7 +188,8 @@ def check(spec: JobSpec, *, on_stage=lambda stage: None) -> None:
     n = min(spec.training.global_batch_size, spec.training.effective_max_micro_batch, shard.size,
             AUTO_RECORDS if spec.training.auto_micro_batch else shard.size)
     with run.stage("reading the first training records"):
-        records = read_shard_range(shard.source, shard.start, shard.start + n, columns=md.columns)
+        records = read_task_records(md, shard.source, shard.start, shard.start + n, mode=Mode.TRAINING,
+                                    data_origin=spec.data.training)
     meta = FeedMetadata(shard.source, shard.start, shard.start + n, 0)
     # AllReduce workers drive the model through a backend; PS workers through their own trainer.
     backend = None
@@ -200,7 +204,7 @@ def check(spec: JobSpec, *, on_stage=lambda stage: None) -> None:
     step = _keras_step if md.framework is Framework.TENSORFLOW else _torch_step
     step(run, md, model, optimizer, backend, records, meta)
     if validation is not None:
-        _evaluate(run, md, model, validation, batch=n)
+        _evaluate(run, md, model, validation, batch=n, data_origin=spec.data.validation)
 
 
 class _Stages:
@@ -324,7 +328,7 @@ def _keras_step(run: _Stages, md: ModelDef, model, optimizer, backend, records, 
         backend.apply()
 
 
-def _evaluate(run: _Stages, md: ModelDef, model, shard, *, batch: int) -> None:
+def _evaluate(run: _Stages, md: ModelDef, model, shard, *, batch: int, data_origin: str | None = None) -> None:
     from flextrain.worker.evaluation import metric_sums
     from flextrain.worker.frameworks import make_predictor
 
@@ -332,7 +336,8 @@ def _evaluate(run: _Stages, md: ModelDef, model, shard, *, batch: int) -> None:
         md.metric_fns()
     n = min(batch, shard.size)
     with run.stage("reading the first validation records"):
-        records = read_shard_range(shard.source, shard.start, shard.start + n, columns=md.columns)
+        records = read_task_records(md, shard.source, shard.start, shard.start + n, mode=Mode.EVALUATION,
+                                    data_origin=data_origin)
     meta = FeedMetadata(shard.source, shard.start, shard.start + n, 0)
     with run.stage("evaluating the first validation records",
                    call="evaluation of the first validation records (feed in 'evaluation' mode, the model, "

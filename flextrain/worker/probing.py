@@ -34,7 +34,6 @@ from pathlib import Path
 
 import torch
 
-from flextrain.data import DataOptions, make_shards, read_shard_range
 from flextrain.elastic.memory import default_memory_limit, format_bytes, parse_memory
 from flextrain.elastic.probe import ProbeError, probe_key, probe_micro_batch, training_step
 from flextrain.job import JobSpec
@@ -42,6 +41,7 @@ from flextrain.proto import flextrain_pb2 as pb
 from flextrain.worker.contract import FeedMetadata, Framework, Mode, ModelDefError
 from flextrain.worker.module import ModelDef
 from flextrain.worker.pytorch import check_loss, feed_tensors, take
+from flextrain.worker.reading import job_shards, read_task_records
 
 log = logging.getLogger("flextrain.worker")
 
@@ -143,9 +143,10 @@ def probe_worker(spec: JobSpec, model_def: ModelDef, model, optimizer, *, time_b
 def first_records(spec: JobSpec, model_def: ModelDef, upper: int):
     """(features, labels, n): the first ``n`` (at most ``upper``, :data:`PROBE_RECORDS`) records of the first
     training shard, fed (also what ``--accelerate auto``'s search runs on)."""
-    shard = make_shards(spec.data.training, what="training data", options=DataOptions.of(spec.data), skipped=[])[0]
+    shard = job_shards(spec, Mode.TRAINING, reader=model_def.custom_data_reader)[0]
     n = min(upper, shard.size, PROBE_RECORDS)
-    records = read_shard_range(shard.source, shard.start, shard.start + n, columns=model_def.columns)
+    records = read_task_records(model_def, shard.source, shard.start, shard.start + n, mode=Mode.TRAINING,
+                                data_origin=spec.data.training)
     meta = FeedMetadata(shard.source, shard.start, shard.start + n, 0)
     features, labels = feed_tensors(model_def, records, Mode.TRAINING, meta)
     return features, labels, n

@@ -59,7 +59,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from flextrain.data import read_shard_range
 from flextrain.job import JobSpec
 from flextrain.proto import flextrain_pb2 as pb
 from flextrain.protocol.codec import dtype_name, torch_optimizer_config
@@ -69,6 +68,7 @@ from flextrain.worker.failure import NonFiniteError, failure_of, log_failure, on
 from flextrain.worker.module import FeedMetadata, Framework, Mode, ModelDef, ModelDefError
 from flextrain.worker.ps_client import PSClient, PSError
 from flextrain.worker.pytorch import feed_tensors, take
+from flextrain.worker.reading import read_task_records
 from flextrain.worker.state import WorkerState
 
 log = logging.getLogger("flextrain.worker.ps")
@@ -232,7 +232,8 @@ class PSTrainer:
                     self.state.steps_done = j + 1
                 continue
             try:
-                records = read_shard_range(task.source, start, end, columns=self.model_def.columns)
+                records = read_task_records(self.model_def, task.source, start, end, mode=Mode.TRAINING,
+                                            data_origin=self.spec.data.training)
                 features, labels = self._feed(records, FeedMetadata(task.source, start, end, task.epoch))
             except Exception as exc:  # bad data or a failing feed: the rest of the task is retried
                 failure = failure_of(exc, stage="training", step=self.state.version)

@@ -36,7 +36,6 @@ from pathlib import Path
 
 import grpc
 
-from flextrain.data import read_shard_range
 from flextrain.durable import fsync_dir
 from flextrain.elastic.planner import plan_step
 from flextrain.elastic.schedule import lr_factor
@@ -50,6 +49,7 @@ from flextrain.worker.collective import Collective
 from flextrain.worker.failure import NonFiniteError, failure_of, log_failure, one_line
 from flextrain.worker.module import FeedMetadata, Mode, ModelDef
 from flextrain.worker.prefetch import StepLoader, read_ahead_wanted
+from flextrain.worker.reading import read_task_records
 from flextrain.worker.state import WorkerState
 
 log = logging.getLogger("flextrain.worker")
@@ -331,7 +331,8 @@ class AllReduceTrainer:
         return step_start + lo, step_start + hi, plan
 
     def _load_span(self, task: pb.Task, start: int, end: int):
-        records = read_shard_range(task.source, start, end, columns=self.model_def.columns)
+        records = read_task_records(self.model_def, task.source, start, end, mode=Mode.TRAINING,
+                                    data_origin=self.spec.data.training)
         meta = FeedMetadata(task.source, start, end, task.epoch)
         return self.backend.feed(records, Mode.TRAINING, meta)
 

@@ -1,0 +1,48 @@
+"""Where a worker gets the records of a task: the one function every call site uses.
+
+A module with ``custom_data_reader`` reads its own data: the task's records come
+from ``read_records(task)`` of the reader made for the task's data origin (one
+reader per origin per process, :func:`flextrain.data.custom.custom_source`).
+Any other module's records come from flextrain's sources (RecordIO, CSV,
+Parquet, SQL), projected to the module's ``columns``.
+"""
+
+from __future__ import annotations
+
+from flextrain.data import DataOptions, Shard, custom_source, plan_shards, read_shard_range
+from flextrain.job import JobSpec
+from flextrain.worker.contract import Mode
+
+__all__ = ["data_origin", "read_task_records", "job_shards"]
+
+_WHAT = {Mode.TRAINING: "training data", Mode.EVALUATION: "validation data", Mode.PREDICTION: "prediction data"}
+
+
+def data_origin(spec: JobSpec, mode: Mode | str) -> str | None:
+    """The data string the user gave for ``mode``: --training-data, --validation-data or --prediction-data."""
+    mode = Mode(mode)
+    return {Mode.TRAINING: spec.data.training, Mode.EVALUATION: spec.data.validation,
+            Mode.PREDICTION: spec.data.prediction}[mode]
+
+
+def read_task_records(model_def, source: str, start: int, end: int, *, mode: Mode | str,
+                      data_origin: str | None = None) -> list:
+    """Records ``[start, end)`` of the shard ``source`` as ``feed`` gets them.
+
+    With the module's ``custom_data_reader``, ``data_origin`` (the data string of ``mode``'s data) names
+    the reader; its errors are CustomReaderError (a DataError) naming the module, the shard and the range.
+    """
+    mode = Mode(mode)
+    reader = getattr(model_def, "custom_data_reader", None)
+    if reader is None:
+        return read_shard_range(source, start, end, columns=model_def.columns)
+    if not data_origin:
+        raise ValueError(f"reading {source!r} through custom_data_reader needs the {_WHAT[mode]}'s data origin")
+    return custom_source(reader, data_origin, what=_WHAT[mode]).read(source, start, end, mode=mode.value)
+
+
+def job_shards(spec: JobSpec, mode: Mode | str, *, reader=None, skipped: list[str] | None = None) -> list[Shard]:
+    """The shards of ``spec``'s data for ``mode``, planned by ``reader`` (a ``custom_data_reader``) if given."""
+    mode = Mode(mode)
+    return plan_shards(data_origin(spec, mode), what=_WHAT[mode], reader=reader, options=DataOptions.of(spec.data),
+                       skipped=[] if skipped is None else skipped)
