@@ -151,6 +151,44 @@ def import_module_of(spec: str) -> tuple[ModuleType, str]:
 
 def module_attribute(spec: str, attribute: str) -> Any:
     """The module's ``attribute`` (None if it defines none): what the master needs of a module, e.g.
-    ``custom_data_reader``, without the rest of the contract (the workers and submission check that)."""
+    ``custom_data_reader``, without the rest of the contract (the workers and submission check that).
+
+    A module file whose source shows it cannot define ``attribute`` is not imported at all: the
+    master of an ordinary job (most jobs) never runs the user's code nor imports its framework."""
+    if _surely_lacks(spec, attribute):
+        return None
     module, _ = import_module_of(spec)
     return getattr(module, attribute, None)
+
+
+def _surely_lacks(spec: str, attribute: str) -> bool:
+    """True when ``spec``'s module is a file whose top level neither binds ``attribute`` nor star-imports
+    (so importing it could not define it); False whenever that is not certain."""
+    import ast
+
+    try:
+        target, _ = split_spec(spec)
+    except ModelDefError:
+        return False
+    path = Path(target)
+    if not path.is_file():
+        dotted = Path(*target.split(".")).with_suffix(".py")
+        if not dotted.is_file():
+            return False  # an installed module: import it to know
+        path = dotted
+    try:
+        tree = ast.parse(path.read_bytes(), filename=str(path))
+    except (OSError, SyntaxError, ValueError):
+        return False  # the import names the problem
+    for node in ast.walk(tree):  # any binding anywhere (a conditional def, globals(), setattr) counts
+        if isinstance(node, ast.ImportFrom) and any(a.name == "*" for a in node.names):
+            return False
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) and node.name == attribute:
+            return False
+        if isinstance(node, ast.Name) and node.id == attribute and isinstance(node.ctx, ast.Store):
+            return False
+        if isinstance(node, ast.alias) and (node.asname or node.name.rsplit(".", 1)[-1]) == attribute:
+            return False
+        if isinstance(node, ast.Constant) and node.value == attribute:  # setattr(..., "custom_data_reader", ...)
+            return False
+    return True

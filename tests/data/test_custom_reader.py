@@ -8,6 +8,7 @@ import pytest
 
 from flextrain.data import CustomReaderError, CustomSource, DataError, Shard, custom_source, plan_shards
 from flextrain.data.custom import clear_custom_sources
+from flextrain.job.usermodule import ModelDefError
 
 
 @pytest.fixture(autouse=True)
@@ -231,3 +232,23 @@ def test_module_with_bad_reader_signature_is_refused(tmp_path):
         "def custom_data_reader(data_origin, records_per_task=None, **kwargs)", "def custom_data_reader()"))
     with pytest.raises(ModelDefError, match="`custom_data_reader` has the wrong signature"):
         load_model_def(f"{tmp_path / 'bad_reader.py'}:Model")
+
+
+def test_the_master_imports_no_module_whose_source_cannot_define_a_reader(tmp_path):
+    """An ordinary module is never imported by the master (it would run user code and load its framework)."""
+    import sys
+
+    from flextrain.job.usermodule import module_attribute
+
+    plain = tmp_path / "plain_module_xyz.py"
+    plain.write_text("raise RuntimeError('imported')\ndef Model():\n    pass\n")
+    assert module_attribute(f"{plain}:Model", "custom_data_reader") is None  # not imported: it would raise
+    assert not any(getattr(m, "__file__", None) == str(plain) for m in list(sys.modules.values()))
+    for source in ("def custom_data_reader(data_origin):\n    pass\n",
+                   "from reader_lib import *\n",
+                   "from reader_lib import make as custom_data_reader\n",
+                   "globals()['custom_data_reader'] = None\n"):
+        maybe = tmp_path / f"maybe_{abs(hash(source))}.py"
+        maybe.write_text("raise RuntimeError('imported')\n" + source)
+        with pytest.raises(ModelDefError, match="importing the module failed"):  # it could define one: imported
+            module_attribute(f"{maybe}:Model", "custom_data_reader")
