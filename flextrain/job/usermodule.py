@@ -172,6 +172,8 @@ def _surely_lacks(spec: str, attribute: str) -> bool:
         return False
     path = Path(target)
     if not path.is_file():
+        if target.endswith(".py") or "/" in target or os.sep in target:
+            return True  # no such file: nothing to find here (the workers' own loading names the problem)
         dotted = Path(*target.split(".")).with_suffix(".py")
         if not dotted.is_file():
             return False  # an installed module: import it to know
