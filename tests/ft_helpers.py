@@ -130,3 +130,43 @@ def ps_counts(job_dir: Path, records: int, num_ps: int = 2):
         mine = ids[owners == i]
         rows[mine] = table.gather(mine)[:, 0]
     return dense, rows
+
+
+def counted_exactly_once_through_a_kill(model: str, data: str, job_dir: Path, *, epochs: int, records: int = 1408,
+                                        G: int = 32) -> None:
+    """Train the counting model (or a module re-exporting it) on ``data`` with 3 workers, SIGKILL one
+    once all three train, and check the job goes on without it, succeeds, and applied every
+    record exactly ``epochs`` times (the data sources' exactly-once tests share this)."""
+    import signal
+
+    def status_of():
+        return read_status(job_dir) if (job_dir / "status.json").exists() else None
+
+    def last_round():
+        s = status_of()
+        return s["roundHistory"][-1] if s and s["roundHistory"] and s["phase"] == "Running" else None
+
+    def without(victim, after, s):
+        return any(r["round"] > after and victim not in {m["id"] for m in r["members"]} for r in s["roundHistory"])
+
+    cmd = flextrain_cmd("train", "--model-def", model, "--training-data", data, "--global-batch-size", str(G),
+                        "--max-micro-batch", "8", "--lr", "0.05", "--job-dir", str(job_dir), "--workers", "3",
+                        "--min-workers", "1", "--max-workers", "3", "--epochs", str(epochs))
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "FT_COUNT_G": str(G), "FT_COUNT_RECORDS": str(records)})
+    try:
+        first = wait_for(lambda: (r := last_round()) and len(r["members"]) == 3 and
+                         status_of()["step"] > r["version"] + 10 and r, timeout=120, what="3 workers training")
+        victim = first["members"][1]["id"]
+        os.kill(first["members"][1]["pid"], signal.SIGKILL)
+        wait_for(lambda: (s := status_of()) and (s["phase"] != "Running" or without(victim, first["round"], s)),
+                 timeout=60, what="a round without the killed worker")
+        _, err = proc.communicate(timeout=240)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    final = read_status(job_dir)
+    assert without(victim, first["round"], final), final["roundHistory"]
+    seen, version = seen_counts(job_dir)
+    assert version == epochs * records // G
+    assert seen.min().item() == seen.max().item() == epochs

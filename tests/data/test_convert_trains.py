@@ -12,7 +12,7 @@ from ft_helpers import read_status, run_flextrain
 
 pytestmark = pytest.mark.e2e
 
-MODEL = f"{Path(__file__).resolve().parent / 'zoo' / 'converted_digits.py'}:Model"
+MODEL = f"{Path(__file__).resolve().parents[1] / 'e2e' / 'zoo' / 'converted_digits.py'}:Model"
 
 
 def write_digits_csv(path: Path, images: np.ndarray, labels: np.ndarray) -> None:

@@ -10,16 +10,13 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from flextrain.data import decode_digits, read_records
-from ft_helpers import flextrain_cmd, read_status, run_flextrain, seen_counts, wait_for
+from ft_helpers import counted_exactly_once_through_a_kill, read_status, run_flextrain
 
 pytestmark = pytest.mark.e2e
 
@@ -52,45 +49,11 @@ def test_custom_reader_training_and_evaluation(digits_data, tmp_path):
     assert status["metrics"]["accuracy"] >= 0.9, status["metrics"]
 
 
-def status_of(job_dir):
-    return read_status(job_dir) if (job_dir / "status.json").exists() else None
-
-
-def last_round(job_dir):
-    s = status_of(job_dir)
-    return s["roundHistory"][-1] if s and s["roundHistory"] and s["phase"] == "Running" else None
-
-
 def test_custom_reader_exactly_once_when_a_worker_is_killed(digits_data, tmp_path):
     records = 1408  # the counting model's RECORDS: 11 shards of 4 G
     data = write_npz(digits_data, "train", tmp_path / "count.npz", limit=records)
-    job_dir = tmp_path / "job"
-    epochs = 8
-    cmd = flextrain_cmd(
-        "train", "--model-def", COUNTING_READER_MODEL, "--training-data", str(data), "--global-batch-size", str(G),
-        "--max-micro-batch", "8", "--lr", "0.05", "--job-dir", str(job_dir), "--workers", "3",
-        "--min-workers", "1", "--max-workers", "3", "--epochs", str(epochs),
-    )
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "FT_COUNT_G": str(G), "FT_COUNT_RECORDS": str(records)})
-    try:
-        first = wait_for(lambda: (r := last_round(job_dir)) and len(r["members"]) == 3 and
-                         status_of(job_dir)["step"] > r["version"] + 10 and r, timeout=120, what="3 workers training")
-        victim = first["members"][1]
-        os.kill(victim["pid"], signal.SIGKILL)
-        wait_for(lambda: (s := status_of(job_dir)) and (s["phase"] != "Running" or any(
-            r["round"] > first["round"] and victim["id"] not in {m["id"] for m in r["members"]}
-            for r in s["roundHistory"])), timeout=60, what="a round without the killed worker")
-        out, err = proc.communicate(timeout=240)
-    finally:
-        proc.kill()
-    assert proc.returncode == 0, err
-    final = read_status(job_dir)
-    assert any(r["round"] > first["round"] and victim["id"] not in {m["id"] for m in r["members"]}
-               for r in final["roundHistory"]), final["roundHistory"]
-    seen, version = seen_counts(job_dir)
-    assert version == epochs * records // G
-    assert seen.min().item() == seen.max().item() == epochs
+    counted_exactly_once_through_a_kill(COUNTING_READER_MODEL, str(data), tmp_path / "job", epochs=8, records=records,
+                                        G=G)
 
 
 def test_failing_create_shards_is_refused_at_submission(digits_data, tmp_path):

@@ -8,9 +8,6 @@ record ids from the rows' ``id`` column).
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
 from pathlib import Path
 
 import pyarrow as pa
@@ -18,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from flextrain.data import decode_digits, make_shards, read_records
-from ft_helpers import COUNTING_MODEL, flextrain_cmd, read_status, run_flextrain, seen_counts, wait_for
+from ft_helpers import COUNTING_MODEL, counted_exactly_once_through_a_kill, read_status, run_flextrain
 
 pytestmark = pytest.mark.e2e
 
@@ -64,45 +61,9 @@ def test_parquet_training_and_evaluation(digits_data, tmp_path):
     assert status["metrics"]["accuracy"] >= 0.9, status["metrics"]
 
 
-def status_of(job_dir):
-    return read_status(job_dir) if (job_dir / "status.json").exists() else None
-
-
-def last_round(job_dir):
-    s = status_of(job_dir)
-    return s["roundHistory"][-1] if s and s["roundHistory"] and s["phase"] == "Running" else None
-
-
 def test_parquet_exactly_once_when_a_worker_is_killed(digits_data, tmp_path):
     pixels, labels = digits(digits_data, "train")
     records = 1408  # the counting model's RECORDS; row groups of 4 G each, so every step is a full G
     data = write_parquet(tmp_path / "data", pixels[:records], labels[:records], files=3, row_group=4 * G, ids=True)
     assert [s.size for s in make_shards(data)] == [4 * G] * 11
-    job_dir = tmp_path / "job"
-    epochs = 12
-    cmd = flextrain_cmd(
-        "train", "--model-def", COUNTING_MODEL, "--training-data", str(data), "--global-batch-size", str(G),
-        "--max-micro-batch", "8", "--lr", "0.05", "--job-dir", str(job_dir), "--workers", "3",
-        "--min-workers", "1", "--max-workers", "3", "--epochs", str(epochs),
-    )
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "FT_COUNT_G": str(G), "FT_COUNT_RECORDS": str(records)})
-    try:
-        first = wait_for(lambda: (r := last_round(job_dir)) and len(r["members"]) == 3 and
-                         status_of(job_dir)["step"] > r["version"] + 10 and r, timeout=120, what="3 workers training")
-        victim = first["members"][1]
-        os.kill(victim["pid"], signal.SIGKILL)
-        # the job goes on without it: a later round that does not hold the victim
-        wait_for(lambda: (s := status_of(job_dir)) and (s["phase"] != "Running" or any(
-            r["round"] > first["round"] and victim["id"] not in {m["id"] for m in r["members"]}
-            for r in s["roundHistory"])), timeout=60, what="a round without the killed worker")
-        out, err = proc.communicate(timeout=240)
-    finally:
-        proc.kill()
-    assert proc.returncode == 0, err
-    final = read_status(job_dir)
-    assert any(r["round"] > first["round"] and victim["id"] not in {m["id"] for m in r["members"]}
-               for r in final["roundHistory"]), final["roundHistory"]
-    seen, version = seen_counts(job_dir)
-    assert version == epochs * records // G
-    assert seen.min().item() == seen.max().item() == epochs
+    counted_exactly_once_through_a_kill(COUNTING_MODEL, str(data), tmp_path / "job", epochs=12, records=records, G=G)

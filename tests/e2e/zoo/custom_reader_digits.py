@@ -14,26 +14,10 @@ import os
 
 import numpy as np
 import torch
-from torch import nn
+
+from digits_mlp import Model, eval_metrics_fn, loss, optimizer  # noqa: F401 (the module contract)
 
 SHARDS = 4
-
-
-class Model(nn.Module):
-    def __init__(self, hidden: int = 64):
-        super().__init__()
-        self.net = nn.Sequential(nn.Linear(64, hidden), nn.ReLU(), nn.Linear(hidden, 10))
-
-    def forward(self, x):
-        return self.net(x)
-
-
-def loss(labels, predictions):
-    return nn.functional.cross_entropy(predictions, labels)
-
-
-def optimizer(params, lr=0.1):
-    return torch.optim.SGD(params, lr=lr, momentum=0.9)
 
 
 def feed(records, mode, metadata):
@@ -42,9 +26,6 @@ def feed(records, mode, metadata):
         return features
     return features, torch.tensor([label for _, label in records], dtype=torch.int64)
 
-
-def eval_metrics_fn():
-    return {"accuracy": lambda labels, predictions: (predictions.argmax(dim=1) == labels).float()}
 
 
 class NpzDigitsReader:

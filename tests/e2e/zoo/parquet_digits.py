@@ -8,26 +8,10 @@ Each record ``feed`` gets is one row as a dict, column name -> Python value.
 
 import numpy as np
 import torch
-from torch import nn
+
+from digits_mlp import Model, eval_metrics_fn, loss, optimizer  # noqa: F401 (the module contract)
 
 columns = ["pixels", "label"]
-
-
-class Model(nn.Module):
-    def __init__(self, hidden: int = 64):
-        super().__init__()
-        self.net = nn.Sequential(nn.Linear(64, hidden), nn.ReLU(), nn.Linear(hidden, 10))
-
-    def forward(self, x):
-        return self.net(x)
-
-
-def loss(labels, predictions):
-    return nn.functional.cross_entropy(predictions, labels)
-
-
-def optimizer(params, lr=0.1):
-    return torch.optim.SGD(params, lr=lr, momentum=0.9)
 
 
 def feed(records, mode, metadata):
@@ -35,7 +19,3 @@ def feed(records, mode, metadata):
     if mode == "prediction":
         return features
     return features, torch.tensor([row["label"] for row in records], dtype=torch.int64)
-
-
-def eval_metrics_fn():
-    return {"accuracy": lambda labels, predictions: (predictions.argmax(dim=1) == labels).float()}

@@ -6,22 +6,11 @@ carry an extra ``note`` column that is never read).
 
 import numpy as np
 import torch
-from torch import nn
+
+from digits_mlp import Model, eval_metrics_fn, loss, optimizer  # noqa: F401 (the module contract)
 
 PIXELS = [f"p{i}" for i in range(64)]
 columns = [*PIXELS, "label"]
-
-
-def Model():
-    return nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
-
-
-def loss(labels, predictions):
-    return nn.functional.cross_entropy(predictions, labels)
-
-
-def optimizer(params, lr=0.1):
-    return torch.optim.SGD(params, lr=lr, momentum=0.9)
 
 
 def feed(records, mode, metadata):
@@ -30,7 +19,3 @@ def feed(records, mode, metadata):
     if mode == "prediction":
         return x
     return x, torch.tensor([row["label"] for row in records], dtype=torch.long)
-
-
-def eval_metrics_fn():
-    return {"accuracy": lambda labels, predictions: (predictions.argmax(dim=1) == labels).float()}

@@ -9,28 +9,12 @@ import os
 
 import numpy as np
 import torch
-from torch import nn
 
 from flextrain.data.rows import decode_rows, load_schema
 
+from digits_mlp import Model, eval_metrics_fn, loss, optimizer  # noqa: F401 (the module contract)
+
 PIXELS = [f"p{i}" for i in range(64)]
-
-
-class Model(nn.Module):
-    def __init__(self, hidden: int = 64):
-        super().__init__()
-        self.net = nn.Sequential(nn.Linear(64, hidden), nn.ReLU(), nn.Linear(hidden, 10))
-
-    def forward(self, x):
-        return self.net(x)
-
-
-def loss(labels, predictions):
-    return nn.functional.cross_entropy(predictions, labels)
-
-
-def optimizer(params, lr=0.1):
-    return torch.optim.SGD(params, lr=lr, momentum=0.9)
 
 
 @functools.lru_cache(maxsize=8)
@@ -45,7 +29,3 @@ def feed(records, mode, metadata):
     if mode == "prediction":
         return features
     return features, torch.from_numpy(columns["label"].astype(np.int64))
-
-
-def eval_metrics_fn():
-    return {"accuracy": lambda labels, predictions: (predictions.argmax(dim=1) == labels).float()}
