@@ -114,6 +114,7 @@ def run_master_role(args) -> int:
             self._on_exit(instance_id, code)
 
     backend = SimBackend()
+    handler_ms = time_handlers()
 
     def control() -> None:
         for line in sys.stdin:
@@ -122,8 +123,17 @@ def run_master_role(args) -> int:
                 for wid in words[1:]:
                     backend.exited(wid, 137)
                 print(f"EXITED {time.monotonic():.6f}", flush=True)
+            elif words and words[0] == "mark":
+                for v in handler_ms.values():
+                    v.clear()
+            elif words and words[0] in ("prof_on", "prof_off"):
+                PROFILING[0] = words[0] == "prof_on"
+            elif words and words[0] == "handlers":
+                print("HANDLERS " + json.dumps(handler_ms), flush=True)
 
     threading.Thread(target=control, daemon=True).start()
+    if args.profile:
+        threading.Thread(target=sample_stacks, args=(args.profile,), daemon=True).start()
     n = args.workers
     spec = JobSpec.of(
         name="master-scale", model_def=str(ROOT / "model_zoo" / "digits_torch.py") + ":Model",
@@ -134,13 +144,77 @@ def run_master_role(args) -> int:
     return run_master(spec, backend=backend, console=Console(file=sys.stderr))
 
 
+def time_handlers() -> dict[str, list[float]]:
+    """Time the master's own handling of the frequent RPCs (inside the servicer: no transport, no
+    queueing), by wrapping the servicer's methods; returns the lists the times go to (ms)."""
+    import functools
+
+    from flextrain.master.servicer import MasterServicer
+
+    times: dict[str, list[float]] = {}
+    for name, kind in (("Heartbeat", "heartbeat"), ("GetTask", "get_task"), ("ReportTask", "report_task")):
+        original = getattr(MasterServicer, name)
+        sink = times.setdefault(kind, [])
+
+        @functools.wraps(original)
+        async def timed(self, request, context, original=original, sink=sink):
+            t = time.perf_counter()
+            try:
+                return await original(self, request, context)
+            finally:
+                sink.append((time.perf_counter() - t) * 1000.0)
+
+        setattr(MasterServicer, name, timed)
+    return times
+
+
+PROFILING = [False]  # sample_stacks samples while true (the bench's phase of interest)
+IDLE = ("wait", "select", "_worker", "poll", "sleep", "_wait_once", "accept", "readline", "get", "_recv")
+
+
+def sample_stacks(path: str, period: float = 0.005) -> None:
+    """A sampling profiler (no sys.setprofile): every ``period`` the stacks of the master's threads;
+    a thread whose innermost frame is a wait is idle. Writes the top frames (self and inclusive) to
+    ``path`` every few seconds."""
+    import collections
+
+    me = threading.get_ident()
+    own, inclusive = collections.Counter(), collections.Counter()
+    samples, last = 0, time.monotonic()
+    while True:
+        time.sleep(period)
+        if not PROFILING[0]:
+            continue
+        samples += 1
+        for tid, frame in sys._current_frames().items():
+            if tid == me:
+                continue
+            leaf = frame.f_code.co_name
+            if leaf in IDLE:
+                continue
+            own[f"{frame.f_code.co_filename.rsplit('/', 2)[-1]}:{leaf}:{frame.f_lineno}"] += 1
+            seen = set()
+            while frame is not None:
+                key = f"{frame.f_code.co_filename.rsplit('/', 2)[-1]}:{frame.f_code.co_name}"
+                if key not in seen:
+                    seen.add(key)
+                    inclusive[key] += 1
+                frame = frame.f_back
+        if time.monotonic() - last > 0.5:
+            last = time.monotonic()
+            with open(path, "w") as f:
+                json.dump({"samples": samples, "period": period, "self": own.most_common(40),
+                           "inclusive": inclusive.most_common(60)}, f, indent=1)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # simulated workers
 # ---------------------------------------------------------------------------------------------------------
 class Stats:
     def __init__(self) -> None:
         self.on = False
-        self.ms: dict[str, list[float]] = {"get_task": [], "report_task": [], "heartbeat": [], "join": []}
+        self.ms: dict[str, list[float]] = {"get_task": [], "report_task": [], "heartbeat": [], "join": [],
+                                           "loop_lag": []}
         self.errors: dict[str, int] = {}
 
     def add(self, kind: str, ms: float) -> None:
@@ -310,6 +384,14 @@ async def sim_main(args) -> None:
         out({"event": "trained", "at": max(events.first.values())})
 
     asyncio.ensure_future(announce_trained())
+
+    async def lag() -> None:  # how late this process's event loop runs a 10 ms sleep (client-side starvation)
+        while True:
+            t = time.perf_counter()
+            await asyncio.sleep(0.01)
+            stats.add("loop_lag", (time.perf_counter() - t) * 1000.0 - 10.0)
+
+    asyncio.ensure_future(lag())
     while True:
         line = await commands.get()
         if not line:
@@ -402,7 +484,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--task-seconds", type=float, help="simulated time a task takes")
     ap.add_argument("--leave-fraction", type=float, default=0.1)
     ap.add_argument("--work-dir", help="keep data, job dir and logs here (default: a temp dir)")
-    ap.add_argument("--profile", metavar="FILE", help="py-spy record the master over the steady window and the leave")
+    ap.add_argument("--profile-phase", choices=("steady", "leave"), default="steady")
+    ap.add_argument("--profile", metavar="FILE", help="sample the master's stacks in-process (py-spy cannot read this "
+                    "Python) and write the top frames to FILE (JSON; sampling costs the master some CPU)")
     ap.add_argument("--role", choices=("driver", "master", "sim"), default="driver", help=argparse.SUPPRESS)
     ap.add_argument("--data", help=argparse.SUPPRESS)
     ap.add_argument("--job-dir", help=argparse.SUPPRESS)
@@ -434,9 +518,9 @@ def drive(args, sizes: dict, work: Path) -> int:
     n, procs = args.workers, args.procs
     master_log = open(work / "master.log", "w")
     master = Proc([*me, "--role", "master", "--workers", str(n), "--data", str(work / "data"),
-                   "--job-dir", str(work / "job")], "master", master_log)
+                   "--job-dir", str(work / "job"), *(["--profile", args.profile] if args.profile else [])],
+                  "master", master_log)
     sims: list[Proc] = []
-    profiler = None
     try:
         address = None
         while address is None:
@@ -454,15 +538,23 @@ def drive(args, sizes: dict, work: Path) -> int:
         first = max(s.expect("trained", 300)["at"] for s in sims)
         log(f"first round of {n} formed and known to all ({first - t_start:.2f}s after the clients started)")
         time.sleep(max(1.0, 2 * args.task_seconds))  # into the steady state
-        if args.profile:
-            profiler = subprocess.Popen(["py-spy", "record", "-p", str(master.p.pid), "-o", args.profile,
-                                         "-f", "speedscope", "-r", "50"], stdout=subprocess.DEVNULL,
-                                        stderr=subprocess.DEVNULL)
         for s in sims:
             s.send({"cmd": "mark"})
+        master.send("mark")
+        if args.profile and args.profile_phase == "steady":
+            master.send("prof_on")
+        sim_cpu0 = sum(cpu_seconds(s.p.pid) for s in sims)
         cpu0, t0 = cpu_seconds(master.p.pid), time.monotonic()
         time.sleep(args.steady)
         cpu1, t1 = cpu_seconds(master.p.pid), time.monotonic()
+        master.send("prof_off")
+        sim_cpu = sum(cpu_seconds(s.p.pid) for s in sims) - sim_cpu0
+        master.send("handlers")
+        handlers = {}
+        while not handlers:
+            line = master.readline(30)
+            if line.startswith("HANDLERS "):
+                handlers = json.loads(line.split(" ", 1)[1])
         for s in sims:
             s.send({"cmd": "unmark"})
         ms: dict[str, list[float]] = {}
@@ -482,6 +574,8 @@ def drive(args, sizes: dict, work: Path) -> int:
         for s in sims:
             s.expect("left", 60)
         cpu2 = cpu_seconds(master.p.pid)
+        if args.profile and args.profile_phase == "leave":
+            master.send("prof_on")
         master.send("exit " + " ".join(leavers))
         t_leave = time.monotonic()
         for s in sims:
@@ -493,6 +587,7 @@ def drive(args, sizes: dict, work: Path) -> int:
             times.extend(v - t_leave for v in r["times"].values())
             survivors += r["survivors"]
         cpu3 = cpu_seconds(master.p.pid)
+        master.send("prof_off")
         exited_at = None
         try:
             line = master.readline(5)
@@ -502,9 +597,6 @@ def drive(args, sizes: dict, work: Path) -> int:
             pass
         log(f"{len(leavers)} left; {len(times)}/{survivors} survivors in the new round, the last "
             f"{max(times) if times else float('nan'):.3f}s after the leave")
-        if profiler is not None:
-            profiler.send_signal(signal.SIGINT)
-            profiler.wait(30)
         for s in sims:
             s.send({"cmd": "quit"})
         steady = t1 - t0
@@ -516,7 +608,10 @@ def drive(args, sizes: dict, work: Path) -> int:
             "get_task_ms": percentiles(ms.get("get_task", [])),
             "report_task_ms": percentiles(ms.get("report_task", [])),
             "heartbeat_ms": percentiles(ms.get("heartbeat", [])),
-            "rpc_per_s": round(sum(len(v) for k, v in ms.items() if k != "join") / steady, 1),
+            "rpc_per_s": round(sum(len(v) for k, v in ms.items() if k not in ("join", "loop_lag")) / steady, 1),
+            "master_handler_ms": {k: percentiles(v) for k, v in handlers.items()},
+            "client_loop_lag_ms": percentiles(ms.get("loop_lag", [])),
+            "clients_cpu_cores": round(sim_cpu / (t1 - t0), 3),
             "errors": errors,
             "first_round_s": round(first - t_start, 3),
             "formation_s": {"left": len(leavers), "survivors": survivors, "reformed": len(times),
