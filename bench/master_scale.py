@@ -115,6 +115,10 @@ def run_master_role(args) -> int:
 
     backend = SimBackend()
     handler_ms = time_handlers()
+    if args.heartbeats_per_second:  # what the heartbeat budget buys: the same run with another budget
+        import flextrain.master.main as master_main
+
+        master_main.HEARTBEATS_PER_SECOND = args.heartbeats_per_second
 
     def control() -> None:
         for line in sys.stdin:
@@ -156,13 +160,22 @@ def time_handlers() -> dict[str, list[float]]:
         original = getattr(MasterServicer, name)
         sink = times.setdefault(kind, [])
 
-        @functools.wraps(original)
-        async def timed(self, request, context, original=original, sink=sink):
-            t = time.perf_counter()
-            try:
-                return await original(self, request, context)
-            finally:
-                sink.append((time.perf_counter() - t) * 1000.0)
+        if asyncio.iscoroutinefunction(original):
+            @functools.wraps(original)
+            async def timed(self, request, context, original=original, sink=sink):
+                t = time.perf_counter()
+                try:
+                    return await original(self, request, context)
+                finally:
+                    sink.append((time.perf_counter() - t) * 1000.0)
+        else:  # a thread-pool servicer (the master before issue 26): same measure
+            @functools.wraps(original)
+            def timed(self, request, context, original=original, sink=sink):
+                t = time.perf_counter()
+                try:
+                    return original(self, request, context)
+                finally:
+                    sink.append((time.perf_counter() - t) * 1000.0)
 
         setattr(MasterServicer, name, timed)
     return times
@@ -381,7 +394,8 @@ async def sim_main(args) -> None:
 
     async def announce_trained():
         await events.all_trained.wait()
-        out({"event": "trained", "at": max(events.first.values())})
+        out({"event": "trained", "at": max(events.first.values()),
+             "heartbeat_interval": next(iter(workers.values())).interval})
 
     asyncio.ensure_future(announce_trained())
 
@@ -484,6 +498,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--task-seconds", type=float, help="simulated time a task takes")
     ap.add_argument("--leave-fraction", type=float, default=0.1)
     ap.add_argument("--work-dir", help="keep data, job dir and logs here (default: a temp dir)")
+    ap.add_argument("--heartbeats-per-second", type=float,
+                    help="the master's heartbeat budget (flextrain.master.main.HEARTBEATS_PER_SECOND) for this run")
     ap.add_argument("--profile-phase", choices=("steady", "leave"), default="steady")
     ap.add_argument("--profile", metavar="FILE", help="sample the master's stacks in-process (py-spy cannot read this "
                     "Python) and write the top frames to FILE (JSON; sampling costs the master some CPU)")
@@ -518,7 +534,9 @@ def drive(args, sizes: dict, work: Path) -> int:
     n, procs = args.workers, args.procs
     master_log = open(work / "master.log", "w")
     master = Proc([*me, "--role", "master", "--workers", str(n), "--data", str(work / "data"),
-                   "--job-dir", str(work / "job"), *(["--profile", args.profile] if args.profile else [])],
+                   "--job-dir", str(work / "job"), *(["--profile", args.profile] if args.profile else []),
+                   *(["--heartbeats-per-second", str(args.heartbeats_per_second)] if args.heartbeats_per_second
+                     else [])],
                   "master", master_log)
     sims: list[Proc] = []
     try:
@@ -535,7 +553,9 @@ def drive(args, sizes: dict, work: Path) -> int:
         for i, share in enumerate(shares):
             sims.append(Proc([*me, "--role", "sim", "--address", address, "--ids", ",".join(share),
                               "--task-seconds", str(args.task_seconds)], f"sim-{i}", sim_log))
-        first = max(s.expect("trained", 300)["at"] for s in sims)
+        trained = [s.expect("trained", 300) for s in sims]
+        first = max(t["at"] for t in trained)
+        heartbeat_interval = trained[0]["heartbeat_interval"]
         log(f"first round of {n} formed and known to all ({first - t_start:.2f}s after the clients started)")
         time.sleep(max(1.0, 2 * args.task_seconds))  # into the steady state
         for s in sims:
@@ -603,6 +623,7 @@ def drive(args, sizes: dict, work: Path) -> int:
         cpu = cpu1 - cpu0
         result = {
             "bench": "master_scale",
+            "heartbeat_interval_s": heartbeat_interval,
             "sizes": {"workers": n, "procs": procs, "steady_s": args.steady, "task_seconds": args.task_seconds,
                       "leave_fraction": args.leave_fraction, "smoke": SMOKE, "full": FULL},
             "get_task_ms": percentiles(ms.get("get_task", [])),
