@@ -24,8 +24,9 @@ Prints one JSON object (progress goes to stderr). Method (bench/README.md, "mast
   of the new round (``last``: the slowest survivor, what the < 1 s target applies to).
 
 Latencies are measured by the clients around each awaited call (client-side: they include the
-client process's event-loop lag on this shared 2-core machine, so they are upper bounds of the
-master's own). ``master_cpu``: user + system CPU seconds of the master process over the steady window
+client process's event-loop lag on this shared 2-core machine, ``client_loop_lag_ms``, so they are
+upper bounds of the master's own); ``master_handler_ms`` times the master's servicer methods inside
+the master (its own handling: no transport, no queueing). ``master_cpu``: user + system CPU seconds of the master process over the steady window
 (/proc/PID/stat), per worker per second.
 """
 
