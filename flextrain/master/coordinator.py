@@ -54,6 +54,21 @@ class WorkerInfo:
 __all__ = ["JobMaster", "Phase", "WorkerInfo", "strategy_for", "task_message"]
 
 
+class ChangeCondition(threading.Condition):
+    """The master's one lock and its condition. ``notify_all`` (something changed that waiters may
+    be waiting for) also calls each of ``listeners``: the asyncio server's long polls wait on an
+    event of their own loop, not on this condition (flextrain/master/servicer.py)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.listeners: list = []
+
+    def notify_all(self) -> None:
+        super().notify_all()
+        for listener in self.listeners:
+            listener()
+
+
 def strategy_for(spec: JobSpec) -> TrainingStrategy:
     """The training strategy of ``spec`` (flextrain/master/strategy.py)."""
     if spec.is_script:
@@ -67,7 +82,7 @@ class JobMaster(FailureHandling, RoundKeeping):
         self.spec = spec
         self.ledger = ledger
         self.clock = clock
-        self.cond = threading.Condition()
+        self.cond = ChangeCondition()
         self.rendezvous = Rendezvous(
             min_workers=spec.worker.effective_min_replicas,
             max_workers=spec.worker.effective_max_replicas,

@@ -42,6 +42,16 @@ log = logging.getLogger(__name__)
 # wake-up preempts a training thread (bench/README.md, "bench/overhead.py"). A heartbeat a second
 # keeps the signals it carries back (end of round, stop) within a second.
 HEARTBEAT_INTERVAL = 1.0
+# The heartbeats the master asks for, all workers together, at most: past HEARTBEATS_PER_SECOND workers
+# the period grows with the job (2 s at 1,000 workers), so heartbeats stay a bounded share of the
+# master's calls and CPU (bench/master_scale.py). A round's end then reaches a worker through its
+# heartbeat a little later; its next task ask (END_ROUND) and a failed collective are unchanged.
+HEARTBEATS_PER_SECOND = 500
+
+
+def heartbeat_interval(max_workers: int) -> float:
+    """The heartbeat period of a job of at most ``max_workers`` workers."""
+    return max(HEARTBEAT_INTERVAL, max_workers / HEARTBEATS_PER_SECOND)
 STATUS_INTERVAL = 1.0  # status.json and the progress bar
 EXIT_GRACE = 15.0
 STOP_GRACE = 30.0  # how long a stop waits for the workers' stop checkpoint
@@ -230,9 +240,9 @@ def _run_master(
 
     servicer = MasterServicer(
         job, status_json=lambda: _status_json(reporter), stop=stop, scale=scale,
-        heartbeat_interval=HEARTBEAT_INTERVAL,
+        heartbeat_interval=heartbeat_interval(spec.worker.effective_max_replicas),
     )
-    server, bound = start_server(servicer, host=host, port=port, threads=16 + 4 * spec.worker.effective_max_replicas)
+    server, bound = start_server(servicer, host=host, port=port, threads=16)  # the calls that may block
     address = f"{host}:{bound}"
     reporter = StatusReporter(
         job, path=job_dir / "status.json", desired=lambda: manager.desired if manager else spec.worker.replicas,
@@ -355,4 +365,4 @@ def _restore_signal_handlers(previous) -> None:
         signal.signal(sig, handler)
 
 
-__all__ = ["run_master", "build_ledger", "custom_reader_of", "ResumeError"]
+__all__ = ["run_master", "build_ledger", "custom_reader_of", "heartbeat_interval", "ResumeError"]

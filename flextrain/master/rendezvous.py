@@ -50,9 +50,12 @@ class Round:
     # Memoized GetTask answers, by task index: (action, task id or -1).
     answers: list[tuple[int, int]] = field(default_factory=list)
     committed: int = 0  # answers[:committed] are known committed (see accounting.commit_passed)
+    _ranks: dict = field(default_factory=dict, repr=False, compare=False)  # worker -> rank (rank_of)
 
     def rank_of(self, worker_id: str) -> int:
-        return self.members.index(worker_id)
+        if len(self._ranks) != len(self.members):  # members are fixed once the round forms
+            self._ranks = {w: i for i, w in enumerate(self.members)}
+        return self._ranks[worker_id]
 
     @property
     def world_size(self) -> int:
@@ -73,6 +76,7 @@ class Rendezvous:
         self.timeout = timeout
         self.current: Round | None = None
         self.waiting: dict[str, Waiter] = {}
+        self._first: float | None = None  # the earliest ``since`` of the waiters (None: to compute)
         self.next_round_id = 0
 
     def join(self, worker_id: str, position: pb.Position, now: float) -> Round | None:
@@ -84,6 +88,8 @@ class Rendezvous:
             closed = rnd
         if worker_id not in self.waiting:
             self.waiting[worker_id] = Waiter(worker_id, position, now)
+            if self._first is not None:
+                self._first = min(self._first, now)
         return closed
 
     def request_end(self) -> None:
@@ -93,7 +99,7 @@ class Rendezvous:
 
     def drop(self, worker_id: str) -> Round | None:
         """A worker is gone for good; returns the round this closed, if any."""
-        self.waiting.pop(worker_id, None)
+        self._unwait(worker_id)
         rnd = self.current
         if rnd is not None and rnd.state is not RoundState.CLOSED and worker_id in rnd.members:
             rnd.state = RoundState.CLOSED
@@ -101,18 +107,38 @@ class Rendezvous:
         return None
 
     def drop_waiter(self, worker_id: str) -> None:
-        self.waiting.pop(worker_id, None)
+        self._unwait(worker_id)
 
-    def ready(self, alive: set[str], now: float) -> bool:
+    def _unwait(self, worker_id: str) -> None:
+        if self.waiting.pop(worker_id, None) is not None:
+            self._first = None
+
+    def ready(self, alive: set[str], now: float, *, launched: set[str] = frozenset()) -> bool:
+        """Whether a round is due: ``alive`` (and ``launched``: the first round waits for every worker
+        started too) all waiting, ``max_workers`` waiting, or the straggler timeout passed."""
         if self.current is not None and self.current.state is not RoundState.CLOSED:
             return False
         n = len(self.waiting)
         if n < self.min_workers:
             return False
-        if n >= self.max_workers or alive <= set(self.waiting):
+        # O(1) unless every worker alive may be waiting (the length test first: this runs at each change).
+        if n >= self.max_workers or (n >= len(alive) and alive <= self.waiting.keys()
+                                     and launched <= self.waiting.keys()):
             return True
-        first = min(w.since for w in self.waiting.values())
-        return now - first >= self.timeout
+        return now - self._first_since() >= self.timeout
+
+    def due_at(self) -> float | None:
+        """When waiting alone makes a round due (the straggler timeout); None: not by time."""
+        if (self.current is not None and self.current.state is not RoundState.CLOSED) \
+                or len(self.waiting) < self.min_workers:
+            return None
+        return self._first_since() + self.timeout
+
+    def _first_since(self) -> float:
+        """The earliest waiter's ``since``, kept between calls: readiness is asked at every change."""
+        if self._first is None:
+            self._first = min(w.since for w in self.waiting.values())
+        return self._first
 
     def form(self, *, previous_round: int | None) -> tuple[Round, list[Waiter]]:
         """Form a round of the waiting workers; returns it and the waiters used.
@@ -126,6 +152,7 @@ class Rendezvous:
         )[: self.max_workers]
         for w in waiters:
             del self.waiting[w.worker_id]
+        self._first = None
         rnd = Round(
             round_id=self.next_round_id,
             members=[w.worker_id for w in waiters],

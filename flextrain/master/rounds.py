@@ -22,46 +22,78 @@ from flextrain.proto import flextrain_pb2 as pb
 
 class RoundKeeping:
     def join(self, worker_id: str, position: pb.Position, *, wait: float) -> pb.JoinRendezvousResponse:
+        """A worker joins the rendezvous and waits up to ``wait`` seconds for its round (a thread
+        blocks on the condition; the asyncio server uses :meth:`join_enter` and :meth:`join_poll`)."""
+        with self.cond:
+            self.join_enter(worker_id, position)
+            deadline = self.clock() + wait
+            while True:
+                resp = self.join_poll(worker_id)
+                if resp is not None:
+                    return resp
+                left = deadline - self.clock()
+                if left <= 0:
+                    return pb.JoinRendezvousResponse(action=pb.JoinRendezvousResponse.WAIT)
+                self.cond.wait(min(left, 0.05))  # time-based readiness (straggler timeout)
+
+    def join_enter(self, worker_id: str, position: pb.Position) -> None:
+        """The first half of a join: the worker is waiting for a round (unless the round formed while
+        it re-asked after a WAIT is already its own)."""
         with self.cond:
             self._touch(worker_id, position)
             rnd = self.rendezvous.current
             placed = self.assigned.get(worker_id)
             if placed is not None and placed is rnd and rnd.state is not RoundState.CLOSED \
                     and position.round_id != rnd.round_id:
-                pass  # re-asking after a WAIT: the round formed meanwhile is its own
-            else:
-                self.assigned.pop(worker_id, None)
-                self.rendezvous.join(worker_id, position, self.clock())
-                if rnd is not None and rnd.state is RoundState.ACTIVE and worker_id not in rnd.members:
-                    self.rendezvous.request_end()  # a straggler: let it in at the next step boundary
-            deadline = self.clock() + wait
-            while True:
-                if self.over or self.stopping or worker_id in self.retiring:
-                    self.rendezvous.drop_waiter(worker_id)
-                    self.dismissed.add(worker_id)
-                    return pb.JoinRendezvousResponse(action=pb.JoinRendezvousResponse.STOP, message=self.message)
+                return  # re-asking after a WAIT: the round formed meanwhile is its own
+            self.assigned.pop(worker_id, None)
+            self.rendezvous.join(worker_id, position, self.clock())
+            if rnd is not None and rnd.state is RoundState.ACTIVE and worker_id not in rnd.members:
+                self.rendezvous.request_end()  # a straggler: let it in at the next step boundary
+
+    def join_poll(self, worker_id: str) -> pb.JoinRendezvousResponse | None:
+        """The answer for a joined worker now (TRAIN or STOP), forming a round if one is due; None:
+        no round for it yet. Cheap once its round formed: a long poll calls it at every change."""
+        with self.cond:
+            if self.over or self.stopping or worker_id in self.retiring:
+                self.rendezvous.drop_waiter(worker_id)
+                self.dismissed.add(worker_id)
+                return pb.JoinRendezvousResponse(action=pb.JoinRendezvousResponse.STOP, message=self.message)
+            if worker_id not in self.assigned:
                 self.form_round()
-                rnd = self.assigned.get(worker_id)
-                if rnd is not None:
-                    return pb.JoinRendezvousResponse(
-                        action=pb.JoinRendezvousResponse.TRAIN, round_id=rnd.round_id,
-                        rank=rnd.rank_of(worker_id), world_size=rnd.world_size,
-                        store_host=self.store_host, store_port=rnd.store_port or self.store_port,
-                        version=rnd.version,
-                        restore_checkpoint=rnd.restore_checkpoint,
-                        max_micro_batch=rnd.max_micro_batch,
-                    )
-                left = deadline - self.clock()
-                if left <= 0:
-                    return pb.JoinRendezvousResponse(action=pb.JoinRendezvousResponse.WAIT)
-                self.cond.wait(min(left, 0.05))  # time-based readiness (straggler timeout)
+            rnd = self.assigned.get(worker_id)
+            if rnd is None:
+                return None
+            return pb.JoinRendezvousResponse(
+                action=pb.JoinRendezvousResponse.TRAIN, round_id=rnd.round_id,
+                rank=rnd.rank_of(worker_id), world_size=rnd.world_size,
+                store_host=self.store_host, store_port=rnd.store_port or self.store_port,
+                version=rnd.version,
+                restore_checkpoint=rnd.restore_checkpoint,
+                max_micro_batch=rnd.max_micro_batch,
+            )
+
+    def joins_answered(self, worker_ids) -> list[str]:
+        """Of ``worker_ids`` (long polls waiting), those :meth:`join_poll` now answers, after forming
+        a round if one is due: what a change wakes, instead of every waiting poll."""
+        with self.cond:
+            if self.over or self.stopping:
+                return list(worker_ids)
+            self.form_round()
+            return [w for w in worker_ids if w in self.assigned or w in self.retiring]
+
+    def rendezvous_due_in(self) -> float | None:
+        """Seconds until waiting alone makes a round due (the straggler timeout); None: only a change can."""
+        with self.cond:
+            due = self.rendezvous.due_at()
+            return None if due is None else max(0.0, due - self.clock())
 
     def form_round(self) -> None:
         # The first round waits for every worker started; later ones only for
         # registered workers: a newcomer still importing torch must not stall
         # the survivors of a failure (it joins at a later step boundary).
-        expected = self.alive | self.launched if self.rounds_formed == 0 else self.alive
-        if not self.rendezvous.ready(expected, self.clock()):
+        launched = self.launched if self.rounds_formed == 0 else frozenset()
+        if not self.rendezvous.ready(self.alive, self.clock(), launched=launched):
             return
         previous = self.rendezvous.current
         rnd, waiters = self.rendezvous.form(previous_round=previous.round_id if previous else None)

@@ -1,7 +1,19 @@
-"""gRPC servicer: translates Master RPCs into JobMaster calls."""
+"""gRPC servicer: translates Master RPCs into JobMaster calls.
+
+The server is asyncio (``grpc.aio``) on a thread of its own: one event loop serves every worker's
+calls. The frequent ones (Heartbeat, GetTask, ReportTask, RegisterWorker, JoinRendezvous) run inline
+on the loop: each is a short JobMaster call under its lock. A thread per call, as a thread-pool
+server has, made a thousand workers' calls queue for the lock and the GIL (bench/master_scale.py:
+heartbeat p50 over a second at 1,000 workers). JoinRendezvous's long poll holds no thread: it waits on
+a future that is resolved when a change of the job (``ChangeCondition.listeners``) gives it an
+answer, or until waiting alone makes a round due. Rare calls that may block (file writes, status, launching
+processes) run in the loop's thread pool.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from concurrent import futures
 from typing import Callable
 
@@ -31,65 +43,162 @@ class MasterServicer(pb_grpc.MasterServicer):
         self._stop = stop
         self._scale = scale
         self.heartbeat_interval = heartbeat_interval
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._polls: dict[asyncio.Future, str] = {}  # JoinRendezvous long polls waiting: future -> worker
+        self._wake_pending = False
 
-    def GetJobSpec(self, request, context):
+    # ---- the long poll's wake-up -------------------------------------------------
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Serve on ``loop``: the job's changes wake the long polls waiting there."""
+        self._loop = loop
+        if self.job is not None:
+            self.job.cond.listeners.append(self._notified)
+
+    def unbind(self) -> None:
+        if self.job is not None and self._notified in self.job.cond.listeners:
+            self.job.cond.listeners.remove(self._notified)
+
+    def _notified(self) -> None:
+        """Called (under the job's lock, from any thread) when the job changed."""
+        if self._polls and not self._wake_pending and self._loop is not None:
+            self._wake_pending = True
+            self._loop.call_soon_threadsafe(self._wake)
+
+    def _wake(self) -> None:
+        """Resolve the long polls the job now answers (one check for all of them: a change, e.g. a
+        registration or a task report, mostly answers none, and a poll left waiting costs nothing)."""
+        self._wake_pending = False
+        if not self._polls:
+            return
+        answered = set(self.job.joins_answered({w for w in self._polls.values()}))
+        for fut, wid in list(self._polls.items()):
+            if wid in answered and not fut.done():
+                fut.set_result(None)
+
+    async def _blocking(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
+
+    # ---- RPCs ------------------------------------------------------------------
+    async def GetJobSpec(self, request, context):
         return pb.GetJobSpecResponse(job_spec_json=self.job.spec.to_json(),
                                      heartbeat_interval=self.heartbeat_interval,
                                      ps_addresses=list(self.job.ps_addresses))
 
-    def RegisterWorker(self, request, context):
+    async def RegisterWorker(self, request, context):
         self.job.register(request.worker_id, pid=request.pid,
                           probe=request.probe if request.HasField("probe") else None)
         return pb.RegisterWorkerResponse()
 
-    def Accelerate(self, request, context):
+    async def Accelerate(self, request, context):
         try:
-            return self.job.accelerate(request)
+            return await self._blocking(self.job.accelerate, request)
         except ValueError as exc:  # a strategy that is not JSON
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"strategy_json: {exc}")
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"strategy_json: {exc}")
 
-    def JoinRendezvous(self, request, context):
-        return self.job.join(request.worker_id, request.position, wait=JOIN_LONG_POLL)
+    async def JoinRendezvous(self, request, context):
+        job, loop, wid = self.job, asyncio.get_running_loop(), request.worker_id
+        job.join_enter(wid, request.position)
+        deadline = loop.time() + JOIN_LONG_POLL
+        while True:
+            woken = loop.create_future()
+            self._polls[woken] = wid  # before the poll: a change after it resolves this one
+            try:
+                resp = job.join_poll(wid)
+                if resp is not None:
+                    return resp
+                left = deadline - loop.time()
+                if left <= 0:
+                    return pb.JoinRendezvousResponse(action=pb.JoinRendezvousResponse.WAIT)
+                due = job.rendezvous_due_in()  # a round due by time alone (the straggler timeout)
+                try:
+                    await asyncio.wait_for(woken, left if due is None else min(left, due + 0.001))
+                except asyncio.TimeoutError:
+                    pass
+            finally:
+                self._polls.pop(woken, None)
 
-    def GetTask(self, request, context):
+    async def GetTask(self, request, context):
         try:
             return self.job.get_task(request)
         except ValueError as exc:
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
 
-    def ReportTask(self, request, context):
+    async def ReportTask(self, request, context):
         self.job.report_task(request)
         return pb.ReportTaskResponse()
 
-    def Heartbeat(self, request, context):
+    async def Heartbeat(self, request, context):
         return self.job.heartbeat(request)
 
-    def ReportCheckpoint(self, request, context):
-        self.job.report_checkpoint(request)
+    async def ReportCheckpoint(self, request, context):  # records the checkpoint in a file
+        await self._blocking(self.job.report_checkpoint, request)
         return pb.ReportCheckpointResponse()
 
-    def ReportFailure(self, request, context):
-        self.job.report_failure(request.worker_id, request.failure)
+    async def ReportFailure(self, request, context):
+        await self._blocking(self.job.report_failure, request.worker_id, request.failure)
         return pb.ReportFailureResponse()
 
-    def GetStatus(self, request, context):
-        return pb.GetStatusResponse(status_json=self._status_json())
+    async def GetStatus(self, request, context):
+        return pb.GetStatusResponse(status_json=await self._blocking(self._status_json))
 
-    def Stop(self, request, context):
-        accepted, message = self._stop(request.reason or "stopped by user")
+    async def Stop(self, request, context):
+        accepted, message = await self._blocking(self._stop, request.reason or "stopped by user")
         return pb.StopResponse(accepted=accepted, message=message)
 
-    def Scale(self, request, context):
-        accepted, message = self._scale(request.workers)
+    async def Scale(self, request, context):  # may launch processes
+        accepted, message = await self._blocking(self._scale, request.workers)
         return pb.ScaleResponse(accepted=accepted, message=message)
 
 
-def start_server(servicer: MasterServicer, *, host: str, port: int, threads: int) -> tuple[grpc.Server, int]:
-    """Start the gRPC server; returns it and the bound port (``port=0``: any free port)."""
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="master-rpc"))
-    pb_grpc.add_MasterServicer_to_server(servicer, server)
-    bound = server.add_insecure_port(f"{host}:{port}")
-    if bound == 0:
-        raise OSError(f"master could not listen on {host}:{port}")
-    server.start()
-    return server, bound
+class MasterServer:
+    """The asyncio gRPC server on its own thread and event loop; ``stop`` ends both."""
+
+    def __init__(self, servicer: MasterServicer, *, host: str, port: int, threads: int) -> None:
+        self.servicer = servicer
+        self.loop = asyncio.new_event_loop()
+        self.loop.set_default_executor(futures.ThreadPoolExecutor(max_workers=max(1, threads),
+                                                                  thread_name_prefix="master-rpc"))
+        self._server: grpc.aio.Server | None = None
+        self.port = 0
+        self._thread = threading.Thread(target=self.loop.run_forever, name="master-grpc", daemon=True)
+        self._thread.start()
+        try:
+            asyncio.run_coroutine_threadsafe(self._start(host, port), self.loop).result(timeout=30)
+        except BaseException:
+            self._close_loop()
+            raise
+
+    async def _start(self, host: str, port: int) -> None:
+        self.servicer.bind(asyncio.get_running_loop())
+        server = grpc.aio.server()
+        pb_grpc.add_MasterServicer_to_server(self.servicer, server)
+        bound = server.add_insecure_port(f"{host}:{port}")
+        if bound == 0:
+            raise OSError(f"master could not listen on {host}:{port}")
+        await server.start()
+        self._server, self.port = server, bound
+
+    def stop(self, grace: float | None = None) -> None:
+        """Stop serving (calls in flight get ``grace`` seconds) and end the loop's thread."""
+        if not self._thread.is_alive():
+            return
+        try:
+            if self._server is not None:
+                asyncio.run_coroutine_threadsafe(self._server.stop(grace), self.loop).result(
+                    timeout=(grace or 0) + 10)
+        finally:
+            self.servicer.unbind()
+            self._close_loop()
+
+    def _close_loop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=10)
+        if not self._thread.is_alive():
+            self.loop.close()
+
+
+def start_server(servicer: MasterServicer, *, host: str, port: int, threads: int) -> tuple[MasterServer, int]:
+    """Start the gRPC server; returns it and the bound port (``port=0``: any free port). ``threads``
+    sizes the pool of the calls that may block (the frequent ones run on the event loop)."""
+    server = MasterServer(servicer, host=host, port=port, threads=threads)
+    return server, server.port
