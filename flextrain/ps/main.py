@@ -51,6 +51,8 @@ class PSHandle:
             except OSError as exc:
                 log.error("final PS checkpoint failed: %s", exc)
         self.server.stop(grace).wait()
+        if self.shard.wal is not None:
+            self.shard.wal.close()  # writes what is queued; a relaunch in this process may reopen the directory
 
 
 def start_ps(*, port: int = 0, host: str = "0.0.0.0", advertise_host: str | None = None, shard_index: int = 0,
