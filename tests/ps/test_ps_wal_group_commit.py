@@ -50,12 +50,12 @@ def gated_ps(tmp_path):
     """A durable in-process PS (async SGD, lr 1) whose log writes can be held: (shard, wal, address, gate, held, counts)."""
     made = []
 
-    def make(fsync: bool = False):
+    def make(fsync: bool = False, sync: SyncSettings = SyncSettings("async")):
         gate, held, counts = threading.Event(), threading.Event(), {"writes": 0, "syncs": 0}
         gate.set()
         wal = WriteAheadLog(tmp_path / "wal", fsync=fsync, opener=lambda p: GatedFile(p, gate, held, counts))
         wal.open_segment(0)
-        shard = ShardState(0, 1, optimizer=make_optimizer("sgd", {"lr": 1.0}), sync=SyncSettings("async"))
+        shard = ShardState(0, 1, optimizer=make_optimizer("sgd", {"lr": 1.0}), sync=sync)
         shard.wal = wal
         server, port = start_server(PSServicer(shard), host="127.0.0.1", port=0)
         made.append((server, wal, gate))
@@ -140,6 +140,36 @@ def test_a_retry_answered_from_memory_still_waits_for_the_log(gated_ps):
     first.join(WAIT)
     again.join(WAIT)
     assert retry[0].accepted and shard.version == 1  # the same answer, applied once
+
+
+def test_sync_accumulation_never_sums_into_a_gradient_the_log_has_not_written(gated_ps, tmp_path):
+    shard, wal, address, gate, held, _ = gated_ps(sync=SyncSettings("sync", grads_to_wait=2))
+    _setup(address).close()
+    layout = shard.dense.layout_id
+    grads = []
+    for value in (1.0, 2.0):
+        g = bytearray(shard.dense.total_bytes)
+        torch.frombuffer(g, dtype=torch.float32)[:] = value
+        grads.append(g)
+    gate.clear()
+    answers: list = []
+    first = threading.Thread(target=lambda: answers.append(
+        shard.push(client_id="a", seq=1, base_version=0, layout_id=layout, dense=grads[0])))
+    first.start()
+    assert held.wait(WAIT)  # push 1 collected, its record held inside write(2)
+    second = threading.Thread(target=lambda: answers.append(
+        shard.push(client_id="b", seq=1, base_version=0, layout_id=layout, dense=grads[1])))
+    second.start()
+    assert wal.wait_queued(1, WAIT)
+    assert shard.info()["version"] == 1  # the update (mean of both) is applied meanwhile
+    gate.set()
+    first.join(WAIT)
+    second.join(WAIT)
+    assert len(answers) == 2
+    wal.close()
+    logged = [bytes(blobs) for kind, head, blobs in read_records(tmp_path / "wal" / "wal-0.log")[0] if kind == PUSH]
+    assert [torch.frombuffer(bytearray(b), dtype=torch.float32)[0].item() for b in logged] == [1.0, 2.0]
+    torch.testing.assert_close(shard.dense.params.views["w"], torch.full((4,), -1.5))
 
 
 def test_gradients_are_logged_in_the_shards_own_dtypes(tmp_path):
