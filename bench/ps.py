@@ -24,7 +24,9 @@ chunk size. In the same run, alternating, the bench measures
 
 ``--durable`` gives the PS a checkpoint directory, as the master does in a job:
 then every push is also appended to the PS's write-ahead log (and a checkpoint
-is written every 20 versions), which this measures too.
+is written every 20 versions), which this measures too; ``--wal-fsync`` also
+has the PS flush the log to the device before answering (one fdatasync per
+group of pushes), as ``flextrain train --ps-wal-fsync`` does.
 
 ``ratio = PS / raw`` from the median of the repeats; target >= 0.70.
 """
@@ -121,7 +123,8 @@ def launch(tmp: Path, args) -> tuple[list[subprocess.Popen], list[str], list[str
             [sys.executable, "-m", "flextrain.ps.main", "--shard-index", str(i), "--num-ps", "2",
              "--host", "127.0.0.1", "--address-file", str(f), "--mode", "async", "--optimizer", "sgd",
              "--hyper", "lr=0.001", "--torch-threads", "1", "--chunk-bytes", str(args.chunk_bytes),
-             *(["--checkpoint-dir", str(tmp / "ckpt"), "--checkpoint-every", "20"] if args.durable else [])],
+             *(["--checkpoint-dir", str(tmp / "ckpt"), "--checkpoint-every", "20"] if args.durable else []),
+             *(["--wal-fsync"] if args.wal_fsync else [])],
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         ps_addrs.append(_wait_file(f, procs[-1]))
     for i in range(2):
@@ -146,11 +149,15 @@ def main() -> None:
     p.add_argument("--durable", action="store_true",
                    help="PS with a checkpoint directory, as in a job: checkpoints every 20 versions and the "
                         "write-ahead log of every push (default: in-memory PS)")
+    p.add_argument("--wal-fsync", action="store_true",
+                   help="with --durable: the PS fdatasync their log before answering (flextrain train --ps-wal-fsync)")
     p.add_argument("--serve-echo", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.serve_echo:
         serve_echo(args.serve_echo)
         return
+    if args.wal_fsync and not args.durable:
+        p.error("--wal-fsync needs --durable (a PS without a checkpoint directory has no log)")
 
     import numpy as np
     import torch
@@ -243,6 +250,7 @@ def main() -> None:
         "config": {"dense_mib": round(total / (1 << 20), 2), "dense_bytes_per_ps": per_ps, "chunk_bytes": chunk,
                    "num_ps": 2, "mode": "async", "optimizer": "sgd", "emb_ids": n, "emb_dim": args.emb_dim,
                    "emb_order": args.emb_order, "durable": args.durable,
+                   "wal_fsync": args.wal_fsync,
                    "repeats": args.repeats, "cpus": os.cpu_count()},
         "dense": {"ps_push_pull_MBps": round(moved / med["ps_dense_s"], 1),
                   "raw_grpc_MBps": round(moved / med["raw_dense_s"], 1),

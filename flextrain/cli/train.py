@@ -58,6 +58,9 @@ def add_commands(sub) -> None:
     g.add_argument("--ps-wal", action=argparse.BooleanOptionalAction, default=True,
                    help="each PS logs every acknowledged change before applying it; --no-ps-wal: "
                         "faster pushes, but a relaunched PS loses the updates since its last checkpoint")
+    g.add_argument("--ps-wal-fsync", action="store_true",
+                   help="each PS also flushes its log to the device before answering pushes (one fdatasync per "
+                        "group of pushes): acknowledged updates survive the loss of the machine, not only of the PS")
     g = p.add_argument_group("training")
     g.add_argument("--epochs", type=int, default=1, metavar="N", help="passes over the training data")
     g.add_argument("--global-batch-size", type=int, default=64, metavar="N",
@@ -162,7 +165,7 @@ def build_spec(args):
         min_workers_timeout=args.min_workers_timeout,
         strategy=Strategy(args.distribution_strategy), ps=args.ps, ps_mode=args.ps_mode,
         grads_to_wait=args.grads_to_wait, ps_checkpoint_steps=args.ps_checkpoint_steps,
-        ps_wal=args.ps_wal, nan_policy=args.nan_policy, preflight=not getattr(args, "no_preflight", False),
+        ps_wal=args.ps_wal, ps_wal_fsync=args.ps_wal_fsync, nan_policy=args.nan_policy, preflight=not getattr(args, "no_preflight", False),
         skip_unknown_files=args.skip_unknown_files, csv_header=args.csv_header, data_secret=args.data_secret,
     )
 

@@ -128,6 +128,9 @@ def check_ps(spec: JobSpec) -> None:
             raise JobSpecError(f"--ps {spec.ps.replicas} needs --distribution-strategy ParameterServer "
                                f"(the strategy is {spec.strategy.value})")
     check_ps_mode("--ps-mode", spec.ps.ps_mode)
+    if spec.ps.ps_wal_fsync is True and spec.ps.ps_wal is False:
+        raise JobSpecError("--ps-wal-fsync flushes the PS write-ahead log, which --no-ps-wal turns off: "
+                           "drop one of them")
 
 
 # In the order validate() runs them (check_script first, before any number is read).

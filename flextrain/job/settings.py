@@ -269,6 +269,7 @@ SETTINGS: tuple[Setting, ...] = (
     _s("grads_to_wait", "ps.grads_to_wait", int, "spec.replicaSpecs.ps.gradsToWait"),
     _s("ps_checkpoint_steps", "ps.ps_checkpoint_steps", int, "spec.replicaSpecs.ps.psCheckpointSteps"),
     _s("ps_wal", "ps.ps_wal", bool, "spec.replicaSpecs.ps.psWal"),
+    _s("ps_wal_fsync", "ps.ps_wal_fsync", bool, "spec.replicaSpecs.ps.psWalFsync"),
 )
 SETTING = {s.key: s for s in SETTINGS}
 SETTING_AT = {s.path: s for s in SETTINGS}

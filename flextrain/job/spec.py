@@ -172,6 +172,9 @@ class PSSpec:
     # applying it, so a relaunched PS comes back exactly where it was. Off: a
     # relaunched PS loses the updates since its last checkpoint (faster pushes).
     ps_wal: bool = True
+    # With the log: each PS fdatasyncs every log write (one per group of pushes) before answering
+    # them, so an acknowledged push survives the loss of the machine too, not only of the PS process.
+    ps_wal_fsync: bool = False
 
     @property
     def effective_grads_to_wait(self) -> int:
@@ -281,7 +284,7 @@ class JobSpec:
             check_accelerate("--accelerate", self.training.accelerate)
         if self.training.batch_schedule is not None:
             check_batch_schedule("--batch-schedule", self.training.batch_schedule)
-        for field in ("shuffle", "ps_wal", "preflight", "skip_unknown_files", "csv_header"):
+        for field in ("shuffle", "ps_wal", "ps_wal_fsync", "preflight", "skip_unknown_files", "csv_header"):
             if not isinstance(self.get(field), bool):
                 raise JobSpecError(f"{'--preflight' if field == 'preflight' else flag_of(field)} must be true or false, got {self.get(field)!r}")
         for name, field, kind in (("--distribution-strategy", "strategy", Strategy), ("job type", "job_type", JobType),

@@ -6,7 +6,7 @@ processes (``flextrain --log-level INFO ps --shard-index I --num-ps N ...``, ins
 launch backend, each writing its ``host:port`` to
 ``<job_dir>/ps/ps-I.addr`` and checkpointing to ``<job_dir>/ps-checkpoints``
 every ``spec.ps.ps_checkpoint_steps`` versions (with a write-ahead log unless
-``spec.ps.ps_wal`` is off: ``--no-wal``); it returns the addresses once
+``spec.ps.ps_wal`` is off: ``--no-wal``; ``spec.ps.ps_wal_fsync``: ``--wal-fsync``); it returns the addresses once
 every file exists (workers get them with the JobSpec).
 
 With a backend that places parameter servers itself (pods behind Services:
@@ -89,7 +89,8 @@ class PSFleet:
                 "--checkpoint-every", str(spec.ps.ps_checkpoint_steps),
                 "--mode", spec.ps.ps_mode, "--grads-to-wait", str(spec.ps.effective_grads_to_wait),
                 "--torch-threads", "1", "--threads", str(16 + 4 * spec.worker.effective_max_replicas),
-                *(() if spec.ps.ps_wal else ("--no-wal",)))
+                *(() if spec.ps.ps_wal else ("--no-wal",)),
+                *(("--wal-fsync",) if spec.ps.ps_wal and spec.ps.ps_wal_fsync else ()))
         self.backend.launch(InstanceSpec(f"{PS_PREFIX}{index}", Role.PS, index, args,
                                          {"PYTHONUNBUFFERED": "1"}))
 

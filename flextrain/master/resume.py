@@ -45,6 +45,7 @@ CHANGEABLE = {
     "training.memory_limit": "as --max-micro-batch (auto's bound)",
     "training.checkpoint_steps": "when checkpoints are taken",
     "ps.ps_checkpoint_steps": "when the parameter servers checkpoint",
+    "ps.ps_wal_fsync": "how the parameter servers flush their log from now on (what is logged is the same)",
     "worker.rendezvous_timeout": "a timeout",
     "worker.worker_timeout": "a timeout",
     "worker.start_timeout": "a timeout",

@@ -14,8 +14,8 @@ pushes do not wait for the disk. If the writer is still busy, only the newest
 pending snapshot is kept.
 
 With ``wal=True`` (the default) the shard also keeps a write-ahead log in the
-same directory (:mod:`flextrain.ps.wal`): each snapshot starts a new log
-segment and records its number (``wal_next``) in the checkpoint, and
+same directory (:mod:`flextrain.ps.wal`, written by its own thread with group
+commit): each snapshot starts a new log segment and records its number (``wal_next``) in the checkpoint, and
 :meth:`Checkpointer.restore` replays the segments from there. So a relaunched
 PS comes back with every change it acknowledged, not just those up to its
 last checkpoint — including SYNC gradients collected but not yet applied.
@@ -62,7 +62,11 @@ class Checkpointer:
         found = [(int(m.group(1)), p) for p in self.dir.iterdir() if (m := _NAME.match(p.name))]
         return sorted(found)
 
-    def _write(self, version: int, blob: bytes, wal_next: int = -1) -> Path:
+    def _write(self, version: int, blob: bytes, wal_next: int = -1, wal_lsn: int = 0) -> Path:
+        if wal_lsn and self.wal is not None:
+            # Everything in the snapshot is in the log (older segments) before the checkpoint
+            # may replace those segments: the log is always at least as far as any checkpoint.
+            self.wal.wait(wal_lsn)
         with self._write_lock:
             self.dir.mkdir(parents=True, exist_ok=True)
             final = self.dir / f"version-{version}.ckpt"
@@ -88,21 +92,23 @@ class Checkpointer:
 
     # ------------------------------------------------------------------ saving
 
-    def snapshot(self, shard: ShardState) -> tuple[int, bytes, int]:
-        """(version, encoded state, wal_next), consistent: serialised while holding every shard lock,
-        and the write-ahead log moves to a new segment at that very point."""
+    def snapshot(self, shard: ShardState) -> tuple[int, bytes, int, int]:
+        """(version, encoded state, wal_next, wal_lsn), consistent: serialised while holding every shard
+        lock, and the write-ahead log moves to a new segment at that very point (``wal_lsn``: the last
+        record of the segments before; the checkpoint is written once the log holds it)."""
         with shard.locked():
             tree = shard.export_state()
-            wal_next = -1
+            wal_next, wal_lsn = -1, 0
             if self.wal is not None and shard.wal is self.wal:
+                wal_lsn = self.wal.appended
                 tree["wal_next"] = wal_next = self.wal.rotate()
-            return shard.version, statecodec.encode(tree), wal_next
+            return shard.version, statecodec.encode(tree), wal_next, wal_lsn
 
     def save(self, shard: ShardState) -> tuple[Path, int]:
         """Write a checkpoint now (after any background write); returns (path, version)."""
-        version, blob, wal_next = self.snapshot(shard)
+        version, blob, wal_next, wal_lsn = self.snapshot(shard)
         self.flush()
-        return self._write(version, blob, wal_next), version
+        return self._write(version, blob, wal_next, wal_lsn), version
 
     def attach(self, shard: ShardState) -> None:
         """Checkpoint ``shard`` every ``every`` versions (no-op when every == 0)."""
@@ -127,10 +133,10 @@ class Checkpointer:
         while True:
             with self._cond:
                 self._cond.wait_for(lambda: self._pending is not None)
-                (version, blob, wal_next), self._pending = self._pending, None
+                (version, blob, wal_next, wal_lsn), self._pending = self._pending, None
                 self._busy = True
             try:
-                self._write(version, blob, wal_next)
+                self._write(version, blob, wal_next, wal_lsn)
             except OSError as exc:  # keep serving; the next checkpoint may succeed
                 log.error("PS checkpoint of version %d failed: %s", version, exc)
             finally:

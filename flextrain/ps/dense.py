@@ -99,6 +99,11 @@ class DenseArena:
                 numel = (last.offset + last.nbytes - first.offset) // DTYPES[s.dtype].itemsize
                 self.groups.append(self._view(first.offset, numel, s.dtype))
 
+    def like(self, owner: bytearray) -> "DenseArena":
+        """An arena of the same layout over ``owner`` (a buffer of the same size)."""
+        return DenseArena(self._layout, torch.frombuffer(owner, dtype=torch.uint8) if len(owner) else
+                          torch.zeros(0, dtype=torch.uint8), owner)
+
     @property
     def views(self) -> dict[str, torch.Tensor]:
         """Per-tensor views, built on first use (a push of a big model only needs ``groups``)."""

@@ -10,10 +10,13 @@ Contracts:
   blocks become one ``(unique ids, summed rows)`` pair per table.
 * **buffer reuse** (:class:`BufferPool`): received dense buffers are handed
   back once consumed and reused for the next push of the same size (fresh big
-  buffers cost page faults). Thread-safe on its own.
+  buffers cost page faults). A buffer the write-ahead log still has to write
+  is *pinned*: handed back, it only returns to the pool once the log unpins
+  it. Thread-safe on its own.
 * **SYNC accumulation** (:class:`Accumulator`): the pushes collected towards
-  the next update, summed in place into the first push's buffer. Not
-  thread-safe: the shard calls it under its lock.
+  the next update, summed in place into the first push's buffer, or (when
+  that buffer is pinned: the log has not written it yet) into a buffer of the
+  pool. Not thread-safe: the shard calls it under its lock.
 """
 
 from __future__ import annotations
@@ -80,10 +83,12 @@ def parse_sparse(sparse: list[RowBlock], table: Callable[[str], EmbeddingTable])
 
 
 class BufferPool:
-    """Buffers for pushes' dense bytes, recycled once their gradients are consumed."""
+    """Buffers for pushes' dense bytes, recycled once their gradients are consumed (and written)."""
 
     def __init__(self) -> None:
         self._spare: list[bytearray] = []
+        self._pins: dict[int, int] = {}       # id(owner) -> pins (the write-ahead log's pending records)
+        self._returned: set[int] = set()      # handed back while pinned: recycled at the last unpin
         self._lock = threading.Lock()
 
     def take(self, nbytes: int) -> bytearray:
@@ -98,29 +103,63 @@ class BufferPool:
         """Keep the buffer under ``grads`` (None: nothing) for reuse; the caller no longer touches it."""
         if grads is not None and grads.owner is not None:
             with self._lock:
-                if len(self._spare) < _SPARE_BUFFERS:
+                key = id(grads.owner)
+                if key in self._pins:
+                    self._returned.add(key)
+                elif len(self._spare) < _SPARE_BUFFERS:
                     self._spare.append(grads.owner)
+
+    def pin(self, grads) -> None:
+        """``grads`` must not be reused (nor changed) until :meth:`unpin`: the log still reads it."""
+        if grads is not None and grads.owner is not None:
+            with self._lock:
+                key = id(grads.owner)
+                self._pins[key] = self._pins.get(key, 0) + 1
+
+    def unpin(self, grads) -> None:
+        if grads is not None and grads.owner is not None:
+            with self._lock:
+                key = id(grads.owner)
+                left = self._pins.pop(key) - 1
+                if left:
+                    self._pins[key] = left
+                elif key in self._returned:
+                    self._returned.discard(key)
+                    if len(self._spare) < _SPARE_BUFFERS:
+                        self._spare.append(grads.owner)
+
+    def pinned(self, grads) -> bool:
+        with self._lock:
+            return grads is not None and grads.owner is not None and id(grads.owner) in self._pins
 
 
 class Accumulator:
     """SYNC mode: the accepted pushes collected towards the next update."""
 
-    def __init__(self) -> None:
+    def __init__(self, pool: BufferPool | None = None) -> None:
+        self.pool = pool or BufferPool()
         self.pending = 0                  # pushes collected
         self.dense = None                 # DenseArena summing the pending dense gradients
         self.absent: set[str] | None = None  # parameters absent from every pending push
         self._sparse: dict[str, list[tuple[np.ndarray, torch.Tensor]]] = {}
 
-    def add(self, grads, absent: set[str], sparse: SparseGrads):
-        """Collect one push; returns the gradients whose buffer is now free (summed into another), or None."""
-        spent = None
+    def add(self, grads, absent: set[str], sparse: SparseGrads) -> list:
+        """Collect one push; returns the gradients whose buffers are now free (summed into another)."""
+        spent = []
         if grads is not None:
             if self.dense is None:
                 self.dense = grads  # the received buffer is ours: sum into it, no copy
+            elif self.pool.pinned(self.dense):  # the log still has to write it: sum into a fresh buffer
+                first = self.dense
+                owner = self.pool.take(len(first.buffer))
+                self.dense = first.like(owner)
+                for acc, a, b in zip(self.dense.groups, first.groups, grads.groups):
+                    torch.add(a, b, out=acc)
+                spent = [first, grads]
             else:
                 for acc, g in zip(self.dense.groups, grads.groups):
                     acc.add_(g)
-                spent = grads
+                spent = [grads]
         self.absent = absent if self.absent is None else self.absent & absent
         for name, block in sparse.items():
             self._sparse.setdefault(name, []).append(block)

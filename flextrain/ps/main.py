@@ -51,6 +51,8 @@ class PSHandle:
             except OSError as exc:
                 log.error("final PS checkpoint failed: %s", exc)
         self.server.stop(grace).wait()
+        if self.shard.wal is not None:
+            self.shard.wal.close()  # writes what is queued; a relaunch in this process may reopen the directory
 
 
 def start_ps(*, port: int = 0, host: str = "0.0.0.0", advertise_host: str | None = None, shard_index: int = 0,
@@ -126,7 +128,8 @@ def _hyper_arg(text: str) -> tuple[str, float]:
         raise argparse.ArgumentTypeError(f"--hyper wants NAME=NUMBER, got {text!r}") from None
 
 
-def main(argv: list[str] | None = None) -> int:
+def make_parser() -> argparse.ArgumentParser:
+    """The PS process's command line (what the master's ``flextrain ps ...`` arguments are parsed by)."""
     p = argparse.ArgumentParser(prog="python -m flextrain.ps.main", description="Run one parameter-server shard.")
     p.add_argument("--shard-index", type=int, required=True)
     p.add_argument("--num-ps", type=int, required=True)
@@ -139,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-wal", dest="wal", action="store_false",
                    help="no write-ahead log: a relaunched PS loses the updates since its last checkpoint")
     p.add_argument("--wal-fsync", action="store_true",
-                   help="fsync every write-ahead log record (survives machine loss; slower pushes)")
+                   help="fdatasync the write-ahead log before answering (one flush per group of pushes; "
+                        "survives machine loss)")
     p.add_argument("--optimizer", default=None, help="sgd, momentum, adam, adamw, adagrad (or set by a worker)")
     p.add_argument("--hyper", type=_hyper_arg, action="append", default=[], help="NAME=NUMBER, repeatable")
     p.add_argument("--mode", choices=("sync", "async"), default="sync")
@@ -150,7 +154,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--chunk-bytes", type=int, default=1 << 20)
     p.add_argument("--threads", type=int, default=32, help="gRPC handler threads")
     p.add_argument("--torch-threads", type=int, default=None)
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = make_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s ps %(levelname)s %(message)s", stream=sys.stderr)
     try:
         run_ps(port=args.port, host=args.host, advertise_host=args.advertise_host, address_file=args.address_file,

@@ -24,9 +24,16 @@ Contracts:
   The bookkeeping is :mod:`flextrain.ps.exactly_once`; parsing, buffer reuse
   and SYNC accumulation of received gradients are :mod:`flextrain.ps.gradients`.
 * **write-ahead log**: with ``wal`` set (:mod:`flextrain.ps.wal`), every
-  state change (configure, init, tables, accepted push, flush) is appended
-  under the shard lock before it is applied and before it is answered, so a
-  restarted shard replays exactly what it acknowledged.
+  state change (configure, init, tables, accepted push, flush) is queued for
+  the log under the shard lock, in the order it is applied, and answered only
+  once the log's writer thread has written it (group commit: the lock is not
+  held while the disk is written, and one write carries every change queued
+  meanwhile). So a restarted shard replays every change it acknowledged. Any
+  answer (a retry, a duplicate, a rejection) waits for the log to hold
+  everything queued before it, since it may depend on those changes. Pulls
+  never wait for the log: they read the in-memory state, which may be ahead
+  of the log by changes not yet acknowledged (a PS that dies then comes back
+  without them, under a new incarnation, and their clients push them again).
 * **thread safety**: one condition variable guards version, dense store,
   accumulator and config; each embedding table has its own lock (taken after
   the shard lock when both are needed), so row pulls never wait for a dense
@@ -75,7 +82,7 @@ class ShardState:
         self._pull_cache: tuple[int, int, list[bytes]] | None = None
         self._buffers = BufferPool()
         self.wal = None  # flextrain.ps.wal.WriteAheadLog, when the shard is durable
-        self._acc = Accumulator()
+        self._acc = Accumulator(self._buffers)
 
     # ------------------------------------------------------------------ config
 
@@ -95,6 +102,7 @@ class ShardState:
                                             f"it cannot switch to {new_opt.describe()}")
             if self.wal is not None:
                 self.wal.log_configure(optimizer, sync)
+            lsn = self._lsn()
             if sync is not None:
                 self.sync = sync.validated()
                 # Fewer workers now: the pushes already collected may complete an update.
@@ -104,6 +112,7 @@ class ShardState:
             result = (self.optimizer, self.sync, self.version)
         if applied:
             self._notify_version(result[2])
+        self._logged(lsn)
         return result
 
     def info(self) -> dict:
@@ -120,17 +129,25 @@ class ShardState:
     def init_dense(self, specs: list[Spec], data: bytearray) -> tuple[bool, int, DenseStore]:
         """Install the initial dense values unless already set; (set_now, version, store)."""
         with self._cond:
-            if self.dense is not None:
-                return False, self.version, self.dense
+            done = self.dense is not None
+            if done:
+                result, lsn = (False, self.version, self.dense), self._lsn()
+        if done:
+            self._logged(lsn)
+            return result
         store = DenseStore.from_stream(specs, data)  # built outside the lock: it copies every byte
         with self._cond:
             if self.dense is not None:  # another worker won the race meanwhile
-                return False, self.version, self.dense
-            if self.wal is not None:
-                self.wal.log_init_dense(specs, data)
-            self.dense = store
-            self._pull_cache = None
-            return True, self.version, store
+                result = (False, self.version, self.dense)
+            else:
+                if self.wal is not None:
+                    self.wal.log_init_dense(specs, data)
+                self.dense = store
+                self._pull_cache = None
+                result = (True, self.version, store)
+            lsn = self._lsn()
+        self._logged(lsn)
+        return result
 
     def declare_tables(self, specs: list[TableSpec]) -> list[TableSpec]:
         """Create the tables not yet known; a known table must be declared identically."""
@@ -146,7 +163,9 @@ class ShardState:
                 self.wal.log_tables(new)
             for spec in new:
                 self.tables[spec.name] = EmbeddingTable(spec)
-            return [t.spec for t in self.tables.values()]
+            result, lsn = [t.spec for t in self.tables.values()], self._lsn()
+        self._logged(lsn)
+        return result
 
     def table(self, name: str) -> EmbeddingTable:
         table = self.tables.get(name)
@@ -212,10 +231,13 @@ class ShardState:
             answered = self._accepted.answered(client_id, seq, self.version)
             if answered is not None:
                 self._buffers.give_back(grads)
-                return answered
-            result = self._admit(client_id, seq, base_version, step, grads, absent_set, merged, log=True)
-        if result.applied:
+                result = answered
+            else:
+                result = self._admit(client_id, seq, base_version, step, grads, absent_set, merged, log=True)
+            lsn = self._lsn()  # whatever the answer, it may rest on changes queued so far
+        if result.applied and answered is None:
             self._notify_version(result.version)
+        self._logged(lsn)  # answer only once the log holds them (group commit; the lock is free meanwhile)
         return result
 
     def _admit(self, client_id: str, seq: int, base: int, step, grads, absent: set[str], sparse: SparseGrads, *,
@@ -229,8 +251,12 @@ class ShardState:
             if result is not None:
                 self._buffers.give_back(grads)
             else:
-                if log and self.wal is not None:  # before applying: applying may reuse the gradient buffers
-                    self.wal.log_push(client_id, seq, base, step, grads, absent, sparse)
+                if log and self.wal is not None:
+                    # Queued by reference: the buffer stays pinned (not recycled, not summed into)
+                    # until the writer thread has written it.
+                    self._buffers.pin(grads)
+                    self.wal.log_push(client_id, seq, base, step, grads, absent, sparse,
+                                      after=None if grads is None else lambda: self._buffers.unpin(grads))
                 result = self._push_locked(base, grads, absent, sparse)
                 if step is not None:
                     self._accepted.accept_step(step)
@@ -250,9 +276,10 @@ class ShardState:
                 if log and self.wal is not None:
                     self.wal.log_flush()
                 self._apply_pending()
-            version = self.version
+            version, lsn = self.version, self._lsn()
         if applied:
             self._notify_version(version)
+        self._logged(lsn)
         return applied, version
 
     def _stale(self, base: int) -> PushResult | None:
@@ -271,7 +298,8 @@ class ShardState:
         """Collect or apply a push :meth:`_stale` accepted."""
         s, version = self.sync, self.version
         if s.mode == "sync":
-            self._buffers.give_back(self._acc.add(grads, absent, sparse))
+            for spent in self._acc.add(grads, absent, sparse):
+                self._buffers.give_back(spent)
             if self._acc.pending >= s.grads_to_wait:
                 self._apply_pending()
                 return PushResult(True, self.version, applied=True)
@@ -286,7 +314,7 @@ class ShardState:
         acc = self._acc
         self._apply(acc.dense, acc.absent or set(), acc.sparse(), acc.pending, 1.0)
         self._buffers.give_back(acc.dense)
-        self._acc = Accumulator()
+        self._acc = Accumulator(self._buffers)
         return True
 
     def _apply(self, grads, absent: set[str], sparse: SparseGrads, count: int, lr_scale: float) -> None:
@@ -301,6 +329,15 @@ class ShardState:
         self.version += 1
         self._pull_cache = None
         self._cond.notify_all()
+
+    def _lsn(self) -> int:
+        """The log position covering every change made so far (call under the shard lock; 0: no log)."""
+        return self.wal.appended if self.wal is not None else 0
+
+    def _logged(self, lsn: int) -> None:
+        """Wait (outside the shard lock) until the log holds record ``lsn``: then a change may be answered."""
+        if lsn and self.wal is not None:
+            self.wal.wait(lsn)
 
     def _notify_version(self, version: int) -> None:
         if self.on_version is not None:
@@ -343,7 +380,7 @@ class ShardState:
             self.dense = DenseStore.from_state(tree["dense"]) if tree["dense"] is not None else None
             self.tables = {name: EmbeddingTable.from_state(t) for name, t in tree["tables"].items()}
             self.version = int(tree["version"])
-            self._acc = Accumulator()
+            self._acc = Accumulator(self._buffers)
             tasks = tree.get("tasks")  # absent in checkpoints written before exactly-once per minibatch
             self._accepted = AcceptedPushes(tasks.tolist() if tasks is not None else ())  # clients forgotten
             self._pull_cache = None
