@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -35,7 +36,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from interleave import StepSeries, median_ci, paired_ratios, rated_windows, take_turns  # noqa: E402
-from machine import ProcessTree, log  # noqa: E402
+from machine import ProcessTree, descendants, log  # noqa: E402
 from overhead_sides import flextrain_cmd  # noqa: E402
 
 MODULE = HERE / "steady" / "digits_models.py"
@@ -125,9 +126,11 @@ def main(argv=None) -> int:
         windows = take_turns(trees=trees, order=ORDER, seconds=args.window, until=procs["flextrain"])
     finally:
         for name, proc in procs.items():
-            if proc.poll() is None:
+            # every descendant by pid: torchrun starts its workers in sessions of their own,
+            # so killing the agent's process group would leave them training
+            for pid in reversed(descendants(proc.pid)):
                 try:
-                    os.killpg(proc.pid, 9)
+                    os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
             proc.wait()
