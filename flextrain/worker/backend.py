@@ -109,6 +109,32 @@ class ModelBackend(ABC):
         because they are about to be reduced. Not called when nothing is reduced (a world of one);
         default: ``buffers`` always hold them."""
 
+    def overlap(self, cap: int) -> bool:
+        """Reduce the gradients in buckets of about ``cap`` bytes, each as backward finishes it,
+        from now on (``flextrain.worker.buckets``); False: this backend cannot, the trainer reduces
+        ``buffers`` after backward (the default). When True, a step goes :meth:`zero`, micro-batches
+        (:meth:`arm` before the last one on this rank), :meth:`launch_buckets`, the slots set,
+        :meth:`launch_tail` (its works waited for), then as after :meth:`gathered`."""
+        return False
+
+    def arm(self, launch) -> None:
+        """The next backward is this rank's last of the step: launch buckets as they complete."""
+        raise NotImplementedError
+
+    def launch_buckets(self, launch) -> None:
+        """After the step's compute (whatever became of it): launch every bucket but the tail."""
+        raise NotImplementedError
+
+    def launch_tail(self, launch) -> list:
+        """Launch the tail bucket with the slots; returns every bucket's work, in launch order."""
+        raise NotImplementedError
+
+    spoiled: bool = False  # a gradient changed after its bucket left: the step must be re-reduced flat
+
+    def redo_flat(self) -> list[torch.Tensor]:
+        """The local gradients back in ``buffers``; returns the parts to reduce again (no slots)."""
+        raise NotImplementedError
+
     @abstractmethod
     def apply(self) -> None:
         """One optimizer step: with the reduced gradients in ``buffers`` after :meth:`gathered`,

@@ -84,6 +84,25 @@ class Collective:
             self.leave()
             raise CollectiveError(f"all_reduce in round {self.round_id} failed: {exc}") from exc
 
+    def start_sum(self, tensor: torch.Tensor):
+        """Start summing ``tensor`` across the round, in place, asynchronously; returns the work
+        for :meth:`wait_all`. Every rank must start the same sums in the same order."""
+        try:
+            return dist.all_reduce(tensor, op=dist.ReduceOp.SUM, async_op=True)
+        except Exception as exc:
+            self.leave()
+            raise CollectiveError(f"all_reduce in round {self.round_id} failed: {exc}") from exc
+
+    def wait_all(self, works) -> None:
+        """Wait for works of :meth:`start_sum`, in order; a failure of any (a peer died with them
+        in flight) tears the group down and raises :class:`CollectiveError`."""
+        try:
+            for work in works:
+                work.wait()
+        except Exception as exc:
+            self.leave()
+            raise CollectiveError(f"all_reduce in round {self.round_id} failed: {exc}") from exc
+
     def broadcast_bytes(self, data: bytes | None, *, src: int = 0) -> bytes:
         """Rank ``src`` sends ``data``; every rank returns it."""
         if self.world_size == 1:

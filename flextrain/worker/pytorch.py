@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from flextrain.worker.backend import FLOAT_DTYPES, ModelBackend, all_finite, gradient_buffers, sqr_sum
+from flextrain.worker.buckets import BucketReducer, Launch
 from flextrain.worker.contract import FeedMetadata, Mode, ModelDefError, raised, returned
 from flextrain.worker.evaluation import Predictor
 
@@ -99,8 +100,13 @@ class TorchBackend(ModelBackend):
                                     "must be float32, float64, bfloat16 or float16")
         self.params = [p for _, p in named]
         self.size = sum(p.numel() for p in self.params)
-        self.buffers, views, self.slots = gradient_buffers([(p.dtype, p.numel()) for p in self.params], extra)
+        # Laid out in reverse parameter order (the order backward produces gradients): a bucket of
+        # the overlapped reduction is one slice, and the first parameters end where the slots begin.
+        self.buffers, views, self.slots = gradient_buffers([(p.dtype, p.numel()) for p in self.params[::-1]], extra)
+        views = views[::-1]
         self._views = [view.view_as(p) for p, view in zip(self.params, views)]
+        self._extra = extra
+        self.reducer: BucketReducer | None = None  # set by overlap(): buckets reduced during backward
         self._gathered = False  # the step's gradients are in the buffers (not only in p.grad)
         # As built: what --lr-rule scales (none without an optimizer: evaluation, prediction).
         self._base_lrs = [group["lr"] for group in optimizer.param_groups] if optimizer is not None else []
@@ -134,9 +140,37 @@ class TorchBackend(ModelBackend):
     def feed(self, records, mode, meta):
         return feed_tensors(self.model_def, records, mode, meta)
 
+    def overlap(self, cap: int) -> bool:
+        if self.reducer is None:
+            self.reducer = BucketReducer(self.params, self._views, self.buffers, self._extra, cap=cap)
+        return True
+
+    def arm(self, launch: Launch) -> None:
+        self.reducer.arm(launch)
+
+    def launch_buckets(self, launch: Launch) -> None:
+        self.reducer.launch_rest(launch)
+
+    def launch_tail(self, launch: Launch) -> list:
+        works = self.reducer.launch_tail(launch)
+        self._gathered = True  # once the works are waited for
+        return works
+
+    @property
+    def spoiled(self) -> bool:
+        return self.reducer is not None and self.reducer.spoiled
+
+    def redo_flat(self) -> list[torch.Tensor]:
+        self.reducer.restore_local()
+        parts = list(self.buffers)
+        parts[0] = parts[0][: parts[0].numel() - self.slots.numel()]
+        return parts
+
     def zero(self) -> None:
         for p in self.params:
             p.grad = None
+        if self.reducer is not None:
+            self.reducer.begin()
         self.slots.zero_()
         self._gathered = False
         if self.micro_sqr is not None:

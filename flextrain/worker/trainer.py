@@ -24,6 +24,16 @@ with control slots that ride along in the same all-reduce:
   gradients (also checked), every member decides alike: nothing of the step
   is applied, and the job fails (``--nan-policy fail``) or the step is
   dropped (``skip-step``: its records count as trained).
+* ``REDO`` - some member's bucket left before its gradient was final (see below): every
+  member sums the step's gradients again, flat, and reduces flat from then on.
+
+Overlapped reduction (PyTorch; ``flextrain.worker.buckets``): unless ``FLEXTRAIN_BUCKET_MB=0``,
+the gradients are summed in buckets launched asynchronously from autograd hooks while the
+LAST micro-step's backward runs (earlier micro-steps only accumulate), every rank in the same
+bucket order; the control slots ride with the last (tail) bucket, launched after backward
+once the flags are set, and every bucket is waited for before anything is decided. A rank
+whose compute failed launches its remaining buckets too (zeros), so the collectives match; a
+peer lost with buckets in flight is a :class:`CollectiveError`, as on the flat path.
 """
 
 from __future__ import annotations
@@ -43,6 +53,7 @@ from flextrain.elastic.statecodec import StateCodecError, decode, encode, nonfin
 from flextrain.job import JobSpec
 from flextrain.proto import flextrain_pb2 as pb
 from flextrain.worker.adascale import AdaScaleRule
+from flextrain.worker.buckets import bucket_bytes
 from flextrain.worker.client import MasterClient
 from flextrain.worker.frameworks import make_backend
 from flextrain.worker.collective import Collective
@@ -54,8 +65,8 @@ from flextrain.worker.state import WorkerState
 
 log = logging.getLogger("flextrain.worker")
 
-END_ROUND, FAILED, STOP, NONFINITE = 0, 1, 2, 3
-_CONTROL_SLOTS = 4
+END_ROUND, FAILED, STOP, NONFINITE, REDO = 0, 1, 2, 3, 4
+_CONTROL_SLOTS = 5
 # Ask ahead for enough tasks to last about this long (at most MAX_AHEAD): every GetTask
 # wakes dozens of gRPC threads across worker and master, each preempting a compute thread.
 AHEAD_SECONDS = 2.0
@@ -82,7 +93,9 @@ class AllReduceTrainer:
         self.state = state
         self.backend = make_backend(model_def=model_def, model=model, optimizer=optimizer, extra=_CONTROL_SLOTS,
                                     keep_lr=self.spec.training.learning_rate is not None, compute=compute)
-        self.control = self.backend.slots  # END_ROUND, FAILED, STOP: the end of backend.buffers[0]
+        self.control = self.backend.slots  # END_ROUND, FAILED, STOP, ...: the end of backend.buffers[0]
+        cap = bucket_bytes()  # FLEXTRAIN_BUCKET_MB; 0: one flat reduction after backward
+        self.overlap = cap > 0 and self.backend.overlap(cap)  # buckets reduced during backward
         self.loader = StepLoader(self._load_span, background=read_ahead_wanted())
         # The next task, asked for during the current task's last step: (task index, future).
         self._ahead: tuple[int, grpc.Future] | None = None
@@ -208,13 +221,15 @@ class AllReduceTrainer:
             if j + 1 == steps:
                 self._ask_ahead()
             self.backend.zero()
+            overlap = self.overlap and self.collective.world_size > 1
             try:
                 batch = self.loader.get(task, start, end) if end > start else None
                 if j + 1 < steps:  # read the next step's records while this one computes
                     self.loader.prefetch(task, *self._plan(task, j + 1)[:2])
-                loss_sum, n = self._compute(batch, plan)
+                loss_sum, n = self._compute(batch, plan, arm=overlap)
             except Exception as exc:  # bad data or a failing feed: the task fails, the round goes on
-                self.backend.zero()
+                if not overlap:  # (buckets may be in flight: what they sum is not applied anywhere)
+                    self.backend.zero()
                 failure = failure_of(exc, stage="training", step=self.state.version)
                 log_failure(f"step {self.state.version + 1} (task {task.task_id}, records [{start}, {end}) of "
                             f"{task.source}) failed: {one_line(failure)}", exc)
@@ -228,12 +243,16 @@ class AllReduceTrainer:
                 self.control[STOP] = 1.0
             if not math.isfinite(loss_sum):
                 self.control[NONFINITE] = 1.0
+            # (also in a world of one: AdaScale's statistic is taken from the backend here)
             reduced = self.backend.buffers if self.adascale is None else self.adascale.reduced(self.backend)
             if self.collective.world_size > 1:
-                self.backend.gathered()
                 self.state.waiting = True
                 try:
-                    self.collective.all_reduce_sum(reduced)
+                    if overlap:
+                        self._reduce_overlapped()
+                    else:
+                        self.backend.gathered()
+                        self.collective.all_reduce_sum(reduced)
                 finally:
                     self.state.waiting = False
             control = self.control.tolist()
@@ -267,6 +286,24 @@ class AllReduceTrainer:
             if control[FAILED] > 0:
                 return None  # skip the rest of the failed task; go on with the next one
         return None
+
+    def _reduce_overlapped(self) -> None:
+        """After the step's compute: launch what backward's hooks did not (in bucket order), then
+        the tail with the control slots (and AdaScale's statistic), and wait for all of it."""
+        start = self.collective.start_sum
+        self.backend.launch_buckets(start)
+        if self.backend.spoiled:
+            self.control[REDO] = 1.0
+        works = self.backend.launch_tail(start)
+        if self.adascale is not None:  # its statistic, set by adascale.reduced()
+            works.append(start(self.adascale.stats))
+        self.collective.wait_all(works)
+        if self.control[REDO] > 0:  # the same on every rank: all sum again, flat, and stay flat
+            self.collective.all_reduce_sum(self.backend.redo_flat())
+            self.overlap = False
+            log.warning("a gradient was accumulated after its bucket was reduced (a parameter used inside and "
+                        "outside re-entrant activation checkpointing?); step %d was reduced again in one "
+                        "piece, and later steps are reduced after backward", self.state.version + 1)
 
     def _follow_lr(self, G: int) -> None:
         """--lr-rule: the optimizer's LR for steps of ``G`` samples (every step of a task has the same G;
@@ -336,16 +373,19 @@ class AllReduceTrainer:
         meta = FeedMetadata(task.source, start, end, task.epoch)
         return self.backend.feed(records, Mode.TRAINING, meta)
 
-    def _compute(self, batch, plan) -> tuple[float, int]:
+    def _compute(self, batch, plan, *, arm: bool = False) -> tuple[float, int]:
+        """The step's micro-batches on this rank; ``arm``: the backend reduces buckets during the
+        last one's backward (the earlier ones only accumulate)."""
         if batch is None:
             return 0.0, 0
         features, labels = batch
         rank = self.collective.rank
         lo, hi = plan.span(rank)
         loss_sum = 0.0
-        for offset, size in plan.slices(rank):
-            if size == 0:
-                continue
+        slices = [(offset, size) for offset, size in plan.slices(rank) if size]
+        for k, (offset, size) in enumerate(slices):
+            if arm and k + 1 == len(slices):
+                self.backend.arm(self.collective.start_sum)
             sl = slice(offset - lo, offset - lo + size)
             loss = self.backend.accumulate(features, labels, sl, scale=size / plan.global_batch)
             loss_sum += loss * size
