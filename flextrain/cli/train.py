@@ -110,6 +110,10 @@ def add_commands(sub) -> None:
                    help="a failing task is retried this often, then the job fails")
     g.add_argument("--checkpoint-steps", type=int, default=0, metavar="N",
                    help="checkpoint every N optimizer steps (0: at the end only)")
+    g.add_argument("--memory-checkpoint-steps", type=int, default=0, metavar="N",
+                   help="copy model and optimizer state to shared memory every N optimizer steps, persisted "
+                        "in the background and flushed when the workers are lost (AllReduce; 0, the default: off; "
+                        "e.g. 50)")
     g.add_argument("--rendezvous-timeout", type=float, default=10.0, metavar="SECONDS",
                    help="how long a round waits for stragglers once --min-workers are present")
     g.add_argument("--worker-timeout", type=float, default=60.0, metavar="SECONDS",
@@ -160,7 +164,8 @@ def build_spec(args):
         reference_batch_size=args.reference_batch_size, min_global_batch=args.min_global_batch,
         max_global_batch=args.max_global_batch, adapt_every=args.adapt_every,
         steps_per_task=args.steps_per_task, max_task_retries=args.max_task_retries,
-        checkpoint_steps=args.checkpoint_steps, rendezvous_timeout=args.rendezvous_timeout,
+        checkpoint_steps=args.checkpoint_steps, memory_checkpoint_steps=args.memory_checkpoint_steps,
+        rendezvous_timeout=args.rendezvous_timeout,
         worker_timeout=args.worker_timeout, start_timeout=args.start_timeout, relaunch_budget=args.relaunch_budget,
         min_workers_timeout=args.min_workers_timeout,
         strategy=Strategy(args.distribution_strategy), ps=args.ps, ps_mode=args.ps_mode,

@@ -250,6 +250,8 @@ SETTINGS: tuple[Setting, ...] = (
     _s("adapt_every", "training.adapt_every", int, "spec.training.adaptEvery"),
     _s("evaluation_steps", "training.evaluation_steps", int, "spec.training.evaluationSteps"),
     _s("checkpoint_steps", "training.checkpoint_steps", int, "spec.training.checkpointSteps"),
+    # In-memory ("flash") checkpoints every N steps, persisted in the background (docs/elasticity.md).
+    _s("memory_checkpoint_steps", "training.memory_checkpoint_steps", int, "spec.training.memoryCheckpointSteps"),
     _s("seed", "training.seed", int, "spec.training.seed"),
     _s("shuffle", "training.shuffle", bool, "spec.training.shuffle"),
     _s("steps_per_task", "training.steps_per_task", int, "spec.training.stepsPerTask"),
@@ -286,7 +288,8 @@ NUMBER_RULES = (
     (check_count, ("workers", "epochs", "global_batch_size", "steps_per_task", "reference_batch_size",
                    "min_workers", "max_workers", "grads_to_wait", "min_global_batch",
                    "max_global_batch", "adapt_every")),
-    (check_non_negative, ("evaluation_steps", "max_task_retries", "checkpoint_steps", "relaunch_budget",
+    (check_non_negative, ("evaluation_steps", "max_task_retries", "checkpoint_steps", "memory_checkpoint_steps",
+                          "relaunch_budget",
                           "ps_checkpoint_steps")),
     (check_positive_finite, ("rendezvous_timeout", "worker_timeout", "start_timeout", "min_workers_timeout",
                              "learning_rate")),

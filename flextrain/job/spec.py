@@ -78,6 +78,10 @@ class TrainingSpec:
     evaluation_steps: int = 0
     # Save model + ledger every this many optimizer steps (0: only at the end).
     checkpoint_steps: int = 0
+    # AllReduce: copy model + optimizer state to the job's shared memory every this many optimizer steps
+    # (flash checkpoints: persisted in the background, flushed when the workers are lost; 0: off).
+    # 0 (off) until its step-time cost is below 1% (bench/flash_checkpoint.py measured ~4-5% at 50).
+    memory_checkpoint_steps: int = 0
     seed: int = 0
     shuffle: bool = False
     # Optimizer steps per task: the granularity of hand-out and re-queueing.

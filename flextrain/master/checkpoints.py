@@ -162,6 +162,24 @@ class CheckpointStore:
         write_json_atomic(self.latest_path, {**entry, "ledger": ledger_path.name}, checksum=True)
         self._prune()
 
+    def adopt_flash(self, flash, *, note: Callable[[str], None] = lambda text: None) -> int | None:
+        """Persist the newest complete in-memory snapshot of ``flash`` (a
+        :class:`flextrain.elastic.flash.FlashStore`) newer than the newest checkpoint here: its state as
+        ``ckpt-<version>.ckpt``, recorded with the ledger it was taken with. Returns its version, or None
+        when there was none newer. Damaged or incomplete snapshots skipped are passed to ``note``.
+        Raises :class:`StateWriteError` when a write fails (the previous checkpoint stays the latest)."""
+        latest = self.latest()
+        snapshot, skipped = flash.latest(above=latest["version"] if latest else -1)
+        if skipped:
+            note("in-memory checkpoints skipped: " + "; ".join(skipped))
+        if snapshot is None:
+            return None
+        self.directory.mkdir(parents=True, exist_ok=True)
+        path = self.directory / f"ckpt-{snapshot.version:09d}.ckpt"
+        write_bytes_atomic(path, snapshot.state_path.read_bytes())
+        self.record(checkpoint=str(path), version=snapshot.version, ledger=snapshot.ledger, final=False)
+        return snapshot.version
+
     def latest(self) -> dict | None:
         """``{"checkpoint", "version", "final", "ledger": <state dict>}`` or None: the newest pair whose
         JSON files pass their checksums (the blob is not read: see :meth:`resume_point`)."""

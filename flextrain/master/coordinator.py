@@ -14,10 +14,12 @@ prediction jobs have no training stage (``evaluation.py``).
 from __future__ import annotations
 
 import dataclasses
+import json
 import threading
 import time
 from dataclasses import dataclass
 
+from flextrain.elastic.flash import FlashStore, flash_dir
 from flextrain.job import Backend, JobSpec, JobType, Strategy
 from flextrain.master.accelerating import StrategyChoice
 from flextrain.master.accounting import commit_passed, ledger_at
@@ -104,6 +106,13 @@ class JobMaster(FailureHandling, RoundKeeping):
         self.restore_checkpoint = ""  # what the first round's rank 0 loads (resume)
         self.final_checkpoint: str | None = None
         self.checkpoints = checkpoints
+        # --memory-checkpoint-steps: the job's in-memory snapshots (flextrain/elastic/flash.py), which the
+        # master flushes when every worker is lost and removes when the job ends (AllReduce training jobs).
+        self.flash = (FlashStore(flash_dir(spec.name, spec.job_dir))
+                      if checkpoints is not None and spec.training.memory_checkpoint_steps
+                      and spec.strategy is Strategy.ALLREDUCE and spec.job_type is JobType.TRAINING
+                      and not spec.is_script else None)
+        self.recorded_version = -1  # the newest checkpoint recorded by this master (flash reports below it: late)
         self.initial_ledger = ledger.to_dict()  # rollback target when no checkpoint exists
         self.retiring: set[str] = set()  # scaled away: told to stop at the next rendezvous
         self.stopping: str | None = None  # stop reason while waiting for the stop checkpoint
@@ -219,6 +228,23 @@ class JobMaster(FailureHandling, RoundKeeping):
                 self.rendezvous.request_end()
             self.cond.notify_all()
 
+    def flush_flash(self, *, why: str = "every worker of the last round was lost") -> int | None:
+        """Persist the newest in-memory snapshot when it is newer than the newest checkpoint (``why``:
+        every worker lost, a resume, the job's end); the snapshots are cleared after, as the model goes
+        back to that checkpoint. Returns the version persisted, or None."""
+        if self.flash is None:
+            return None
+        try:
+            version = self.checkpoints.adopt_flash(self.flash, note=self.note)
+        except OSError as exc:  # StateWriteError (a full disk) names the file; the older checkpoint stays
+            self.note(f"the newest in-memory checkpoint could not be persisted: {exc}")
+            version = None
+        if version is not None:
+            self.recorded_version = max(self.recorded_version, version)
+            self.note(f"in-memory checkpoint of step {version} persisted ({why})")
+        self.flash.clear()
+        return version
+
     def note(self, message: str) -> None:
         """An event worth showing the user (status message, log)."""
         message = self.words(message)
@@ -303,19 +329,26 @@ class JobMaster(FailureHandling, RoundKeeping):
             self.check_outcome()
             self.cond.notify_all()
 
-    def report_checkpoint(self, req: pb.ReportCheckpointRequest) -> None:
+    def report_checkpoint(self, req: pb.ReportCheckpointRequest) -> pb.ReportCheckpointResponse:
+        if req.memory:
+            return pb.ReportCheckpointResponse(ledger_json=self.mark_snapshot(req))
         with self.cond:
             self._touch(req.worker_id, req.position)
+            if req.ledger_json and (self.checkpoints is None or self.over
+                                    or req.position.version <= self.recorded_version):
+                return pb.ReportCheckpointResponse()  # a persisted snapshot overtaken by a newer checkpoint
             if self.checkpoints is not None:
                 try:
+                    ledger = (json.loads(req.ledger_json) if req.ledger_json
+                              else ledger_at(self.ledger, self.rendezvous.current, req.position))
                     self.checkpoints.record(checkpoint=req.path, version=req.position.version,
-                                            ledger=ledger_at(self.ledger, self.rendezvous.current, req.position),
-                                            final=req.final)
+                                            ledger=ledger, final=req.final)
+                    self.recorded_version = max(self.recorded_version, req.position.version)
                 except StateWriteError as exc:  # e.g. a full disk: the previous checkpoint stays the latest
                     self.finish(Phase.FAILED, f"cannot record the checkpoint of step {req.position.version}: "
                                 f"{exc}{self.kept_checkpoint()}")
                     self.cond.notify_all()
-                    return
+                    return pb.ReportCheckpointResponse()
             if req.final:
                 self.final_checkpoint = req.path
             if req.stop and self.stopping:
@@ -323,6 +356,26 @@ class JobMaster(FailureHandling, RoundKeeping):
                             f"{req.position.version}: resume with `flextrain train --resume {self.spec.job_dir}`")
             self.check_outcome()
             self.cond.notify_all()
+        return pb.ReportCheckpointResponse()
+
+    def mark_snapshot(self, req: pb.ReportCheckpointRequest) -> str:
+        """The ledger state (JSON) of a model that committed exactly up to ``req.position``: what an
+        in-memory snapshot taken there is persisted with; "" when the master can no longer tell.
+
+        Rank 0 waits for this answer before the round can go past the snapshot's task (worker/flash.py),
+        so ``ledger_at`` is exact while the round is the snapshot's. A round formed since (the snapshot's
+        round ended at its step) is still exact while nothing beyond that step was committed in it."""
+        with self.cond:
+            pos = req.position
+            self._touch(req.worker_id, pos)
+            rnd = self.rendezvous.current
+            if self.checkpoints is None or self.over or rnd is None:
+                return ""
+            if rnd.round_id != pos.round_id and (rnd.version != pos.version or any(
+                    w.position.round_id == rnd.round_id and w.position.version > pos.version
+                    for w in self.workers.values())):
+                return ""
+            return json.dumps(ledger_at(self.ledger, rnd, pos))
 
     def heartbeat(self, req: pb.HeartbeatRequest) -> pb.HeartbeatResponse:
         with self.cond:

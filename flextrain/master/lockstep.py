@@ -132,6 +132,7 @@ class AllReduceStrategy(TrainingStrategy):
         """The newest checkpoint whose files pass their checks (damaged ones are named in a note and
         skipped): its ledger, and the checkpoint the first round's rank 0 loads."""
         root = job.spec.job_dir
+        job.flush_flash(why="resuming")  # a job whose workers (and master) were killed: its newest in-memory snapshot
         try:
             latest, damaged = store.resume_point(check=lambda state: job.ledger.check_state(relocate(state)))
         except CheckpointError as exc:

@@ -307,6 +307,10 @@ def _run_master(
             fleet.close()
         job.strategy.close(job)
         manager.close(grace=5.0)
+        if job.flash is not None:  # the job's shared memory goes with it, its newest snapshot kept on disk
+            with job.cond:
+                job.flush_flash(why="the job ended")
+            job.flash.remove()
         snap = reporter.update()
         reporter.close()
         if k8s:

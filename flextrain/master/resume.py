@@ -44,6 +44,7 @@ CHANGEABLE = {
     "training.max_micro_batch": "only how a step is split into micro-batches, not its samples",
     "training.memory_limit": "as --max-micro-batch (auto's bound)",
     "training.checkpoint_steps": "when checkpoints are taken",
+    "training.memory_checkpoint_steps": "when in-memory checkpoints are taken",
     "ps.ps_checkpoint_steps": "when the parameter servers checkpoint",
     "ps.ps_wal_fsync": "how the parameter servers flush their log from now on (what is logged is the same)",
     "worker.rendezvous_timeout": "a timeout",

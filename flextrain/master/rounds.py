@@ -137,6 +137,7 @@ class RoundKeeping:
         and the ledger, so what was applied since is applied again exactly once.
         """
         latest = None
+        self.flush_flash()  # the newest in-memory snapshot first: at most --memory-checkpoint-steps are redone
         if self.checkpoints is not None:
             try:  # the newest checkpoint that passes its checks; damaged ones are named and skipped
                 latest, damaged = self.checkpoints.resume_point(check=self.ledger.check_state)

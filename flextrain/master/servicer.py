@@ -131,8 +131,7 @@ class MasterServicer(pb_grpc.MasterServicer):
         return self.job.heartbeat(request)
 
     async def ReportCheckpoint(self, request, context):  # records the checkpoint in a file
-        await self._blocking(self.job.report_checkpoint, request)
-        return pb.ReportCheckpointResponse()
+        return await self._blocking(self.job.report_checkpoint, request)
 
     async def ReportFailure(self, request, context):
         await self._blocking(self.job.report_failure, request.worker_id, request.failure)

@@ -352,22 +352,28 @@ class HeartbeatResponse(_message.Message):
     def __init__(self, end_round: _Optional[bool] = ..., stop: _Optional[bool] = ..., job_over: _Optional[bool] = ...) -> None: ...
 
 class ReportCheckpointRequest(_message.Message):
-    __slots__ = ("worker_id", "path", "position", "final", "stop")
+    __slots__ = ("worker_id", "path", "position", "final", "stop", "memory", "ledger_json")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
     POSITION_FIELD_NUMBER: _ClassVar[int]
     FINAL_FIELD_NUMBER: _ClassVar[int]
     STOP_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_FIELD_NUMBER: _ClassVar[int]
+    LEDGER_JSON_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     path: str
     position: Position
     final: bool
     stop: bool
-    def __init__(self, worker_id: _Optional[str] = ..., path: _Optional[str] = ..., position: _Optional[_Union[Position, _Mapping]] = ..., final: _Optional[bool] = ..., stop: _Optional[bool] = ...) -> None: ...
+    memory: bool
+    ledger_json: str
+    def __init__(self, worker_id: _Optional[str] = ..., path: _Optional[str] = ..., position: _Optional[_Union[Position, _Mapping]] = ..., final: _Optional[bool] = ..., stop: _Optional[bool] = ..., memory: _Optional[bool] = ..., ledger_json: _Optional[str] = ...) -> None: ...
 
 class ReportCheckpointResponse(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("ledger_json",)
+    LEDGER_JSON_FIELD_NUMBER: _ClassVar[int]
+    ledger_json: str
+    def __init__(self, ledger_json: _Optional[str] = ...) -> None: ...
 
 class GetStatusRequest(_message.Message):
     __slots__ = ()

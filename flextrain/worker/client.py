@@ -111,9 +111,20 @@ class MasterClient:
                                  metric_states=states, failure=failure),
         )
 
-    def report_checkpoint(self, path: str, position: pb.Position, *, final: bool, stop: bool = False) -> None:
+    def report_checkpoint(self, path: str, position: pb.Position, *, final: bool, stop: bool = False,
+                          ledger_json: str = "") -> None:
+        """``ledger_json``: a persisted flash snapshot's ledger (what its mark was answered with)."""
         self._call("ReportCheckpoint", pb.ReportCheckpointRequest(
-            worker_id=self.worker_id, path=path, position=position, final=final, stop=stop))
+            worker_id=self.worker_id, path=path, position=position, final=final, stop=stop,
+            ledger_json=ledger_json))
+
+    def mark_snapshot(self, position: pb.Position) -> "grpc.Future":
+        """A flash snapshot was taken at ``position``: the answer (a future: training goes on meanwhile)
+        carries the ledger state of exactly that model. One try, no retries: an unanswered mark only
+        means that snapshot is not persisted."""
+        return self.stub.ReportCheckpoint.future(
+            pb.ReportCheckpointRequest(worker_id=self.worker_id, position=position, memory=True),
+            timeout=self.deadline)
 
     def heartbeat(self, position: pb.Position, loss: float, samples: int, *, waiting_for_peers: bool = False,
                   stalled_seconds: float = 0.0, skipped_steps: int = 0, lr_gain: float = 0.0,

@@ -203,6 +203,8 @@ def _run_worker(client: MasterClient, worker_id: str, doing: _Doing) -> int:
     finally:
         done.set()
         if collective is not None:
+            if trainer.flash is not None:
+                trainer.flash.close()
             collective.leave()
         else:
             trainer.close()
@@ -213,6 +215,7 @@ def _train(spec, client, collective, trainer, state) -> bool:
     """Rounds until training is over; True when it finished, False when told to stop."""
     reason, detail = "start", ""
     while True:
+        trainer.settle_snapshot()  # a snapshot taken at the round's last step: answered before a new round
         state.waiting = state.in_rendezvous = True
         try:
             resp = client.join(state.position(), reason, detail)

@@ -47,6 +47,7 @@ from pathlib import Path
 import grpc
 
 from flextrain.durable import fsync_dir
+from flextrain.elastic.flash import FlashStore, flash_dir
 from flextrain.elastic.planner import plan_step
 from flextrain.elastic.schedule import lr_factor
 from flextrain.elastic.statecodec import StateCodecError, decode, encode, nonfinite
@@ -58,6 +59,7 @@ from flextrain.worker.client import MasterClient
 from flextrain.worker.frameworks import make_backend
 from flextrain.worker.collective import Collective
 from flextrain.worker.failure import NonFiniteError, failure_of, log_failure, one_line
+from flextrain.worker.flash import FlashCheckpointer
 from flextrain.worker.module import FeedMetadata, Mode, ModelDef
 from flextrain.worker.prefetch import StepLoader, read_ahead_wanted
 from flextrain.worker.reading import read_task_records
@@ -111,6 +113,11 @@ class AllReduceTrainer:
         if spec.training.effective_lr_rule == "adascale":  # --batch-schedule adaptive implies it
             self.adascale = AdaScaleRule(reference=spec.training.effective_reference_batch_size)
             self.backend.measure_micro_batches()
+        # --memory-checkpoint-steps: rank 0's in-memory snapshots, persisted in the background (worker/flash.py)
+        every = spec.training.memory_checkpoint_steps
+        self.flash = FlashCheckpointer(store=FlashStore(flash_dir(spec.name, spec.job_dir)),
+                                       checkpoints=Path(spec.job_dir) / "checkpoints", client=client,
+                                       every=every) if every else None
 
     # ---- state transfer ---------------------------------------------------------
     def state_tree(self) -> dict:
@@ -146,6 +153,12 @@ class AllReduceTrainer:
         if self.collective.rank != 0:
             self.load_blob(blob)
 
+    def settle_snapshot(self) -> None:
+        """Before anything that lets the round go past an in-memory snapshot's position (a reduction,
+        a later GetTask, a join): the master must have answered its mark (see worker/flash.py)."""
+        if self.flash is not None:
+            self.flash.settle()
+
     # ---- training -------------------------------------------------------------
     def run_round(self) -> int:
         """Train until the round ends; returns the GetTask action that ended it."""
@@ -155,6 +168,7 @@ class AllReduceTrainer:
             self.state.task_index, self.state.steps_done = index, 0
             resp = self._take_ahead(index)
             if resp is None:
+                self.settle_snapshot()
                 self.tasks_asked += 1
                 resp = self.client.get_task(round_id=self.state.round_id, task_index=index,
                                             position=self.state.position())
@@ -243,6 +257,7 @@ class AllReduceTrainer:
                 self.control[STOP] = 1.0
             if not math.isfinite(loss_sum):
                 self.control[NONFINITE] = 1.0
+            self.settle_snapshot()  # the previous step's snapshot: its mark answered before this step commits
             # (also in a world of one: AdaScale's statistic is taken from the backend here)
             reduced = self.backend.buffers if self.adascale is None else self.adascale.reduced(self.backend)
             if self.collective.world_size > 1:
@@ -276,6 +291,9 @@ class AllReduceTrainer:
                 return pb.GetTaskResponse.STOP  # the caller writes the stop checkpoint
             if self.collective.rank == 0 and every and control[FAILED] == 0 and self.state.version % every == 0:
                 self.checkpoint()
+            elif self.collective.rank == 0 and self.flash is not None and control[FAILED] == 0 \
+                    and self.flash.due(self.state.version):
+                self.flash.snapshot(self.state_blob(), self.state.position())  # the copy; the rest in the background
             evaluation = self.spec.training.evaluation_steps
             if self.evaluate and evaluation and control[FAILED] == 0 and self.state.version % evaluation == 0:
                 # Every member holds this same model (lockstep): all take part, even when the
@@ -336,7 +354,10 @@ class AllReduceTrainer:
         """Write model + optimizer state and tell the master where the round stands.
 
         A model with NaN or infinite weights is never written (the last good checkpoint stays
-        the latest): a job must not succeed, nor resume, with one."""
+        the latest): a job must not succeed, nor resume, with one. An in-memory snapshot being
+        persisted is waited for first (one waiting is dropped: this one is newer)."""
+        if self.flash is not None:
+            self.flash.drain(discard=True)
         directory = Path(self.spec.job_dir) / "checkpoints"
         directory.mkdir(parents=True, exist_ok=True)
         path = directory / ("final.ckpt" if final else f"ckpt-{self.state.version:09d}.ckpt")

@@ -1,0 +1,145 @@
+"""In-memory ("flash") checkpoints driven against the real master over gRPC on loopback: each
+snapshot in shared memory is the model at its step, the background writer's file is that same
+state, and the ledger recorded with it is the data position of exactly that step."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from flextrain.data import make_shards
+from flextrain.data.digits import write_digits
+from flextrain.elastic.flash import ENV_ROOT, FlashStore, flash_dir
+from flextrain.elastic.statecodec import decode, encode
+from flextrain.job import JobSpec
+from flextrain.master.checkpoints import CheckpointStore
+from flextrain.master.coordinator import JobMaster
+from flextrain.master.main import build_ledger
+from flextrain.master.servicer import MasterServicer, start_server
+from flextrain.proto import flextrain_pb2 as pb
+from flextrain.worker.client import MasterClient
+from flextrain.worker.collective import Collective
+from flextrain.worker.module import load_model_def
+from flextrain.worker.trainer import AllReduceTrainer, WorkerState
+from ft_helpers import MODEL_ZOO
+
+DIGITS = f"{MODEL_ZOO / 'digits_torch.py'}:Model"
+EVERY = 3
+
+
+@pytest.fixture
+def job(tmp_path, monkeypatch):
+    monkeypatch.setenv(ENV_ROOT, str(tmp_path / "shm"))
+    write_digits(tmp_path / "digits")
+    spec = JobSpec.of(name="j", model_def=DIGITS, training_data=str(tmp_path / "digits" / "train"),
+                      job_dir=str(tmp_path / "job"), global_batch_size=64, steps_per_task=2, epochs=2,
+                      workers=1, memory_checkpoint_steps=EVERY).validate()
+    master = JobMaster(spec, build_ledger(spec), checkpoints=CheckpointStore(tmp_path / "job" / "checkpoints"))
+    servicer = MasterServicer(master, status_json=lambda: "{}", stop=lambda reason: (False, ""),
+                              scale=lambda n: (False, ""), heartbeat_interval=0.5)
+    server, port = start_server(servicer, host="127.0.0.1", port=0, threads=4)
+    client = MasterClient(f"127.0.0.1:{port}", "worker-0")
+    yield spec, master, client
+    client.close()
+    server.stop(grace=None)
+
+
+def _equal(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_snapshots_are_the_model_and_persist_with_their_exact_ledger(job):
+    spec, master, client = job
+    model_def = load_model_def(DIGITS)
+    model = model_def.build_model()
+    state = WorkerState()
+    trainer = AllReduceTrainer(spec=spec, model_def=model_def, model=model,
+                               optimizer=model_def.build_optimizer(model, 0.1), client=client,
+                               collective=Collective(), state=state)
+    flash = trainer.flash
+    assert flash is not None and flash.store.path == flash_dir("j", spec.job_dir)
+    models: dict[int, dict] = {}
+    take = flash.snapshot
+
+    def snapshot(blob, position):
+        take(blob, position)
+        version = position.version
+        models[version] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        in_memory = decode(flash.store.state_path(version).read_bytes())
+        assert in_memory["version"] == version == state.version
+        assert _equal(in_memory["model"], models[version])  # the snapshot is the model at that step
+
+    flash.snapshot = snapshot
+    client.register(pid=0)
+    joined = client.join(state.position(), "start")
+    state.round_id = joined.round_id
+    persisted = []
+    report = client.report_checkpoint
+    client.report_checkpoint = lambda path, position, **kw: persisted.append((path, position.version, kw)) or report(
+        path, position, **kw)
+    try:
+        assert trainer.run_round() == pb.GetTaskResponse.NO_MORE
+        flash.drain(discard=False)
+    finally:
+        trainer.loader.close()
+        flash.close()
+
+    G = spec.training.global_batch_size
+    shards = make_shards(spec.data.training)
+    steps = [min(i + G, sh.end) - i for sh in shards for i in range(sh.start, sh.end, G)] * 2
+    assert sorted(models) == list(range(EVERY, len(steps) + 1, EVERY))
+    assert flash.taken == len(models) and flash.persisted == len(persisted) > 0
+    assert flash.persisted + flash.dropped == flash.taken
+    for path, version, kw in persisted:  # each background write: that snapshot's state, its exact ledger
+        assert kw["ledger_json"] and not kw["final"]
+        ledger = json.loads(kw["ledger_json"])
+        assert ledger["records_done"] == sum(steps[:version])
+    path, version, _ = persisted[-1]
+    latest = master.checkpoints.latest()
+    assert latest["version"] == version and latest["checkpoint"] == path
+    assert latest["ledger"]["records_done"] == sum(steps[:version])
+    on_disk = decode(open(path, "rb").read())
+    assert _equal(on_disk["model"], models[version])
+    # the shared memory keeps only the newest complete snapshot, with its ledger
+    snap, skipped = flash.store.latest()
+    assert snap.version == version and not skipped and flash.store.versions() == [version]
+
+
+def test_master_persists_the_newest_snapshot_and_clears_it(tmp_path, monkeypatch):
+    """Every worker lost (or a resume): a complete snapshot newer than the newest checkpoint is written
+    to the job directory with its ledger; an incomplete newer one (its mark never answered) is skipped."""
+    monkeypatch.setenv(ENV_ROOT, str(tmp_path / "shm"))
+    write_digits(tmp_path / "digits")
+    spec = JobSpec.of(name="j", model_def=DIGITS, training_data=str(tmp_path / "digits" / "train"),
+                      job_dir=str(tmp_path / "job"), global_batch_size=64, epochs=1, workers=1,
+                      memory_checkpoint_steps=EVERY).validate()
+    store = CheckpointStore(tmp_path / "job" / "checkpoints")
+    master = JobMaster(spec, build_ledger(spec), checkpoints=store)
+    ledger = master.ledger.snapshot()
+    store.directory.mkdir(parents=True)
+    (store.directory / "ckpt-000000004.ckpt").write_bytes(encode({"version": 4}))
+    store.record(checkpoint="ckpt-000000004.ckpt", version=4, ledger=ledger, final=False)
+    flash = master.flash
+    assert flash is not None
+    blob = encode({"model": {"w": torch.arange(3.0)}, "version": 9})
+    flash.put_state(9, blob)
+    flash.put_ledger(9, blob, ledger={**ledger, "records_done": 9 * 64}, position={"version": 9})
+    flash.put_state(12, encode({"version": 12}))  # no ledger: never usable
+    assert master.flush_flash() == 9
+    latest = store.latest()
+    assert latest["version"] == 9 and latest["ledger"]["records_done"] == 9 * 64
+    assert open(latest["checkpoint"], "rb").read() == blob
+    assert flash.versions() == [] and any("ledger" in e for e in master.events)
+    assert master.flush_flash() is None  # nothing newer left
+
+
+def test_flash_checkpoints_are_off_unless_asked_for(tmp_path):
+    """Off by default until their step-time cost is below 1%: no shared memory, no flush."""
+    write_digits(tmp_path / "digits")
+    spec = JobSpec.of(name="j", model_def=DIGITS, training_data=str(tmp_path / "digits" / "train"),
+                      job_dir=str(tmp_path / "job"), global_batch_size=64, epochs=1, workers=1).validate()
+    assert spec.training.memory_checkpoint_steps == 0
+    master = JobMaster(spec, build_ledger(spec), checkpoints=CheckpointStore(tmp_path / "job" / "checkpoints"))
+    assert master.flash is None
