@@ -261,7 +261,7 @@ def test_a_full_disk_at_a_worker_checkpoint_is_a_clear_failure(tmp_path, monkeyp
     monkeypatch.setattr(trainer, "open", FullDisk, raising=False)
     me = SimpleNamespace(spec=SimpleNamespace(job_dir=str(tmp_path)), state=SimpleNamespace(version=3),
                          backend=SimpleNamespace(state=lambda: {"model": {"w": torch.ones(2)}}), client=None,
-                         adascale=None)
+                         adascale=None, flash=None)
     me.state_tree = lambda: trainer.AllReduceTrainer.state_tree(me)
     with pytest.raises(trainer.CheckpointWriteError) as info:
         trainer.AllReduceTrainer.checkpoint(me)
