@@ -24,7 +24,21 @@ def env() -> dict[str, str]:
 def run(cmd: list[str]) -> list[dict]:
     out = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stdout + out.stderr
-    return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    return json_objects(out.stdout)
+
+
+def json_objects(stdout: str) -> list[dict]:
+    """Every JSON object the processes printed. Under torchrun the ranks share one stdout and
+    ``print`` writes the text and its newline separately, so two ranks' objects can meet on one
+    line: each line is decoded object by object."""
+    decoder, found = json.JSONDecoder(), []
+    for line in stdout.splitlines():
+        at = line.find("{")
+        while line.startswith("{") and at != -1:
+            obj, end = decoder.raw_decode(line, at)
+            found.append(obj)
+            at = line.find("{", end)
+    return found
 
 
 def single(*args: str) -> dict:
