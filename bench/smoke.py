@@ -2,7 +2,7 @@
 
 Each bench runs as its own process with its smallest flags (``SMOKE`` below) and must exit 0
 with one JSON object on stdout. Its ratios (every number whose key names a ratio or a
-comparison, ``*ratio*`` / ``*_vs_*``, and the ``met`` flags, found in the top two levels of
+comparison, ``*ratio*`` / ``*_vs_*``, and the ``met`` flags, up to three levels down in
 its JSON) go to stderr as each bench finishes, and into the one JSON object this driver
 prints. At these sizes the ratios are noise: the driver fails (exit 1) only when a bench
 crashes, times out or prints something that is not one JSON object, never on a figure.
@@ -58,22 +58,27 @@ def log(msg: str) -> None:
 
 
 def ratios(result: dict) -> dict:
-    """The comparison figures of a bench's JSON: numbers under keys naming a ratio (``ratio``,
-    ``*_vs_*``, ``speedup``) and ``met``/``meets_target`` flags, in its top two levels."""
+    """The comparison figures of a bench's JSON: numbers (or null: too few samples at this size)
+    under keys naming a ratio (``ratio``, ``*_vs_*``, ``vs_*``, ``speedup``) and ``met`` /
+    ``meets_target`` flags, up to three levels down, named by their path (``sides.offload.vs_plain``)."""
     found = {}
 
     def wanted(key: str) -> bool:
-        return not key.startswith("target") and ("ratio" in key or "_vs_" in key or key.startswith("vs_")
-                                                 or key in ("met", "meets_target", "speedup"))
+        return not key.startswith("target") and not key.endswith("_pairs") and (
+            "ratio" in key or "_vs_" in key or key.startswith("vs_") or key in ("met", "meets_target", "speedup"))
 
-    for key, value in result.items():
-        if wanted(key) and isinstance(value, bool | int | float | dict):
-            found[key] = value if not isinstance(value, dict) else \
-                {k: v for k, v in value.items() if isinstance(v, bool | int | float)}
-        elif isinstance(value, dict):
-            for sub, inner in value.items():
-                if wanted(sub) and isinstance(inner, bool | int | float):
-                    found[f"{key}.{sub}"] = inner
+    def walk(node: dict, path: str, depth: int) -> None:
+        for key, value in node.items():
+            name = f"{path}{key}"
+            if isinstance(value, dict) and depth < 3:
+                if wanted(key):  # e.g. "met": {"p99": false, ...}
+                    found.update({f"{name}.{k}": v for k, v in value.items() if isinstance(v, bool | int | float)})
+                else:
+                    walk(value, f"{name}.", depth + 1)
+            elif wanted(key) and (value is None or isinstance(value, bool | int | float)):
+                found[name] = value
+
+    walk(result, "", 1)
     return found
 
 
