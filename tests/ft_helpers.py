@@ -77,6 +77,36 @@ def seen_counts(job_dir: Path, name: str = "final.ckpt"):
     return state["model"]["seen"], state["version"]
 
 
+def applied_at_checkpoint(job_dir):
+    """Per-record counts of the latest checkpoint and the records its ledger still owes."""
+    meta = json.loads((job_dir / "checkpoints" / "latest.json").read_text())
+    seen, version = seen_counts(job_dir, os.path.basename(meta["checkpoint"]))
+    ledger = json.loads((job_dir / "checkpoints" / meta["ledger"]).read_text())
+    return seen, version, ledger
+
+
+def assert_exactly_once_at_latest_checkpoint(job_dir, *, G: int = 32, records: int = 1408):
+    """The counting model (tests/e2e/zoo/counting_digits.py) of a stopped job saw `version` full steps of
+    G records; every record was applied `epoch` or `epoch + 1` times, and the ones applied only `epoch` times are
+    exactly the ones the ledger saved with that checkpoint still owes."""
+    seen, version, ledger = applied_at_checkpoint(job_dir)
+    assert int(seen.sum().item()) == version * G
+    epoch, done_in_epoch = divmod(version * G, records)
+    assert ledger["records_done"] == version * G
+    if ledger["epoch"] == epoch - 1 and done_in_epoch == 0:
+        # stopped exactly at an epoch boundary: the next epoch is not cut yet, all of it is owed
+        assert not any(t["epoch"] == ledger["epoch"] for t in ledger["todo"])
+        owed = set(range(records))
+    else:
+        assert ledger["epoch"] == epoch
+        owed = {i for t in ledger["todo"] if t["epoch"] == epoch for i in range(t["start"], t["end"])}
+    assert len(owed) == records - done_in_epoch
+    counts = seen.tolist()
+    assert {i for i, c in enumerate(counts) if c == epoch} == owed
+    assert all(c == epoch + 1 for i, c in enumerate(counts) if i not in owed)
+    return seen, version
+
+
 class FakeMaster:
     """A master client that hands out the given tasks, then NO_MORE, and records reports:
     for driving a trainer in process when the master is not under test."""
