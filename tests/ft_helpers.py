@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+from flextrain.master.launcher import LaunchBackend
+
 REPO = Path(__file__).resolve().parents[1]
 MODEL_ZOO = REPO / "model_zoo"
 DIGITS_MODEL = f"{MODEL_ZOO / 'digits_torch.py'}:Model"
@@ -43,6 +45,15 @@ def processes_with_args(*args: str) -> list[int]:
         except OSError:  # gone meanwhile
             pass
     return found
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (a zombie counts: its parent has not reaped it yet)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def wait_for(predicate, *, timeout: float, what: str, interval: float = 0.1):
@@ -105,6 +116,38 @@ def assert_exactly_once_at_latest_checkpoint(job_dir, *, G: int = 32, records: i
     assert {i for i, c in enumerate(counts) if c == epoch} == owed
     assert all(c == epoch + 1 for i, c in enumerate(counts) if i not in owed)
     return seen, version
+
+
+class FakeBackend(LaunchBackend):
+    """A launch backend that only records: launches (``specs``, ``live``), terminations, promotions; the
+    test injects exits with :meth:`exit`. For the instance manager's logic, when no process is under test."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.specs: dict[str, object] = {}
+        self.live: set[str] = set()
+        self.terminated: list[str] = []
+        self.promoted: list[str] = []
+
+    def launch(self, spec) -> None:
+        self.specs[spec.instance_id] = spec
+        self.live.add(spec.instance_id)
+
+    def promote(self, instance_id: str) -> None:
+        self.promoted.append(instance_id)
+
+    def terminate(self, instance_id: str, *, force: bool = False) -> None:
+        self.terminated.append(instance_id)
+
+    def running(self) -> set[str]:
+        return set(self.live)
+
+    def close(self, *, grace: float = 5.0) -> None:
+        pass
+
+    def exit(self, instance_id: str, code: int) -> None:
+        self.live.discard(instance_id)
+        self._on_exit(instance_id, code)
 
 
 class FakeMaster:

@@ -18,7 +18,7 @@ import torch
 
 from flextrain.elastic.statecodec import decode
 from flextrain.worker.module import FeedMetadata
-from ft_helpers import (COUNTING_MODEL, assert_exactly_once_at_latest_checkpoint, counting_data, flextrain_cmd,
+from ft_helpers import (COUNTING_MODEL, alive, assert_exactly_once_at_latest_checkpoint, counting_data, flextrain_cmd,
                         read_status, run_flextrain, seen_counts, wait_for)
 
 pytestmark = pytest.mark.e2e
@@ -42,14 +42,6 @@ def status(job_dir):
 def last_round(job_dir):
     s = status(job_dir)
     return s["roundHistory"][-1] if s and s["roundHistory"] and s["phase"] == "Running" else None
-
-
-def alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def finish(proc, timeout=300):

@@ -10,20 +10,12 @@ import subprocess
 
 import pytest
 
-from ft_helpers import (COUNTING_MODEL, assert_exactly_once_at_latest_checkpoint, counting_data, flextrain_cmd,
-                        read_status, run_flextrain, wait_for)
+from ft_helpers import (COUNTING_MODEL, alive, assert_exactly_once_at_latest_checkpoint, counting_data,
+                        flextrain_cmd, read_status, run_flextrain, wait_for)
 
 pytestmark = pytest.mark.e2e
 
 G = 32
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def test_scale_up_and_a_kill_each_take_the_parked_spare(digits_data, tmp_path):

@@ -7,38 +7,8 @@ from __future__ import annotations
 import pytest
 
 from flextrain.master.instances import InstanceManager
-from flextrain.master.launcher import LaunchBackend
 from flextrain.master.spares import STOP, TAKEN, SparePool
-
-
-class Backend(LaunchBackend):
-    """Records launches; exits are injected by the test (the manager's logic is all that runs here)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.specs: dict[str, object] = {}
-        self.live: set[str] = set()
-        self.promoted: list[str] = []
-
-    def launch(self, spec) -> None:
-        self.specs[spec.instance_id] = spec
-        self.live.add(spec.instance_id)
-
-    def promote(self, instance_id: str) -> None:
-        self.promoted.append(instance_id)
-
-    def terminate(self, instance_id: str, *, force: bool = False) -> None:
-        pass
-
-    def running(self) -> set[str]:
-        return set(self.live)
-
-    def close(self, *, grace: float = 5.0) -> None:
-        pass
-
-    def exit(self, instance_id: str, code: int) -> None:
-        self.live.discard(instance_id)
-        self._on_exit(instance_id, code)
+from ft_helpers import FakeBackend as Backend
 
 
 def test_pool_answers_a_parked_spare_taken_once_and_stop_after_close():

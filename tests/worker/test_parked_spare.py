@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 
 import pytest
+from ft_helpers import wait_for
 
 from flextrain.data import Shard
 from flextrain.job import JobSpec
@@ -40,40 +41,29 @@ def serve(tmp_path):
         server.stop(grace=None)
 
 
-def parked_in_thread(client):
-    result: list[bool] = []
-    thread = threading.Thread(target=lambda: result.append(park(client, pid=4242)), daemon=True)
-    thread.start()
-    return thread, result
-
-
-def wait_parked(pool, pid=4242):
-    import time
-
-    deadline = time.monotonic() + 10  # the poll reaching the server, not a timing assertion
-    while pool.snapshot()["pids"] != [pid]:
-        assert time.monotonic() < deadline, "the spare never parked"
-        time.sleep(0.01)
-
-
-def test_a_parked_spare_returns_once_taken(serve):
+def parked(serve):
+    """A spare parked in a thread, through the real server: (pool, thread, result list)."""
     pool = SparePool(1)
     pool.launched("worker-1")
     client = serve(pool)
-    thread, result = parked_in_thread(client)
-    wait_parked(pool)
-    assert thread.is_alive() and result == []  # parked: no answer until it is taken
+    result: list[bool] = []
+    thread = threading.Thread(target=lambda: result.append(park(client, pid=4242)), daemon=True)
+    thread.start()
+    # the poll reaching the server (observed state, not a timing assertion)
+    wait_for(lambda: pool.snapshot()["pids"] == [4242], timeout=10, what="the spare parked", interval=0.01)
+    assert thread.is_alive() and result == []  # parked: no answer yet
+    return pool, thread, result
+
+
+def test_a_parked_spare_returns_once_taken(serve):
+    pool, thread, result = parked(serve)
     assert pool.take() == "worker-1"
     thread.join(10)
     assert result == [True]
 
 
 def test_a_parked_spare_exits_when_the_pool_closes(serve):
-    pool = SparePool(1)
-    pool.launched("worker-1")
-    client = serve(pool)
-    thread, result = parked_in_thread(client)
-    wait_parked(pool)
+    pool, thread, result = parked(serve)
     pool.close()
     thread.join(10)
     assert result == [False]
