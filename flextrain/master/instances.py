@@ -164,6 +164,8 @@ class InstanceManager:
         before they ever park (a module that cannot load) are given up after ``relaunch_budget`` in a row."""
         with self._lock:
             self.exits.append((worker_id, code))
+        self._on_exit(worker_id, code)  # the job forgets it (e.g. an --accelerate auto searcher that was a spare)
+        with self._lock:
             if self.closed:
                 return
             self.spares_lost = 0 if parked else self.spares_lost + 1

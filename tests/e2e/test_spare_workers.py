@@ -51,6 +51,8 @@ def test_scale_up_and_a_kill_each_take_the_parked_spare(digits_data, tmp_path):
                      timeout=120, what="2 workers training")
         assert first_spare not in {m["pid"] for m in s["members"]}
         assert s["workers"] == {"desired": 2, "active": 2}  # the spare is not a worker
+        shown = run_flextrain("status", str(job_dir)).stdout
+        assert "workers   2 active / 2 desired" in shown and "spares    1 parked, 0 starting / 1 wanted" in shown
 
         assert run_flextrain("scale", str(job_dir), "3").returncode == 0
         scaled = wait_for(lambda: round_with(first_spare, 3), timeout=120, what="the spare joining on scale-up")
