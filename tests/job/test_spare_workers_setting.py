@@ -45,3 +45,11 @@ def test_the_crd_and_the_operator_refuse_a_negative_count(tmp_path):
     resource["spec"]["replicaSpecs"]["worker"]["spares"] = 1
     resource["spec"]["strategy"], resource["spec"]["replicaSpecs"]["ps"] = "ParameterServer", {"replicas": 1}
     assert any("spec.replicaSpecs.worker.spares" in p and "AllReduce" in p for p in problems(resource))
+
+
+def test_a_resume_may_change_the_number_of_spares(tmp_path):
+    from flextrain.master.resume import resumed_spec
+
+    (tmp_path / "jobspec.json").write_text(spec(tmp_path).validate().to_json())
+    resumed = resumed_spec(tmp_path, {"spares": 2})
+    assert resumed.spec.worker.spares == 2 and resumed.changes == ("--spare-workers 0 -> 2",)
