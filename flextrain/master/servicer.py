@@ -175,8 +175,10 @@ class MasterServicer(pb_grpc.MasterServicer):
     async def Heartbeat(self, request, context):
         return self.job.heartbeat(request)
 
-    async def ReportCheckpoint(self, request, context):  # records the checkpoint in a file
-        return await self._blocking(self.job.report_checkpoint, request)
+    async def ReportCheckpoint(self, request, context):
+        if request.memory:  # an in-memory snapshot's mark: a ledger to JSON under the lock, no file (inline)
+            return self.job.report_checkpoint(request)
+        return await self._blocking(self.job.report_checkpoint, request)  # records the checkpoint in files
 
     async def ReportFailure(self, request, context):
         await self._blocking(self.job.report_failure, request.worker_id, request.failure)

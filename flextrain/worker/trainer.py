@@ -293,7 +293,7 @@ class AllReduceTrainer:
                 self.checkpoint()
             elif self.collective.rank == 0 and self.flash is not None and control[FAILED] == 0 \
                     and self.flash.due(self.state.version):
-                self.flash.snapshot(self.state_blob(), self.state.position())  # the copy; the rest in the background
+                self.flash.snapshot(self.state_blob, self.state.position())  # the copy; the rest in the background
             evaluation = self.spec.training.evaluation_steps
             if self.evaluate and evaluation and control[FAILED] == 0 and self.state.version % evaluation == 0:
                 # Every member holds this same model (lockstep): all take part, even when the
