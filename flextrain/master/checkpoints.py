@@ -30,7 +30,7 @@ import zlib
 from pathlib import Path
 from typing import Callable
 
-from flextrain.durable import fsync_dir
+from flextrain.durable import write_atomic
 
 CHECKSUM_KEY = "crc32"
 
@@ -62,30 +62,15 @@ def write_bytes_atomic(path: Path, data: bytes | str) -> None:
     was; an OSError (a full disk, ...) becomes a :class:`StateWriteError` naming the
     path and the reason."""
     path = Path(path)
-    raw = data.encode() if isinstance(data, str) else data
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            view = memoryview(raw)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException as exc:
-        try:
-            tmp.unlink(missing_ok=True)
-        except OSError:
-            pass
-        if isinstance(exc, OSError) and not isinstance(exc, StateWriteError):
-            code = exc.errno or errno.EIO
-            reason = exc.strerror or os.strerror(code)
-            raise StateWriteError(code, f"cannot write {path}: {reason}"
-                                  + ("; the previous file is kept" if path.exists() else "")) from exc
-        raise
-    fsync_dir(path.parent)
+        write_atomic(path, data.encode() if isinstance(data, str) else data)
+    except OSError as exc:
+        if isinstance(exc, StateWriteError):
+            raise
+        code = exc.errno or errno.EIO
+        reason = exc.strerror or os.strerror(code)
+        raise StateWriteError(code, f"cannot write {path}: {reason}"
+                              + ("; the previous file is kept" if path.exists() else "")) from exc
 
 
 def write_json_atomic(path: Path, data: dict, *, checksum: bool = False) -> None:

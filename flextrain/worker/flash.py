@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 import time
 from pathlib import Path
@@ -36,7 +35,7 @@ from typing import Callable
 
 import grpc
 
-from flextrain.durable import fsync_dir
+from flextrain.durable import write_atomic
 from flextrain.elastic.flash import FlashStore
 from flextrain.elastic.statecodec import decode, nonfinite
 from flextrain.proto import flextrain_pb2 as pb
@@ -161,17 +160,7 @@ class FlashCheckpointer:
         self.store.put_ledger(version, blob, ledger=json.loads(ledger_json), position=_position(position))
         self.checkpoints.mkdir(parents=True, exist_ok=True)
         path = self.checkpoints / f"ckpt-{version:09d}.ckpt"
-        tmp = path.with_name(f".{path.name}.flash-{os.getpid()}.tmp")
-        try:
-            with open(tmp, "wb") as f:
-                f.write(blob)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-        fsync_dir(self.checkpoints)
+        write_atomic(path, blob)
         self.client.report_checkpoint(str(path), position, final=False, ledger_json=ledger_json)
         self.persisted += 1
 

@@ -40,13 +40,12 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import time
 from pathlib import Path
 
 import grpc
 
-from flextrain.durable import fsync_dir
+from flextrain.durable import write_atomic
 from flextrain.elastic.flash import FlashStore, flash_dir
 from flextrain.elastic.planner import plan_step
 from flextrain.elastic.schedule import lr_factor
@@ -365,18 +364,11 @@ class AllReduceTrainer:
         if bad := nonfinite(tree["model"]):
             raise NonFiniteError(f"the model after step {self.state.version} has non-finite weights "
                                  f"({'; '.join(bad)}); {path.name} was not written")
-        tmp = path.with_name(f".{path.name}.tmp")
         try:
-            with open(tmp, "wb") as f:
-                f.write(encode(tree))
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)  # a reader never sees half a checkpoint
+            write_atomic(path, encode(tree))  # a reader never sees half a checkpoint
         except OSError as exc:  # e.g. a full disk: no temp file left, the previous checkpoint stays the latest
-            tmp.unlink(missing_ok=True)
             raise CheckpointWriteError(f"cannot write checkpoint {path}: {exc.strerror or exc}; the previous "
                                        "checkpoint is kept") from exc
-        fsync_dir(directory)
         self.client.report_checkpoint(str(path), self.state.position(), final=final, stop=stop)
         return path
 
