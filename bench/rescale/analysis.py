@@ -66,7 +66,7 @@ def analyse_flextrain(job_dir: Path, rdir: Path, master_log: Path, events: list[
     reg_sources = set()
     for e in events:
         t_kill = e["t_kill"]
-        d = {k: e[k] for k in ("kill", "victim", "victim_rank", "round", "newcomer")}
+        d = {k: e[k] for k in ("kill", "victim", "victim_rank", "round", "newcomer", "t_kill")}
         after = [r for r in history if r["round"] > e["round"]]
         rec_round = after[0] if after else None
         survivors = [m for m in e["members"] if m != e["victim"]]
