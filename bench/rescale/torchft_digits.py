@@ -23,27 +23,16 @@ import sys
 import time
 
 T_START = time.time()
-import argparse  # noqa: E402
-import json  # noqa: E402
 from datetime import timedelta  # noqa: E402
 
-
-def write_json(path, obj):
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(obj, f)
-    os.replace(tmp, path)
+from ddp_digits import digits_setup, parser, write_json  # noqa: E402  (beside this script: sys.path[0])
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser()
-    p.add_argument("--data", required=True)
-    p.add_argument("--out", required=True)
+    p = parser()
     p.add_argument("--replica", required=True)
     p.add_argument("--lighthouse", required=True)
     p.add_argument("--replicas", type=int, default=3, help="the global batch is split by this many")
-    p.add_argument("--global-batch", type=int, default=64)
-    p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--timeout", type=float, default=10.0, help="torchft Manager/collective timeout, seconds")
     a = p.parse_args(argv)
 
@@ -59,11 +48,7 @@ def main(argv=None):
 
     torch.set_num_threads(1)
     info["t_imported"] = time.time()
-    data = torch.load(a.data)
-    x, y = data["x"], data["y"]
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
-    inner = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=0.9)
+    x, y, model, inner = digits_setup(a.data, lr=a.lr)
     log = open(os.path.join(a.out, f"steps-{a.replica}-{pid}.txt"), "a", buffering=1)
     committed = [0]
     plain_step = inner.step
