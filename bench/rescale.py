@@ -112,6 +112,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--window", type=float, default=0.5, help="turn length of the interleaved steady figure, s")
     p.add_argument("--work-dir", help="keep logs and stamps here (default: a temp dir, removed)")
     args = p.parse_args(argv)
+    for flag, value, low in (("--kills", args.kills, 1), ("--torchft-kills", args.torchft_kills, 1),
+                             ("--steady-seconds", args.steady_seconds, 0), ("--window", args.window, 0.05)):
+        if value < low:
+            p.error(f"{flag} must be at least {low}, got {value}")
     args.torchrun_kills = max(1, min(3, args.torchrun_kills))
 
     import torch
