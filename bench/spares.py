@@ -42,8 +42,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from rescale import (GLOBAL_BATCH, LR, PY, ZOO, Janitor, Timeout, alive, first_after, kill_group,  # noqa: E402
-                    read_steps, summary, wait_for)
+from rescale.flextrain_case import GLOBAL_BATCH, LR, ZOO  # noqa: E402
+from rescale.procs import PY, Janitor, Timeout, alive, kill_group, wait_for  # noqa: E402
+from rescale.stamps import first_after, read_steps, summary  # noqa: E402
 
 TARGET_S = 0.5  # issue 26: scale request / kill -> the newcomer's first committed step
 
