@@ -217,6 +217,7 @@ class WriteAheadLog:
                     self._write_all(file, views)
                     if self.fsync:
                         file.sync()
+                    self.pool.note_used(used)
             except BaseException as exc:  # fail-stop: nothing queued from here on is acknowledged
                 log.error("PS write-ahead log %s: write failed (%s); no further change can be acknowledged "
                           "until the PS restarts", self.dir, exc)

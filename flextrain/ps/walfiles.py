@@ -7,18 +7,21 @@ Contract:
   moves on to ``n + 1`` (a record larger than a segment gets a segment of its
   own, which grows past the size). A file is never truncated: the valid log in
   it ends where its records stop validating.
-* Why fixed-size and reused: on the development VM appending 30 MB to a new
-  file took ~290 ms (block allocation, then writeback at 0.3-0.4 GB/s) against
-  ~20-30 ms to overwrite the same bytes in a file whose blocks are already
-  allocated (bench/README.md). So segment files are allocated ahead
-  (``posix_fallocate``) by a helper thread, and a segment no kept checkpoint
-  needs is *recycled*: renamed to the next future number and overwritten in
-  place, as PostgreSQL recycles its WAL segments. At most ``spares`` such
-  future segments are kept (the rest are deleted), so the disk holds the
-  segments after the oldest kept checkpoint plus the one being written plus
-  ``spares``; when none are waiting the helper allocates new ones, ``AHEAD``
-  at a time (allocating is cheap, ~0.1 ms for 64 MiB on ext4; what costs is
-  the first write into new blocks).
+* Why fixed-size and reused: on the development VM (ext4), writing 30 MB
+  chunks one after the other took a median of 90-330 ms each into a new file
+  (block allocation and writeback), 45-60 ms into ``posix_fallocate``'d space
+  (with a long tail: the extents are converted as they are written) and 35 ms
+  into blocks written once before (bench/README.md). So a helper thread
+  prepares segment files ahead by writing them once (zeros, then fdatasync:
+  off the writer's path), and a segment no kept checkpoint needs is
+  *recycled*: renamed to the next future number and overwritten in place, as
+  PostgreSQL recycles its WAL segments. Future segments are kept up to
+  ``spares`` or as many as are in use, whichever is more (the rest are
+  deleted), so the disk holds at most about twice the log since the oldest
+  kept checkpoint, plus ``spares``. Segments are prepared once the log has
+  filled a quarter of one (a PS that logs little costs no spare). If no
+  prepared segment is ready the writer
+  only ``posix_fallocate``s the next one (fast) and carries on.
 * Framing: ``<u32 length><u32 crc32><u64 sum><u64 lsn><u32 segment>`` +
   payload; payload = kind byte, u32 JSON head length, JSON head, raw blobs
   (their lengths in the head). The CRC-32 covers lsn, segment, kind and head;
@@ -161,9 +164,10 @@ class SegmentPool:
 
     ``current`` is the number the writer writes to; at least ``min(AHEAD, spares)``
     future files (``current + 1``, ``current + 2``...) are kept ready, each
-    ``segment_bytes`` long, so moving to the next segment only opens a file.
-    ``recycle`` turns old segments into future ones (rename) while fewer than
-    ``spares`` wait, and deletes the rest. With ``fsync`` every new name is made durable (directory fsync)
+    ``segment_bytes`` long and written once, so moving to the next segment
+    only opens a file. ``recycle`` turns old segments into future ones
+    (rename) while fewer than ``max(spares, segments in use)`` wait, and
+    deletes the rest. With ``fsync`` every new name is made durable (directory fsync)
     before the writer may use it.
     """
 
@@ -174,6 +178,7 @@ class SegmentPool:
         self.dir, self.segment_bytes, self.spares, self.fsync = directory, segment_bytes, spares, fsync
         self.current = -1
         self.recycled = 0         # segments renamed into future ones (tests and diagnostics)
+        self.wanted = False       # the log has filled a quarter of a segment: prepare segments ahead
         self._cond = threading.Condition()
         self._closed = False
         self._thread: threading.Thread | None = None
@@ -187,10 +192,19 @@ class SegmentPool:
                 self._thread.start()
             self._cond.notify_all()
 
+    def note_used(self, used: int) -> None:
+        """The writer has ``used`` bytes of its segment: a log this busy gets segments prepared ahead (a
+        small one, e.g. a test's, never costs the disk a spare)."""
+        if not self.wanted and 4 * used >= self.segment_bytes:
+            with self._cond:
+                self.wanted = True
+                self._cond.notify_all()
+
     def advance(self) -> tuple[int, Path]:
         """Move the writer to the next segment; (number, path), the file allocated (at once if no spare was)."""
         with self._cond:
             self.current += 1
+            self.wanted = True
             path = path_of(self.dir, self.current)
             if not path.exists():  # the helper fell behind (or spares=0): allocate on the writer's time
                 self._allocate(path)
@@ -208,9 +222,11 @@ class SegmentPool:
     def recycle(self, old: list[tuple[int, Path]]) -> None:
         """Segments no longer needed: renamed to future numbers while fewer than ``spares`` wait, else deleted."""
         with self._cond:
+            gone = {n for n, _ in old}
+            in_use = sum(1 for n, _ in segments(self.dir) if n <= self.current and n not in gone)
             for _, path in old:
                 ahead = self._ahead()
-                if len(ahead) < self.spares:
+                if len(ahead) < max(self.spares, in_use):
                     path.replace(path_of(self.dir, max([self.current, *ahead]) + 1))
                     self.recycled += 1
                 else:
@@ -243,13 +259,35 @@ class SegmentPool:
             sync_directory(self.dir)
 
     def _keeper(self) -> None:
+        tmp = self.dir / ".wal-spare.tmp"
         while True:
             with self._cond:
-                self._cond.wait_for(lambda: self._closed or len(self._ahead()) < min(AHEAD, self.spares))
+                self._cond.wait_for(lambda: self._closed or (
+                    self.wanted and len(self._ahead()) < min(AHEAD, self.spares)))
                 if self._closed:
                     return
-                try:
-                    self._allocate(path_of(self.dir, max([self.current, *self._ahead()]) + 1))
-                except OSError as exc:  # the writer allocates for itself then (and reports a failure)
-                    log.warning("PS write-ahead log %s: cannot allocate a segment ahead: %s", self.dir, exc)
+            try:
+                _write_once(tmp, self.segment_bytes)  # outside the lock: the writer may advance meanwhile
+            except OSError as exc:  # the writer allocates for itself then (and reports a failure)
+                log.warning("PS write-ahead log %s: cannot prepare a segment ahead: %s", self.dir, exc)
+                with self._cond:
                     self._cond.wait(1.0)
+                continue
+            with self._cond:
+                tmp.replace(path_of(self.dir, max([self.current, *self._ahead()]) + 1))
+                if self.fsync:
+                    sync_directory(self.dir)
+                self._cond.notify_all()
+
+
+def _write_once(path: Path, size: int) -> None:
+    """Create ``path`` with ``size`` zero bytes written and flushed: its blocks allocated and initialised,
+    so later writes are plain overwrites (no allocation, no unwritten-extent conversion)."""
+    zeros = bytes(min(size, 4 << 20))
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        for at in range(0, size, len(zeros)):
+            os.pwrite(fd, zeros[: size - at], at)
+        (getattr(os, "fdatasync", None) or os.fsync)(fd)
+    finally:
+        os.close(fd)
