@@ -51,7 +51,8 @@ import torch
 
 from flextrain.ps.dense import Spec
 from flextrain.ps.embedding import TableSpec
-from flextrain.ps.walfiles import FRAME, HEAD, SEGMENT_BYTES, SPARES, SegmentFile, SegmentPool, frame, segments
+from flextrain.ps.walfiles import (FRAME, HEAD, SEGMENT_BYTES, SPARES, SegmentFile, SegmentPool, frame,
+                                   segments, stop_thread)
 
 log = logging.getLogger(__name__)
 CONFIGURE, INIT_DENSE, TABLES, PUSH, FLUSH = 1, 2, 3, 4, 5
@@ -153,12 +154,7 @@ class WriteAheadLog:
 
     def close(self) -> None:
         """Write what is queued, stop the writer and helper threads, close the segment."""
-        with self._cond:
-            self._closed = True
-            self._cond.notify_all()
-            thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join()
+        stop_thread(self)
         self.pool.close()
 
     def recycle(self, keep_after: int) -> None:

@@ -159,6 +159,17 @@ def sync_directory(directory: Path) -> None:
         os.close(fd)
 
 
+def stop_thread(owner) -> None:
+    """Mark ``owner`` closed under its ``_cond``, wake its ``_thread`` and join it (unless called from it)."""
+    with owner._cond:
+        owner._closed = True
+        owner._cond.notify_all()
+        thread = owner._thread
+    if thread is not None and thread is not threading.current_thread():
+        thread.join()
+    owner._thread = None
+
+
 class SegmentPool:
     """Segment files ahead of the one being written: allocated or recycled by a helper thread.
 
@@ -236,13 +247,7 @@ class SegmentPool:
             self._cond.notify_all()
 
     def close(self) -> None:
-        with self._cond:
-            self._closed = True
-            self._cond.notify_all()
-            thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join()
-        self._thread = None
+        stop_thread(self)
 
     # ---------------------------------------------------------------- under the lock
 
