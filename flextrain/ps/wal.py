@@ -199,9 +199,11 @@ class WriteAheadLog:
                             file.sync()
                         file.close()
                         file = None
-                        number, path = self.pool.advance()
+                        done_with, (number, path) = number, self.pool.advance()
                         file, used = self._opener(path), 0
-                        with self._cond:
+                        with self._cond:  # together: recycle() must never see the old segment unfinished
+                            if done_with in placed:
+                                self._last[done_with] = placed[done_with]
                             self._writing = number
                     views += [frame(lsn, number, prefix, blobs), prefix, *blobs]
                     used += size

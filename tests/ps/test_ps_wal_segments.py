@@ -121,17 +121,27 @@ def test_a_log_break_ends_replay_and_later_records_never_come_back(tmp_path):
         third.wal.close()
 
 
-class HeldSync(SegmentFile):
-    """A real segment file whose flushes (fdatasync) wait while ``gate`` is clear."""
+class GatedFile(SegmentFile):
+    """A real segment file whose writes (or, ``in_sync``, flushes) wait while ``gate`` is clear (``held``
+    is set meanwhile: the writer thread is inside)."""
 
-    def __init__(self, path, gate: threading.Event, held: threading.Event) -> None:
+    def __init__(self, path, gate: threading.Event, held: threading.Event, *, in_sync: bool = False) -> None:
         super().__init__(path)
-        self.gate, self.held = gate, held
+        self.gate, self.held, self.in_sync = gate, held, in_sync
+
+    def _hold(self) -> None:
+        if not self.gate.is_set():
+            self.held.set()
+            assert self.gate.wait(WAIT), "the test never released the log"
+
+    def writev(self, views):
+        if not self.in_sync:
+            self._hold()
+        return super().writev(views)
 
     def sync(self) -> None:
-        if not self.gate.is_set():
-            self.held.set()  # the writer thread is inside the flush
-            assert self.gate.wait(WAIT), "the test never released the log"
+        if self.in_sync:
+            self._hold()
         super().sync()
 
 
@@ -139,7 +149,7 @@ def test_pulls_and_a_checkpoint_snapshot_complete_while_the_log_is_held_in_fdata
     gate, held = threading.Event(), threading.Event()
     gate.set()
     ck = Checkpointer(tmp_path, 0, wal_fsync=True)
-    ck.wal = WriteAheadLog(ck.dir, fsync=True, segment_bytes=SEGMENT, opener=lambda p: HeldSync(p, gate, held))
+    ck.wal = WriteAheadLog(ck.dir, fsync=True, segment_bytes=SEGMENT, opener=lambda p: GatedFile(p, gate, held, in_sync=True))
     shard = _shard()
     ck.restore(shard)
     shard.init_dense([Spec("w", "float32", (N,))], bytearray(4 * N))
@@ -161,3 +171,24 @@ def test_pulls_and_a_checkpoint_snapshot_complete_while_the_log_is_held_in_fdata
     pusher.join(WAIT)
     assert not pusher.is_alive()
     shard.wal.close()
+
+
+
+def test_a_segment_the_writer_just_left_is_never_recycled_while_its_batch_is_being_written(tmp_path):
+    gates = {0: (threading.Event(), threading.Event()), 1: (threading.Event(), threading.Event())}
+    wal = WriteAheadLog(tmp_path, segment_bytes=SEGMENT, spares=0,
+                        opener=lambda p: GatedFile(p, *gates[int(p.stem[4:])]))
+    wal.open_segment(0)
+    blob = bytearray(1500)  # two records fit in a segment, the third starts the next one
+    specs = [Spec("w", "float32", (375,))]
+    first = wal.log_init_dense(specs, blob)  # held inside its write to segment 0
+    assert gates[0][1].wait(WAIT)
+    wal.log_init_dense(specs, blob)  # queued meanwhile: the next batch, segment 0...
+    last = wal.log_init_dense(specs, blob)  # ...and segment 1
+    gates[0][0].set()
+    assert gates[1][1].wait(WAIT)  # the writer moved to segment 1 mid-batch, the batch is not done
+    wal.recycle(keep_after=first)  # a checkpoint that includes record 1 only
+    gates[1][0].set()
+    wal.wait(last, WAIT)
+    wal.close()
+    assert len(scan_segment(memoryview((tmp_path / "wal-0.log").read_bytes()), 0)[0]) == 2  # record 2 kept
