@@ -68,6 +68,13 @@ def check_positive_finite(flag: str, value) -> None:
         raise JobSpecError(f"{flag} must be positive and finite, got {value!r}")
 
 
+def check_size_mb(flag: str, value) -> None:
+    """A size in MiB where 0 means none (``--bucket-mb``): finite and >= 0."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+        raise JobSpecError(f"{flag} must be a number of MiB >= 0 (0: one flat reduction after backward), "
+                           f"got {value!r}")
+
+
 def check_seed(flag: str, value) -> None:
     """What torch.manual_seed and the CRD take."""
     if not is_int(value) or not 0 <= value < 2**63:
@@ -252,6 +259,8 @@ SETTINGS: tuple[Setting, ...] = (
     _s("checkpoint_steps", "training.checkpoint_steps", int, "spec.training.checkpointSteps"),
     # In-memory ("flash") checkpoints every N steps, persisted in the background (docs/elasticity.md).
     _s("memory_checkpoint_steps", "training.memory_checkpoint_steps", int, "spec.training.memoryCheckpointSteps"),
+    # Gradient buckets reduced during backward, in MiB (0: one reduction after backward; docs/elasticity.md).
+    _s("bucket_mb", "training.bucket_mb", float, "spec.training.bucketMb"),
     _s("seed", "training.seed", int, "spec.training.seed"),
     _s("shuffle", "training.shuffle", bool, "spec.training.shuffle"),
     _s("steps_per_task", "training.steps_per_task", int, "spec.training.stepsPerTask"),
@@ -300,7 +309,7 @@ OPTIONAL_NUMBERS = {"reference_batch_size", "min_workers", "max_workers", "grads
 # the operator runs field by field, so that all bad values of an ElasticJob are reported at once.
 VALUE_RULES = {
     **{key: check for check, keys in NUMBER_RULES for key in keys},
-    "ps": check_non_negative, "seed": check_seed, "nan_policy": check_nan_policy, "ps_mode": check_ps_mode,
+    "ps": check_non_negative, "seed": check_seed, "bucket_mb": check_size_mb, "nan_policy": check_nan_policy, "ps_mode": check_ps_mode,
     "lr_rule": check_lr_rule, "batch_schedule": check_batch_schedule,
     "max_micro_batch": check_max_micro_batch, "memory_limit": check_memory_limit, "accelerate": check_accelerate,
 }

@@ -10,7 +10,14 @@ Any failure inside a collective (a peer died, a timeout) surfaces as
 rendezvous; the process itself carries on. The group is torn down *before*
 the error is raised: closing our connections makes every peer still blocked
 on us fail at once too, instead of waiting out the collective timeout.
+
+Asynchronous sums (:meth:`Collective.start_sum`) are owned by the collective,
+never by its callers: a gloo group's connections close only when its last work
+object is gone (``destroy_process_group`` and ``ProcessGroup.abort`` leave them
+open while a work lives), so a work kept anywhere after a failure would leave a
+surviving peer blocked on us until its timeout or a later round.
 """
+
 
 from __future__ import annotations
 
@@ -38,6 +45,7 @@ class Collective:
         self.rank = 0
         self.world_size = 1
         self.backend = "nccl" if torch.cuda.is_available() else "gloo"
+        self._inflight: list = []  # works of start_sum not waited for yet (the only references to them)
 
     def join_round(self, *, host: str, port: int, round_id: int, rank: int, world_size: int) -> None:
         self.leave()
@@ -60,6 +68,7 @@ class Collective:
             raise CollectiveError(f"forming round {round_id} failed: {exc}") from exc
 
     def leave(self) -> None:
+        self._inflight.clear()  # first: the group's connections close once no work of it is left
         if dist.is_initialized():
             try:
                 dist.destroy_process_group()
@@ -84,22 +93,24 @@ class Collective:
             self.leave()
             raise CollectiveError(f"all_reduce in round {self.round_id} failed: {exc}") from exc
 
-    def start_sum(self, tensor: torch.Tensor):
-        """Start summing ``tensor`` across the round, in place, asynchronously; returns the work
-        for :meth:`wait_all`. Every rank must start the same sums in the same order."""
+    def start_sum(self, tensor: torch.Tensor) -> None:
+        """Start summing ``tensor`` across the round, in place, asynchronously; :meth:`wait_all`
+        waits for it. Every rank must start the same sums in the same order."""
         try:
-            return dist.all_reduce(tensor, op=dist.ReduceOp.SUM, async_op=True)
+            self._inflight.append(dist.all_reduce(tensor, op=dist.ReduceOp.SUM, async_op=True))
         except Exception as exc:
             self.leave()
             raise CollectiveError(f"all_reduce in round {self.round_id} failed: {exc}") from exc
 
-    def wait_all(self, works) -> None:
-        """Wait for works of :meth:`start_sum`, in order; a failure of any (a peer died with them
-        in flight) tears the group down and raises :class:`CollectiveError`."""
+    def wait_all(self) -> None:
+        """Wait for every sum started, in order; a failure of any (a peer died with them in flight)
+        drops them all, tears the group down and raises :class:`CollectiveError`."""
+        works, self._inflight = self._inflight, []
         try:
-            for work in works:
-                work.wait()
+            while works:
+                works.pop(0).wait()  # no name holds it: a failed work dies with the exception's frame
         except Exception as exc:
+            works.clear()
             self.leave()
             raise CollectiveError(f"all_reduce in round {self.round_id} failed: {exc}") from exc
 
