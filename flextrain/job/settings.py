@@ -302,6 +302,7 @@ NUMBER_RULES = (
                           "ps_checkpoint_steps")),
     (check_positive_finite, ("rendezvous_timeout", "worker_timeout", "start_timeout", "min_workers_timeout",
                              "learning_rate")),
+    (check_size_mb, ("bucket_mb",)),
 )
 OPTIONAL_NUMBERS = {"reference_batch_size", "min_workers", "max_workers", "grads_to_wait", "learning_rate",
                     "min_global_batch", "max_global_batch", "adapt_every"}
@@ -309,7 +310,7 @@ OPTIONAL_NUMBERS = {"reference_batch_size", "min_workers", "max_workers", "grads
 # the operator runs field by field, so that all bad values of an ElasticJob are reported at once.
 VALUE_RULES = {
     **{key: check for check, keys in NUMBER_RULES for key in keys},
-    "ps": check_non_negative, "seed": check_seed, "bucket_mb": check_size_mb, "nan_policy": check_nan_policy, "ps_mode": check_ps_mode,
+    "ps": check_non_negative, "seed": check_seed, "nan_policy": check_nan_policy, "ps_mode": check_ps_mode,
     "lr_rule": check_lr_rule, "batch_schedule": check_batch_schedule,
     "max_micro_batch": check_max_micro_batch, "memory_limit": check_memory_limit, "accelerate": check_accelerate,
 }
