@@ -126,6 +126,10 @@ def add_commands(sub) -> None:
                         "and optimizer) before it counts as hung")
     g.add_argument("--relaunch-budget", type=int, default=3, metavar="N",
                    help="relaunches per worker slot before giving up relaunching")
+    g.add_argument("--spare-workers", dest="spares", type=int, default=0, metavar="K",
+                   help="keep K spare workers started ahead (model and optimizer built) and parked: a scale-up or "
+                        "the replacement of a lost worker takes one and joins in well under a second (AllReduce; "
+                        "each spare costs a worker's memory: docs/spares.md)")
     g.add_argument("--min-workers-timeout", type=float, default=300.0, metavar="SECONDS",
                    help="how long the job waits with fewer than --min-workers alive before it fails")
     g.add_argument("--resume", metavar="JOBDIR",
@@ -171,7 +175,7 @@ def build_spec(args):
         bucket_mb=args.bucket_mb,
         rendezvous_timeout=args.rendezvous_timeout,
         worker_timeout=args.worker_timeout, start_timeout=args.start_timeout, relaunch_budget=args.relaunch_budget,
-        min_workers_timeout=args.min_workers_timeout,
+        spares=args.spares, min_workers_timeout=args.min_workers_timeout,
         strategy=Strategy(args.distribution_strategy), ps=args.ps, ps_mode=args.ps_mode,
         grads_to_wait=args.grads_to_wait, ps_checkpoint_steps=args.ps_checkpoint_steps,
         ps_wal=args.ps_wal, ps_wal_fsync=args.ps_wal_fsync, nan_policy=args.nan_policy, preflight=not getattr(args, "no_preflight", False),

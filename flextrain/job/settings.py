@@ -271,6 +271,8 @@ SETTINGS: tuple[Setting, ...] = (
     _s("min_workers", "worker.min_replicas", int, "spec.replicaSpecs.worker.minReplicas"),
     _s("max_workers", "worker.max_replicas", int, "spec.replicaSpecs.worker.maxReplicas"),
     _s("relaunch_budget", "worker.relaunch_budget", int, "spec.replicaSpecs.worker.relaunchBudget"),
+    # Spare workers started ahead and parked, taken by a scale-up or a replacement (docs/spares.md).
+    _s("spares", "worker.spares", int, "spec.replicaSpecs.worker.spares", "--spare-workers"),
     _s("rendezvous_timeout", "worker.rendezvous_timeout", float, "spec.replicaSpecs.worker.rendezvousTimeout"),
     _s("worker_timeout", "worker.worker_timeout", float, "spec.replicaSpecs.worker.workerTimeout"),
     _s("start_timeout", "worker.start_timeout", float, "spec.replicaSpecs.worker.startTimeout"),
@@ -298,7 +300,7 @@ NUMBER_RULES = (
                    "min_workers", "max_workers", "grads_to_wait", "min_global_batch",
                    "max_global_batch", "adapt_every")),
     (check_non_negative, ("evaluation_steps", "max_task_retries", "checkpoint_steps", "memory_checkpoint_steps",
-                          "relaunch_budget",
+                          "relaunch_budget", "spares",
                           "ps_checkpoint_steps")),
     (check_positive_finite, ("rendezvous_timeout", "worker_timeout", "start_timeout", "min_workers_timeout",
                              "learning_rate")),

@@ -143,6 +143,9 @@ class WorkerSpec:
     max_replicas: int | None = None  # None: replicas
     # Times a crashed worker is relaunched before the job gives up on it.
     relaunch_budget: int = 3
+    # Spare workers kept started ahead (module, model and optimizer built) and parked: a scale-up or the
+    # replacement of a lost worker takes one instead of launching a worker (flextrain/master/spares.py).
+    spares: int = 0
     # Seconds a round waits for stragglers once `min_replicas` are present.
     rendezvous_timeout: float = 10.0
     # Seconds without a heartbeat after which a worker counts as hung.

@@ -40,13 +40,12 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import time
 from pathlib import Path
 
 import grpc
 
-from flextrain.durable import fsync_dir
+from flextrain.durable import write_atomic
 from flextrain.elastic.flash import FlashStore, flash_dir
 from flextrain.elastic.planner import plan_step
 from flextrain.elastic.schedule import lr_factor
@@ -293,7 +292,7 @@ class AllReduceTrainer:
                 self.checkpoint()
             elif self.collective.rank == 0 and self.flash is not None and control[FAILED] == 0 \
                     and self.flash.due(self.state.version):
-                self.flash.snapshot(self.state_blob(), self.state.position())  # the copy; the rest in the background
+                self.flash.snapshot(self.state_blob, self.state.position())  # the copy; the rest in the background
             evaluation = self.spec.training.evaluation_steps
             if self.evaluate and evaluation and control[FAILED] == 0 and self.state.version % evaluation == 0:
                 # Every member holds this same model (lockstep): all take part, even when the
@@ -365,18 +364,11 @@ class AllReduceTrainer:
         if bad := nonfinite(tree["model"]):
             raise NonFiniteError(f"the model after step {self.state.version} has non-finite weights "
                                  f"({'; '.join(bad)}); {path.name} was not written")
-        tmp = path.with_name(f".{path.name}.tmp")
         try:
-            with open(tmp, "wb") as f:
-                f.write(encode(tree))
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)  # a reader never sees half a checkpoint
+            write_atomic(path, encode(tree))  # a reader never sees half a checkpoint
         except OSError as exc:  # e.g. a full disk: no temp file left, the previous checkpoint stays the latest
-            tmp.unlink(missing_ok=True)
             raise CheckpointWriteError(f"cannot write checkpoint {path}: {exc.strerror or exc}; the previous "
                                        "checkpoint is kept") from exc
-        fsync_dir(directory)
         self.client.report_checkpoint(str(path), self.state.position(), final=final, stop=stop)
         return path
 

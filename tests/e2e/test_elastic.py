@@ -18,8 +18,8 @@ import torch
 
 from flextrain.elastic.statecodec import decode
 from flextrain.worker.module import FeedMetadata
-from ft_helpers import (COUNTING_MODEL, counting_data, flextrain_cmd, read_status, run_flextrain,
-                        seen_counts, wait_for)
+from ft_helpers import (COUNTING_MODEL, alive, assert_exactly_once_at_latest_checkpoint, counting_data, flextrain_cmd,
+                        read_status, run_flextrain, seen_counts, wait_for)
 
 pytestmark = pytest.mark.e2e
 
@@ -42,14 +42,6 @@ def status(job_dir):
 def last_round(job_dir):
     s = status(job_dir)
     return s["roundHistory"][-1] if s and s["roundHistory"] and s["phase"] == "Running" else None
-
-
-def alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def finish(proc, timeout=300):
@@ -120,36 +112,6 @@ def test_kill_one_of_three_survivors_continue_in_process_then_a_new_worker_joins
     assert code == 1 and "resume with" in read_status(job_dir)["message"], err
     assert_exactly_once_at_latest_checkpoint(job_dir)
     assert validation_accuracy(job_dir, digits_data) > 0.90
-
-
-def applied_at_checkpoint(job_dir):
-    """Per-record counts of the latest checkpoint and the records its ledger still owes."""
-    meta = json.loads((job_dir / "checkpoints" / "latest.json").read_text())
-    seen, version = seen_counts(job_dir, os.path.basename(meta["checkpoint"]))
-    ledger = json.loads((job_dir / "checkpoints" / meta["ledger"]).read_text())
-    return seen, version, ledger
-
-
-def assert_exactly_once_at_latest_checkpoint(job_dir):
-    """The model saw `version` full steps of G records; every record was applied
-    `epoch` or `epoch + 1` times, and the ones applied only `epoch` times are
-    exactly the ones the ledger saved with that checkpoint still owes."""
-    seen, version, ledger = applied_at_checkpoint(job_dir)
-    assert int(seen.sum().item()) == version * G
-    epoch, done_in_epoch = divmod(version * G, 1408)
-    assert ledger["records_done"] == version * G
-    if ledger["epoch"] == epoch - 1 and done_in_epoch == 0:
-        # stopped exactly at an epoch boundary: the next epoch is not cut yet, all of it is owed
-        assert not any(t["epoch"] == ledger["epoch"] for t in ledger["todo"])
-        owed = set(range(1408))
-    else:
-        assert ledger["epoch"] == epoch
-        owed = {i for t in ledger["todo"] if t["epoch"] == epoch for i in range(t["start"], t["end"])}
-    assert len(owed) == 1408 - done_in_epoch
-    counts = seen.tolist()
-    assert {i for i, c in enumerate(counts) if c == epoch} == owed
-    assert all(c == epoch + 1 for i, c in enumerate(counts) if i not in owed)
-    return seen, version
 
 
 def test_exactly_once_across_many_kills_joins_and_scaling(digits_data, tmp_path):
