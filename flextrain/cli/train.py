@@ -98,6 +98,9 @@ def add_commands(sub) -> None:
     g.add_argument("--max-global-batch", type=int, metavar="B", help="--batch-schedule adaptive: the largest G")
     g.add_argument("--adapt-every", type=int, metavar="N",
                    help="--batch-schedule adaptive: choose G every N optimizer steps (default: at each epoch)")
+    g.add_argument("--bucket-mb", type=float, default=25.0, metavar="MIB",
+                   help="AllReduce (PyTorch): sum gradients in buckets of about this many MiB while backward runs "
+                        "(default 25, as DDP's bucket_cap_mb); 0: one reduction after backward")
     g.add_argument("--seed", type=int, default=0, metavar="N",
                    help="seeds the model's initialisation and the task order of --shuffle")
     g.add_argument("--shuffle", action="store_true", help="shuffle the order of tasks every epoch")
@@ -169,6 +172,7 @@ def build_spec(args):
         max_global_batch=args.max_global_batch, adapt_every=args.adapt_every,
         steps_per_task=args.steps_per_task, max_task_retries=args.max_task_retries,
         checkpoint_steps=args.checkpoint_steps, memory_checkpoint_steps=args.memory_checkpoint_steps,
+        bucket_mb=args.bucket_mb,
         rendezvous_timeout=args.rendezvous_timeout,
         worker_timeout=args.worker_timeout, start_timeout=args.start_timeout, relaunch_budget=args.relaunch_budget,
         spares=args.spares, min_workers_timeout=args.min_workers_timeout,

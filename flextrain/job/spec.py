@@ -82,6 +82,9 @@ class TrainingSpec:
     # (flash checkpoints: persisted in the background, flushed when the workers are lost; 0: off).
     # 0 (off) until its step-time cost is below 1% (bench/flash_checkpoint.py measured ~4-5% at 50).
     memory_checkpoint_steps: int = 0
+    # AllReduce (PyTorch): gradients are summed in buckets of about this many MiB, launched from autograd hooks
+    # while the last micro-step's backward runs (25: DDP's bucket_cap_mb); 0: one flat reduction after backward.
+    bucket_mb: float = 25.0
     seed: int = 0
     shuffle: bool = False
     # Optimizer steps per task: the granularity of hand-out and re-queueing.

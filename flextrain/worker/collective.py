@@ -15,6 +15,13 @@ the next round. Tearing it down closes our connections, so every peer still
 blocked on us fails too, instead of waiting out the collective timeout. The
 error is raised with no traceback of the failed call attached (its frames hold
 the group; freeing them must not run the teardown on the training thread).
+
+Asynchronous sums (:meth:`Collective.start_sum`) are owned by the collective,
+never by its callers: a gloo group's connections close only when its last work
+object is gone (``destroy_process_group`` and ``ProcessGroup.abort`` leave them
+open while a work lives), so a work kept anywhere after a failure would leave a
+surviving peer blocked on us until its timeout or a later round. Leaving hands
+the works still in flight to the teardown thread with the group.
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ class Collective:
         self.rank = 0
         self.world_size = 1
         self.backend = "nccl" if torch.cuda.is_available() else "gloo"
+        self._inflight: list = []  # works of start_sum not waited for yet (the only references to them)
 
     def join_round(self, *, host: str, port: int, round_id: int, rank: int, world_size: int) -> None:
         self.leave()
@@ -67,9 +75,13 @@ class Collective:
         self._failed(error)
 
     def leave(self) -> None:
-        """Leave the round's group (if any); its teardown finishes in the background."""
+        """Leave the round's group (if any); its teardown finishes in the background, with the works
+        of :meth:`start_sum` still in flight (the group's connections close once none is left)."""
+        works, self._inflight = self._inflight, []
         if dist.is_initialized():
-            box = [dist.distributed_c10d._get_default_group()]  # the only reference left once destroyed
+            # the only references left once destroyed: the group and its works
+            box = [dist.distributed_c10d._get_default_group(), *works]
+            works.clear()  # a failed wait_all's frame may still name this list
             try:
                 dist.destroy_process_group()
             except Exception:  # a broken group may fail to tear down; it is dropped either way
@@ -101,25 +113,28 @@ class Collective:
             error = f"all_reduce in round {self.round_id} failed: {exc}"
         self._failed(error)
 
-    def start_sum(self, tensor: torch.Tensor):
-        """Start summing ``tensor`` across the round, in place, asynchronously; returns the work
-        for :meth:`wait_all`. Every rank must start the same sums in the same order."""
+    def start_sum(self, tensor: torch.Tensor) -> None:
+        """Start summing ``tensor`` across the round, in place, asynchronously; :meth:`wait_all`
+        waits for it. Every rank must start the same sums in the same order."""
         try:
-            return dist.all_reduce(tensor, op=dist.ReduceOp.SUM, async_op=True)
-        except Exception as exc:
-            error = f"all_reduce in round {self.round_id} failed: {exc}"
-        self._failed(error)
-
-    def wait_all(self, works) -> None:
-        """Wait for works of :meth:`start_sum`, in order; a failure of any (a peer died with them
-        in flight) tears the group down and raises :class:`CollectiveError`."""
-        try:
-            for work in works:
-                work.wait()
+            self._inflight.append(dist.all_reduce(tensor, op=dist.ReduceOp.SUM, async_op=True))
             return
         except Exception as exc:
             error = f"all_reduce in round {self.round_id} failed: {exc}"
         self._failed(error)
+
+    def wait_all(self) -> None:
+        """Wait for every sum started, in order; a failure of any (a peer died with them in flight)
+        tears the group down with the rest of them and raises :class:`CollectiveError`."""
+        works = self._inflight
+        try:
+            while works:
+                works[0].wait()
+                works.pop(0)
+            return
+        except Exception as exc:
+            error = f"all_reduce in round {self.round_id} failed: {exc}"
+        self._failed(error)  # leave() takes what is left of works (the failed one too) to the teardown
 
     def broadcast_bytes(self, data: bytes | None, *, src: int = 0) -> bytes:
         """Rank ``src`` sends ``data``; every rank returns it."""

@@ -27,7 +27,7 @@ with control slots that ride along in the same all-reduce:
 * ``REDO`` - some member's bucket left before its gradient was final (see below): every
   member sums the step's gradients again, flat, and reduces flat from then on.
 
-Overlapped reduction (PyTorch; ``flextrain.worker.buckets``): unless ``FLEXTRAIN_BUCKET_MB=0``,
+Overlapped reduction (PyTorch; ``flextrain.worker.buckets``): unless ``--bucket-mb 0``,
 the gradients are summed in buckets launched asynchronously from autograd hooks while the
 LAST micro-step's backward runs (earlier micro-steps only accumulate), every rank in the same
 bucket order; the control slots ride with the last (tail) bucket, launched after backward
@@ -95,7 +95,7 @@ class AllReduceTrainer:
         self.backend = make_backend(model_def=model_def, model=model, optimizer=optimizer, extra=_CONTROL_SLOTS,
                                     keep_lr=self.spec.training.learning_rate is not None, compute=compute)
         self.control = self.backend.slots  # END_ROUND, FAILED, STOP, ...: the end of backend.buffers[0]
-        cap = bucket_bytes()  # FLEXTRAIN_BUCKET_MB; 0: one flat reduction after backward
+        cap = bucket_bytes(spec.training.bucket_mb)  # 0: one flat reduction after backward
         self.overlap = cap > 0 and self.backend.overlap(cap)  # buckets reduced during backward
         self.loader = StepLoader(self._load_span, background=read_ahead_wanted())
         # The next task, asked for during the current task's last step: (task index, future).
@@ -311,10 +311,10 @@ class AllReduceTrainer:
         self.backend.launch_buckets(start)
         if self.backend.spoiled:
             self.control[REDO] = 1.0
-        works = self.backend.launch_tail(start)
+        self.backend.launch_tail(start)
         if self.adascale is not None:  # its statistic, set by adascale.reduced()
-            works.append(start(self.adascale.stats))
-        self.collective.wait_all(works)
+            start(self.adascale.stats)
+        self.collective.wait_all()
         if self.control[REDO] > 0:  # the same on every rank: all sum again, flat, and stay flat
             self.collective.all_reduce_sum(self.backend.redo_flat())
             self.overlap = False

@@ -160,6 +160,18 @@ def test_exactly_once_across_many_kills_joins_and_scaling(digits_data, tmp_path)
     assert_exactly_once_at_latest_checkpoint(job_dir)
 
 
+def finish_after_trigger(proc, job_dir, trigger):
+    """Touch ``trigger`` once the job has trained a little; the job must then succeed: its final status."""
+    try:
+        wait_for(lambda: (s := status(job_dir)) and s["step"] > 20, timeout=120, what="training progress")
+        trigger.touch()
+        code, err = finish(proc)
+    finally:
+        proc.kill()
+    assert code == 0, err
+    return read_status(job_dir)
+
+
 def test_hung_worker_is_replaced_and_its_task_recovered(digits_data, tmp_path):
     data = counting_data(digits_data, tmp_path / "data")
     job_dir = tmp_path / "job"
@@ -168,16 +180,29 @@ def test_hung_worker_is_replaced_and_its_task_recovered(digits_data, tmp_path):
     proc = start_job(data, digits_data, job_dir, "--workers", "3", "--epochs", str(epochs),
                      "--worker-timeout", "3", "--min-workers", "2", "--max-workers", "3",
                      env={"FT_HANG_WORKER": "worker-1", "FT_HANG_FILE": str(trigger)})
-    try:
-        wait_for(lambda: (s := status(job_dir)) and s["step"] > 20, timeout=120, what="training progress")
-        trigger.touch()  # worker-1 now blocks inside feed, its heartbeat thread still alive
-        code, err = finish(proc)
-    finally:
-        proc.kill()
-    assert code == 0, err
-    final = read_status(job_dir)
+    final = finish_after_trigger(proc, job_dir, trigger)  # worker-1 then blocks inside feed, heartbeats alive
     assert any("worker-1 hangs" in e for e in final["events"]), final["events"]
     assert any(m["id"] == "worker-3" for r in final["roundHistory"] for m in r["members"])  # its replacement
+    seen, _ = seen_counts(job_dir)
+    assert seen.min().item() == seen.max().item() == epochs
+
+
+def test_a_peer_lost_with_buckets_in_flight_replays_the_step_exactly_once(digits_data, tmp_path):
+    """Tiny buckets (--bucket-mb 0.001: one a parameter); worker-1 exits inside a backward once every
+    bucket but the tail is in flight (the counting model's FT_EXIT_* hook). The survivors' sums fail,
+    they re-form, nothing of that step is applied, and every record is still trained once per epoch."""
+    data = counting_data(digits_data, tmp_path / "data")
+    job_dir = tmp_path / "job"
+    trigger = tmp_path / "exit-now"
+    epochs = 3
+    proc = start_job(data, digits_data, job_dir, "--workers", "3", "--min-workers", "2", "--max-workers", "3",
+                     "--epochs", str(epochs), "--max-micro-batch", "32", "--bucket-mb", "0.001",
+                     env={"FT_EXIT_WORKER": "worker-1", "FT_EXIT_FILE": str(trigger)})
+    final = finish_after_trigger(proc, job_dir, trigger)
+    assert any("worker-1 exited with code 17" in e for e in final["events"]), final["events"]
+    survivors = [m["id"] for m in final["roundHistory"][0]["members"] if m["id"] != "worker-1"]
+    for worker in survivors:  # both were inside the step's sums when the peer went
+        assert "all_reduce in round 0 failed" in (job_dir / "logs" / f"{worker}.log").read_text(), worker
     seen, _ = seen_counts(job_dir)
     assert seen.min().item() == seen.max().item() == epochs
 
