@@ -1,17 +1,18 @@
 """Steady training throughput of an N-worker flextrain job vs torchrun + DDP, interleaved.
 
-Three sides, each a process tree, take turns in ``--window``-second windows (``bench/interleave.py``;
+Four sides, each a process tree, take turns in ``--window``-second windows (``bench/interleave.py``;
 every other side is SIGSTOP-ed meanwhile): ``flextrain`` (an AllReduce job of ``--workers`` local
-workers, bucketed gradient reduction overlapped with backward: the default), ``flat`` (the same
-job with ``FLEXTRAIN_BUCKET_MB=0``: one reduction after backward, as before issue 26) and
+workers, bucketed gradient reduction overlapped with backward: the default, ``--bucket-mb 25``),
+``flat`` (the same job with ``--bucket-mb 0``: one reduction after backward, as before issue 26),
 ``ddp`` (``torch.distributed.run --standalone --nproc-per-node N`` of ``bench/steady/ddp_train.py``:
-plain DDP over gloo). Same model (``--model digits``: the zoo's 4.8 k-parameter MLP; ``wide``:
+plain DDP over gloo) and ``control`` (a second, identical ``ddp`` side: ``control_vs_ddp`` is an
+A/A ratio, the method's own error). Same model (``--model digits``: the zoo's 4.8 k-parameter MLP; ``wide``:
 13.3 M parameters), optimizer, loss, global batch (one micro-batch per worker), digits data and
 one torch thread per process. Every side stamps ``time.perf_counter()`` after each optimizer step;
 a window's rate is steps/s from the end of its first step to the end of its last. Each figure is
 the median over a side's windows of its rate / the base side's rate interpolated between the
 base windows before and after it, with a 95% bootstrap interval: ``flextrain_vs_ddp``,
-``flat_vs_ddp`` and ``flextrain_vs_flat``. All sides start (unmeasured) before the turns begin;
+``flat_vs_ddp``, ``flextrain_vs_flat`` and ``control_vs_ddp``. All sides start (unmeasured) before the turns begin;
 the turns end when the ``flextrain`` job does.
 
     .venv/bin/python bench/ddp_steady.py --model digits --workers 3
@@ -42,8 +43,8 @@ from overhead_sides import flextrain_cmd  # noqa: E402
 MODULE = HERE / "steady" / "digits_models.py"
 CLASSES = {"digits": "Model", "wide": "Wide"}
 PAIRS = {"flextrain_vs_ddp": ("flextrain", "ddp"), "flat_vs_ddp": ("flat", "ddp"),
-         "flextrain_vs_flat": ("flextrain", "flat")}
-ORDER = ["flextrain", "ddp", "flat"]
+         "flextrain_vs_flat": ("flextrain", "flat"), "control_vs_ddp": ("control", "ddp")}
+ORDER = ["flextrain", "ddp", "flat", "control"]
 
 
 def stamps(directory: Path) -> list[float]:
@@ -73,12 +74,21 @@ def start(cmd: list[str], out: Path, env: dict) -> subprocess.Popen:
                                 env={**os.environ, **env, "BENCH_STEP_DIR": str(out)}, start_new_session=True)
 
 
-def job(args, data_dir: Path, out: Path, *, epochs: int, bucket_mb: str) -> subprocess.Popen:
+def job(args, data_dir: Path, out: Path, *, epochs: int, bucket_mb: float) -> subprocess.Popen:
     cmd = flextrain_cmd() + [
         "train", "--model-def", f"{MODULE}:{CLASSES[args.model]}", "--training-data", str(data_dir),
         "--workers", str(args.workers), "--epochs", str(epochs), "--global-batch-size", str(args.global_batch),
-        "--seed", "0", "--lr", str(args.lr), "--no-progress", "--job-dir", str(out / "job")]
-    return start(cmd, out, {"FLEXTRAIN_BUCKET_MB": bucket_mb, "FLEXTRAIN_NUM_THREADS": "1"})
+        "--seed", "0", "--lr", str(args.lr), "--no-progress", "--job-dir", str(out / "job"),
+        "--bucket-mb", str(bucket_mb)]
+    return start(cmd, out, {"FLEXTRAIN_NUM_THREADS": "1"})
+
+
+def ddp(args, root: Path, name: str) -> subprocess.Popen:
+    return start([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                  f"--nproc-per-node={args.workers}", str(HERE / "steady" / "ddp_train.py"),
+                  "--model", args.model, "--data", str(root / "data.pt"),
+                  "--global-batch", str(args.global_batch), "--lr", str(args.lr)],
+                 root / name, {"OMP_NUM_THREADS": "1"})
 
 
 def main(argv=None) -> int:
@@ -89,6 +99,7 @@ def main(argv=None) -> int:
     p.add_argument("--global-batch", type=int, default=64)
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--window", type=float, default=0.5)
+    p.add_argument("--bucket-mb", type=float, default=25.0, help="of the flextrain side (the flat side: 0)")
     p.add_argument("--min-window-steps", type=int, default=3)
     p.add_argument("--work-dir", default=None, help="keep logs and stamps here")
     args = p.parse_args(argv)
@@ -107,19 +118,14 @@ def main(argv=None) -> int:
     torch.save({"x": torch.from_numpy(x), "y": torch.from_numpy(y).long()}, root / "data.pt")
     procs: dict[str, subprocess.Popen] = {}
     try:
-        procs["ddp"] = start([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                              f"--nproc-per-node={args.workers}", str(HERE / "steady" / "ddp_train.py"),
-                              "--model", args.model, "--data", str(root / "data.pt"),
-                              "--global-batch", str(args.global_batch), "--lr", str(args.lr)],
-                             root / "ddp", {"OMP_NUM_THREADS": "1"})
-        wait_steps(root / "ddp", procs["ddp"], 10)
-        trees = {"ddp": ProcessTree(procs["ddp"].pid)}
-        trees["ddp"].pause()
-        procs["flat"] = job(args, data_dir, root / "flat", epochs=args.epochs * 2, bucket_mb="0")
-        wait_steps(root / "flat", procs["flat"], 10)
-        trees["flat"] = ProcessTree(procs["flat"].pid)
-        trees["flat"].pause()
-        procs["flextrain"] = job(args, data_dir, root / "flextrain", epochs=args.epochs, bucket_mb="25")
+        trees = {}
+        for side in ("ddp", "control", "flat"):  # each trains a little, then waits paused for the turns
+            procs[side] = ddp(args, root, side) if side != "flat" else \
+                job(args, data_dir, root / side, epochs=args.epochs * 2, bucket_mb=0)
+            wait_steps(root / side, procs[side], 10)
+            trees[side] = ProcessTree(procs[side].pid)
+            trees[side].pause()
+        procs["flextrain"] = job(args, data_dir, root / "flextrain", epochs=args.epochs, bucket_mb=args.bucket_mb)
         wait_steps(root / "flextrain", procs["flextrain"], 10)
         trees["flextrain"] = ProcessTree(procs["flextrain"].pid)
         log(f"all sides train; they take turns in {args.window:g}s windows until the flextrain job ends")
@@ -142,7 +148,7 @@ def main(argv=None) -> int:
         series[side] = StepSeries(times, [1] * len(times))
     rated = rated_windows(windows, series, min_steps=args.min_window_steps)
     result = {"model": args.model, "workers": args.workers, "global_batch": args.global_batch,
-              "window_s": args.window}
+              "window_s": args.window, "bucket_mb": args.bucket_mb, "load_avg_1m": os.getloadavg()[0]}
     for key, (side, base) in PAIRS.items():
         ratios = paired_ratios(rated, side=side, base=base)
         if len(ratios) < 5:

@@ -30,7 +30,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from ddp_steady import stamps, start, wait_steps  # noqa: E402
-from interleave import StepSeries, median_ci, paired_ratios, rated_windows, take_turns  # noqa: E402
+from interleave import StepSeries, cpu_per_step, median_ci, paired_ratios, rated_windows, take_turns  # noqa: E402
 from machine import ProcessTree, descendants, log  # noqa: E402
 from overhead_sides import flextrain_cmd  # noqa: E402
 
@@ -44,7 +44,22 @@ def job(args, data_dir: Path, out: Path, *, epochs: int, every: int) -> subproce
         "--workers", "2", "--epochs", str(epochs), "--global-batch-size", "64", "--max-micro-batch", "32",
         "--seed", "0", "--lr", "0.1", "--no-progress", "--job-dir", str(out / "job"),
         "--memory-checkpoint-steps", str(every)]
-    return start(cmd, out, {"FLEXTRAIN_NUM_THREADS": "1"})
+    # INFO on every side alike: rank 0's account of its snapshots is an INFO line (flash_counters)
+    return start(cmd, out, {"FLEXTRAIN_NUM_THREADS": "1", "FLEXTRAIN_LOG_LEVEL": "INFO"})
+
+
+def flash_counters(job_dir: Path) -> dict | None:
+    """Rank 0's own account of its snapshots: the last ``in-memory checkpoints:`` line its log holds
+    (worker/flash.py writes one as it closes)."""
+    found = None
+    for log_file in sorted(job_dir.glob("logs/worker-*.log")):
+        for line in log_file.read_text(errors="replace").splitlines():
+            if "in-memory checkpoints: " in line:
+                try:
+                    found = json.loads(line.split("in-memory checkpoints: ", 1)[1])
+                except ValueError:
+                    pass
+    return found
 
 
 def main(argv=None) -> int:
@@ -73,7 +88,7 @@ def main(argv=None) -> int:
             if side != "flash":
                 trees[side].pause()
         log(f"all sides train; they take turns in {args.window:g}s windows until the flash job ends")
-        windows = take_turns(trees=trees, order=ORDER, seconds=args.window, until=procs["flash"])
+        windows = take_turns(trees=trees, order=ORDER, seconds=args.window, until=procs["flash"], cpu=True)
     finally:
         for proc in procs.values():
             for pid in reversed(descendants(proc.pid)):
@@ -98,6 +113,12 @@ def main(argv=None) -> int:
         result[key] = round(statistics.median(ratios), 4)
         result[f"{key}_ci95"] = [round(v, 4) for v in median_ci(ratios)]
         result[f"{key}_pairs"] = len(ratios)
+    cpu = {side: cpu_per_step(series[side], windows, side=side) for side in ORDER}
+    result["cpu_ms_per_step"] = {side: round(v * 1e3, 4) for side, v in cpu.items() if v}
+    if cpu["flash"] and cpu["plain"] and cpu["control"]:
+        result["cpu_flash_vs_plain"] = round(cpu["flash"] / cpu["plain"], 4)
+        result["cpu_control_vs_plain"] = round(cpu["control"] / cpu["plain"], 4)
+    result["snapshots"] = flash_counters(root / "flash" / "job")
     result["steps_per_s"] = {side: round(statistics.median(r["rate"] for r in rated if r["side"] == side), 2)
                              for side in ORDER if any(r["side"] == side for r in rated)}
     result["method"] = __doc__.split("\n\n")[1].replace("\n", " ")

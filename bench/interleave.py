@@ -43,6 +43,7 @@ class Window:
     side: str
     start: float  # time.perf_counter() (CLOCK_MONOTONIC: the same clock in every process)
     end: float
+    cpu: float | None = None  # the side's CPU seconds in the window (take_turns(cpu=True)); None: unknown
 
 
 @dataclass
@@ -53,10 +54,12 @@ class StepSeries:
 
 
 def take_turns(*, trees: dict[str, ProcessTree], order: list[str], seconds: float,
-               until: subprocess.Popen) -> list[Window]:
+               until: subprocess.Popen, cpu: bool = False) -> list[Window]:
     """Each side in ``order`` in turn runs alone for ``seconds``: its process tree is resumed and
     every other one is stopped. Ends when ``until`` (the job, one of the trees' roots) exits,
-    which cuts its window short. Every tree is left running."""
+    which cuts its window short. Every tree is left running. ``cpu``: each window records the CPU
+    seconds its side's tree used in it (not the window in which ``until`` exits: its processes are
+    gone)."""
     windows: list[Window] = []
     for tree in trees.values():
         tree.pause()
@@ -65,6 +68,7 @@ def take_turns(*, trees: dict[str, ProcessTree], order: list[str], seconds: floa
         while until.poll() is None:
             side = order[k % len(order)]
             k += 1
+            before = trees[side].cpu_seconds() if cpu else None
             t0 = time.perf_counter()
             trees[side].resume()
             try:
@@ -72,7 +76,12 @@ def take_turns(*, trees: dict[str, ProcessTree], order: list[str], seconds: floa
             except subprocess.TimeoutExpired:
                 pass
             trees[side].pause()
-            windows.append(Window(side, t0, time.perf_counter()))
+            t1 = time.perf_counter()
+            used = None
+            if cpu and until.poll() is None:  # per process: one that exited in the window takes its CPU along
+                after = trees[side].cpu_seconds()
+                used = sum(v - before.get(pid, 0.0) for pid, v in after.items())
+            windows.append(Window(side, t0, t1, used))
     finally:
         for tree in trees.values():
             tree.resume()
@@ -82,6 +91,24 @@ def take_turns(*, trees: dict[str, ProcessTree], order: list[str], seconds: floa
 def _inside(series: StepSeries, window: Window) -> tuple[int, int]:
     """``[lo, hi)``: the steps of ``series`` that ended inside ``window``."""
     return bisect.bisect_right(series.times, window.start), bisect.bisect_right(series.times, window.end)
+
+
+def cpu_per_step(series: StepSeries, windows: list[Window], *, side: str) -> float | None:
+    """CPU seconds of ``side``'s tree per step it completed, over its steady windows with a CPU reading:
+    a measure of the work a step costs that the neighbours' noise hardly moves (waiting is not in it).
+    Steady: at least half the median window's steps; a window where the job was still starting or
+    already finishing (final checkpoint, shutdown: CPU but few steps) is not a step's cost."""
+    counted = []
+    for w in windows:
+        if w.side == side and w.cpu is not None:
+            lo, hi = _inside(series, w)
+            counted.append((w.cpu, hi - lo))
+    if not counted:
+        return None
+    floor = statistics.median(n for _, n in counted) / 2
+    cpu = sum(c for c, n in counted if n >= floor and n > 0)
+    steps = sum(n for _, n in counted if n >= floor and n > 0)
+    return cpu / steps if steps else None
 
 
 def window_rate(series: StepSeries, window: Window, *, min_steps: int) -> tuple[float, int] | None:

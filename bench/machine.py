@@ -115,3 +115,15 @@ class ProcessTree:
 
     def resume(self) -> None:
         self._signal(self.pids, signal.SIGCONT)
+
+    def cpu_seconds(self) -> dict[int, float]:
+        """User + system CPU seconds of each of the tree's processes as last listed (``/proc/PID/stat``)."""
+        tick, found = os.sysconf("SC_CLK_TCK"), {}
+        for pid in self.pids:
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue  # exited
+            found[pid] = (int(fields[11]) + int(fields[12])) / tick  # utime, stime (stat fields 14 and 15)
+        return found

@@ -8,7 +8,7 @@ prints. At these sizes the ratios are noise: the driver fails (exit 1) only when
 crashes, times out or prints something that is not one JSON object, never on a figure.
 The figures that count come from the full sizes in bench/README.md.
 
-Left out by default: ``SLOW`` (ddp_steady, flash_checkpoint, rescale), the benches that start
+Left out by default: ``SLOW`` (ddp_steady, flash_checkpoint, rescale, spares), the benches that start
 torchrun or several whole jobs; ``--all`` runs them too (~5 more minutes).
 
 Usage: ``.venv/bin/python bench/smoke.py [--all] [--only NAME ...] [--skip NAME ...] [--timeout S]``.
@@ -33,6 +33,7 @@ SMOKE: dict[str, list[str]] = {
     "overhead": ["overhead.py", "--method", "runs", "--repeats", "1", "--records", "4096", "--quiet-wait", "0",
                  "--retries", "0"],
     "ps": ["ps.py", "--mb", "4", "--repeats", "1", "--emb-ids", "20000"],
+    "ps_wal": ["ps_wal.py", "--pushes", "10", "--mb", "4"],
     "ga_wrapper": ["ga_wrapper.py", "--rounds", "2", "--block", "1", "--features", "8", "--hidden", "16"],
     "infinity_batch": ["infinity_batch.py", "--rounds", "1", "--fit", "16", "--batches", "1"],
     "accelerate": ["accelerate.py", "--rounds", "2", "--cnn-block", "1", "--mlp-block", "1", "--warmup", "1",
@@ -48,6 +49,7 @@ SLOW: dict[str, list[str]] = {
     "ddp_steady": ["ddp_steady.py", "--workers", "2", "--epochs", "4"],
     "flash_checkpoint": ["flash_checkpoint.py", "--epochs", "4"],
     "rescale": ["rescale.py", "--kills", "1", "--torchrun-kills", "1", "--skip-lost-node"],
+    "spares": ["spares.py", "--rounds", "1", "--cycles", "1"],
 }
 # Environment variables of a torchrun/job process that would mislead a bench started inside one.
 _DROP_ENV = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")

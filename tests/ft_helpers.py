@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+from flextrain.master.launcher import LaunchBackend
+
 REPO = Path(__file__).resolve().parents[1]
 MODEL_ZOO = REPO / "model_zoo"
 DIGITS_MODEL = f"{MODEL_ZOO / 'digits_torch.py'}:Model"
@@ -45,6 +47,15 @@ def processes_with_args(*args: str) -> list[int]:
     return found
 
 
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (a zombie counts: its parent has not reaped it yet)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def wait_for(predicate, *, timeout: float, what: str, interval: float = 0.1):
     """Poll ``predicate`` until it returns a truthy value (observing another process's state)."""
     deadline = time.monotonic() + timeout
@@ -75,6 +86,68 @@ def seen_counts(job_dir: Path, name: str = "final.ckpt"):
 
     state = decode((job_dir / "checkpoints" / name).read_bytes())
     return state["model"]["seen"], state["version"]
+
+
+def applied_at_checkpoint(job_dir):
+    """Per-record counts of the latest checkpoint and the records its ledger still owes."""
+    meta = json.loads((job_dir / "checkpoints" / "latest.json").read_text())
+    seen, version = seen_counts(job_dir, os.path.basename(meta["checkpoint"]))
+    ledger = json.loads((job_dir / "checkpoints" / meta["ledger"]).read_text())
+    return seen, version, ledger
+
+
+def assert_exactly_once_at_latest_checkpoint(job_dir, *, G: int = 32, records: int = 1408):
+    """The counting model (tests/e2e/zoo/counting_digits.py) of a stopped job saw `version` full steps of
+    G records; every record was applied `epoch` or `epoch + 1` times, and the ones applied only `epoch` times are
+    exactly the ones the ledger saved with that checkpoint still owes."""
+    seen, version, ledger = applied_at_checkpoint(job_dir)
+    assert int(seen.sum().item()) == version * G
+    epoch, done_in_epoch = divmod(version * G, records)
+    assert ledger["records_done"] == version * G
+    if ledger["epoch"] == epoch - 1 and done_in_epoch == 0:
+        # stopped exactly at an epoch boundary: the next epoch is not cut yet, all of it is owed
+        assert not any(t["epoch"] == ledger["epoch"] for t in ledger["todo"])
+        owed = set(range(records))
+    else:
+        assert ledger["epoch"] == epoch
+        owed = {i for t in ledger["todo"] if t["epoch"] == epoch for i in range(t["start"], t["end"])}
+    assert len(owed) == records - done_in_epoch
+    counts = seen.tolist()
+    assert {i for i, c in enumerate(counts) if c == epoch} == owed
+    assert all(c == epoch + 1 for i, c in enumerate(counts) if i not in owed)
+    return seen, version
+
+
+class FakeBackend(LaunchBackend):
+    """A launch backend that only records: launches (``specs``, ``live``), terminations, promotions; the
+    test injects exits with :meth:`exit`. For the instance manager's logic, when no process is under test."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.specs: dict[str, object] = {}
+        self.live: set[str] = set()
+        self.terminated: list[str] = []
+        self.promoted: list[str] = []
+
+    def launch(self, spec) -> None:
+        self.specs[spec.instance_id] = spec
+        self.live.add(spec.instance_id)
+
+    def promote(self, instance_id: str) -> None:
+        self.promoted.append(instance_id)
+
+    def terminate(self, instance_id: str, *, force: bool = False) -> None:
+        self.terminated.append(instance_id)
+
+    def running(self) -> set[str]:
+        return set(self.live)
+
+    def close(self, *, grace: float = 5.0) -> None:
+        pass
+
+    def exit(self, instance_id: str, code: int) -> None:
+        self.live.discard(instance_id)
+        self._on_exit(instance_id, code)
 
 
 class FakeMaster:

@@ -20,7 +20,6 @@ Probes (all wall-clock ``time.time()``):
 """
 
 import os
-import sys
 import time
 
 T_START = time.time()
@@ -35,14 +34,31 @@ def write_json(path, obj):
     os.replace(tmp, path)
 
 
-def main(argv=None):
+def parser() -> argparse.ArgumentParser:
+    """The flags every baseline script of bench/rescale takes (torchft_digits.py adds its own)."""
     p = argparse.ArgumentParser()
     p.add_argument("--data", required=True)
     p.add_argument("--out", required=True)
-    p.add_argument("--ckpt", required=True)
-    p.add_argument("--tag", default="node")
     p.add_argument("--global-batch", type=int, default=64)
     p.add_argument("--lr", type=float, default=0.05)
+    return p
+
+
+def digits_setup(data_path, *, lr):
+    """``(x, y, model, optimizer)``: the digits tensors and the MLP + SGD every side of bench/rescale trains."""
+    import torch
+    from torch import nn
+
+    data = torch.load(data_path)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
+    return data["x"], data["y"], model, torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+
+
+def main(argv=None):
+    p = parser()
+    p.add_argument("--ckpt", required=True)
+    p.add_argument("--tag", default="node")
     p.add_argument("--ckpt-every", type=int, default=10)
     a = p.parse_args(argv)
 
@@ -67,11 +83,7 @@ def main(argv=None):
     rank, world = dist.get_rank(), dist.get_world_size()
     info["t_group"] = time.time()
 
-    data = torch.load(a.data)
-    x, y = data["x"], data["y"]
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
-    opt = torch.optim.SGD(model.parameters(), lr=a.lr, momentum=0.9)
+    x, y, model, opt = digits_setup(a.data, lr=a.lr)
     step = 0
     if os.path.exists(a.ckpt):
         state = torch.load(a.ckpt)

@@ -25,6 +25,8 @@ def add_commands(sub) -> None:
     w = sub.add_parser("worker", help="(internal) run a worker process")
     w.add_argument("--master", required=True, metavar="HOST:PORT", help="the job master's gRPC address")
     w.add_argument("--worker-id", required=True, help="this worker's id, given by the master that launched it")
+    w.add_argument("--spare", action="store_true",
+                   help="start as a spare (--spare-workers): build the model, then park until the master takes it")
     w.set_defaults(fn=cmd_worker)
 
 
@@ -44,4 +46,4 @@ def cmd_preflight(args) -> int:
 def cmd_worker(args) -> int:
     from flextrain.worker.main import run_worker
 
-    return run_worker(args.master, args.worker_id)
+    return run_worker(args.master, args.worker_id, spare=args.spare)

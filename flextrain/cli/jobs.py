@@ -90,6 +90,9 @@ def cmd_status(args) -> int:
     print(f"job       {status['name']}  ({status['jobDir']})")
     print(f"phase     {status['phase']}" + (f"  - {status['message']}" if status.get("message") else ""))
     print(f"workers   {w['active']} active / {w['desired']} desired")
+    if spares := status.get("spares"):  # --spare-workers: started ahead, not workers
+        print(f"spares    {spares['parked']} parked, {spares['starting']} starting / {spares['desired']} wanted"
+              f" ({spares['taken']} taken so far)")
     print(f"epoch     {status['epoch']}/{status['epochs']}   step {status['step']}")
     print(f"progress  {p['recordsDone']:,}/{p['recordsTotal']:,} records ({p['percent']}%)")
     if accelerate := status.get("accelerate"):  # --accelerate: the training strategy, and how it was chosen

@@ -98,6 +98,9 @@ def add_commands(sub) -> None:
     g.add_argument("--max-global-batch", type=int, metavar="B", help="--batch-schedule adaptive: the largest G")
     g.add_argument("--adapt-every", type=int, metavar="N",
                    help="--batch-schedule adaptive: choose G every N optimizer steps (default: at each epoch)")
+    g.add_argument("--bucket-mb", type=float, default=25.0, metavar="MIB",
+                   help="AllReduce (PyTorch): sum gradients in buckets of about this many MiB while backward runs "
+                        "(default 25, as DDP's bucket_cap_mb); 0: one reduction after backward")
     g.add_argument("--seed", type=int, default=0, metavar="N",
                    help="seeds the model's initialisation and the task order of --shuffle")
     g.add_argument("--shuffle", action="store_true", help="shuffle the order of tasks every epoch")
@@ -123,6 +126,10 @@ def add_commands(sub) -> None:
                         "and optimizer) before it counts as hung")
     g.add_argument("--relaunch-budget", type=int, default=3, metavar="N",
                    help="relaunches per worker slot before giving up relaunching")
+    g.add_argument("--spare-workers", dest="spares", type=int, default=0, metavar="K",
+                   help="keep K spare workers started ahead (model and optimizer built) and parked: a scale-up or "
+                        "the replacement of a lost worker takes one and joins in well under a second (AllReduce; "
+                        "each spare costs a worker's memory: docs/spares.md)")
     g.add_argument("--min-workers-timeout", type=float, default=300.0, metavar="SECONDS",
                    help="how long the job waits with fewer than --min-workers alive before it fails")
     g.add_argument("--resume", metavar="JOBDIR",
@@ -165,9 +172,10 @@ def build_spec(args):
         max_global_batch=args.max_global_batch, adapt_every=args.adapt_every,
         steps_per_task=args.steps_per_task, max_task_retries=args.max_task_retries,
         checkpoint_steps=args.checkpoint_steps, memory_checkpoint_steps=args.memory_checkpoint_steps,
+        bucket_mb=args.bucket_mb,
         rendezvous_timeout=args.rendezvous_timeout,
         worker_timeout=args.worker_timeout, start_timeout=args.start_timeout, relaunch_budget=args.relaunch_budget,
-        min_workers_timeout=args.min_workers_timeout,
+        spares=args.spares, min_workers_timeout=args.min_workers_timeout,
         strategy=Strategy(args.distribution_strategy), ps=args.ps, ps_mode=args.ps_mode,
         grads_to_wait=args.grads_to_wait, ps_checkpoint_steps=args.ps_checkpoint_steps,
         ps_wal=args.ps_wal, ps_wal_fsync=args.ps_wal_fsync, nan_policy=args.nan_policy, preflight=not getattr(args, "no_preflight", False),

@@ -37,9 +37,10 @@ from __future__ import annotations
 import io
 import json
 import os
-import threading
 from pathlib import Path
 from typing import Any
+
+from flextrain.durable import write_atomic
 
 ENV_STATE_DIR = "FLEXTRAIN_STATE_DIR"
 STATE_FILE = "state.pt"
@@ -91,8 +92,8 @@ class State:
             buffer = io.BytesIO()
             torch.save(payload, buffer)
             self.directory.mkdir(parents=True, exist_ok=True)
-            _write_atomic(self.path, buffer.getvalue())
-            _write_atomic(self.directory / COMMIT_FILE, json.dumps({"commit": number}).encode())
+            write_atomic(self.path, buffer.getvalue())
+            write_atomic(self.directory / COMMIT_FILE, json.dumps({"commit": number}).encode())
         object.__setattr__(self, "commits", number)
         _barrier()
 
@@ -132,26 +133,6 @@ def _barrier() -> None:
         dist.barrier()
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    """Readers see the old file or the new one, never half of one (temp file, fsync, rename, fsync)."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    try:
-        fd = os.open(path.parent, os.O_RDONLY)
-    except OSError:  # a platform without directory fds: the rename is still atomic
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 __all__ = ["COMMIT_FILE", "ENV_STATE_DIR", "STATE_FILE", "State"]

@@ -133,6 +133,21 @@ def check_ps(spec: JobSpec) -> None:
                            "drop one of them")
 
 
+def check_spares(spec: JobSpec) -> None:
+    """--spare-workers: a number of parked AllReduce workers of a module training job."""
+    check_non_negative("--spare-workers", spec.worker.spares)
+    if not spec.worker.spares:
+        return
+    if spec.script:
+        raise JobSpecError("--spare-workers applies to module jobs: a script job restarts its script in each "
+                           "round's world, so there is nothing built ahead to park")
+    if spec.job_type is not JobType.TRAINING:
+        raise JobSpecError(f"--spare-workers applies to training jobs, not a {spec.job_type.value} job")
+    if spec.strategy is not Strategy.ALLREDUCE:
+        raise JobSpecError(f"--spare-workers needs --distribution-strategy AllReduce (spares join a rendezvous "
+                           f"round); got {spec.strategy.value}")
+
+
 # In the order validate() runs them (check_script first, before any number is read).
 _PASSWORD_IN_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://[^:/?#@]*:[^@/?#]+@")
 
@@ -151,7 +166,7 @@ def check_data_urls(spec: JobSpec) -> None:
 
 
 CROSS_FIELD = (check_script, check_worker_range, check_job_type, check_ps, check_schedule, check_micro_batch,
-               check_accelerate, check_data_urls)
+               check_accelerate, check_spares, check_data_urls)
 
 __all__ = ["CROSS_FIELD", "check_accelerate", "check_data_urls", "check_job_type", "check_micro_batch", "check_ps", "check_schedule", "check_script",
            "check_worker_range"]

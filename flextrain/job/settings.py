@@ -68,6 +68,13 @@ def check_positive_finite(flag: str, value) -> None:
         raise JobSpecError(f"{flag} must be positive and finite, got {value!r}")
 
 
+def check_size_mb(flag: str, value) -> None:
+    """A size in MiB where 0 means none (``--bucket-mb``): finite and >= 0."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+        raise JobSpecError(f"{flag} must be a number of MiB >= 0 (0: one flat reduction after backward), "
+                           f"got {value!r}")
+
+
 def check_seed(flag: str, value) -> None:
     """What torch.manual_seed and the CRD take."""
     if not is_int(value) or not 0 <= value < 2**63:
@@ -252,6 +259,8 @@ SETTINGS: tuple[Setting, ...] = (
     _s("checkpoint_steps", "training.checkpoint_steps", int, "spec.training.checkpointSteps"),
     # In-memory ("flash") checkpoints every N steps, persisted in the background (docs/elasticity.md).
     _s("memory_checkpoint_steps", "training.memory_checkpoint_steps", int, "spec.training.memoryCheckpointSteps"),
+    # Gradient buckets reduced during backward, in MiB (0: one reduction after backward; docs/elasticity.md).
+    _s("bucket_mb", "training.bucket_mb", float, "spec.training.bucketMb"),
     _s("seed", "training.seed", int, "spec.training.seed"),
     _s("shuffle", "training.shuffle", bool, "spec.training.shuffle"),
     _s("steps_per_task", "training.steps_per_task", int, "spec.training.stepsPerTask"),
@@ -262,6 +271,8 @@ SETTINGS: tuple[Setting, ...] = (
     _s("min_workers", "worker.min_replicas", int, "spec.replicaSpecs.worker.minReplicas"),
     _s("max_workers", "worker.max_replicas", int, "spec.replicaSpecs.worker.maxReplicas"),
     _s("relaunch_budget", "worker.relaunch_budget", int, "spec.replicaSpecs.worker.relaunchBudget"),
+    # Spare workers started ahead and parked, taken by a scale-up or a replacement (docs/spares.md).
+    _s("spares", "worker.spares", int, "spec.replicaSpecs.worker.spares", "--spare-workers"),
     _s("rendezvous_timeout", "worker.rendezvous_timeout", float, "spec.replicaSpecs.worker.rendezvousTimeout"),
     _s("worker_timeout", "worker.worker_timeout", float, "spec.replicaSpecs.worker.workerTimeout"),
     _s("start_timeout", "worker.start_timeout", float, "spec.replicaSpecs.worker.startTimeout"),
@@ -289,10 +300,11 @@ NUMBER_RULES = (
                    "min_workers", "max_workers", "grads_to_wait", "min_global_batch",
                    "max_global_batch", "adapt_every")),
     (check_non_negative, ("evaluation_steps", "max_task_retries", "checkpoint_steps", "memory_checkpoint_steps",
-                          "relaunch_budget",
+                          "relaunch_budget", "spares",
                           "ps_checkpoint_steps")),
     (check_positive_finite, ("rendezvous_timeout", "worker_timeout", "start_timeout", "min_workers_timeout",
                              "learning_rate")),
+    (check_size_mb, ("bucket_mb",)),
 )
 OPTIONAL_NUMBERS = {"reference_batch_size", "min_workers", "max_workers", "grads_to_wait", "learning_rate",
                     "min_global_batch", "max_global_batch", "adapt_every"}

@@ -82,6 +82,9 @@ class TrainingSpec:
     # (flash checkpoints: persisted in the background, flushed when the workers are lost; 0: off).
     # 0 (off) until its step-time cost is below 1% (bench/flash_checkpoint.py measured ~4-5% at 50).
     memory_checkpoint_steps: int = 0
+    # AllReduce (PyTorch): gradients are summed in buckets of about this many MiB, launched from autograd hooks
+    # while the last micro-step's backward runs (25: DDP's bucket_cap_mb); 0: one flat reduction after backward.
+    bucket_mb: float = 25.0
     seed: int = 0
     shuffle: bool = False
     # Optimizer steps per task: the granularity of hand-out and re-queueing.
@@ -140,6 +143,9 @@ class WorkerSpec:
     max_replicas: int | None = None  # None: replicas
     # Times a crashed worker is relaunched before the job gives up on it.
     relaunch_budget: int = 3
+    # Spare workers kept started ahead (module, model and optimizer built) and parked: a scale-up or the
+    # replacement of a lost worker takes one instead of launching a worker (flextrain/master/spares.py).
+    spares: int = 0
     # Seconds a round waits for stragglers once `min_replicas` are present.
     rendezvous_timeout: float = 10.0
     # Seconds without a heartbeat after which a worker counts as hung.

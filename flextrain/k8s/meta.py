@@ -24,6 +24,9 @@ SHORT_NAME = "ej"
 LABEL_JOB = f"{GROUP}/job"
 LABEL_ROLE = f"{GROUP}/role"  # master | worker | ps
 LABEL_INDEX = f"{GROUP}/index"
+# "true" on a spare worker's pod (--spare-workers: started ahead, parked); the master sets it to "false"
+# when it takes the spare (a scale-up or a replacement): `kubectl get pods -l flextrain.dev/spare=true`.
+LABEL_SPARE = f"{GROUP}/spare"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 
 MASTER_PORT = 50051

@@ -91,11 +91,16 @@ def instance_pod(
     args: Sequence[str],
     env: Mapping[str, str],
     master_address: str,
+    spare: bool = False,
 ) -> dict[str, Any]:
-    """The Pod of one worker or PS instance of ``job`` (an ElasticJob dict with metadata.uid)."""
-    return job_pod(job, role=role, index=index, pod_name=instance_pod_name(job["metadata"]["name"], instance_id),
-                   instance_id=instance_id, args=args, env=env, master_address=master_address,
-                   port=ps_port(job, index) if role == "ps" else None)
+    """The Pod of one worker or PS instance of ``job`` (an ElasticJob dict with metadata.uid); a ``spare``
+    worker's pod is labelled ``flextrain.dev/spare: "true"``."""
+    pod = job_pod(job, role=role, index=index, pod_name=instance_pod_name(job["metadata"]["name"], instance_id),
+                  instance_id=instance_id, args=args, env=env, master_address=master_address,
+                  port=ps_port(job, index) if role == "ps" else None)
+    if spare:
+        pod["metadata"]["labels"][meta.LABEL_SPARE] = "true"
+    return pod
 
 
 # The roles that read the job's data (spec.data.secretRef's keys become their environment); PS never do.

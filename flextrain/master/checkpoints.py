@@ -30,7 +30,7 @@ import zlib
 from pathlib import Path
 from typing import Callable
 
-from flextrain.durable import fsync_dir
+from flextrain.durable import write_atomic
 
 CHECKSUM_KEY = "crc32"
 
@@ -62,30 +62,15 @@ def write_bytes_atomic(path: Path, data: bytes | str) -> None:
     was; an OSError (a full disk, ...) becomes a :class:`StateWriteError` naming the
     path and the reason."""
     path = Path(path)
-    raw = data.encode() if isinstance(data, str) else data
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            view = memoryview(raw)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException as exc:
-        try:
-            tmp.unlink(missing_ok=True)
-        except OSError:
-            pass
-        if isinstance(exc, OSError) and not isinstance(exc, StateWriteError):
-            code = exc.errno or errno.EIO
-            reason = exc.strerror or os.strerror(code)
-            raise StateWriteError(code, f"cannot write {path}: {reason}"
-                                  + ("; the previous file is kept" if path.exists() else "")) from exc
-        raise
-    fsync_dir(path.parent)
+        write_atomic(path, data.encode() if isinstance(data, str) else data)
+    except OSError as exc:
+        if isinstance(exc, StateWriteError):
+            raise
+        code = exc.errno or errno.EIO
+        reason = exc.strerror or os.strerror(code)
+        raise StateWriteError(code, f"cannot write {path}: {reason}"
+                              + ("; the previous file is kept" if path.exists() else "")) from exc
 
 
 def write_json_atomic(path: Path, data: dict, *, checksum: bool = False) -> None:
@@ -144,14 +129,27 @@ class CheckpointStore:
     def __init__(self, directory: Path, *, keep: int = 2) -> None:
         self.directory = Path(directory)
         self.keep = keep
+        # One writer at a time: periodic checkpoints are recorded outside the job's lock (JobMaster), so
+        # two reports, or a report and a flush of an in-memory snapshot, may arrive together.
+        self.lock = threading.RLock()
+        self.recorded = -1  # the newest version recorded through this store
 
     @property
     def latest_path(self) -> Path:
         return self.directory / "latest.json"
 
-    def record(self, *, checkpoint: str, version: int, ledger: dict, final: bool) -> None:
+    def record(self, *, checkpoint: str, version: int, ledger: dict, final: bool, newer_only: bool = False) -> bool:
         """Write the ledger file of a checkpoint, then ``latest.json`` naming both; raises
-        :class:`StateWriteError` (previous files kept) when a write fails."""
+        :class:`StateWriteError` (previous files kept) when a write fails. ``newer_only``: nothing is
+        written (False returned) unless ``version`` is newer than every one recorded here."""
+        with self.lock:
+            if newer_only and version <= self.recorded:
+                return False
+            self._record(checkpoint=checkpoint, version=version, ledger=ledger, final=final)
+            self.recorded = max(self.recorded, version)
+            return True
+
+    def _record(self, *, checkpoint: str, version: int, ledger: dict, final: bool) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
         ledger_path = self.directory / f"ledger-{version:09d}.json"
         # Names, not paths: a moved or copied job directory resumes from its own files.
@@ -168,17 +166,18 @@ class CheckpointStore:
         ``ckpt-<version>.ckpt``, recorded with the ledger it was taken with. Returns its version, or None
         when there was none newer. Damaged or incomplete snapshots skipped are passed to ``note``.
         Raises :class:`StateWriteError` when a write fails (the previous checkpoint stays the latest)."""
-        latest = self.latest()
-        snapshot, skipped = flash.latest(above=latest["version"] if latest else -1)
-        if skipped:
-            note("in-memory checkpoints skipped: " + "; ".join(skipped))
-        if snapshot is None:
-            return None
-        self.directory.mkdir(parents=True, exist_ok=True)
-        path = self.directory / f"ckpt-{snapshot.version:09d}.ckpt"
-        write_bytes_atomic(path, snapshot.state_path.read_bytes())
-        self.record(checkpoint=str(path), version=snapshot.version, ledger=snapshot.ledger, final=False)
-        return snapshot.version
+        with self.lock:
+            latest = self.latest()
+            snapshot, skipped = flash.latest(above=latest["version"] if latest else -1)
+            if skipped:
+                note("in-memory checkpoints skipped: " + "; ".join(skipped))
+            if snapshot is None:
+                return None
+            self.directory.mkdir(parents=True, exist_ok=True)
+            path = self.directory / f"ckpt-{snapshot.version:09d}.ckpt"
+            write_bytes_atomic(path, snapshot.state_path.read_bytes())
+            self.record(checkpoint=str(path), version=snapshot.version, ledger=snapshot.ledger, final=False)
+            return snapshot.version
 
     def latest(self) -> dict | None:
         """``{"checkpoint", "version", "final", "ledger": <state dict>}`` or None: the newest pair whose

@@ -332,6 +332,8 @@ class JobMaster(FailureHandling, RoundKeeping):
     def report_checkpoint(self, req: pb.ReportCheckpointRequest) -> pb.ReportCheckpointResponse:
         if req.memory:
             return pb.ReportCheckpointResponse(ledger_json=self.mark_snapshot(req))
+        if not (req.final or req.stop):
+            return self._record_periodic(req)
         with self.cond:
             self._touch(req.worker_id, req.position)
             if req.ledger_json and (self.checkpoints is None or self.over
@@ -354,6 +356,36 @@ class JobMaster(FailureHandling, RoundKeeping):
             if req.stop and self.stopping:
                 self.finish(Phase.FAILED, f"stopped: {self.stopping}; checkpoint at step "
                             f"{req.position.version}: resume with `flextrain train --resume {self.spec.job_dir}`")
+            self.check_outcome()
+            self.cond.notify_all()
+        return pb.ReportCheckpointResponse()
+
+    def _record_periodic(self, req: pb.ReportCheckpointRequest) -> pb.ReportCheckpointResponse:
+        """A periodic checkpoint (``--checkpoint-steps``, a persisted in-memory snapshot). Its ledger is
+        taken under the job's lock, at the reported position; its two fsync'd files are written outside
+        it: every worker's heartbeats and task calls would otherwise wait on the disk (the asyncio
+        server serves them inline). The store keeps writers in order; a persisted snapshot (it carries
+        its ledger) older than a recorded checkpoint is not recorded."""
+        snapshot = bool(req.ledger_json)
+        with self.cond:
+            self._touch(req.worker_id, req.position)
+            if self.checkpoints is None or (snapshot and (self.over or req.position.version <= self.recorded_version)):
+                return pb.ReportCheckpointResponse()
+            ledger = (json.loads(req.ledger_json) if snapshot
+                      else ledger_at(self.ledger, self.rendezvous.current, req.position))
+        try:
+            recorded = self.checkpoints.record(checkpoint=req.path, version=req.position.version, ledger=ledger,
+                                               final=False, newer_only=snapshot)
+        except StateWriteError as exc:  # e.g. a full disk: the previous checkpoint stays the latest
+            with self.cond:
+                if not self.over:
+                    self.finish(Phase.FAILED, f"cannot record the checkpoint of step {req.position.version}: "
+                                f"{exc}{self.kept_checkpoint()}")
+                self.cond.notify_all()
+            return pb.ReportCheckpointResponse()
+        with self.cond:
+            if recorded:
+                self.recorded_version = max(self.recorded_version, req.position.version)
             self.check_outcome()
             self.cond.notify_all()
         return pb.ReportCheckpointResponse()

@@ -3,7 +3,11 @@
 It launches workers through a :class:`LaunchBackend`, tells the JobMaster
 who is alive, replaces a worker that died while the job runs (each worker
 slot has a relaunch budget, so a worker that keeps crashing is not
-relaunched for ever), and stops surplus workers when the job is scaled down.
+relaunched for ever), and stops surplus workers when the job is scaled down. With spare workers
+(``--spare-workers``, a :class:`SparePool`) a worker to start is a parked
+spare taken, when one exists, and a new spare is launched behind it; spares
+are not workers here (they are not counted, judged or charged to the relaunch
+budget), and a spare that dies is simply launched again.
 Whether an exit it did not ask for is a failure worth a relaunch is the
 ``judge``'s decision (the JobMaster's failure tracker), not this class's.
 """
@@ -16,6 +20,7 @@ from typing import Callable
 
 from flextrain.failures import ExitCode
 from flextrain.master.launcher import InstanceSpec, LaunchBackend, Role
+from flextrain.master.spares import SparePool
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +40,7 @@ class InstanceManager:
         on_retire: Callable[[str], None],
         judge: Callable[[str, int], bool] = lambda worker_id, code: code != 0,
         retire_grace: float = 30.0,
+        spares: SparePool | None = None,
     ) -> None:
         self.backend = backend
         self.desired = desired
@@ -54,12 +60,18 @@ class InstanceManager:
         self.failures = 0
         self.exits: list[tuple[str, int]] = []
         self.closed = False
+        self.spares = spares
+        self.spares_lost = 0  # spares that died before they parked, in a row: a spare that cannot start
         backend.on_exit(self._exited)
 
     def _launch_one(self) -> str:
-        index = self._next_index
-        self._next_index += 1
-        worker_id = f"worker-{index}"
+        taken = self.spares.take() if self.spares is not None else None
+        if taken is not None:  # already running, its model built: it registers as soon as its Park answers
+            self._on_launch(taken)
+            self.backend.promote(taken)
+            log.info("took spare %s", taken)
+            return taken
+        worker_id, index = self._next_id()
         self._on_launch(worker_id)
         self.backend.launch(
             InstanceSpec(worker_id, Role.WORKER, index, self._worker_args(worker_id),
@@ -68,16 +80,35 @@ class InstanceManager:
         log.info("launched %s", worker_id)
         return worker_id
 
+    def _next_id(self) -> tuple[str, int]:
+        index = self._next_index
+        self._next_index += 1
+        return f"worker-{index}", index
+
+    def _launch_spares(self) -> None:
+        """Top the spares up to ``--spare-workers`` (called with the lock held)."""
+        if self.spares is None or self.spares_lost > self.relaunch_budget:
+            return
+        for _ in range(self.spares.missing()):
+            worker_id, index = self._next_id()
+            self.spares.launched(worker_id)
+            self.backend.launch(InstanceSpec(worker_id, Role.WORKER, index,
+                                             (*self._worker_args(worker_id), "--spare"),
+                                             self._worker_env(worker_id), spare=True))
+            log.info("launched spare %s", worker_id)
+
     def reconcile(self) -> None:
         """Launch or stop workers until the running count equals ``desired``."""
         with self._lock:
             if self.closed:
                 return
             # Only workers count: the same backend may run the job's parameter servers.
-            running = [i for i in self.backend.running() - self._stopping if i.startswith("worker-")]
+            spares = self.spares.ids() if self.spares is not None else set()
+            running = [i for i in self.backend.running() - self._stopping - spares if i.startswith("worker-")]
             if not self.budget_exhausted:
                 for _ in range(self.desired - len(running)):
                     self._launch_one()
+                self._launch_spares()
             # Sorted only when some are to stop: this runs at every exit (O(n log n) each, at 1,000 workers
             # most of what a worker's exit cost the master; bench/master_scale.py).
             surplus = sorted(running, key=_index)[self.desired :] if len(running) > self.desired else []
@@ -104,6 +135,10 @@ class InstanceManager:
         self._exited(worker_id, code)
 
     def _exited(self, worker_id: str, code: int) -> None:
+        was = self.spares.exited(worker_id) if self.spares is not None else None
+        if was is not None:
+            self._spare_exited(worker_id, code, parked=was == "parked")
+            return
         with self._lock:
             expected = worker_id in self._stopping or self.closed
             self._stopping.discard(worker_id)
@@ -124,9 +159,28 @@ class InstanceManager:
             return
         self.reconcile()
 
+    def _spare_exited(self, worker_id: str, code: int, *, parked: bool) -> None:
+        """A spare died (not a worker: nothing to judge or charge); launch another. Spares that keep dying
+        before they ever park (a module that cannot load) are given up after ``relaunch_budget`` in a row."""
+        with self._lock:
+            self.exits.append((worker_id, code))
+        self._on_exit(worker_id, code)  # the job forgets it (e.g. an --accelerate auto searcher that was a spare)
+        with self._lock:
+            if self.closed:
+                return
+            self.spares_lost = 0 if parked else self.spares_lost + 1
+            if self.spares_lost > self.relaunch_budget:
+                log.error("spare %s exited with code %d before it was ready, %d spares in a row: no more spares",
+                          worker_id, code, self.spares_lost)
+                return
+            log.info("spare %s exited with code %d: launching another", worker_id, code)
+            self._launch_spares()
+
     def close(self, *, grace: float = 5.0) -> None:
         with self._lock:
             self.closed = True
+        if self.spares is not None:
+            self.spares.close()
         self.backend.close(grace=grace)
 
 

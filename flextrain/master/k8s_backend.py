@@ -161,7 +161,7 @@ class KubernetesPodBackend(PodCreation, LaunchBackend):
         role = spec.role.value
         name = instance_pod_name(self.job_name, spec.instance_id)
         body = instance_pod(self.job, role=role, index=spec.index, instance_id=spec.instance_id,
-                            args=spec.args, env=spec.env, master_address=self.master_address)
+                            args=spec.args, env=spec.env, master_address=self.master_address, spare=spec.spare)
         service = ps_service(self.job, index=spec.index) if spec.role is Role.PS else None
         with self._lock:
             if self.failed or self.closed:
@@ -179,6 +179,21 @@ class KubernetesPodBackend(PodCreation, LaunchBackend):
                              name=f"create-{name}").start()
         else:
             self._refused(inst, refusal)
+
+    def promote(self, instance_id: str) -> None:
+        """A spare was taken: its pod's ``flextrain.dev/spare`` label becomes "false" (what users and tools
+        see; the spare itself learns it from its Park poll, so a failed patch only leaves the label stale)."""
+        from kubernetes.client import ApiException
+
+        with self._lock:
+            inst = self._instances.get(instance_id)
+        if inst is None:
+            return
+        try:
+            self.core.patch_namespaced_pod(inst.pod, self.namespace,
+                                           {"metadata": {"labels": {meta.LABEL_SPARE: "false"}}})
+        except ApiException as exc:
+            log.warning("could not relabel pod %s as taken: %s %s", inst.pod, exc.status, exc.reason)
 
     def ps_endpoint(self, index: int) -> PSEndpoint:
         """PS ``index`` listens on every interface of its pod; workers dial its Service ``<job>-ps-<i>``."""

@@ -37,6 +37,7 @@ class InstanceSpec:
     index: int
     args: tuple[str, ...]  # arguments of the `flextrain` command
     env: Mapping[str, str] = field(default_factory=dict)
+    spare: bool = False  # a spare worker (--spare-workers): parked until taken (flextrain/master/spares.py)
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,10 @@ class LaunchBackend(abc.ABC):
     @abc.abstractmethod
     def launch(self, spec: InstanceSpec) -> None:
         """Start an instance; returns once it is started (not once it is ready)."""
+
+    def promote(self, instance_id: str) -> None:
+        """A spare was taken and is now a worker: make what shows it say so (a pod's label). The spare
+        itself learns it from its Park poll; a local process needs nothing here."""
 
     @abc.abstractmethod
     def terminate(self, instance_id: str, *, force: bool = False) -> None:

@@ -34,6 +34,7 @@ from flextrain.master.ledger import TaskLedger
 from flextrain.master.ps_fleet import PSFleet, PSStartError, is_ps
 from flextrain.master.resume import HISTORY_FILE, record_run, restore
 from flextrain.master.servicer import MasterServicer, start_server
+from flextrain.master.spares import SparePool
 from flextrain.master.status import StatusReporter, metric_text
 
 log = logging.getLogger(__name__)
@@ -238,16 +239,17 @@ def _run_master(
         manager.scale(workers)
         return True, f"scaling to {workers} workers"
 
+    spares = SparePool(spec.worker.spares) if spec.worker.spares else None
     servicer = MasterServicer(
         job, status_json=lambda: _status_json(reporter), stop=stop, scale=scale,
-        heartbeat_interval=heartbeat_interval(spec.worker.effective_max_replicas),
+        heartbeat_interval=heartbeat_interval(spec.worker.effective_max_replicas), spares=spares,
     )
     server, bound = start_server(servicer, host=host, port=port, threads=16)  # the calls that may block
     address = f"{host}:{bound}"
     reporter = StatusReporter(
         job, path=job_dir / "status.json", desired=lambda: manager.desired if manager else spec.worker.replicas,
         master_address=address, show_progress=show_progress, console=console,
-        sinks=(status_writer,) if k8s else (),
+        sinks=(status_writer,) if k8s else (), spares=spares.snapshot if spares else None,
     )
     reporter.update()
 
@@ -263,6 +265,7 @@ def _run_master(
                                 "PYTHONUNBUFFERED": "1", **local_env},
         on_launch=job.worker_launched, on_exit=lambda wid, code: job.worker_exited(wid),
         on_budget_exhausted=job.relaunches_exhausted, on_retire=job.retire, judge=job.worker_failed,
+        spares=spares,
     )
     fleet: PSFleet | None = None
     if spec.strategy is Strategy.PARAMETER_SERVER:  # the servers to launch (the strategy is in job.strategy)
@@ -294,10 +297,13 @@ def _run_master(
                 reporter.update()
                 job.strategy.save(job)  # what --resume continues from, beyond the checkpoints
                 last = time.monotonic()
-        # Workers learn the outcome from their next RPC or heartbeat and exit.
+        # Workers learn the outcome from their next RPC or heartbeat and exit; parked spares from their Park.
+        if spares is not None:
+            spares.close()
         deadline = time.monotonic() + EXIT_GRACE
         def exiting() -> set[str]:  # a pod never scheduled will not exit by itself: close() removes it
-            return backend.running() - (fleet.ids if fleet else set()) - (k8s.backend.pending() if k8s else set())
+            return (backend.running() - (fleet.ids if fleet else set()) - (k8s.backend.pending() if k8s else set())
+                    - (spares.ids() if spares else set()))
 
         while exiting() and time.monotonic() < deadline:
             with job.cond:

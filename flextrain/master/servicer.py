@@ -20,12 +20,14 @@ from typing import Callable
 import grpc
 
 from flextrain.master.coordinator import JobMaster
+from flextrain.master.spares import SparePool
 from flextrain.proto import flextrain_pb2 as pb
 from flextrain.proto import flextrain_pb2_grpc as pb_grpc
 
 # How long a JoinRendezvous call may block before answering WAIT; clients
 # re-ask, so a long poll costs one RPC per this many seconds while waiting.
 JOIN_LONG_POLL = 5.0
+PARK_LONG_POLL = 5.0  # the same for a spare's Park
 
 
 class MasterServicer(pb_grpc.MasterServicer):
@@ -37,6 +39,7 @@ class MasterServicer(pb_grpc.MasterServicer):
         stop: Callable[[str], tuple[bool, str]],
         scale: Callable[[int], tuple[bool, str]],
         heartbeat_interval: float,
+        spares: SparePool | None = None,
     ) -> None:
         self.job = job
         self._status_json = status_json
@@ -46,6 +49,8 @@ class MasterServicer(pb_grpc.MasterServicer):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._polls: dict[asyncio.Future, str] = {}  # JoinRendezvous long polls waiting: future -> worker
         self._wake_pending = False
+        self.spares = spares
+        self._parks: set[asyncio.Future] = set()  # Park long polls waiting (a few: one per spare)
 
     # ---- the long poll's wake-up -------------------------------------------------
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -53,10 +58,24 @@ class MasterServicer(pb_grpc.MasterServicer):
         self._loop = loop
         if self.job is not None:
             self.job.cond.listeners.append(self._notified)
+        if self.spares is not None:
+            self.spares.listeners.append(self._spares_changed)
 
     def unbind(self) -> None:
         if self.job is not None and self._notified in self.job.cond.listeners:
             self.job.cond.listeners.remove(self._notified)
+        if self.spares is not None and self._spares_changed in self.spares.listeners:
+            self.spares.listeners.remove(self._spares_changed)
+
+    def _spares_changed(self) -> None:
+        """A spare was taken (or the pool closed), from any thread: every parked poll looks again."""
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._wake_parks)
+
+    def _wake_parks(self) -> None:
+        for fut in self._parks:
+            if not fut.done():
+                fut.set_result(None)
 
     def _notified(self) -> None:
         """Called (under the job's lock, from any thread) when the job changed."""
@@ -88,6 +107,32 @@ class MasterServicer(pb_grpc.MasterServicer):
         self.job.register(request.worker_id, pid=request.pid,
                           probe=request.probe if request.HasField("probe") else None)
         return pb.RegisterWorkerResponse()
+
+    async def Park(self, request, context):
+        """A spare's long poll: answered TAKEN once it is taken, STOP when not wanted, else WAIT after
+        PARK_LONG_POLL seconds (the spare asks again)."""
+        if self.spares is None:  # a job without spares: nothing will ever take this one
+            return pb.ParkResponse(action=pb.ParkResponse.STOP)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + PARK_LONG_POLL
+        while True:
+            woken = loop.create_future()
+            self._parks.add(woken)  # before the check: a take after it resolves this one
+            try:
+                action = self.spares.park(request.worker_id, request.pid)
+                if action is None and self.job.over:
+                    action = pb.ParkResponse.STOP
+                if action is not None:
+                    return pb.ParkResponse(action=action)
+                left = deadline - loop.time()
+                if left <= 0:
+                    return pb.ParkResponse(action=pb.ParkResponse.WAIT)
+                try:
+                    await asyncio.wait_for(woken, left)
+                except asyncio.TimeoutError:
+                    pass
+            finally:
+                self._parks.discard(woken)
 
     async def Accelerate(self, request, context):
         try:
@@ -130,8 +175,10 @@ class MasterServicer(pb_grpc.MasterServicer):
     async def Heartbeat(self, request, context):
         return self.job.heartbeat(request)
 
-    async def ReportCheckpoint(self, request, context):  # records the checkpoint in a file
-        return await self._blocking(self.job.report_checkpoint, request)
+    async def ReportCheckpoint(self, request, context):
+        if request.memory:  # an in-memory snapshot's mark: a ledger to JSON under the lock, no file (inline)
+            return self.job.report_checkpoint(request)
+        return await self._blocking(self.job.report_checkpoint, request)  # records the checkpoint in files
 
     async def ReportFailure(self, request, context):
         await self._blocking(self.job.report_failure, request.worker_id, request.failure)

@@ -13,6 +13,7 @@ import time
 from collections import deque
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Callable
 
 from rich.console import Console
 from rich.markup import escape
@@ -133,8 +134,10 @@ def _reserve(path: Path) -> None:
 
 class StatusReporter:
     def __init__(self, job: JobMaster, *, path: Path, desired: callable, master_address: str,
-                 show_progress: bool, console: Console | None = None, sinks: tuple = ()) -> None:
+                 show_progress: bool, console: Console | None = None, sinks: tuple = (),
+                 spares: Callable[[], dict] | None = None) -> None:
         self.job = job
+        self._spares = spares  # --spare-workers: the pool's snapshot (spares are not workers)
         self.path = path
         self._reserve = path.with_name(RESERVE_NAME)
         _reserve(self._reserve)
@@ -185,6 +188,8 @@ class StatusReporter:
                 "message": job.message,
                 "workers": {"desired": self._desired(), "active": active_workers(job)},
                 "members": members(job),
+                # --spare-workers: spares parked (ready to be taken) and starting; never in workers/members
+                **({"spares": self._spares()} if self._spares else {}),
                 "epoch": min(job.spec.training.epochs, done // per_epoch + 1) if per_epoch else 0,
                 "epochs": job.spec.training.epochs,
                 "step": job.step,

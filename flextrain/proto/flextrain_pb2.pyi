@@ -79,6 +79,28 @@ class RegisterWorkerResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class ParkRequest(_message.Message):
+    __slots__ = ("worker_id", "pid")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    pid: int
+    def __init__(self, worker_id: _Optional[str] = ..., pid: _Optional[int] = ...) -> None: ...
+
+class ParkResponse(_message.Message):
+    __slots__ = ("action",)
+    class Action(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        WAIT: _ClassVar[ParkResponse.Action]
+        TAKEN: _ClassVar[ParkResponse.Action]
+        STOP: _ClassVar[ParkResponse.Action]
+    WAIT: ParkResponse.Action
+    TAKEN: ParkResponse.Action
+    STOP: ParkResponse.Action
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    action: ParkResponse.Action
+    def __init__(self, action: _Optional[_Union[ParkResponse.Action, str]] = ...) -> None: ...
+
 class AccelerateRequest(_message.Message):
     __slots__ = ("worker_id", "strategy_json", "search_json")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]

@@ -44,6 +44,11 @@ class MasterStub:
                 request_serializer=flextrain_dot_proto_dot_flextrain__pb2.RegisterWorkerRequest.SerializeToString,
                 response_deserializer=flextrain_dot_proto_dot_flextrain__pb2.RegisterWorkerResponse.FromString,
                 _registered_method=True)
+        self.Park = channel.unary_unary(
+                '/flextrain.v1.Master/Park',
+                request_serializer=flextrain_dot_proto_dot_flextrain__pb2.ParkRequest.SerializeToString,
+                response_deserializer=flextrain_dot_proto_dot_flextrain__pb2.ParkResponse.FromString,
+                _registered_method=True)
         self.Accelerate = channel.unary_unary(
                 '/flextrain.v1.Master/Accelerate',
                 request_serializer=flextrain_dot_proto_dot_flextrain__pb2.AccelerateRequest.SerializeToString,
@@ -106,6 +111,12 @@ class MasterServicer:
         raise NotImplementedError('Method not implemented!')
 
     def RegisterWorker(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Park(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -183,6 +194,11 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.RegisterWorker,
                     request_deserializer=flextrain_dot_proto_dot_flextrain__pb2.RegisterWorkerRequest.FromString,
                     response_serializer=flextrain_dot_proto_dot_flextrain__pb2.RegisterWorkerResponse.SerializeToString,
+            ),
+            'Park': grpc.unary_unary_rpc_method_handler(
+                    servicer.Park,
+                    request_deserializer=flextrain_dot_proto_dot_flextrain__pb2.ParkRequest.FromString,
+                    response_serializer=flextrain_dot_proto_dot_flextrain__pb2.ParkResponse.SerializeToString,
             ),
             'Accelerate': grpc.unary_unary_rpc_method_handler(
                     servicer.Accelerate,
@@ -289,6 +305,33 @@ class Master:
             '/flextrain.v1.Master/RegisterWorker',
             flextrain_dot_proto_dot_flextrain__pb2.RegisterWorkerRequest.SerializeToString,
             flextrain_dot_proto_dot_flextrain__pb2.RegisterWorkerResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Park(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/flextrain.v1.Master/Park',
+            flextrain_dot_proto_dot_flextrain__pb2.ParkRequest.SerializeToString,
+            flextrain_dot_proto_dot_flextrain__pb2.ParkResponse.FromString,
             options,
             channel_credentials,
             insecure,

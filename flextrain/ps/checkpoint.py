@@ -15,8 +15,10 @@ pending snapshot is kept.
 
 With ``wal=True`` (the default) the shard also keeps a write-ahead log in the
 same directory (:mod:`flextrain.ps.wal`, written by its own thread with group
-commit): each snapshot starts a new log segment and records its number (``wal_next``) in the checkpoint, and
-:meth:`Checkpointer.restore` replays the segments from there. So a relaunched
+commit): each snapshot records the LSN of the last log record its state
+includes (``wal_lsn``), :meth:`Checkpointer.restore` replays the records after
+it (:mod:`flextrain.ps.walreplay`), and once a checkpoint is written the log
+segments that only the checkpoints no longer kept needed are recycled. So a relaunched
 PS comes back with every change it acknowledged, not just those up to its
 last checkpoint — including SYNC gradients collected but not yet applied.
 """
@@ -31,7 +33,9 @@ from pathlib import Path
 
 from flextrain.elastic import statecodec
 from flextrain.ps.state import ShardState, SyncSettings
-from flextrain.ps.wal import WriteAheadLog, replay, segments
+from flextrain.ps.wal import WriteAheadLog
+from flextrain.ps.walfiles import SEGMENT_BYTES, segments
+from flextrain.ps.walreplay import Replayed, replay
 
 log = logging.getLogger(__name__)
 _NAME = re.compile(r"^version-(\d+)\.ckpt$")
@@ -39,13 +43,13 @@ _NAME = re.compile(r"^version-(\d+)\.ckpt$")
 
 class Checkpointer:
     def __init__(self, directory: str | os.PathLike, shard_index: int, *, every: int = 0, keep: int = 2,
-                 wal: bool = True, wal_fsync: bool = False) -> None:
+                 wal: bool = True, wal_fsync: bool = False, wal_segment_bytes: int = SEGMENT_BYTES) -> None:
         if every < 0 or keep < 1:
             raise ValueError(f"checkpoint every must be >= 0 and keep >= 1 (got {every}, {keep})")
         self.dir = Path(directory) / f"ps-{shard_index}"
         self.every, self.keep = every, keep
-        self.wal = WriteAheadLog(self.dir, fsync=wal_fsync) if wal else None
-        self._wal_kept: list[int] = []  # wal_next of the checkpoints on disk that this process knows, oldest first
+        self.wal = WriteAheadLog(self.dir, fsync=wal_fsync, segment_bytes=wal_segment_bytes) if wal else None
+        self._wal_kept: list[int] = []  # wal_lsn of the checkpoints on disk that this process knows, oldest first
         self._shard: ShardState | None = None
         self._cond = threading.Condition()
         self._pending: tuple[int, bytes] | None = None
@@ -62,8 +66,8 @@ class Checkpointer:
         found = [(int(m.group(1)), p) for p in self.dir.iterdir() if (m := _NAME.match(p.name))]
         return sorted(found)
 
-    def _write(self, version: int, blob: bytes, wal_next: int = -1, wal_lsn: int = 0) -> Path:
-        if wal_lsn and self.wal is not None:
+    def _write(self, version: int, blob: bytes, wal_lsn: int = -1) -> Path:
+        if wal_lsn > 0 and self.wal is not None:
             # Everything in the snapshot is in the log (older segments) before the checkpoint
             # may replace those segments: the log is always at least as far as any checkpoint.
             self.wal.wait(wal_lsn)
@@ -83,32 +87,31 @@ class Checkpointer:
                 os.close(fd)
             for _, old in self.checkpoints()[: -self.keep]:
                 old.unlink(missing_ok=True)
-            if self.wal is not None and wal_next >= 0:
-                self._wal_kept = (self._wal_kept + [wal_next])[-self.keep:]
+            if self.wal is not None and wal_lsn >= 0:
+                self._wal_kept = (self._wal_kept + [wal_lsn])[-self.keep:]
                 if len(self._wal_kept) == self.keep:  # the oldest kept checkpoint replays from there
-                    self.wal.prune(self._wal_kept[0])
+                    self.wal.recycle(keep_after=self._wal_kept[0])
             log.info("PS checkpoint written: %s (%d bytes)", final, len(blob))
             return final
 
     # ------------------------------------------------------------------ saving
 
-    def snapshot(self, shard: ShardState) -> tuple[int, bytes, int, int]:
-        """(version, encoded state, wal_next, wal_lsn), consistent: serialised while holding every shard
-        lock, and the write-ahead log moves to a new segment at that very point (``wal_lsn``: the last
-        record of the segments before; the checkpoint is written once the log holds it)."""
+    def snapshot(self, shard: ShardState) -> tuple[int, bytes, int]:
+        """(version, encoded state, wal_lsn), consistent: serialised while holding every shard lock;
+        ``wal_lsn`` is the last log record the state includes (-1: no log). No file is touched here
+        (the shard lock is held): the checkpoint is written once the log holds ``wal_lsn``."""
         with shard.locked():
             tree = shard.export_state()
-            wal_next, wal_lsn = -1, 0
+            wal_lsn = -1
             if self.wal is not None and shard.wal is self.wal:
-                wal_lsn = self.wal.appended
-                tree["wal_next"] = wal_next = self.wal.rotate()
-            return shard.version, statecodec.encode(tree), wal_next, wal_lsn
+                tree["wal_lsn"] = wal_lsn = self.wal.appended
+            return shard.version, statecodec.encode(tree), wal_lsn
 
     def save(self, shard: ShardState) -> tuple[Path, int]:
         """Write a checkpoint now (after any background write); returns (path, version)."""
-        version, blob, wal_next, wal_lsn = self.snapshot(shard)
+        version, blob, wal_lsn = self.snapshot(shard)
         self.flush()
-        return self._write(version, blob, wal_next, wal_lsn), version
+        return self._write(version, blob, wal_lsn), version
 
     def attach(self, shard: ShardState) -> None:
         """Checkpoint ``shard`` every ``every`` versions (no-op when every == 0)."""
@@ -133,10 +136,10 @@ class Checkpointer:
         while True:
             with self._cond:
                 self._cond.wait_for(lambda: self._pending is not None)
-                (version, blob, wal_next, wal_lsn), self._pending = self._pending, None
+                (version, blob, wal_lsn), self._pending = self._pending, None
                 self._busy = True
             try:
-                self._write(version, blob, wal_next, wal_lsn)
+                self._write(version, blob, wal_lsn)
             except OSError as exc:  # keep serving; the next checkpoint may succeed
                 log.error("PS checkpoint of version %d failed: %s", version, exc)
             finally:
@@ -159,7 +162,7 @@ class Checkpointer:
         """
         for tmp in self.dir.glob(".version-*.tmp-*") if self.dir.is_dir() else ():
             tmp.unlink(missing_ok=True)  # left by a PS killed mid-write
-        restored, wal_next = None, 0
+        restored, wal_lsn = None, 0
         for version, path in reversed(self.checkpoints()):
             try:
                 tree = statecodec.decode(path.read_bytes())
@@ -168,24 +171,26 @@ class Checkpointer:
                 log.warning("skipping unreadable PS checkpoint %s: %s", path, exc)
                 continue
             log.info("PS %d restored version %d from %s", shard.shard_index, version, path)
-            restored, wal_next = shard.version, int(tree.get("wal_next", -1))
+            restored, wal_lsn = shard.version, int(tree.get("wal_lsn", -1))
             break
         if self.wal is None:
             return restored
-        existing = segments(self.dir)
-        last = existing[-1][0] if existing else -1
-        if restored is None and existing and existing[0][0] != 0:
-            log.error("PS %d: no readable checkpoint, and the write-ahead log does not start at segment 0: "
-                      "not replaying it", shard.shard_index)
-        elif wal_next >= 0 and existing:
-            count, _ = replay(shard, self.dir, start=wal_next)
-            if count:
-                restored = shard.version
-                log.info("PS %d replayed %d write-ahead log record(s): now at version %d",
-                         shard.shard_index, count, shard.version)
+        if wal_lsn >= 0:
+            found = replay(shard, self.dir, after=wal_lsn)
+        else:  # written without a log (or before LSNs): no record can be placed after it
+            old = segments(self.dir)
+            found = Replayed(dropped=old, highest=max((n for n, _ in old), default=-1))
+            if old:
+                log.warning("PS %d: the checkpoint names no write-ahead log position: not replaying the log",
+                            shard.shard_index)
+        if found.count:
+            restored = shard.version
+            log.info("PS %d replayed %d write-ahead log record(s): now at version %d",
+                     shard.shard_index, found.count, shard.version)
         if restored is not None:
-            self._wal_kept = [wal_next]
-        self.wal.open_segment(last + 1)
+            self._wal_kept = [max(wal_lsn, 0)]
+        self.wal.open_segment(found.highest + 1, lsn=found.last_lsn, known=found.known)
+        self.wal.discard(found.dropped)
         shard.wal = self.wal
         if keep_sync is not None and restored is not None and keep_sync != shard.sync:
             shard.configure(sync=keep_sync)

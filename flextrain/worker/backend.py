@@ -114,7 +114,7 @@ class ModelBackend(ABC):
         from now on (``flextrain.worker.buckets``); False: this backend cannot, the trainer reduces
         ``buffers`` after backward (the default). When True, a step goes :meth:`zero`, micro-batches
         (:meth:`arm` before the last one on this rank), :meth:`launch_buckets`, the slots set,
-        :meth:`launch_tail` (its works waited for), then as after :meth:`gathered`."""
+        :meth:`launch_tail` (the collective's works waited for), then as after :meth:`gathered`."""
         return False
 
     def arm(self, launch) -> None:
@@ -125,8 +125,8 @@ class ModelBackend(ABC):
         """After the step's compute (whatever became of it): launch every bucket but the tail."""
         raise NotImplementedError
 
-    def launch_tail(self, launch) -> list:
-        """Launch the tail bucket with the slots; returns every bucket's work, in launch order."""
+    def launch_tail(self, launch) -> None:
+        """Launch the tail bucket with the slots (``launch`` keeps the work: the collective waits for it)."""
         raise NotImplementedError
 
     spoiled: bool = False  # a gradient changed after its bucket left: the step must be re-reduced flat

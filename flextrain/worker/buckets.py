@@ -1,7 +1,7 @@
 """Bucketed, overlapped gradient reduction for PyTorch models (what DDP's reducer does, elastic).
 
 The flat path reduces every gradient in one collective after backward. Here the gradients
-are cut into buckets of about ``FLEXTRAIN_BUCKET_MB`` (25 MB like DDP; the first bucket at
+are cut into buckets of about ``--bucket-mb`` MiB (25 like DDP; the first bucket at
 most 1 MiB, so the wire starts early), in reverse parameter order (the order backward
 produces them) and fixed when the backend is built, so the same on every rank of a module.
 During the LAST micro-step of a step (earlier micro-steps only accumulate into ``p.grad``:
@@ -27,28 +27,17 @@ flag, and every rank re-reduces the step's gradients flat, then goes on flat.
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import torch
 
-# Off (one flat reduction) by default for now: a peer lost with buckets in flight left a survivor's
-# teardown waiting on its pending works for ~10 s in one test run (tests/e2e/test_elastic.py), and the
-# steady-throughput gain is not yet measured (bench/ddp_steady.py). FLEXTRAIN_BUCKET_MB=25 turns it on.
-DEFAULT_BUCKET_MB = 0.0
 FIRST_BUCKET_BYTES = 1 << 20  # like DDP's first bucket: the reduction starts early in backward
-BUCKET_ENV = "FLEXTRAIN_BUCKET_MB"
 
 
-def bucket_bytes() -> int:
-    """Bucket size from ``FLEXTRAIN_BUCKET_MB`` (25 is DDP's ``bucket_cap_mb``; unset or 0, the
-    default for now: no buckets, one flat reduction after backward)."""
-    raw = os.environ.get(BUCKET_ENV, "")
-    try:
-        mb = float(raw) if raw.strip() else DEFAULT_BUCKET_MB
-    except ValueError:
-        raise ValueError(f"{BUCKET_ENV}={raw!r}: expected a number of megabytes (0: one flat reduction)") from None
+def bucket_bytes(mb: float) -> int:
+    """``--bucket-mb`` (``training.bucket_mb``; 25 by default, as DDP's ``bucket_cap_mb``) in bytes;
+    0: no buckets, one flat reduction after backward."""
     return max(0, int(mb * (1 << 20)))
 
 
@@ -57,7 +46,7 @@ class Bucket:
     params: list[int]             # indices into the backend's parameters, reverse order
     tensor: torch.Tensor          # the slice of its dtype's buffer the collective sums (the tail: with the slots)
     missing: int = 0              # parameters not in yet this step
-    work: object | None = field(default=None, repr=False)  # the collective in flight
+    launched: bool = False        # its sum was started (the collective owns the work, not the bucket)
 
 
 def plan_buckets(params: Sequence[torch.Tensor], views: Sequence[torch.Tensor], buffers: Sequence[torch.Tensor],
@@ -93,7 +82,7 @@ def plan_buckets(params: Sequence[torch.Tensor], views: Sequence[torch.Tensor], 
     return out, tail
 
 
-Launch = Callable[[torch.Tensor], object]  # starts an async SUM of a tensor; returns what wait_all waits on
+Launch = Callable[[torch.Tensor], None]  # starts an async SUM of a tensor (Collective.start_sum)
 
 
 class BucketReducer:
@@ -120,7 +109,7 @@ class BucketReducer:
         self.error, self.spoiled = None, False
         self._local = []
         for b in self.buckets:
-            b.missing, b.work = len(b.params), None
+            b.missing, b.launched = len(b.params), False
 
     def arm(self, launch: Launch) -> None:
         """The next backward is the step's last on this rank: its gradients are final as they come."""
@@ -130,7 +119,7 @@ class BucketReducer:
         if self._launch is None:
             return
         bucket = self.buckets[self.bucket_of[i]]
-        if bucket.work is not None:  # its bucket left already: this step cannot be reduced so
+        if bucket.launched:  # its bucket left already: this step cannot be reduced so
             self.spoiled = True
             return
         _copy(self.params[i].grad, self.views[i])
@@ -151,7 +140,8 @@ class BucketReducer:
             bucket = self.buckets[self._next]
             if bucket.missing:
                 return
-            bucket.work = self._launch(bucket.tensor)
+            self._launch(bucket.tensor)
+            bucket.launched = True
             self._next += 1
 
     def launch_rest(self, launch: Launch) -> None:
@@ -161,21 +151,22 @@ class BucketReducer:
         if self.error is not None:
             raise self.error
         for k, bucket in enumerate(self.buckets):
-            if k == self.tail or bucket.work is not None:
+            if k == self.tail or bucket.launched:
                 continue
             self._fill(bucket)
-            bucket.work = launch(bucket.tensor)
+            launch(bucket.tensor)
+            bucket.launched = True
 
-    def launch_tail(self, launch: Launch) -> list:
+    def launch_tail(self, launch: Launch) -> None:
         """Launch the tail (its slots set by now); every parameter's ``grad`` becomes its place in
-        the buffers (reduced once :meth:`works` are waited for). Returns the works, in launch order."""
+        the buffers (reduced once the collective's works are waited for)."""
         tail = self.buckets[self.tail]
         self._fill(tail)
-        tail.work = launch(tail.tensor)
+        launch(tail.tensor)
+        tail.launched = True
         self._local = [p.grad for p in self.params]
         for p, view in zip(self.params, self.views):
             p.grad = view
-        return [b.work for b in self.buckets]
 
     def _fill(self, bucket: Bucket) -> None:
         for i in bucket.params:

@@ -62,6 +62,10 @@ class MasterClient:
             pb.RegisterWorkerRequest(worker_id=self.worker_id, host=socket.gethostname(), pid=pid, probe=probe),
         )
 
+    def park(self, *, pid: int) -> pb.ParkResponse:
+        """A spare's long poll (flextrain/worker/parked.py): TAKEN, STOP, or WAIT (ask again)."""
+        return self._call("Park", pb.ParkRequest(worker_id=self.worker_id, pid=pid), deadline=30.0)
+
     def accelerate(self, *, strategy_json: str = "", search_json: str = "") -> pb.AccelerateResponse:
         """--accelerate auto: ask for the job's strategy, or send the one this worker's search chose."""
         return self._call("Accelerate", pb.AccelerateRequest(worker_id=self.worker_id, strategy_json=strategy_json,

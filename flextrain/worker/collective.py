@@ -7,13 +7,26 @@ with live ones. gloo on CPU; nccl when CUDA is present.
 
 Any failure inside a collective (a peer died, a timeout) surfaces as
 :class:`CollectiveError`: the caller leaves the round and re-joins the
-rendezvous; the process itself carries on. The group is torn down *before*
-the error is raised: closing our connections makes every peer still blocked
-on us fail at once too, instead of waiting out the collective timeout.
+rendezvous; the process itself carries on. The group is left *before* the
+error is raised, and its teardown runs on a thread of its own: gloo's
+destructor waits for its event loop to tick once per connection (10-20 ms
+here), which would otherwise sit between the failure and the worker's join of
+the next round. Tearing it down closes our connections, so every peer still
+blocked on us fails too, instead of waiting out the collective timeout. The
+error is raised with no traceback of the failed call attached (its frames hold
+the group; freeing them must not run the teardown on the training thread).
+
+Asynchronous sums (:meth:`Collective.start_sum`) are owned by the collective,
+never by its callers: a gloo group's connections close only when its last work
+object is gone (``destroy_process_group`` and ``ProcessGroup.abort`` leave them
+open while a work lives), so a work kept anywhere after a failure would leave a
+surviving peer blocked on us until its timeout or a later round. Leaving hands
+the works still in flight to the teardown thread with the group.
 """
 
 from __future__ import annotations
 
+import threading
 from datetime import timedelta
 from typing import Sequence
 
@@ -38,6 +51,7 @@ class Collective:
         self.rank = 0
         self.world_size = 1
         self.backend = "nccl" if torch.cuda.is_available() else "gloo"
+        self._inflight: list = []  # works of start_sum not waited for yet (the only references to them)
 
     def join_round(self, *, host: str, port: int, round_id: int, rank: int, world_size: int) -> None:
         self.leave()
@@ -55,16 +69,30 @@ class Collective:
             dist.init_process_group(self.backend, store=prefix, rank=rank, world_size=world_size,
                                     timeout=min(self.timeout, FORM_TIMEOUT))
             _set_pg_timeout(self.timeout, None)  # a step may legitimately wait on a slow peer that long
+            return
         except Exception as exc:  # a member died while the group formed
-            self.leave()
-            raise CollectiveError(f"forming round {round_id} failed: {exc}") from exc
+            error = f"forming round {round_id} failed: {exc}"
+        self._failed(error)
 
     def leave(self) -> None:
+        """Leave the round's group (if any); its teardown finishes in the background, with the works
+        of :meth:`start_sum` still in flight (the group's connections close once none is left)."""
+        works, self._inflight = self._inflight, []
         if dist.is_initialized():
+            # the only references left once destroyed: the group and its works
+            box = [dist.distributed_c10d._get_default_group(), *works]
+            works.clear()  # a failed wait_all's frame may still name this list
             try:
                 dist.destroy_process_group()
             except Exception:  # a broken group may fail to tear down; it is dropped either way
                 pass
+            _drop_in_background(box)
+
+    def _failed(self, what: str) -> None:
+        """Leave the broken round and raise :class:`CollectiveError` (called outside the ``except``
+        block that caught the failure, so the failed call's frames are already freed)."""
+        self.leave()
+        raise CollectiveError(what)
 
     def all_reduce_sum(self, tensors: torch.Tensor | Sequence[torch.Tensor]) -> None:
         """Sum ``tensors`` (one, or several of any dtypes gloo sums: float64/32, bfloat16, float16,
@@ -80,28 +108,33 @@ class Collective:
             else:
                 for work in [dist.all_reduce(t, op=dist.ReduceOp.SUM, async_op=True) for t in tensors]:
                     work.wait()
+            return
         except Exception as exc:
-            self.leave()
-            raise CollectiveError(f"all_reduce in round {self.round_id} failed: {exc}") from exc
+            error = f"all_reduce in round {self.round_id} failed: {exc}"
+        self._failed(error)
 
-    def start_sum(self, tensor: torch.Tensor):
-        """Start summing ``tensor`` across the round, in place, asynchronously; returns the work
-        for :meth:`wait_all`. Every rank must start the same sums in the same order."""
+    def start_sum(self, tensor: torch.Tensor) -> None:
+        """Start summing ``tensor`` across the round, in place, asynchronously; :meth:`wait_all`
+        waits for it. Every rank must start the same sums in the same order."""
         try:
-            return dist.all_reduce(tensor, op=dist.ReduceOp.SUM, async_op=True)
+            self._inflight.append(dist.all_reduce(tensor, op=dist.ReduceOp.SUM, async_op=True))
+            return
         except Exception as exc:
-            self.leave()
-            raise CollectiveError(f"all_reduce in round {self.round_id} failed: {exc}") from exc
+            error = f"all_reduce in round {self.round_id} failed: {exc}"
+        self._failed(error)
 
-    def wait_all(self, works) -> None:
-        """Wait for works of :meth:`start_sum`, in order; a failure of any (a peer died with them
-        in flight) tears the group down and raises :class:`CollectiveError`."""
+    def wait_all(self) -> None:
+        """Wait for every sum started, in order; a failure of any (a peer died with them in flight)
+        tears the group down with the rest of them and raises :class:`CollectiveError`."""
+        works = self._inflight
         try:
-            for work in works:
-                work.wait()
+            while works:
+                works[0].wait()
+                works.pop(0)
+            return
         except Exception as exc:
-            self.leave()
-            raise CollectiveError(f"all_reduce in round {self.round_id} failed: {exc}") from exc
+            error = f"all_reduce in round {self.round_id} failed: {exc}"
+        self._failed(error)  # leave() takes what is left of works (the failed one too) to the teardown
 
     def broadcast_bytes(self, data: bytes | None, *, src: int = 0) -> bytes:
         """Rank ``src`` sends ``data``; every rank returns it."""
@@ -115,7 +148,15 @@ class Collective:
             else:
                 buf = torch.empty(int(size.item()), dtype=torch.uint8)
             dist.broadcast(buf, src=src)
+            return data if self.rank == src else buf.numpy().tobytes()
         except Exception as exc:
-            self.leave()
-            raise CollectiveError(f"broadcast in round {self.round_id} failed: {exc}") from exc
-        return data if self.rank == src else buf.numpy().tobytes()
+            error = f"broadcast in round {self.round_id} failed: {exc}"
+        self._failed(error)
+
+
+def _drop_in_background(box: list) -> None:
+    """Drop the last reference to the group in ``box`` on a thread of its own: gloo's teardown
+    (closing the connections, each waiting for a tick of its event loop) runs there, off the
+    training thread (the destructor does not hold the GIL while it waits). Not a daemon: the
+    interpreter's exit waits for it (killed mid-destructor, gloo aborts the process)."""
+    threading.Thread(target=box.clear, name="flextrain-group-teardown").start()

@@ -28,13 +28,14 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
+import time
 from pathlib import Path
+from typing import Callable
 
 import grpc
 
-from flextrain.durable import fsync_dir
+from flextrain.durable import write_atomic
 from flextrain.elastic.flash import FlashStore
 from flextrain.elastic.statecodec import decode, nonfinite
 from flextrain.proto import flextrain_pb2 as pb
@@ -59,20 +60,26 @@ class FlashCheckpointer:
         self._closing = False
         self._thread: threading.Thread | None = None
         self.taken = self.persisted = self.dropped = 0
+        # What snapshots cost: the training thread's seconds (encode, copy, mark, waiting for the answer)
+        # and the writer thread's CPU seconds; logged as JSON by close() (bench/flash_checkpoint.py reads it).
+        self.training_s = self.writer_cpu_s = 0.0
 
     def due(self, version: int) -> bool:
         return self.every > 0 and version > 0 and version % self.every == 0
 
     # ---- the training thread ----------------------------------------------------
-    def snapshot(self, blob: bytes, position: pb.Position) -> None:
-        """Copy ``blob`` (the encoded state at ``position``) into shared memory and mark it."""
+    def snapshot(self, encode: Callable[[], bytes], position: pb.Position) -> None:
+        """Copy the state at ``position`` (``encode()``'s bytes) into shared memory and mark it."""
         self.settle()
+        t0 = time.perf_counter()
+        blob = encode()
         version = position.version
         self.store.put_state(version, blob)
         self._mark = (version, blob, pb.Position(round_id=position.round_id, task_index=position.task_index,
                                                  steps_done=position.steps_done, version=version),
                       self.client.mark_snapshot(position))
         self.taken += 1
+        self.training_s += time.perf_counter() - t0
 
     def settle(self) -> None:
         """Wait for the pending mark's answer (see the module docstring) and pass the snapshot on."""
@@ -80,11 +87,13 @@ class FlashCheckpointer:
             return
         version, blob, position, future = self._mark
         self._mark = None
+        t0 = time.perf_counter()
         try:
             ledger_json = future.result().ledger_json
         except grpc.RpcError as exc:  # e.g. the master restarting: the next snapshot is marked anew
             log.warning("in-memory checkpoint of step %d not persisted: its mark failed (%s)", version, exc.code())
             ledger_json = ""
+        self.training_s += time.perf_counter() - t0
         if not ledger_json:
             self.dropped += 1
             self.store.state_path(version).unlink(missing_ok=True)  # never usable without its ledger
@@ -116,6 +125,11 @@ class FlashCheckpointer:
             self._cond.notify_all()
         if self._thread is not None:
             self._thread.join()
+        if self.taken:
+            log.info("in-memory checkpoints: %s", json.dumps({
+                "taken": self.taken, "persisted": self.persisted, "dropped": self.dropped,
+                "training_ms_each": round(self.training_s / self.taken * 1e3, 4),
+                "writer_cpu_ms_each": round(self.writer_cpu_s / self.taken * 1e3, 4)}))
 
     # ---- the writer thread ------------------------------------------------------
     def _run(self) -> None:
@@ -127,11 +141,13 @@ class FlashCheckpointer:
                     return
                 job, self._queued = self._queued, None
                 self._busy = True
+            cpu0 = time.thread_time()
             try:
                 self._persist(*job)
             except Exception as exc:  # noqa: BLE001 - a full disk, the master gone: the next snapshot tries again
                 log.error("in-memory checkpoint of step %d not persisted: %s", job[0], exc)
             finally:
+                self.writer_cpu_s += time.thread_time() - cpu0
                 with self._cond:
                     self._busy = False
                     self._cond.notify_all()
@@ -144,17 +160,7 @@ class FlashCheckpointer:
         self.store.put_ledger(version, blob, ledger=json.loads(ledger_json), position=_position(position))
         self.checkpoints.mkdir(parents=True, exist_ok=True)
         path = self.checkpoints / f"ckpt-{version:09d}.ckpt"
-        tmp = path.with_name(f".{path.name}.flash-{os.getpid()}.tmp")
-        try:
-            with open(tmp, "wb") as f:
-                f.write(blob)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
-        fsync_dir(self.checkpoints)
+        write_atomic(path, blob)
         self.client.report_checkpoint(str(path), position, final=False, ledger_json=ledger_json)
         self.persisted += 1
 

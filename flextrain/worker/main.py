@@ -29,6 +29,7 @@ from flextrain.worker.evaluation import evaluate_task
 from flextrain.worker.frameworks import make_predictor
 from flextrain.worker.failure import failure_of, log_failure, one_line
 from flextrain.worker.module import Framework, load_model_def
+from flextrain.worker.parked import park
 from flextrain.worker.prediction import load_outputs_processor, predict_task
 from flextrain.worker.ps_trainer import PSTrainer
 from flextrain.worker.script_agent import run_agent
@@ -89,7 +90,7 @@ class _Doing:
         return self.state.version if self.state else 0
 
 
-def run_worker(master: str, worker_id: str) -> int:
+def run_worker(master: str, worker_id: str, *, spare: bool = False) -> int:
     """Run a worker; returns its exit code (flextrain.failures.ExitCode).
 
     Whatever ends the worker other than the master's say-so is reported to the master before
@@ -100,7 +101,7 @@ def run_worker(master: str, worker_id: str) -> int:
     client = MasterClient(master, worker_id)
     doing = _Doing()
     try:
-        return _run_worker(client, worker_id, doing)
+        return _run_worker(client, worker_id, doing, spare=spare)
     except MasterUnreachable as exc:
         log.error("%s", exc)
         return ExitCode.MASTER_LOST
@@ -116,7 +117,7 @@ def run_worker(master: str, worker_id: str) -> int:
         return failure.exit_code
 
 
-def _run_worker(client: MasterClient, worker_id: str, doing: _Doing) -> int:
+def _run_worker(client: MasterClient, worker_id: str, doing: _Doing, *, spare: bool = False) -> int:
     master = client.address
     threads = int(os.environ.get("FLEXTRAIN_NUM_THREADS", "0"))
     if threads > 0:
@@ -175,6 +176,11 @@ def _run_worker(client: MasterClient, worker_id: str, doing: _Doing) -> int:
             collective=collective, state=state, compute=accelerated,
             evaluate=lambda version: _evaluate(spec, client, model_def, predictor, state, version,
                                                position=state.position(), batch=eval_batch))
+    if spare:  # ready, but a spare: only a scale-up or a replacement lets it in
+        doing.stage = "parked as a spare"
+        if not park(client):
+            return 0
+        doing.stage = "starting"
     # Ready: only now may the master end the running round to let us in.
     client.register(pid=os.getpid(), probe=probe)
     log.info("%s registered with master %s (pid %d)", worker_id, master, os.getpid())

@@ -151,10 +151,9 @@ class TorchBackend(ModelBackend):
     def launch_buckets(self, launch: Launch) -> None:
         self.reducer.launch_rest(launch)
 
-    def launch_tail(self, launch: Launch) -> list:
-        works = self.reducer.launch_tail(launch)
-        self._gathered = True  # once the works are waited for
-        return works
+    def launch_tail(self, launch: Launch) -> None:
+        self.reducer.launch_tail(launch)
+        self._gathered = True  # once the collective's works are waited for
 
     @property
     def spoiled(self) -> bool:

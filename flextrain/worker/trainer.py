@@ -27,7 +27,7 @@ with control slots that ride along in the same all-reduce:
 * ``REDO`` - some member's bucket left before its gradient was final (see below): every
   member sums the step's gradients again, flat, and reduces flat from then on.
 
-Overlapped reduction (PyTorch; ``flextrain.worker.buckets``): unless ``FLEXTRAIN_BUCKET_MB=0``,
+Overlapped reduction (PyTorch; ``flextrain.worker.buckets``): unless ``--bucket-mb 0``,
 the gradients are summed in buckets launched asynchronously from autograd hooks while the
 LAST micro-step's backward runs (earlier micro-steps only accumulate), every rank in the same
 bucket order; the control slots ride with the last (tail) bucket, launched after backward
@@ -40,13 +40,12 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import time
 from pathlib import Path
 
 import grpc
 
-from flextrain.durable import fsync_dir
+from flextrain.durable import write_atomic
 from flextrain.elastic.flash import FlashStore, flash_dir
 from flextrain.elastic.planner import plan_step
 from flextrain.elastic.schedule import lr_factor
@@ -96,7 +95,7 @@ class AllReduceTrainer:
         self.backend = make_backend(model_def=model_def, model=model, optimizer=optimizer, extra=_CONTROL_SLOTS,
                                     keep_lr=self.spec.training.learning_rate is not None, compute=compute)
         self.control = self.backend.slots  # END_ROUND, FAILED, STOP, ...: the end of backend.buffers[0]
-        cap = bucket_bytes()  # FLEXTRAIN_BUCKET_MB; 0: one flat reduction after backward
+        cap = bucket_bytes(spec.training.bucket_mb)  # 0: one flat reduction after backward
         self.overlap = cap > 0 and self.backend.overlap(cap)  # buckets reduced during backward
         self.loader = StepLoader(self._load_span, background=read_ahead_wanted())
         # The next task, asked for during the current task's last step: (task index, future).
@@ -293,7 +292,7 @@ class AllReduceTrainer:
                 self.checkpoint()
             elif self.collective.rank == 0 and self.flash is not None and control[FAILED] == 0 \
                     and self.flash.due(self.state.version):
-                self.flash.snapshot(self.state_blob(), self.state.position())  # the copy; the rest in the background
+                self.flash.snapshot(self.state_blob, self.state.position())  # the copy; the rest in the background
             evaluation = self.spec.training.evaluation_steps
             if self.evaluate and evaluation and control[FAILED] == 0 and self.state.version % evaluation == 0:
                 # Every member holds this same model (lockstep): all take part, even when the
@@ -312,10 +311,10 @@ class AllReduceTrainer:
         self.backend.launch_buckets(start)
         if self.backend.spoiled:
             self.control[REDO] = 1.0
-        works = self.backend.launch_tail(start)
+        self.backend.launch_tail(start)
         if self.adascale is not None:  # its statistic, set by adascale.reduced()
-            works.append(start(self.adascale.stats))
-        self.collective.wait_all(works)
+            start(self.adascale.stats)
+        self.collective.wait_all()
         if self.control[REDO] > 0:  # the same on every rank: all sum again, flat, and stay flat
             self.collective.all_reduce_sum(self.backend.redo_flat())
             self.overlap = False
@@ -365,18 +364,11 @@ class AllReduceTrainer:
         if bad := nonfinite(tree["model"]):
             raise NonFiniteError(f"the model after step {self.state.version} has non-finite weights "
                                  f"({'; '.join(bad)}); {path.name} was not written")
-        tmp = path.with_name(f".{path.name}.tmp")
         try:
-            with open(tmp, "wb") as f:
-                f.write(encode(tree))
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)  # a reader never sees half a checkpoint
+            write_atomic(path, encode(tree))  # a reader never sees half a checkpoint
         except OSError as exc:  # e.g. a full disk: no temp file left, the previous checkpoint stays the latest
-            tmp.unlink(missing_ok=True)
             raise CheckpointWriteError(f"cannot write checkpoint {path}: {exc.strerror or exc}; the previous "
                                        "checkpoint is kept") from exc
-        fsync_dir(directory)
         self.client.report_checkpoint(str(path), self.state.position(), final=final, stop=stop)
         return path
 

@@ -67,6 +67,10 @@ NON_NEGATIVE = "must be an integer >= 0, got"
     (["--lr", "nan"], f"--lr {POSITIVE_FINITE} nan"),
     (["--lr", "-0.1"], f"--lr {POSITIVE_FINITE} -0.1"),
     (["--seed", "-1"], "--seed must be an integer from 0 to 2**63-1, got -1"),
+    (["--bucket-mb", "-1"], "--bucket-mb must be a number of MiB >= 0 (0: one flat reduction after backward), "
+                            "got -1.0"),
+    (["--bucket-mb", "inf"], "--bucket-mb must be a number of MiB >= 0 (0: one flat reduction after backward), "
+                             "got inf"),
     # relations blame the flags that were given
     (["--workers", "3", "--max-workers", "2"], "--workers (3) is greater than --max-workers (2)"),
     (["--min-workers", "2"], "--min-workers (2) is greater than --workers (1)"),

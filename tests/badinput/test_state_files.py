@@ -20,10 +20,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from flextrain import durable
 from flextrain.data import Shard
 from flextrain.elastic import statecodec
 from flextrain.elastic.statecodec import StateCodecError, decode, encode
-from flextrain.master import checkpoints as ckmod
 from flextrain.master import ps_tasks
 from flextrain.master.checkpoints import (CheckpointError, CheckpointStore, StateFileError, StateWriteError,
                                           read_json_checked, write_json_atomic)
@@ -76,7 +76,8 @@ def test_json_files_carry_a_checksum_and_a_changed_one_is_named(tmp_path):
 
 
 class _NoSpace:
-    """The ``os`` module as seen by flextrain.master.checkpoints, with a disk that fills up mid-write."""
+    """The ``os`` module as seen by flextrain.durable (every atomic state write), with a disk that fills up
+    mid-write."""
 
     def __getattr__(self, name):
         return getattr(os, name)
@@ -91,7 +92,7 @@ def test_a_full_disk_leaves_no_temp_file_and_keeps_the_old_file(tmp_path, monkey
     path = tmp_path / "latest.json"
     write_json_atomic(path, {"version": 1}, checksum=True)
     before = path.read_bytes()
-    monkeypatch.setattr(ckmod, "os", _NoSpace())
+    monkeypatch.setattr(durable, "os", _NoSpace())
     with pytest.raises(StateWriteError, match=re.escape(f"cannot write {path}: No space left on device")) as info:
         write_json_atomic(path, {"version": 2}, checksum=True)
     assert info.value.errno == errno.ENOSPC and "the previous file is kept" in str(info.value)
@@ -223,7 +224,7 @@ def test_a_full_disk_at_a_checkpoint_fails_the_job_keeping_the_last_good_one(tmp
         path = store.directory / f"ckpt-{version:09d}.ckpt"
         path.write_bytes(encode({"model": {}, "version": version}))
         if version == 4:
-            monkeypatch.setattr(ckmod, "os", _NoSpace())
+            monkeypatch.setattr(durable, "os", _NoSpace())
         master.report_checkpoint(pb.ReportCheckpointRequest(worker_id="A", path=str(path),
                                                             position=pb.Position(round_id=0, version=version)))
     assert master.phase is Phase.FAILED
@@ -239,26 +240,10 @@ def test_a_full_disk_at_a_checkpoint_fails_the_job_keeping_the_last_good_one(tmp
 def test_a_full_disk_at_a_worker_checkpoint_is_a_clear_failure(tmp_path, monkeypatch):
     from flextrain.worker import trainer
 
-    real_open = open
-
-    class FullDisk:  # open() as the trainer sees it: the disk fills up during the write
-        def __init__(self, path, mode):
-            self.file = real_open(path, mode)
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            self.file.close()
-
-        def write(self, data):
-            self.file.write(data[:5])
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-
     directory = tmp_path / "checkpoints"
     directory.mkdir()
     (directory / "ckpt-000000002.ckpt").write_bytes(encode(_state()))
-    monkeypatch.setattr(trainer, "open", FullDisk, raising=False)
+    monkeypatch.setattr(durable, "os", _NoSpace())
     me = SimpleNamespace(spec=SimpleNamespace(job_dir=str(tmp_path)), state=SimpleNamespace(version=3),
                          backend=SimpleNamespace(state=lambda: {"model": {"w": torch.ones(2)}}), client=None,
                          adascale=None, flash=None)

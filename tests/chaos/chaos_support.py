@@ -16,18 +16,10 @@ import subprocess
 import time
 from pathlib import Path
 
-from ft_helpers import flextrain_cmd, read_status, run_flextrain, wait_for
+from ft_helpers import alive, flextrain_cmd, read_status, run_flextrain, wait_for
 
 TIMEOUT = 120  # seconds any one event may wait for its state: a hang, not a threshold
 RECORDS = 512  # training records of the counting models: 16 steps of G=32 per epoch
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def pids_with(*needles: str) -> dict[int, list[str]]:

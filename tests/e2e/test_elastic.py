@@ -18,8 +18,8 @@ import torch
 
 from flextrain.elastic.statecodec import decode
 from flextrain.worker.module import FeedMetadata
-from ft_helpers import (COUNTING_MODEL, counting_data, flextrain_cmd, read_status, run_flextrain,
-                        seen_counts, wait_for)
+from ft_helpers import (COUNTING_MODEL, alive, assert_exactly_once_at_latest_checkpoint, counting_data, flextrain_cmd,
+                        read_status, run_flextrain, seen_counts, wait_for)
 
 pytestmark = pytest.mark.e2e
 
@@ -42,14 +42,6 @@ def status(job_dir):
 def last_round(job_dir):
     s = status(job_dir)
     return s["roundHistory"][-1] if s and s["roundHistory"] and s["phase"] == "Running" else None
-
-
-def alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def finish(proc, timeout=300):
@@ -122,36 +114,6 @@ def test_kill_one_of_three_survivors_continue_in_process_then_a_new_worker_joins
     assert validation_accuracy(job_dir, digits_data) > 0.90
 
 
-def applied_at_checkpoint(job_dir):
-    """Per-record counts of the latest checkpoint and the records its ledger still owes."""
-    meta = json.loads((job_dir / "checkpoints" / "latest.json").read_text())
-    seen, version = seen_counts(job_dir, os.path.basename(meta["checkpoint"]))
-    ledger = json.loads((job_dir / "checkpoints" / meta["ledger"]).read_text())
-    return seen, version, ledger
-
-
-def assert_exactly_once_at_latest_checkpoint(job_dir):
-    """The model saw `version` full steps of G records; every record was applied
-    `epoch` or `epoch + 1` times, and the ones applied only `epoch` times are
-    exactly the ones the ledger saved with that checkpoint still owes."""
-    seen, version, ledger = applied_at_checkpoint(job_dir)
-    assert int(seen.sum().item()) == version * G
-    epoch, done_in_epoch = divmod(version * G, 1408)
-    assert ledger["records_done"] == version * G
-    if ledger["epoch"] == epoch - 1 and done_in_epoch == 0:
-        # stopped exactly at an epoch boundary: the next epoch is not cut yet, all of it is owed
-        assert not any(t["epoch"] == ledger["epoch"] for t in ledger["todo"])
-        owed = set(range(1408))
-    else:
-        assert ledger["epoch"] == epoch
-        owed = {i for t in ledger["todo"] if t["epoch"] == epoch for i in range(t["start"], t["end"])}
-    assert len(owed) == 1408 - done_in_epoch
-    counts = seen.tolist()
-    assert {i for i, c in enumerate(counts) if c == epoch} == owed
-    assert all(c == epoch + 1 for i, c in enumerate(counts) if i not in owed)
-    return seen, version
-
-
 def test_exactly_once_across_many_kills_joins_and_scaling(digits_data, tmp_path):
     data = counting_data(digits_data, tmp_path / "data")
     job_dir = tmp_path / "job"
@@ -198,6 +160,18 @@ def test_exactly_once_across_many_kills_joins_and_scaling(digits_data, tmp_path)
     assert_exactly_once_at_latest_checkpoint(job_dir)
 
 
+def finish_after_trigger(proc, job_dir, trigger):
+    """Touch ``trigger`` once the job has trained a little; the job must then succeed: its final status."""
+    try:
+        wait_for(lambda: (s := status(job_dir)) and s["step"] > 20, timeout=120, what="training progress")
+        trigger.touch()
+        code, err = finish(proc)
+    finally:
+        proc.kill()
+    assert code == 0, err
+    return read_status(job_dir)
+
+
 def test_hung_worker_is_replaced_and_its_task_recovered(digits_data, tmp_path):
     data = counting_data(digits_data, tmp_path / "data")
     job_dir = tmp_path / "job"
@@ -206,16 +180,29 @@ def test_hung_worker_is_replaced_and_its_task_recovered(digits_data, tmp_path):
     proc = start_job(data, digits_data, job_dir, "--workers", "3", "--epochs", str(epochs),
                      "--worker-timeout", "3", "--min-workers", "2", "--max-workers", "3",
                      env={"FT_HANG_WORKER": "worker-1", "FT_HANG_FILE": str(trigger)})
-    try:
-        wait_for(lambda: (s := status(job_dir)) and s["step"] > 20, timeout=120, what="training progress")
-        trigger.touch()  # worker-1 now blocks inside feed, its heartbeat thread still alive
-        code, err = finish(proc)
-    finally:
-        proc.kill()
-    assert code == 0, err
-    final = read_status(job_dir)
+    final = finish_after_trigger(proc, job_dir, trigger)  # worker-1 then blocks inside feed, heartbeats alive
     assert any("worker-1 hangs" in e for e in final["events"]), final["events"]
     assert any(m["id"] == "worker-3" for r in final["roundHistory"] for m in r["members"])  # its replacement
+    seen, _ = seen_counts(job_dir)
+    assert seen.min().item() == seen.max().item() == epochs
+
+
+def test_a_peer_lost_with_buckets_in_flight_replays_the_step_exactly_once(digits_data, tmp_path):
+    """Tiny buckets (--bucket-mb 0.001: one a parameter); worker-1 exits inside a backward once every
+    bucket but the tail is in flight (the counting model's FT_EXIT_* hook). The survivors' sums fail,
+    they re-form, nothing of that step is applied, and every record is still trained once per epoch."""
+    data = counting_data(digits_data, tmp_path / "data")
+    job_dir = tmp_path / "job"
+    trigger = tmp_path / "exit-now"
+    epochs = 3
+    proc = start_job(data, digits_data, job_dir, "--workers", "3", "--min-workers", "2", "--max-workers", "3",
+                     "--epochs", str(epochs), "--max-micro-batch", "32", "--bucket-mb", "0.001",
+                     env={"FT_EXIT_WORKER": "worker-1", "FT_EXIT_FILE": str(trigger)})
+    final = finish_after_trigger(proc, job_dir, trigger)
+    assert any("worker-1 exited with code 17" in e for e in final["events"]), final["events"]
+    survivors = [m["id"] for m in final["roundHistory"][0]["members"] if m["id"] != "worker-1"]
+    for worker in survivors:  # both were inside the step's sums when the peer went
+        assert "all_reduce in round 0 failed" in (job_dir / "logs" / f"{worker}.log").read_text(), worker
     seen, _ = seen_counts(job_dir)
     assert seen.min().item() == seen.max().item() == epochs
 

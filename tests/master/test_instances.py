@@ -3,30 +3,7 @@
 from __future__ import annotations
 
 from flextrain.master.instances import InstanceManager
-from flextrain.master.launcher import LaunchBackend
-
-
-class Backend(LaunchBackend):
-    def __init__(self) -> None:
-        super().__init__()
-        self.live: set[str] = set()
-        self.terminated: list[str] = []
-
-    def launch(self, spec) -> None:
-        self.live.add(spec.instance_id)
-
-    def terminate(self, instance_id: str, *, force: bool = False) -> None:
-        self.terminated.append(instance_id)
-
-    def running(self) -> set[str]:
-        return set(self.live)
-
-    def close(self, *, grace: float = 5.0) -> None:
-        pass
-
-    def exit(self, instance_id: str, code: int) -> None:
-        self.live.discard(instance_id)
-        self._on_exit(instance_id, code)
+from ft_helpers import FakeBackend as Backend
 
 
 def manager(backend, desired, retired):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from flextrain.ps.main import start_ps
+from flextrain.ps.walfiles import frame, read_records
 from flextrain.protocol.shard import dense_owner
 from flextrain.worker.ps_client import PSClient
 
@@ -142,18 +143,30 @@ def test_a_torn_log_record_is_dropped_and_the_rest_replayed(tmp_path, start_clus
     for k in range(3):  # checkpoint at 2, then version 3 in the log
         assert c.push({"w": torch.ones(4)}, step=(k, 0, 1)).applied
     h.checkpointer.flush(5)
+    number, lsn = h.shard.wal.number, h.shard.wal.appended
     h.stop(grace=0.2, checkpoint=False)
-    segment = max((tmp_path / "ck" / "ps-0").glob("wal-*.log"), key=lambda p: int(p.stem[4:]))
-    size = segment.stat().st_size
-    with open(segment, "ab") as f:  # a record cut off by the kill
-        f.write(b"\x40\x00\x00\x00\x01\x02\x03")
+    segment = tmp_path / "ck" / "ps-0" / f"wal-{number}.log"
+    _, good = read_records(segment)
+    prefix = b"\x04\x40\x00\x00\x00" + b"{" * 0x40  # a PUSH record's start: the kill cut it off here
+    with open(segment, "r+b") as f:
+        f.seek(good)
+        f.write(frame(lsn + 1, number, prefix, [b"\x01" * 64]) + prefix[:7])
     h2 = start_ps(shard_index=0, num_ps=1, host="127.0.0.1", **settings)
     try:
         assert h2.shard.version == 3
-        assert segment.stat().st_size == size
+        assert read_records(segment)[1] == good  # the torn record is not part of the log
         torch.testing.assert_close(h2.shard.dense.params.views["w"], torch.full((4,), -3.0))
+        c2 = PSClient([h2.address], give_up=5, deadline=10, client_id="again")
+        assert c2.push({"w": torch.ones(4)}, step=(3, 0, 1)).applied  # logged after the torn record's LSN
+        c2.close()
     finally:
         h2.stop(grace=0.2, checkpoint=False)
+    h3 = start_ps(shard_index=0, num_ps=1, host="127.0.0.1", **settings)
+    try:  # the log goes on past the segment with the torn record: version 4 comes back
+        assert h3.shard.version == 4
+        torch.testing.assert_close(h3.shard.dense.params.views["w"], torch.full((4,), -4.0))
+    finally:
+        h3.stop(grace=0.2, checkpoint=False)
 
 
 def test_a_durable_ps_holding_no_dense_parameter_serves_and_restores(tmp_path, start_cluster):
@@ -178,7 +191,7 @@ def test_a_durable_ps_holding_no_dense_parameter_serves_and_restores(tmp_path, s
 
 def test_a_log_record_with_a_damaged_payload_ends_the_segment(tmp_path):
     from flextrain.ps.dense import Spec
-    from flextrain.ps.wal import WriteAheadLog, read_records
+    from flextrain.ps.wal import WriteAheadLog
 
     wal = WriteAheadLog(tmp_path)
     wal.open_segment(0)
@@ -187,9 +200,9 @@ def test_a_log_record_with_a_damaged_payload_ends_the_segment(tmp_path):
     wal.close()
     path = tmp_path / "wal-0.log"
     records, good = read_records(path)
-    assert [r[1]["specs"][0][2] for r in records] == [[3], [5]] and good == path.stat().st_size
+    assert [r[1]["specs"][0][2] for r in records] == [[3], [5]]
     data = bytearray(path.read_bytes())
-    data[-3] ^= 0xFF  # a byte of the second record's gradient bytes
+    data[good - 3] ^= 0xFF  # a byte of the second record's gradient bytes
     path.write_bytes(bytes(data))
-    records, good = read_records(path)
-    assert len(records) == 1 and good < len(data)  # the damaged record and what follows are not replayed
+    records, shorter = read_records(path)
+    assert len(records) == 1 and shorter < good  # the damaged record and what follows are not replayed

@@ -20,7 +20,8 @@ from flextrain.ps.main import start_ps
 from flextrain.ps.server import PSServicer, start_server
 from flextrain.ps.state import ShardState, SyncSettings
 from flextrain.ps.optimizers import make_optimizer
-from flextrain.ps.wal import PUSH, SegmentFile, WriteAheadLog, read_records
+from flextrain.ps.wal import PUSH, WriteAheadLog
+from flextrain.ps.walfiles import SegmentFile, read_records
 from flextrain.worker.ps_client import PSClient
 
 WAIT = 20  # seconds: a bound on waits that should end at once, never a stand-in for an event

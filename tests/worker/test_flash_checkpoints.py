@@ -63,8 +63,8 @@ def test_snapshots_are_the_model_and_persist_with_their_exact_ledger(job):
     models: dict[int, dict] = {}
     take = flash.snapshot
 
-    def snapshot(blob, position):
-        take(blob, position)
+    def snapshot(encode, position):
+        take(encode, position)
         version = position.version
         models[version] = {k: v.detach().clone() for k, v in model.state_dict().items()}
         in_memory = decode(flash.store.state_path(version).read_bytes())

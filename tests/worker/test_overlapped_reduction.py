@@ -31,8 +31,7 @@ SAFETY = 120  # seconds: only a hang ever reaches it
 CASES = [(32, 16, 96), (50, 8, 150), (32, 4, 88)]
 
 
-def _trainer(tmp: Path, source: str, *, bucket_mb: str, G: int, M: int, timeout: float = 30.0):
-    os.environ["FLEXTRAIN_BUCKET_MB"] = bucket_mb
+def _trainer(tmp: Path, source: str, *, bucket_mb: float, G: int, M: int, timeout: float = 30.0):
     from flextrain.job import JobSpec
     from flextrain.worker.collective import Collective
     from flextrain.worker.module import load_model_def
@@ -41,7 +40,7 @@ def _trainer(tmp: Path, source: str, *, bucket_mb: str, G: int, M: int, timeout:
     from ft_helpers import FakeMaster
 
     spec = JobSpec.of(name="j", model_def=DIGITS, training_data=source, job_dir=str(tmp / "job"),
-                      global_batch_size=G).validate()
+                      global_batch_size=G, bucket_mb=bucket_mb).validate()
     model_def = load_model_def(DIGITS)
     torch.manual_seed(0)  # the same initial model on every rank and in every mode
     model = model_def.build_model()
@@ -64,22 +63,28 @@ def _params(trainer) -> list:
     return [p.detach().clone().numpy() for p in trainer.model.parameters()]
 
 
-def _rank_main(rank: int, port: int, tmp: str, source: str, scenario: str, out: mp.Queue) -> None:
-    """One rank of ``scenario``; puts ``(rank, result)`` on ``out``."""
+_HELD: list = []  # what a scenario keeps alive after its result is out, until the test releases it
+
+
+def _rank_main(rank: int, port: int, tmp: str, source: str, scenario: str, out: mp.Queue, release) -> None:
+    """One rank of ``scenario``; puts ``(rank, result)`` on ``out``, then keeps what the scenario
+    put in ``_HELD`` until ``release`` is set."""
     try:
         torch.set_num_threads(1)
         out.put((rank, SCENARIOS[scenario](rank, port, Path(tmp), source)))
     except BaseException:
         out.put((rank, {"error": traceback.format_exc()}))
+    if _HELD:
+        release.wait(SAFETY)
 
 
 def _equivalence(rank, port, tmp, source):
-    """Every case, flat (FLEXTRAIN_BUCKET_MB=0) then bucketed (tiny buckets: one per parameter,
+    """Every case, flat (--bucket-mb 0) then bucketed (tiny buckets: one per parameter,
     several of them launched from hooks), each in a round of its own."""
     result = {}
     round_id = 0
     for G, M, records in CASES:
-        for mode, mb in (("flat", "0"), ("bucketed", "0.001")):
+        for mode, mb in (("flat", 0), ("bucketed", 0.001)):
             trainer = _trainer(tmp, source, bucket_mb=mb, G=G, M=M)
             assert trainer.overlap == (mode == "bucketed")
             if mode == "bucketed":
@@ -112,7 +117,7 @@ def _failing_compute(rank, port, tmp, source):
     """Rank 1's compute fails in the middle of step 3's backward, its buckets partly launched:
     both ranks skip that step and the rest of the task, nothing hangs, both end alike."""
     result = {}
-    for round_id, (mode, mb) in enumerate((("flat", "0"), ("bucketed", "0.001")), start=10):
+    for round_id, (mode, mb) in enumerate((("flat", 0), ("bucketed", 0.001)), start=10):
         trainer = _trainer(tmp, source, bucket_mb=mb, G=32, M=16)
         if rank == 1:
             def fail():
@@ -134,7 +139,7 @@ def _killed_peer(rank, port, tmp, source):
     CollectiveError, not a hang, and nothing of step 2 is applied."""
     from flextrain.worker.collective import CollectiveError
 
-    trainer = _trainer(tmp, source, bucket_mb="0.001", G=32, M=16)
+    trainer = _trainer(tmp, source, bucket_mb=0.001, G=32, M=16)
     if rank == 1:
         _raise_in_backward(trainer, at_call=2, action=lambda: os._exit(17))
     trainer.collective.join_round(host="127.0.0.1", port=port, round_id=20, rank=rank, world_size=2)
@@ -147,33 +152,55 @@ def _killed_peer(rank, port, tmp, source):
     return {"error_type": None, "version": trainer.state.version}
 
 
-SCENARIOS = {"equivalence": _equivalence, "failing_compute": _failing_compute, "killed_peer": _killed_peer}
+def _killed_peer_of_three(rank, port, tmp, source):
+    """Rank 2 dies in step 2's backward with buckets in flight. Each survivor, after its
+    CollectiveError, keeps its trainer (and whatever it holds) alive and does nothing more, as a
+    survivor waiting for the next round does: the other survivor must still fail because the peer
+    died, not wait out the collective timeout on our open connections."""
+    from flextrain.worker.collective import CollectiveError
+
+    trainer = _trainer(tmp, source, bucket_mb=0.001, G=32, M=16, timeout=3600)
+    if rank == 2:
+        _raise_in_backward(trainer, at_call=2, action=lambda: os._exit(17))
+    trainer.collective.join_round(host="127.0.0.1", port=port, round_id=30, rank=rank, world_size=3)
+    try:
+        trainer.run_task(_task(source, 32, 160))
+    except CollectiveError as exc:
+        _HELD.append(trainer)
+        return {"error_type": "CollectiveError", "message": str(exc), "version": trainer.state.version}
+    return {"error_type": None, "version": trainer.state.version}
 
 
-def _run(tmp_path: Path, scenario: str) -> dict[int, object]:
+SCENARIOS = {"equivalence": _equivalence, "failing_compute": _failing_compute, "killed_peer": _killed_peer,
+             "killed_peer_of_three": _killed_peer_of_three}
+
+
+def _run(tmp_path: Path, scenario: str, *, world: int = 2, killed: int | None = None) -> dict[int, object]:
+    """Run ``scenario`` on ``world`` ranks; ``killed``: the rank that dies (exit code 17)."""
     write_digits(tmp_path / "digits")
     source = str(sorted((tmp_path / "digits" / "train").iterdir())[0])
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    procs = [ctx.Process(target=_rank_main, args=(r, store.port, str(tmp_path), source, scenario, out))
-             for r in range(2)]
+    out, release = ctx.Queue(), ctx.Event()
+    procs = [ctx.Process(target=_rank_main, args=(r, store.port, str(tmp_path), source, scenario, out, release))
+             for r in range(world)]
     for p in procs:
         p.start()
     results: dict[int, object] = {}
     deadline = time.monotonic() + SAFETY
     try:
-        while len(results) < (1 if scenario == "killed_peer" else 2):
+        while len(results) < world - (killed is not None):
             rank, value = out.get(timeout=max(1.0, deadline - time.monotonic()))
             assert "error" not in value if isinstance(value, dict) else True, value.get("error")
             results[rank] = value
     finally:
+        release.set()
         for p in procs:
             p.join(timeout=max(1.0, deadline - time.monotonic()))
             if p.is_alive():
                 p.kill()
-    if scenario == "killed_peer":
-        assert procs[1].exitcode == 17
+    if killed is not None:
+        assert procs[killed].exitcode == 17
     return results
 
 
@@ -206,11 +233,21 @@ def test_a_failing_compute_with_buckets_in_flight_skips_the_step_on_every_rank(t
 
 
 def test_a_peer_killed_with_buckets_in_flight_is_a_collective_error(tmp_path):
-    result = _run(tmp_path, "killed_peer")[0]
+    result = _run(tmp_path, "killed_peer", killed=1)[0]
     assert result["error_type"] == "CollectiveError", result
     assert result["version"] == 1  # step 1 applied; step 2 not
     assert not result["initialized"]  # the group is torn down: the round re-forms
     assert result["seconds"] < 20  # the peer's death broke the collectives, not the 30 s timeout
+
+
+def test_survivors_of_a_peer_killed_with_buckets_in_flight_both_fail_without_waiting_on_each_other(tmp_path):
+    """The collective timeout is an hour and each survivor keeps its trainer after its error: both
+    errors come from the dead peer's broken connections (the test's safety net is 120 s)."""
+    results = _run(tmp_path, "killed_peer_of_three", world=3, killed=2)
+    for rank in (0, 1):
+        assert results[rank]["error_type"] == "CollectiveError", results[rank]
+        assert results[rank]["version"] == 1  # step 1 applied; step 2 not
+        assert "timed out" not in results[rank]["message"].lower(), results[rank]
 
 
 class Mixed(nn.Module):
@@ -258,14 +295,14 @@ def test_hooks_launch_buckets_in_order_during_the_last_backward_only():
     backend.zero()
     backend.accumulate(x, y, slice(0, 4), scale=0.5)
     assert launched == []
-    backend.arm(lambda t: launched.append(t) or t)
+    backend.arm(launched.append)
     backend.accumulate(x, y, slice(4, 8), scale=0.5)
     tail = backend.reducer.tail
     assert tail == len(backend.reducer.buckets) - 1
     assert [id(t) for t in launched] == [id(b.tensor) for b in backend.reducer.buckets[:tail]]
-    backend.launch_buckets(lambda t: launched.append(t) or t)
-    works = backend.launch_tail(lambda t: launched.append(t) or t)
-    assert len(launched) == len(works) == len(backend.reducer.buckets)
+    backend.launch_buckets(launched.append)
+    backend.launch_tail(launched.append)
+    assert [id(t) for t in launched] == [id(b.tensor) for b in backend.reducer.buckets]
     expected = torch.autograd.grad(nn.functional.mse_loss(model(x), y), list(model.parameters()))
     for p, want in zip(model.parameters(), expected):
         torch.testing.assert_close(p.grad, want)  # the buffers hold the step's whole gradient

@@ -22,6 +22,9 @@ FT_COUNT_ARCH=conv: a small conv net instead of the MLP (a 3x3 Conv2d over the 8
 Records are digits RecordIO records (ids: their record numbers, ``metadata.start..end``) or Parquet
 row dicts with the columns ``pixels`` (64 floats in [0, 1]), ``label`` and ``id`` (the record's id).
 FT_HANG_WORKER / FT_HANG_FILE: that worker hangs in `feed` once the file exists.
+FT_EXIT_WORKER / FT_EXIT_FILE: once the file exists, that worker exits (code 17) inside its next backward,
+after the last parameter's gradient is accumulated and the overlapped reduction's hooks have run: every
+bucket but the tail is in flight then (one micro-step per rank: the hooks are armed in it).
 FT_FEED_DELAY: seconds per `feed` call, standing in for a bigger model's compute (the
 chaos suite uses it so that a job outlasts the workers it starts and kills).
 """
@@ -58,6 +61,7 @@ class Model(nn.Module):
             self.to(getattr(torch, DTYPE))
 
     def forward(self, features):
+        _maybe_exit_in_backward(self)
         ids = features["id"]
         marked = self.seen[ids]
         h = features["x"]
@@ -88,6 +92,23 @@ class CountingSGD(torch.optim.SGD):
 
 def optimizer(params, lr=0.1):
     return CountingSGD(params, lr=lr)
+
+
+def _maybe_exit_in_backward(model):
+    me, victim, trigger = os.environ.get("FLEXTRAIN_WORKER_ID"), os.environ.get("FT_EXIT_WORKER"), os.environ.get("FT_EXIT_FILE")
+    if not (victim and me == victim and trigger and Path(trigger).exists()) or getattr(model, "_exit_armed", False):
+        return
+    model._exit_armed = True  # registered now, after the trainer's own hooks: they run first
+    params = [p for p in model.parameters() if p.requires_grad]
+    done = set()
+
+    def accumulated(p):
+        done.add(id(p))
+        if len(done) == len(params):
+            os._exit(17)
+
+    for p in params:
+        p.register_post_accumulate_grad_hook(accumulated)
 
 
 def _maybe_hang():
