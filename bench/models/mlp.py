@@ -19,10 +19,13 @@ import atexit
 import json
 import os
 import time
+import warnings
 
 import numpy as np
 import torch
 from torch import nn
+
+from flextrain.data import records_array
 
 FEATURES = 256
 HIDDEN = 1024
@@ -88,17 +91,23 @@ def encode(features: np.ndarray, labels: np.ndarray) -> list[bytes]:
     return [row.tobytes() for row in rows]
 
 
+# feed gets a flextrain.data.RecordBatch: the step's records viewed in the reader's decoded chunk,
+# no bytes object per record and no copy (see docs/module-contract.md).
+record_batch = True
+# The features are a read-only view of the decoded records; the model never writes its input.
+warnings.filterwarnings("ignore", message="The given NumPy array is not writable", category=UserWarning)
+
+
 def decode(records) -> tuple[np.ndarray, np.ndarray]:
-    """One ``np.frombuffer`` over all records -> (x float32 (n, FEATURES), y int64 (n,))."""
-    rows = np.frombuffer(b"".join(records), dtype=RECORD_DTYPE)
-    if len(rows) != len(records):
-        raise ValueError(f"expected {len(records)} records of {RECORD_BYTES} bytes, got {sum(map(len, records))} bytes")
-    return np.ascontiguousarray(rows["x"]), rows["y"].astype(np.int64)
+    """The records (a RecordBatch or a list of bytes) -> (x float32 (n, FEATURES), a view whose rows
+    are RECORD_BYTES apart; y int64 (n,))."""
+    rows = records_array(records, RECORD_DTYPE)
+    return rows["x"], rows["y"].astype(np.int64)
 
 
 def feed(records, mode, metadata):
     x, y = decode(records)
-    features = torch.from_numpy(x)
+    features = torch.from_numpy(x)  # a view: Linear reads rows RECORD_BYTES apart as they are
     if mode == "prediction":
         return features
     return features, torch.from_numpy(y)

@@ -3,6 +3,7 @@
 Foundation layer: imports nothing from the rest of flextrain.
 """
 
+from flextrain.data.batch import RecordBatch, records_array
 from flextrain.data.csv import CSVReader
 from flextrain.data.custom import CustomReaderError, CustomSource, ReaderTask, custom_source, plan_shards
 from flextrain.data.digits import DIGITS_RECORD_BYTES, decode_digits, encode_digits, write_digits
@@ -54,6 +55,8 @@ __all__ = [
     "list_data_files",
     "make_shards",
     "read_shard_range",
+    "RecordBatch",
+    "records_array",
     "clear_reader_cache",
     "DIGITS_RECORD_BYTES",
     "write_digits",

@@ -68,3 +68,12 @@ class ChunkRecords:
 
     def __iter__(self):
         return (self._one(i) for i in range(self._n))
+
+    def strided(self, start: int, stop: int) -> tuple[memoryview, int, int] | None:
+        """``(view, stride, offset)``: records ``[start, stop)`` as one view of the decoded stream,
+        record ``i`` at ``view[i * stride + offset:][:stride - offset]`` (no copy); None when the
+        records are not fixed-size (:class:`flextrain.data.batch.RecordBatch` joins them then)."""
+        if self._starts is not None:
+            return None
+        stride = self._stride
+        return memoryview(self._stream).toreadonly()[start * stride: stop * stride], stride, 4

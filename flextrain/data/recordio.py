@@ -34,6 +34,7 @@ import cramjam
 import numpy as np
 
 from flextrain.data._ranges import check_range
+from flextrain.data.batch import RecordBatch
 from flextrain.data.chunkrecords import ChunkRecords
 from flextrain.data.errors import CorruptRecordIOError
 
@@ -262,6 +263,12 @@ class RecordIOReader:
         for records, lo, hi in self._pieces(start, end):
             out += records[lo:hi]
         return out
+
+    def batch(self, start: int, end: int) -> RecordBatch:
+        """Records ``[start, end)`` as a :class:`RecordBatch`: no ``bytes`` object is made until
+        one is asked for, and :meth:`RecordBatch.array` views the decoded chunk."""
+        start, end = check_range(self._path, start, end, self._num_records)
+        return RecordBatch(list(self._pieces(start, end)))
 
     def __iter__(self) -> Iterator[bytes]:
         return self.read(0, self._num_records)

@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from flextrain.data.batch import RecordBatch
 from flextrain.data.csv import CSVReader
 from flextrain.data.errors import DataError
 from flextrain.data.formats import CSV, EMPTY, FORMATS, HINT_EXTENSIONS, PARQUET, RECORDIO, NotDataError, sniff
@@ -304,12 +305,15 @@ def _file_shards(file: str, kind: str, options: DataOptions) -> list[Shard]:
 
 
 def read_shard_range(source: str | os.PathLike[str], start: int, end: int, *,
-                     columns: Sequence[str] | None = None) -> list[bytes] | list[dict[str, Any]]:
+                     columns: Sequence[str] | None = None,
+                     as_batch: bool = False) -> list[bytes] | list[dict[str, Any]] | RecordBatch:
     """Records ``[start, end)`` of ``source`` (files via the reader cache).
 
     RecordIO and CSV records are ``bytes``; Parquet and SQL table records are row
     dicts, with ``columns`` only those columns (read by projection; ignored for the
-    other formats, which have no columns).
+    other formats, which have no columns). ``as_batch``: ``bytes`` records come as a
+    :class:`RecordBatch` (no object per record; RecordIO's viewed in place), row dicts
+    as the list still.
     """
     if is_sql_url(source):
         from flextrain.data.sql import read_sql_range
@@ -318,4 +322,7 @@ def read_shard_range(source: str | os.PathLike[str], start: int, end: int, *,
     reader = open_reader(source)
     if isinstance(reader, ParquetReader):
         return reader.records(start, end, columns=None if columns is None else _column_names(columns))
+    if as_batch:
+        return reader.batch(start, end) if isinstance(reader, RecordIOReader) else \
+            RecordBatch.of(reader.records(start, end))
     return reader.records(start, end)

@@ -70,6 +70,13 @@ class ModelDef:
         names = getattr(self.module, "columns", None)
         return None if names is None else tuple(names)
 
+    @property
+    def record_batch(self) -> bool:
+        """The module's ``record_batch = True``: ``feed`` gets a :class:`flextrain.data.RecordBatch`
+        (no ``bytes`` object per record; ``records.array(dtype)`` views the decoded data) instead
+        of a list of ``bytes``."""
+        return getattr(self.module, "record_batch", False) is True
+
     def build_model(self):
         """Call the model callable and check what it returned (preflight and every worker do)."""
         from flextrain.worker.frameworks import support
@@ -200,8 +207,19 @@ def load_model_def(spec: str) -> ModelDef:
         _require(module, where, "custom_data_reader", "custom_data_reader(data_origin, records_per_task=None, "
                  "**kwargs) returning a reader with create_shards() and read_records(task)", 1)
     _check_columns(module, where)
+    _check_record_batch(module, where, framework)
     return ModelDef(spec, module, model_fn, loss, optimizer, feed, eval_metrics_fn, callbacks, framework,
                     custom_data_reader)
+
+
+def _check_record_batch(module: ModuleType, where: str, framework: Framework) -> None:
+    flag = getattr(module, "record_batch", False)
+    if not isinstance(flag, bool):
+        raise ModelDefError(f"{where}: `record_batch` must be True or False (True: feed gets a "
+                            f"flextrain.data.RecordBatch instead of a list of bytes), got {flag!r}")
+    if flag and framework is Framework.TENSORFLOW:
+        raise ModelDefError(f"{where}: `record_batch = True` is for PyTorch modules' feed(records, mode, metadata); "
+                            "a TensorFlow module's feed gets a tf.data.Dataset")
 
 
 def _check_columns(module: ModuleType, where: str) -> None:

@@ -27,7 +27,8 @@ def data_origin(spec: JobSpec, mode: Mode | str) -> str | None:
 
 def read_task_records(model_def, source: str, start: int, end: int, *, mode: Mode | str,
                       data_origin: str | None = None) -> list:
-    """Records ``[start, end)`` of the shard ``source`` as ``feed`` gets them.
+    """Records ``[start, end)`` of the shard ``source`` as ``feed`` gets them: a list, or a
+    :class:`flextrain.data.RecordBatch` for a module with ``record_batch = True``.
 
     With the module's ``custom_data_reader``, ``data_origin`` (the data string of ``mode``'s data) names
     the reader; its errors are CustomReaderError (a DataError) naming the module, the shard and the range.
@@ -35,7 +36,7 @@ def read_task_records(model_def, source: str, start: int, end: int, *, mode: Mod
     mode = Mode(mode)
     reader = getattr(model_def, "custom_data_reader", None)
     if reader is None:
-        return read_shard_range(source, start, end, columns=model_def.columns)
+        return read_shard_range(source, start, end, columns=model_def.columns, as_batch=model_def.record_batch)
     if not data_origin:
         raise ValueError(f"reading {source!r} through custom_data_reader needs the {_WHAT[mode]}'s data origin")
     return custom_source(reader, data_origin, what=_WHAT[mode]).read(source, start, end, mode=mode.value)

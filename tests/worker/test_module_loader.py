@@ -247,3 +247,34 @@ def test_elasticdl_mode_import_resolves(tmp_path):
     path = write(tmp_path, "edl_style.py", text)
     md = load_model_def(f"{path}:Model")
     assert md.module.Mode.TRAINING == "training"
+
+
+# ---- record_batch ---------------------------------------------------------------
+def test_record_batch_true_is_picked_up_and_off_by_default(tmp_path):
+    assert load_model_def(f"{write(tmp_path, 'rb_model.py', GOOD + 'record_batch = True')}:Model").record_batch
+    assert not load_model_def(f"{write(tmp_path, 'plain_model.py', GOOD)}:Model").record_batch
+
+
+def test_record_batch_that_is_not_a_bool_is_refused(tmp_path):
+    err = load_error(write(tmp_path, "rb_bad_model.py", GOOD + "record_batch = 'yes'"))
+    assert "`record_batch` must be True or False" in err and "'yes'" in err
+
+
+def test_record_batch_in_a_tensorflow_module_is_refused(tmp_path):
+    tf_like = """
+    def Model():
+        return None
+
+    def loss(labels, predictions):
+        return 0
+
+    def optimizer(lr=0.1):
+        return None
+
+    def feed(dataset, mode, metadata):
+        return dataset
+
+    record_batch = True
+    """
+    err = load_error(write(tmp_path, "rb_tf_model.py", tf_like))
+    assert "`record_batch = True` is for PyTorch modules" in err
