@@ -347,9 +347,7 @@ class JobMaster(FailureHandling, RoundKeeping):
                                             ledger=ledger, final=req.final)
                     self.recorded_version = max(self.recorded_version, req.position.version)
                 except StateWriteError as exc:  # e.g. a full disk: the previous checkpoint stays the latest
-                    self.finish(Phase.FAILED, f"cannot record the checkpoint of step {req.position.version}: "
-                                f"{exc}{self.kept_checkpoint()}")
-                    self.cond.notify_all()
+                    self._checkpoint_not_recorded(req, exc)
                     return pb.ReportCheckpointResponse()
             if req.final:
                 self.final_checkpoint = req.path
@@ -378,10 +376,7 @@ class JobMaster(FailureHandling, RoundKeeping):
                                                final=False, newer_only=snapshot)
         except StateWriteError as exc:  # e.g. a full disk: the previous checkpoint stays the latest
             with self.cond:
-                if not self.over:
-                    self.finish(Phase.FAILED, f"cannot record the checkpoint of step {req.position.version}: "
-                                f"{exc}{self.kept_checkpoint()}")
-                self.cond.notify_all()
+                self._checkpoint_not_recorded(req, exc)
             return pb.ReportCheckpointResponse()
         with self.cond:
             if recorded:
@@ -389,6 +384,13 @@ class JobMaster(FailureHandling, RoundKeeping):
             self.check_outcome()
             self.cond.notify_all()
         return pb.ReportCheckpointResponse()
+
+    def _checkpoint_not_recorded(self, req: pb.ReportCheckpointRequest, exc: StateWriteError) -> None:
+        """A checkpoint's files could not be written: the job fails naming the file and the reason, and
+        the last good checkpoint (caller holds the lock)."""
+        self.finish(Phase.FAILED, f"cannot record the checkpoint of step {req.position.version}: "
+                    f"{exc}{self.kept_checkpoint()}")
+        self.cond.notify_all()
 
     def mark_snapshot(self, req: pb.ReportCheckpointRequest) -> str:
         """The ledger state (JSON) of a model that committed exactly up to ``req.position``: what an
