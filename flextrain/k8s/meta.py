@@ -52,6 +52,7 @@ ENV_MASTER_ADDR = "FLEXTRAIN_MASTER_ADDR"
 ENV_ROLE = "FLEXTRAIN_ROLE"
 ENV_INSTANCE_ID = "FLEXTRAIN_INSTANCE_ID"
 ENV_POD_IP = "FLEXTRAIN_POD_IP"  # from the downward API (status.podIP): where a pod's servers listen
+ENV_NODE_NAME = "FLEXTRAIN_NODE_NAME"  # from the downward API (spec.nodeName): where a worker runs (--node-check)
 
 
 def labels(job: str, role: str, index: int | None = None) -> dict[str, str]:

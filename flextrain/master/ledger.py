@@ -198,6 +198,18 @@ class TaskLedger:
         task.global_batch_size = G
         self.next_step += task.steps
 
+    def trim(self, task_id: int, size: int) -> None:
+        """Keep only the first ``size`` records in DOING task ``task_id`` (a slow worker's share); the rest
+        goes back to the front of TODO as a task of its own."""
+        task = self.doing[task_id]
+        if not 0 < size < task.size:
+            return
+        rest = Task(self._next_id, task.kind, task.source, task.start + size, task.end, task.epoch,
+                    task.global_batch_size, retries=task.retries)
+        self._next_id += 1
+        self.todo.appendleft(rest)
+        task.end = task.start + size
+
     def cut_evaluation(self, model_version: int) -> int:
         """Queue tasks evaluating the model at ``model_version`` on the validation data; how many."""
         tasks = self._cut(TaskKind.EVALUATION, self.evaluation_shards, self.epoch)

@@ -291,6 +291,10 @@ def _run_master(
                 job.note(f"{worker_id} hangs ({why}): killing it; "
                          "its task is recovered")
                 manager.kill(worker_id)
+            for slow in job.take_slow_workers():  # stragglers and failed node checks (master/stragglers.py)
+                backend.report(reason="SlowWorker", message=slow.message)
+                if slow.replace:
+                    manager.replace(slow.worker_id, avoid_node=slow.node)
             if stop_requested and time.monotonic() - stop_requested[0] > STOP_GRACE:
                 job.finish(Phase.FAILED, f"stopped: {job.stopping} (no stop checkpoint within {STOP_GRACE:.0f}s)")
             if time.monotonic() - last >= STATUS_INTERVAL:

@@ -203,6 +203,8 @@ class StatusReporter:
                 **({"accelerate": job.accelerating.status()} if job.spec.training.accelerate else {}),
                 # the highest memory peak a worker reported (once per step: flextrain.elastic.memory.MemoryMonitor)
                 "memoryPeak": job.memory.peak,
+                # each worker's compute per sample and whether it is a straggler (master/stragglers.py)
+                **({"computePerSample": figures} if (figures := job.stragglers.snapshot()) else {}),
                 "progress": {
                     "recordsDone": done, "recordsTotal": total,
                     "percent": round(100.0 * done / total, 1) if total else 0.0,

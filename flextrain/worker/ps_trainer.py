@@ -231,6 +231,7 @@ class PSTrainer:
                 with self.state.lock:
                     self.state.steps_done = j + 1
                 continue
+            began = time.monotonic()
             try:
                 records = read_task_records(self.model_def, task.source, start, end, mode=Mode.TRAINING,
                                             data_origin=self.spec.data.training)
@@ -244,6 +245,7 @@ class PSTrainer:
                 return
             loss_sum, version = self._with_ps(
                 lambda: self._step(features, labels, end - start, step=(task.task_id, start, end)))
+            self.state.add_compute(time.monotonic() - began, end - start)  # with its pull and push: no lockstep here
             with self.state.lock:
                 self.state.version, self.state.steps_done = version, j + 1
             if math.isfinite(loss_sum):  # NaN: a minibatch skipped as non-finite

@@ -21,6 +21,8 @@ class WorkerState:
     version: int = 0
     loss_sum: float = 0.0
     loss_samples: int = 0
+    compute_seconds: float = 0.0  # outside any wait for peers, since the last heartbeat (the straggler figure)
+    compute_samples: int = 0
     waiting: bool = False  # blocked on peers: a collective or the rendezvous
     in_rendezvous: bool = False  # ... and of those, the rendezvous (an RPC, not a collective)
     progressed: float = field(default_factory=time.monotonic)
@@ -55,6 +57,19 @@ class WorkerState:
             n, s = self.loss_samples, self.loss_sum
             self.loss_sum, self.loss_samples = 0.0, 0
         return (s / n if n else math.nan), n
+
+    def add_compute(self, seconds: float, samples: int) -> None:
+        """A step's own work (reading, forward, loss, backward; not its wait for peers) on ``samples``."""
+        if samples > 0:
+            with self.lock:
+                self.compute_seconds += seconds
+                self.compute_samples += samples
+
+    def take_compute(self) -> tuple[float, int]:
+        with self.lock:
+            taken = self.compute_seconds, self.compute_samples
+            self.compute_seconds, self.compute_samples = 0.0, 0
+        return taken
 
     def sample_memory(self) -> None:
         """After each optimizer step: the monitor's sample of this process's memory, for the heartbeat."""
