@@ -133,15 +133,17 @@ class MasterClient:
     def heartbeat(self, position: pb.Position, loss: float, samples: int, *, waiting_for_peers: bool = False,
                   stalled_seconds: float = 0.0, skipped_steps: int = 0, lr_gain: float = 0.0,
                   gradient_noise_scale: float | None = None,
-                  memory: pb.MemorySample | None = None) -> pb.HeartbeatResponse:
+                  memory: pb.MemorySample | None = None,
+                  ps_traffic: pb.PSTraffic | None = None) -> pb.HeartbeatResponse:
         """``lr_gain`` and ``gradient_noise_scale``: --lr-rule adascale's last step (0 and None: none yet);
-        ``memory``: the latest sample of this process's memory (None: none yet)."""
+        ``memory``: the latest sample of this process's memory (None: none yet); ``ps_traffic``: the
+        parameter-server calls since the last heartbeat (None: none)."""
         return self._call(
             "Heartbeat",
             pb.HeartbeatRequest(worker_id=self.worker_id, position=position, loss=loss, samples=samples,
                                 waiting_for_peers=waiting_for_peers, stalled_seconds=stalled_seconds,
                                 skipped_steps=skipped_steps, lr_gain=lr_gain,
-                                gradient_noise_scale=gradient_noise_scale, memory=memory),
+                                gradient_noise_scale=gradient_noise_scale, memory=memory, ps_traffic=ps_traffic),
             deadline=5.0,
         )
 

@@ -50,7 +50,8 @@ def _heartbeat_loop(client: MasterClient, state: WorkerState, interval: float, d
             resp = client.heartbeat(state.position(), loss, samples, waiting_for_peers=state.waiting,
                                     stalled_seconds=time.monotonic() - state.progressed,
                                     skipped_steps=state.skipped_steps, lr_gain=state.lr_factor,
-                                    gradient_noise_scale=state.noise_scale, memory=state.memory)
+                                    gradient_noise_scale=state.noise_scale, memory=state.memory,
+                                    ps_traffic=state.traffic.take())
         except MasterUnreachable as exc:
             log.error("%s", exc)
             state.stop.set()
