@@ -4,10 +4,8 @@ own parser."""
 
 from __future__ import annotations
 
-import urllib.request
-
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
+from ft_helpers import scrape
 
 from flextrain.data import Shard
 from flextrain.job import JobSpec
@@ -16,13 +14,6 @@ from flextrain.master.ledger import TaskLedger
 from flextrain.master.metrics import JobMetrics, start_metrics
 from flextrain.master.status import StatusReporter
 from flextrain.proto import flextrain_pb2 as pb
-
-
-def scrape(url: str) -> dict[tuple[str, tuple], float]:
-    """Every sample of the exposition at ``url``: (name, sorted labels) -> value."""
-    text = urllib.request.urlopen(url, timeout=10).read().decode()
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
 
 
 @pytest.fixture
