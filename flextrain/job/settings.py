@@ -70,6 +70,12 @@ def check_positive_finite(flag: str, value) -> None:
         raise JobSpecError(f"{flag} must be positive and finite, got {value!r}")
 
 
+def check_port(flag: str, value) -> None:
+    """A TCP port to listen on, 0 for a free one."""
+    if not is_int(value) or not 0 <= value <= 65535:
+        raise JobSpecError(f"{flag} must be a TCP port (0-65535; 0: a free port), got {value!r}")
+
+
 def check_size_mb(flag: str, value) -> None:
     """A size in MiB where 0 means none (``--bucket-mb``): finite and >= 0."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
@@ -243,6 +249,9 @@ SETTINGS: tuple[Setting, ...] = (
     _s("backend", "backend", Backend),
     _s("job_type", "job_type", JobType, flag="the command (train, evaluate, predict)"),
     _s("checkpoint", "checkpoint", str),  # evaluate/predict --checkpoint
+    # The master's Prometheus endpoint (docs/observability.md).
+    _s("metrics", "metrics", bool, "spec.metrics", "--no-metrics"),
+    _s("metrics_port", "metrics_port", int, "spec.metricsPort"),
     _s("output", "output", str),  # predict --output
     _s("training_data", "data.training", str, "spec.data.training"),
     _s("validation_data", "data.validation", str, "spec.data.validation"),
@@ -322,6 +331,7 @@ NUMBER_RULES = (
     (check_positive_finite, ("rendezvous_timeout", "worker_timeout", "start_timeout", "min_workers_timeout",
                              "learning_rate")),
     (check_size_mb, ("bucket_mb",)),
+    (check_port, ("metrics_port",)),
 )
 OPTIONAL_NUMBERS = {"reference_batch_size", "min_workers", "max_workers", "grads_to_wait", "learning_rate",
                     "min_global_batch", "max_global_batch", "adapt_every"}

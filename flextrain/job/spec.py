@@ -219,6 +219,10 @@ class JobSpec:
     # run by every worker under torchrun's environment; exclusive with ``model_def``.
     script: str | None = None
     script_args: tuple[str, ...] = ()
+    # The master's Prometheus /metrics (flextrain/master/metrics.py): on unless turned off; port 0 picks a
+    # free port locally, and the ElasticJob default (flextrain.k8s.meta.METRICS_PORT) on Kubernetes.
+    metrics: bool = True
+    metrics_port: int = 0
     data: DataSpec = DataSpec()
     training: TrainingSpec = TrainingSpec()
     worker: WorkerSpec = WorkerSpec()

@@ -55,7 +55,13 @@ class WorkerInfo:
     node: str = ""  # where it runs (the Kubernetes node, else the host), as it registered
 
 
-__all__ = ["JobMaster", "Phase", "WorkerInfo", "strategy_for", "task_message"]
+__all__ = ["JobMaster", "Phase", "WorkerInfo", "add_traffic", "strategy_for", "task_message"]
+
+
+def add_traffic(total: pb.PSTraffic, more: pb.PSTraffic) -> None:
+    """Add a heartbeat's parameter-server calls to the job's sums (MergeFrom would replace, not add)."""
+    for field in pb.PSTraffic.DESCRIPTOR.fields:
+        setattr(total, field.name, getattr(total, field.name) + getattr(more, field.name))
 
 
 class ChangeCondition(threading.Condition):
@@ -128,11 +134,14 @@ class JobMaster(FailureHandling, RoundKeeping):
         self.failure: WorkerFailure | None = None  # the job's root cause, when it failed of one
         self.dismissed: set[str] = set()  # told there is nothing more to do: may exit 0
         self.relaunching = True  # False once the relaunch budget is spent
+        self.relaunch_causes: dict[str, int] = {}  # relaunches decided, by failure kind (metrics)
         self.skipped_steps = 0  # steps dropped as non-finite, as the workers report them
         # --lr-rule adascale: (gain, gradient noise scale or None) of the latest step a worker reported
         # (every member of a round computes the same); None: none reported yet.
         self.adascale: tuple[float, float | None] | None = None
         self.launched_at: dict[str, float] = {}  # launch times, for workers that never finish starting
+        self.lost_at: float | None = None  # when a member of the running round was lost, until the next round
+        self.ps_traffic = pb.PSTraffic()  # the workers' parameter-server calls, summed (metrics)
         self.micro_batches = MicroBatchChoice(spec)  # each round's M (--max-micro-batch auto: the probes)
         self.memory = MemoryBook()  # the workers' latest memory samples and the job's peak
         # Slow workers (flextrain/master/stragglers.py): found here, acted on by the main loop.
@@ -210,6 +219,9 @@ class JobMaster(FailureHandling, RoundKeeping):
     def worker_exited(self, worker_id: str) -> None:
         with self.cond:
             rnd = self.rendezvous.current
+            if (rnd is not None and rnd.state is not RoundState.CLOSED and worker_id in rnd.members
+                    and worker_id not in self.retiring):
+                self.lost_at = self.lost_at or self.clock()  # a recovery starts (metrics: recoverySeconds)
             if (self.final_checkpoint is None and self.training_finished() and rnd is not None
                     and rnd.members[0] == worker_id):
                 self.finish(Phase.FAILED, f"{worker_id} (rank 0 of the last round) exited before "
@@ -455,6 +467,8 @@ class JobMaster(FailureHandling, RoundKeeping):
                     self.memory.record(req.worker_id, req.memory)
                 if req.compute_samples:
                     note_compute(self, req.worker_id, seconds=req.compute_seconds, samples=req.compute_samples)
+                if req.HasField("ps_traffic"):
+                    add_traffic(self.ps_traffic, req.ps_traffic)
                 if req.samples:
                     info.loss, info.samples = req.loss, info.samples + req.samples
                     self.last_loss = req.loss

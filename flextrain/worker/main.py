@@ -51,7 +51,7 @@ def _heartbeat_loop(client: MasterClient, state: WorkerState, interval: float, d
                                     stalled_seconds=time.monotonic() - state.progressed,
                                     skipped_steps=state.skipped_steps, lr_gain=state.lr_factor,
                                     gradient_noise_scale=state.noise_scale, memory=state.memory,
-                                    compute=state.take_compute())
+                                    compute=state.take_compute(), ps_traffic=state.traffic.take())
         except MasterUnreachable as exc:
             log.error("%s", exc)
             state.stop.set()
@@ -209,9 +209,11 @@ def _run_worker(client: MasterClient, worker_id: str, doing: _Doing, *, spare: b
             log.info("training tasks: %d answered ahead (in %d asks), %d by a plain ask",
                      trainer.tasks_ahead, trainer.ahead_asks, trainer.tasks_asked)
         loss, samples = state.take_loss()
-        if samples or state.skipped_steps:  # since the last heartbeat: the final loss, skipped steps
+        traffic = state.traffic.take()
+        if samples or state.skipped_steps or traffic:  # since the last heartbeat: the final loss, skipped steps
             client.heartbeat(state.position(), loss, samples, skipped_steps=state.skipped_steps,
-                             lr_gain=state.lr_factor, gradient_noise_scale=state.noise_scale, memory=state.memory)
+                             lr_gain=state.lr_factor, gradient_noise_scale=state.noise_scale, memory=state.memory,
+                             ps_traffic=traffic)
         if finished:
             doing.stage = "evaluating"
             _evaluate(spec, client, model_def, make_predictor(model_def, model, forward), state, state.version,
