@@ -43,6 +43,9 @@ def add_metrics_flags(g) -> None:
                    help="serve the job's Prometheus metrics at http://HOST:PORT/metrics from the master (default 0: "
                         "a free port locally, 9464 on Kubernetes; the URL is in status.json as metricsUrl)")
     g.add_argument("--no-metrics", action="store_true", help="serve no Prometheus metrics")
+    g.add_argument("--tls", action="store_true",
+                   help="run every channel of the job (workers, parameter servers, flextrain commands to the "
+                        "master) over TLS with a token of its own, made in JOBDIR/tls/ (docs/security.md)")
 
 
 def add_data_flags(g) -> None:

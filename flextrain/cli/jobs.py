@@ -68,15 +68,17 @@ def _master_alive(status: dict) -> bool:
 
 
 def _master_stub(status: dict):
-    import grpc
-
     from flextrain.proto import flextrain_pb2_grpc as pb_grpc
+    from flextrain.protocol.security import open_channel
 
     if status.get("phase") in ("Succeeded", "Failed") or not _master_alive(status):
         raise CLIError(f"job {status.get('name')} is not running (phase {status.get('phase')})")
     if not isinstance(status.get("masterAddress"), str):
         raise CLIError(f"job {status.get('name')}: its status.json names no master address (masterAddress)")
-    return pb_grpc.MasterStub(grpc.insecure_channel(status["masterAddress"]))
+    from flextrain.protocol.security import read_credentials
+
+    creds = read_credentials(Path(status["jobDir"]) / "tls") if status.get("tls") else None  # --tls jobs
+    return pb_grpc.MasterStub(open_channel(status["masterAddress"], creds))
 
 
 def cmd_status(args) -> int:

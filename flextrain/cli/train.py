@@ -190,7 +190,7 @@ def build_spec(args):
         strategy=Strategy(args.distribution_strategy), ps=args.ps, ps_mode=args.ps_mode,
         grads_to_wait=args.grads_to_wait, ps_checkpoint_steps=args.ps_checkpoint_steps,
         ps_wal=args.ps_wal, ps_wal_fsync=args.ps_wal_fsync, nan_policy=args.nan_policy, preflight=not getattr(args, "no_preflight", False),
-        metrics=not args.no_metrics, metrics_port=args.metrics_port,
+        metrics=not args.no_metrics, metrics_port=args.metrics_port, tls=args.tls,
         skip_unknown_files=args.skip_unknown_files, csv_header=args.csv_header, data_secret=args.data_secret,
     )
 

@@ -252,6 +252,8 @@ SETTINGS: tuple[Setting, ...] = (
     # The master's Prometheus endpoint (docs/observability.md).
     _s("metrics", "metrics", bool, "spec.metrics", "--no-metrics"),
     _s("metrics_port", "metrics_port", int, "spec.metricsPort"),
+    # TLS and a per-job token on every channel (docs/security.md); local jobs for now.
+    _s("tls", "tls", bool, None, "--tls"),
     _s("output", "output", str),  # predict --output
     _s("training_data", "data.training", str, "spec.data.training"),
     _s("validation_data", "data.validation", str, "spec.data.validation"),

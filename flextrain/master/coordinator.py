@@ -135,6 +135,7 @@ class JobMaster(FailureHandling, RoundKeeping):
         self.dismissed: set[str] = set()  # told there is nothing more to do: may exit 0
         self.relaunching = True  # False once the relaunch budget is spent
         self.relaunch_causes: dict[str, int] = {}  # relaunches decided, by failure kind (metrics)
+        self.unauthenticated_calls = 0  # --tls: calls refused for lacking the job's token (metrics)
         self.skipped_steps = 0  # steps dropped as non-finite, as the workers report them
         # --lr-rule adascale: (gain, gradient noise scale or None) of the latest step a worker reported
         # (every member of a round computes the same); None: none reported yet.

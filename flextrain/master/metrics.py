@@ -132,6 +132,8 @@ class _SnapshotCollector(Collector):
         for cause, n in sorted((s.get("relaunches") or {}).items()):
             relaunches.add_metric([cause], n)
         yield relaunches
+        yield CounterMetricFamily("flextrain_unauthenticated_calls", "Calls to the master refused for lacking the "
+                                  "job's token (--tls)", value=s.get("unauthenticatedCalls", 0))
         yield from _evaluation(s)
         yield from _ps_traffic(s.get("psTraffic"))
 

@@ -49,6 +49,7 @@ CHANGEABLE = {
     "ps.ps_checkpoint_steps": "when the parameter servers checkpoint",
     "metrics": "only whether the master serves /metrics",
     "metrics_port": "only where the master serves /metrics",
+    "tls": "every run of the master makes the job's CA, certificate and token afresh",
     "ps.ps_wal_fsync": "how the parameter servers flush their log from now on (what is logged is the same)",
     "worker.rendezvous_timeout": "a timeout",
     "worker.worker_timeout": "a timeout",

@@ -214,6 +214,7 @@ class StatusReporter:
                 **({"computePerSample": figures} if (figures := job.stragglers.snapshot()) else {}),
                 "tasks": {"todo": len(job.ledger.todo), "doing": len(job.ledger.doing), "done": job.ledger.tasks_done},
                 "relaunches": dict(job.relaunch_causes),
+                "unauthenticatedCalls": job.unauthenticated_calls,
                 **({"psTraffic": traffic(job.ps_traffic)} if job.ps_traffic.pushes or job.ps_traffic.pulls else {}),
                 "progress": {
                     "recordsDone": done, "recordsTotal": total,
@@ -233,6 +234,7 @@ class StatusReporter:
                 "startTime": iso(job.started),
                 "completionTime": iso(job.finished),
                 "masterAddress": self.master_address,
+                "tls": job.spec.tls,  # --tls: flextrain commands dial the master with <jobDir>/tls/
                 # the master's Prometheus endpoint ("" when --no-metrics; flextrain/master/metrics.py)
                 "metricsUrl": self.metrics_url,
                 "jobDir": str(Path(job.spec.job_dir).resolve()),

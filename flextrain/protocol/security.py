@@ -36,6 +36,7 @@ TARGET_NAME = "flextrain-job"  # the name every server certificate of a job carr
 FILES = {"ca": "ca.crt", "cert": "tls.crt", "key": "tls.key", "token": "token"}  # also the Secret's keys
 VALIDITY = datetime.timedelta(days=3650)  # a job's CA lives as long as the job's directory
 AUTH_HEADER = "authorization"
+ENV_DIR = "FLEXTRAIN_TLS_DIR"  # where a job's processes find its material (the job dir's tls/, or the Secret)
 
 
 @dataclass(frozen=True)
@@ -116,6 +117,19 @@ def read_credentials(directory: Path) -> JobCredentials | None:
         missing = FILES["cert"] if not found["cert"] else FILES["key"]
         raise ValueError(f"{directory / missing} is missing: a job with a CA needs its certificate and key")
     return JobCredentials(token=token, **found)
+
+
+def from_environment() -> JobCredentials | None:
+    """The job's material for a process its master started (``FLEXTRAIN_TLS_DIR``); None: none given."""
+    import os
+
+    directory = os.environ.get(ENV_DIR)
+    if not directory:
+        return None
+    creds = read_credentials(Path(directory))
+    if creds is None:
+        raise ValueError(f"{ENV_DIR}={directory} holds no token ({Path(directory) / FILES['token']})")
+    return creds
 
 
 # ---- servers ---------------------------------------------------------------------------------------
@@ -234,5 +248,5 @@ def open_channel(address: str, creds: JobCredentials | None, *, options: Sequenc
     return grpc.intercept_channel(channel, _TokenClient(creds.token))
 
 
-__all__ = ["AUTH_HEADER", "FILES", "AioTokenInterceptor", "JobCredentials", "TARGET_NAME", "TokenInterceptor",
+__all__ = ["AUTH_HEADER", "ENV_DIR", "FILES", "from_environment", "AioTokenInterceptor", "JobCredentials", "TARGET_NAME", "TokenInterceptor",
            "add_port", "make_credentials", "open_channel", "read_credentials", "write_credentials"]

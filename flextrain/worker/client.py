@@ -12,6 +12,7 @@ import time
 
 import grpc
 
+from flextrain.protocol.security import JobCredentials, open_channel
 from flextrain.proto import flextrain_pb2 as pb
 from flextrain.proto import flextrain_pb2_grpc as pb_grpc
 
@@ -23,12 +24,15 @@ class MasterUnreachable(RuntimeError):
 
 
 class MasterClient:
-    def __init__(self, address: str, worker_id: str, *, give_up: float = 60.0, deadline: float = 10.0) -> None:
+    def __init__(self, address: str, worker_id: str, *, give_up: float = 60.0, deadline: float = 10.0,
+                 creds: JobCredentials | None = None) -> None:
+        """``creds``: the job's TLS material and token (--tls), which the parameter servers want too."""
         self.address = address
         self.worker_id = worker_id
         self.give_up = give_up
         self.deadline = deadline
-        self.channel = grpc.insecure_channel(address)
+        self.creds = creds
+        self.channel = open_channel(address, creds)
         self.stub = pb_grpc.MasterStub(self.channel)
 
     def _call(self, name: str, request, *, deadline: float | None = None, give_up: float | None = None):

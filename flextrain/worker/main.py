@@ -22,6 +22,7 @@ import torch
 from flextrain.elastic.memory import MemoryMonitor
 from flextrain.failures import ExitCode
 from flextrain.job import JobSpec, JobType, Strategy
+from flextrain.protocol.security import from_environment
 from flextrain.proto import flextrain_pb2 as pb
 from flextrain.worker.client import MasterClient, MasterUnreachable
 from flextrain.worker.collective import Collective, CollectiveError
@@ -99,7 +100,7 @@ def run_worker(master: str, worker_id: str, *, spare: bool = False) -> int:
     ``sys.exit()`` called by the user's code; only a signal or ``os._exit`` go unreported (the
     master then names the exit code and the end of the worker's log).
     """
-    client = MasterClient(master, worker_id)
+    client = MasterClient(master, worker_id, creds=from_environment())  # --tls: the material its master made
     doing = _Doing()
     try:
         return _run_worker(client, worker_id, doing, spare=spare)

@@ -43,6 +43,7 @@ import torch
 from flextrain.proto import ps_pb2 as pb
 from flextrain.proto import ps_pb2_grpc as pb_grpc
 from flextrain.protocol.codec import LayoutView, dense_sources, dense_targets, dtype_name, hyper_to_wire, raw_bytes
+from flextrain.protocol.security import JobCredentials, open_channel
 from flextrain.protocol.shard import as_row_ids, dense_owner
 from flextrain.protocol.wire import PUSH_DENSE_TAG, Scatter, fields, gather_chunks
 from flextrain.worker.ps_rows import distinct_rows, pull_rows, sparse_push_blocks
@@ -100,7 +101,7 @@ class PSClient:
 
     def __init__(self, addresses: Sequence[str], *, give_up: float = 60.0, deadline: float = 30.0,
                  chunk_bytes: int = 1 << 20, client_id: str | None = None,
-                 traffic: Traffic | None = None) -> None:
+                 traffic: Traffic | None = None, creds: JobCredentials | None = None) -> None:
         """``traffic``: where the time and bytes of every push and pull are added up (a worker's heartbeat
         sends them to the master's metrics)."""
         if not addresses:
@@ -109,7 +110,8 @@ class PSClient:
         self.num_ps = len(self.addresses)
         self.give_up, self.deadline, self.chunk_bytes = give_up, deadline, chunk_bytes
         self.client_id = client_id or uuid.uuid4().hex
-        self._channels = [grpc.insecure_channel(a, options=_CHANNEL_OPTIONS) for a in self.addresses]
+        self.creds = creds  # --tls: the job's material and token
+        self._channels = [open_channel(a, creds, options=_CHANNEL_OPTIONS) for a in self.addresses]
         self._stubs = [_Stub(c) for c in self._channels]
         self._pool = ThreadPoolExecutor(max_workers=max(2, 2 * self.num_ps), thread_name_prefix="ps-client")
         self._layouts: list[LayoutView | None] = [None] * self.num_ps
@@ -137,7 +139,7 @@ class PSClient:
         """Point PS ``index`` at a new address (e.g. relaunched on another host or port)."""
         self._channels[index].close()
         self.addresses[index] = address
-        self._channels[index] = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
+        self._channels[index] = open_channel(address, self.creds, options=_CHANNEL_OPTIONS)
         self._stubs[index] = _Stub(self._channels[index])
 
     def _call(self, i: int, what: str, attempt: Callable[[_Stub, float], object],
