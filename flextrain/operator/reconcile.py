@@ -227,11 +227,10 @@ class Reconciler:
         if problem is not None:  # a new master would exit at once on this spec (exit code 2): say why
             self.fail(job, reason="InvalidSpec", message=f"{problem} (master pod {old} {why}; not relaunched)")
             return Outcome.INVALID
-        budget = master_relaunch_budget(job)
+        budget, field = master_relaunch_budget(job)
         if current >= budget:
-            self.fail(job, reason="MasterFailed",
-                      message=f"master pod {old} {why}; relaunch budget "
-                              f"(spec.replicaSpecs.master.relaunchBudget = {budget}) used up")
+            self.fail(job, reason="BackoffLimitExceeded" if field == "spec.backoffLimit" else "MasterFailed",
+                      message=f"master pod {old} {why}; relaunch budget ({field} = {budget}) used up")
             return Outcome.FAILED
         new = master_pod_name(name, current + 1)
         created = self._create_object(f'pod "{new}"', lambda: self.kube.create_pod(master_pod(job, index=current + 1)))
