@@ -18,6 +18,7 @@ from typing import Any
 
 import kopf
 
+from flextrain.operator import lifecycle
 from flextrain.operator.handlers import build_registry
 from flextrain.operator.kube import Kube
 from flextrain.operator.reconcile import TERMINAL, Reconciler
@@ -53,7 +54,8 @@ def settings(*, worker_threads: int = 8) -> kopf.OperatorSettings:
 
 
 class Sweeper:
-    """Every ``interval`` s: each live job's master checked, its worker count and stop request synced.
+    """Every ``interval`` s: each live job's master checked, its worker count and stop request synced; every
+    job's lifetime (``activeDeadlineSeconds``, ``ttlSecondsAfterFinished``: flextrain.operator.lifecycle) kept.
 
     The level-triggered backstop of the event handlers (a pod death or scale
     missed while the operator was down or busy). A plain thread rather than a
@@ -86,7 +88,14 @@ class Sweeper:
                 .get("items", [])]
 
     def sweep(self) -> None:
+        kube = self.reconciler.kube
         for job in self._jobs():
+            try:  # lifecycle first: a job past its deadline is failed, not relaunched or scaled
+                if lifecycle.collect_finished(kube, job) or lifecycle.enforce_deadline(kube, job):
+                    continue
+            except Exception as exc:  # noqa: BLE001 - one job's trouble must not stop the others' checks
+                md = job.get("metadata") or {}
+                log.warning("lifecycle of %s/%s failed: %s", md.get("namespace"), md.get("name"), exc)
             if ((job.get("status") or {}).get("phase")) in TERMINAL:
                 continue
             try:

@@ -49,6 +49,7 @@ from flextrain.k8s.resource import (
     jobspec_from_resource,
     master_relaunch_budget,
 )
+from flextrain.operator import admission
 from flextrain.operator.jobview import TERMINAL, ident, phase_of, spec_problems
 from flextrain.k8s.refusals import Refusal, Refused, refusal_of
 from flextrain.operator.kube import Kube, pod_failure
@@ -81,6 +82,7 @@ class Outcome(str, enum.Enum):
     REFUSED = "refused"  # the API server refused the master's pod or Service: job Failed
     WAITING = "waiting"  # ... for now (quota, throttling): retried after a backoff
     STATUS_REFUSED = "status-refused"  # a patch of the job's status was refused: Warning Event, backoff
+    ADMISSION = "admission"  # suspended, or its gang not admitted yet: Pending with the reason, no master
 
 
 @dataclass
@@ -134,6 +136,11 @@ class Reconciler:
         pods = self.kube.master_pods(namespace, name)
         relaunches = (job.get("status") or {}).get("masterRelaunches")
         if relaunches is None and not pods:
+            # An invalid spec fails at once (in _create) rather than wait for an admission it cannot use.
+            waiting = admission.waiting_for(self.kube, job) if spec_problems(job) is None else None
+            if waiting is not None:
+                admission.hold(self.kube, job, reason=waiting[0], message=waiting[1])
+                return Outcome.ADMISSION
             return self._create(job)
         if relaunches is None and list(pods) == [0]:  # created, but its status was not written (refused)
             self._mark_created(job)
@@ -176,6 +183,8 @@ class Reconciler:
         if phase_of(self.kube.get_job(namespace, name)) in (None, "Pending"):
             status.update(phase="Pending", message=f"master pod {master_pod_name(name, 0)} created",
                           workers={"desired": replicas, "active": 0, "summary": f"0/{replicas}"})
+            if (job.get("status") or {}).get("conditions"):  # it waited for admission (flextrain.operator.admission)
+                status["conditions"] = [admission.admitted_condition(True, reason="Admitted")]
         self.kube.patch_status(job, status)
 
     def _create_object(self, what: str, create) -> bool:
