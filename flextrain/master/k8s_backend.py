@@ -72,7 +72,16 @@ from flextrain.k8s.pods import (
 )
 from flextrain.k8s.watch import ObjectWatch
 from flextrain.master.k8s_create import LaunchError, PodCreation
-from flextrain.master.k8s_outcomes import KILLED, OOM_KILLED, oom_message, pod_exit, termination_message
+from flextrain.master.k8s_outcomes import (
+    KILLED,
+    OOM_KILLED,
+    disruption,
+    oom_message,
+    pod_exit,
+    termination_message,
+    unscheduled_reason,
+)
+from flextrain.master.k8s_priority import PriorityClasses
 from flextrain.master.launcher import InstanceSpec, LaunchBackend, PSEndpoint, Role
 
 log = logging.getLogger(__name__)
@@ -93,6 +102,9 @@ class _Instance:
     created: float = 0.0  # monotonic time the API accepted the Pod
     output: str = ""  # the container's termination message: the end of its log when it failed
     attempts: int = 0  # creates tried
+    priority: str | None = None  # a worker pod's PriorityClass (flextrain.master.k8s_priority)
+    disruption: str | None = None  # why the cluster took the pod away (preempted, evicted), if it did
+    unscheduled: str | None = None  # the scheduler's reason while the pod waits for a node
     cancel: threading.Event = field(default_factory=threading.Event)  # stop retrying the create
 
 
@@ -126,6 +138,7 @@ class KubernetesPodBackend(PodCreation, LaunchBackend):
         self.create_timeout = create_timeout
         self.retry_first, self.retry_cap = retry_first, retry_cap
         self.resync_interval = resync_interval
+        self.priorities = PriorityClasses(job)
         self._stopped = threading.Event()
         self._on_fatal, self._on_note, self._keep_failed = on_fatal, on_note, keep_failed
         self._lock = threading.RLock()
@@ -160,8 +173,6 @@ class KubernetesPodBackend(PodCreation, LaunchBackend):
         fails), or refused it for now (retried in the background; see the module docstring)."""
         role = spec.role.value
         name = instance_pod_name(self.job_name, spec.instance_id)
-        body = instance_pod(self.job, role=role, index=spec.index, instance_id=spec.instance_id,
-                            args=spec.args, env=spec.env, master_address=self.master_address, spare=spec.spare)
         service = ps_service(self.job, index=spec.index) if spec.role is Role.PS else None
         with self._lock:
             if self.failed or self.closed:
@@ -170,7 +181,13 @@ class KubernetesPodBackend(PodCreation, LaunchBackend):
             old = self._instances.get(spec.instance_id)
             if old is not None and not old.reported:
                 raise LaunchError(f"{spec.instance_id} is already running as pod {old.pod}")
-            inst = self._instances[spec.instance_id] = _Instance(spec.instance_id, role, name)
+            priority = self.priorities.choose(
+                (i.priority for i in self._instances.values() if i.role == role and not i.reported),
+                spare=spec.spare) if spec.role is Role.WORKER else None
+            body = instance_pod(self.job, role=role, index=spec.index, instance_id=spec.instance_id,
+                                args=spec.args, env=spec.env, master_address=self.master_address, spare=spec.spare,
+                                priority_class_name=priority)
+            inst = self._instances[spec.instance_id] = _Instance(spec.instance_id, role, name, priority=priority)
             refusal = self._attempt(inst, body, service)
         if refusal is None:
             log.info("created pod %s for %s", name, spec.instance_id)
@@ -250,6 +267,18 @@ class KubernetesPodBackend(PodCreation, LaunchBackend):
         with self._lock:
             return {i for i, inst in self._instances.items() if not inst.reported and inst.phase == "Pending"}
 
+    def disruption(self, instance_id: str) -> str | None:
+        """Why the cluster took the instance's pod away (``PreemptionByScheduler``, ``Evicted``), if it did."""
+        with self._lock:
+            inst = self._instances.get(instance_id)
+        return inst.disruption if inst else None
+
+    def pending_reason(self, instance_ids: Iterable[str]) -> str | None:
+        """The scheduler's reason why one of these instances' pods waits for a node (``Unschedulable: ...``)."""
+        with self._lock:
+            return next((inst.unscheduled for i in instance_ids
+                         if (inst := self._instances.get(i)) is not None and inst.unscheduled), None)
+
     def close(self, *, grace: float = 5.0) -> None:
         with self._lock:
             self.closed = True
@@ -302,6 +331,8 @@ class KubernetesPodBackend(PodCreation, LaunchBackend):
             if inst is None or inst.reported or (inst.uid and md.get("uid") != inst.uid):
                 return
             inst.phase = (pod.get("status") or {}).get("phase") or inst.phase
+            inst.unscheduled = unscheduled_reason(pod) if inst.phase == "Pending" else None
+            inst.disruption = inst.disruption or disruption(pod)  # marked before the pod ends, kept once seen
             ended = pod_exit(kind, pod)
             if ended is not None:
                 inst.output = termination_message(pod)

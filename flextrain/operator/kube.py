@@ -147,9 +147,9 @@ class Kube:
         from flextrain.k8s.gang import PODGROUP_GROUP, PODGROUP_PLURAL, PODGROUP_VERSION
 
         md = body["metadata"]
-        args = (PODGROUP_GROUP, PODGROUP_VERSION, md["namespace"], PODGROUP_PLURAL)
-        self._create(lambda: self.custom.create_namespaced_custom_object(*args, body, _preload_content=False))
-        return self.custom.get_namespaced_custom_object(*args, md["name"])
+        podgroups = (PODGROUP_GROUP, PODGROUP_VERSION, md["namespace"], PODGROUP_PLURAL)
+        self._create(lambda: self.custom.create_namespaced_custom_object(*podgroups, body, _preload_content=False))
+        return self.custom.get_namespaced_custom_object(*podgroups, md["name"])
 
     def delete_pod_group(self, namespace: str, name: str) -> None:
         from flextrain.k8s.gang import PODGROUP_GROUP, PODGROUP_PLURAL, PODGROUP_VERSION
