@@ -206,7 +206,7 @@ def _run_master(
 
     k8s = None  # the Kubernetes context, when workers run as pods
     if backend is None and spec.backend is Backend.KUBERNETES:
-        from flextrain.master.k8s_backend import kubernetes_context
+        from flextrain.master.k8s_context import kubernetes_context
         from flextrain.master.k8s_status import ElasticJobStatusWriter
 
         def cited() -> set[str]:  # the failed pod the job's failure names (or would): its logs stay readable

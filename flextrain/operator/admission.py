@@ -45,6 +45,19 @@ def waiting_for(kube: Kube, job: dict) -> tuple[str, str] | None:
     return None
 
 
+def with_default_scheduling(kube: Kube, job: dict, default: dict | None) -> dict:
+    """The job with the operator's default ``spec.scheduling`` written into it when it sets none (the chart's
+    ``scheduling`` value); a Kueue default also labels it with its queue and suspends it until admitted."""
+    spec = job.get("spec") or {}
+    if not default or spec.get("scheduling") is not None:
+        return job
+    patch: dict = {"spec": {"scheduling": dict(default)}}
+    if default.get("gang") == gang.KUEUE:
+        patch["spec"]["suspend"] = True
+        patch["metadata"] = {"labels": gang.job_labels(gang.KUEUE, default.get("queue"))}
+    return kube.patch_spec(job["metadata"]["namespace"], job["metadata"]["name"], patch)
+
+
 def admitted_condition(admitted: bool, *, reason: str, message: str = "") -> dict:
     """The ``Admitted`` condition of the job's status."""
     cond = {"type": "Admitted", "status": "True" if admitted else "False", "reason": reason,
@@ -65,4 +78,4 @@ def hold(kube: Kube, job: dict, *, reason: str, message: str) -> None:
     kube.event(job, reason="WaitingForAdmission", message=message, key=f"admission-{reason.lower()}")
 
 
-__all__ = ["admitted_condition", "hold", "waiting_for"]
+__all__ = ["admitted_condition", "hold", "waiting_for", "with_default_scheduling"]

@@ -114,8 +114,8 @@ class Sweeper:
                 log.warning("operator sweep failed: %s", exc)
 
 
-def build(api_client) -> tuple[kopf.OperatorRegistry, Reconciler]:
-    reconciler = Reconciler(Kube(api_client))
+def build(api_client, *, default_scheduling: dict | None = None) -> tuple[kopf.OperatorRegistry, Reconciler]:
+    reconciler = Reconciler(Kube(api_client), default_scheduling=default_scheduling)
     registry = build_registry(reconciler)
 
     @kopf.on.login(registry=registry)
@@ -127,11 +127,15 @@ def build(api_client) -> tuple[kopf.OperatorRegistry, Reconciler]:
 
 def run_operator(api_client, *, namespaces: Collection[str] = (), clusterwide: bool = False,
                  stop_flag: threading.Event | None = None, ready_flag: threading.Event | None = None,
-                 sweep_interval: float = 15.0) -> None:
-    """Run the operator until ``stop_flag`` is set (or a signal, when in the main thread)."""
+                 sweep_interval: float = 15.0, default_scheduling: dict | None = None) -> None:
+    """Run the operator until ``stop_flag`` is set (or a signal, when in the main thread).
+
+    ``default_scheduling`` (``{"gang": ..., "queue": ...}``) is written into every job that sets no
+    ``spec.scheduling`` before it starts (:func:`flextrain.operator.admission.with_default_scheduling`).
+    """
     if clusterwide == bool(namespaces):
         raise ValueError("give either namespaces or clusterwide=True")
-    registry, reconciler = build(api_client)
+    registry, reconciler = build(api_client, default_scheduling=default_scheduling)
     log.info("flextrain operator watching %s", "all namespaces" if clusterwide else ", ".join(namespaces))
     sweeper = Sweeper(reconciler, namespaces=namespaces, clusterwide=clusterwide, interval=sweep_interval).start()
     try:

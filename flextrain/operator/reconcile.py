@@ -95,8 +95,9 @@ class _Backoff:
 
 
 class Reconciler:
-    def __init__(self, kube: Kube) -> None:
+    def __init__(self, kube: Kube, *, default_scheduling: dict | None = None) -> None:
         self.kube = kube
+        self.default_scheduling = default_scheduling  # for jobs without spec.scheduling (the chart's value)
         self.replicas = ReplicaSettler(kube, target=self._target)
         self._backoff: dict[str, _Backoff] = {}  # job uid -> its refused master objects' next try
         self._stops_sent: set[tuple[Any, ...]] = set()  # (job uid, master relaunches, reason) sent
@@ -137,6 +138,7 @@ class Reconciler:
         relaunches = (job.get("status") or {}).get("masterRelaunches")
         if relaunches is None and not pods:
             # An invalid spec fails at once (in _create) rather than wait for an admission it cannot use.
+            job = admission.with_default_scheduling(self.kube, job, self.default_scheduling)
             waiting = admission.waiting_for(self.kube, job) if spec_problems(job) is None else None
             if waiting is not None:
                 admission.hold(self.kube, job, reason=waiting[0], message=waiting[1])

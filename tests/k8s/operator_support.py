@@ -16,7 +16,7 @@ from flextrain.operator.kube import Kube
 
 
 class Operator:
-    def __init__(self, api_client, namespace: str, *, sweep_interval: float) -> None:
+    def __init__(self, api_client, namespace: str, *, sweep_interval: float, **options) -> None:
         from flextrain.operator.main import run_operator
 
         self.stop = threading.Event()
@@ -26,7 +26,7 @@ class Operator:
         def run() -> None:
             try:
                 run_operator(api_client, namespaces=[namespace], stop_flag=self.stop, ready_flag=self.ready,
-                             sweep_interval=sweep_interval)
+                             sweep_interval=sweep_interval, **options)
             except BaseException as exc:  # noqa: BLE001 - surfaced by start()/close()
                 self.error = exc
                 self.ready.set()

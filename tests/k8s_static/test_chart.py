@@ -415,3 +415,10 @@ def test_rbac_grants_every_call_the_code_makes(who, globs):
         if (path, verb, resource) in _NOT_IN_PRODUCTION:
             continue
         assert verb in granted.get(resource, set()), f"{path} calls {verb} on {resource}; the {who} Role lacks it"
+
+
+def test_scheduling_value_becomes_the_operators_default_gang():
+    objs = rendered_objects({"scheduling": {"gang": "volcano", "queue": "research"}})
+    args = operator_container(objs)["args"]
+    assert args[-4:] == ["--default-gang", "volcano", "--default-queue", "research"]
+    assert "--default-gang" not in operator_container(rendered_objects({}))["args"]

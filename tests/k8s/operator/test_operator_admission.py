@@ -77,3 +77,20 @@ def test_volcano_job_gets_a_pod_group_and_waits_until_it_is_inqueue(operator, jo
     assert master["spec"]["schedulerName"] == "volcano"
     assert master["metadata"]["annotations"][gang.VOLCANO_GROUP_ANNOTATION] == "gang"
     assert master["metadata"]["labels"][meta.LABEL_JOB] == "gang"
+
+
+def test_the_operators_default_gang_applies_to_jobs_without_their_own(k8s_api, k8s_cluster, jobs):
+    from operator_support import Operator
+
+    op = Operator(k8s_api, k8s_cluster.namespace, sweep_interval=1.0,
+                  default_scheduling={"gang": "kueue", "queue": "shared"}).start()  # the chart's scheduling value
+    try:
+        jobs.create(elasticjob("plain"))
+        status = wait_for(lambda: jobs.status("plain").get("phase") == "Pending" and jobs.status("plain"),
+                          timeout=30, what="the job held for admission")
+        job = jobs.get("plain")
+        assert job["spec"]["scheduling"] == {"gang": "kueue", "queue": "shared"} and job["spec"]["suspend"] is True
+        assert job["metadata"]["labels"][gang.KUEUE_QUEUE_LABEL] == "shared"
+        assert "LocalQueue shared" in status["message"] and jobs.master_pods("plain") == {}
+    finally:
+        op.close()
