@@ -36,8 +36,10 @@ def test_preempted_elastic_worker_costs_no_budget_waits_pending_and_rejoins(kube
 
     node_agent.set_capacity(2)  # the node is full once the preempting pod takes the slot
     node_agent.preempt("spot-worker-2")
-    status = wait_for(lambda: (s := job.status())["workers"].get("pending") == 1 and s, timeout=60,
-                      what="the replacement pending")
+    # The scheduler's reason shows once the node agent has said it (the pod is Pending from its creation on).
+    status = wait_for(lambda: (s := job.status())["workers"].get("pending") == 1
+                      and "Unschedulable" in s["workers"].get("reason", "") and s, timeout=60,
+                      what="the replacement pending, unschedulable")
     workers = status["workers"]
     assert workers["preempted"] == 1 and workers["desired"] == 3 and status["phase"] == "Running"
     assert "1 pending (Unschedulable: 0/1 nodes are available: node full (2 pods))" in workers["reason"]
