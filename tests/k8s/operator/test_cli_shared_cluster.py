@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import yaml
-from test_cli_k8s import TRAIN, cli  # noqa: F401 - cli is a fixture
+from test_cli_k8s import TRAIN
 
 from flextrain.k8s.resource import jobspec_from_resource
 
 
-def test_shared_cluster_flags_become_the_elasticjob_fields(cli):  # noqa: F811
+def test_shared_cluster_flags_become_the_elasticjob_fields(cli):
     res = cli(*TRAIN, "--dry-run", "--priority-class-name", "team-core", "--elastic-priority-class-name", "spot",
               "--gang", "kueue", "--queue", "team-a", "--ttl-seconds-after-finished", "600",
               "--active-deadline-seconds", "86400", "--backoff-limit", "2")
@@ -24,7 +24,7 @@ def test_shared_cluster_flags_become_the_elasticjob_fields(cli):  # noqa: F811
     assert jobspec_from_resource(body).scheduling.queue == "team-a"
 
 
-def test_bad_or_local_shared_cluster_flags_are_refused_naming_the_flag(cli):  # noqa: F811
+def test_bad_or_local_shared_cluster_flags_are_refused_naming_the_flag(cli):
     res = cli(*TRAIN, "--dry-run", "--gang", "kueue")
     assert res.returncode == 2 and "--gang kueue needs --queue" in res.stderr, res.stderr
     res = cli(*TRAIN, "--dry-run", "--elastic-priority-class-name", "Spot_Class")
