@@ -250,7 +250,9 @@ def status(args) -> int:
     w, p = st.get("workers") or {}, st.get("progress") or {}
     print(f"job       {args.job}  (ElasticJob in {namespace})")
     print(f"phase     {st.get('phase', 'Unknown')}" + (f"  - {st['message']}" if st.get("message") else ""))
-    print(f"workers   {w.get('active', 0)} active / {w.get('desired', '?')} desired")
+    waiting = "".join(f", {w[k]} {k}" for k in ("pending", "preempted") if w.get(k))
+    print(f"workers   {w.get('active', 0)} active / {w.get('desired', '?')} desired{waiting}"
+          + (f"  - {w['reason']}" if w.get("reason") else ""))
     if "epoch" in st:
         print(f"epoch     {st['epoch']}   step {st.get('step', 0)}")
     if p:

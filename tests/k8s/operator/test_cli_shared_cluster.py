@@ -32,3 +32,19 @@ def test_bad_or_local_shared_cluster_flags_are_refused_naming_the_flag(cli):
     local = [a for a in TRAIN if a not in ("--backend", "kubernetes", "--image", "flextrain:test")]
     res = cli(*local, "--ttl-seconds-after-finished", "60")
     assert res.returncode == 2 and "--ttl-seconds-after-finished needs --backend kubernetes" in res.stderr, res.stderr
+
+
+def test_status_shows_pending_and_preempted_workers_and_why(cli, jobs):
+    from test_operator_create import elasticjob
+
+    from flextrain.k8s import meta
+
+    jobs.create(elasticjob("spot"))
+    reason = "1 pending (Unschedulable: 0/3 nodes); 1 preempted so far (last worker-2: PreemptionByScheduler)"
+    jobs.kube.custom.patch_namespaced_custom_object_status(
+        meta.GROUP, meta.VERSION, jobs.namespace, meta.PLURAL, "spot", {"status": {
+            "phase": "Running", "workers": {"desired": 3, "active": 2, "pending": 1, "preempted": 1,
+                                            "reason": reason}}})
+    res = cli("status", "spot", "--namespace", jobs.namespace)
+    assert res.returncode == 0, res.stderr
+    assert f"workers   2 active / 3 desired, 1 pending, 1 preempted  - {reason}" in res.stdout
