@@ -5,12 +5,17 @@ workers: fewer cannot train. A batch scheduler admits that set together or
 not at all, so a job never holds half its pods while waiting for the rest.
 
 * ``gang: volcano``: a ``PodGroup`` (``scheduling.volcano.sh/v1beta1``) named
-  after the job, owned by it, with ``minMember`` = the minimum set and the
-  job's ``queue``; every pod of the job names it (annotation
-  ``scheduling.k8s.io/group-name``) and ``schedulerName: volcano``. As
-  Volcano's own job controller does, the operator creates the master only
-  once the PodGroup is ``Inqueue`` (or later), so the job stays ``Pending``
-  with the PodGroup's phase as the reason until Volcano admits it.
+  after the job, owned by it, with the job's ``queue``. As Volcano's own job
+  controller does, the operator creates the master only once the PodGroup is
+  ``Inqueue`` (or later), so the job stays ``Pending`` with the PodGroup's
+  phase as the reason until Volcano admits it. The pods the master then
+  creates (parameter servers, workers) name the group (annotation
+  ``scheduling.k8s.io/group-name``, ``schedulerName: volcano``) and
+  ``minMember`` is their minimum, parameter servers + ``minReplicas``:
+  Volcano binds none of them before it can bind that many. The master pod
+  itself is not a member: it is created alone, before the others exist, and
+  Volcano's gang check (members that exist >= ``minMember``) would hold it,
+  and with it the whole job, for ever.
 * ``gang: kueue``: the ElasticJob carries the label
   ``kueue.x-k8s.io/queue-name: QUEUE`` and is created with ``spec.suspend:
   true``; Kueue admits it by setting ``suspend`` to false, and only then does
@@ -41,11 +46,12 @@ def scheduling(job: Mapping[str, Any]) -> tuple[str | None, str | None]:
 
 
 def min_member(job: Mapping[str, Any]) -> int:
-    """The job's minimum set: one master, every parameter server, ``minReplicas`` (else ``replicas``) workers."""
+    """The PodGroup's ``minMember``: every parameter server and ``minReplicas`` (else ``replicas``) workers
+    (the master is admitted with the group, not scheduled in it: see the module docstring)."""
     replicas = (job.get("spec") or {}).get("replicaSpecs") or {}
     worker = replicas.get("worker") or {}
     ps = int((replicas.get("ps") or {}).get("replicas") or 0)
-    return 1 + ps + int(worker.get("minReplicas") or worker.get("replicas") or 1)
+    return ps + int(worker.get("minReplicas") or worker.get("replicas") or 1)
 
 
 def pod_group_name(job_name: str) -> str:
@@ -68,10 +74,11 @@ def pod_group(job: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def apply_to_pod(job: Mapping[str, Any], pod: dict[str, Any]) -> dict[str, Any]:
-    """Put ``job``'s gang on one of its pods (Volcano: scheduler and group; Kueue: nothing, the job is admitted)."""
+def apply_to_pod(job: Mapping[str, Any], pod: dict[str, Any], *, role: str) -> dict[str, Any]:
+    """Put ``job``'s gang on one of its pods (Volcano: scheduler and group for worker and PS pods; Kueue:
+    nothing, the job as a whole is admitted)."""
     gang, _ = scheduling(job)
-    if gang == VOLCANO:
+    if gang == VOLCANO and role != "master":
         pod["spec"]["schedulerName"] = VOLCANO_SCHEDULER
         pod["metadata"].setdefault("annotations", {})[VOLCANO_GROUP_ANNOTATION] = pod_group_name(
             job["metadata"]["name"])

@@ -189,7 +189,7 @@ def job_pod(
     }
     if tpl.annotations:
         metadata["annotations"] = dict(tpl.annotations)
-    return gang.apply_to_pod(job, {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec})
+    return gang.apply_to_pod(job, {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}, role=role)
 
 
 def job_service(job: Mapping[str, Any], *, service_name: str, role: str, index: int | None,

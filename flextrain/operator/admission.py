@@ -40,8 +40,8 @@ def waiting_for(kube: Kube, job: dict) -> tuple[str, str] | None:
             where = f", queue {queue}" if queue else ""
             return "PodGroupNotAdmitted", (
                 f"waiting for admission: PodGroup {group['metadata']['name']} is {phase or 'Pending'} "
-                f"(Volcano{where}; minMember {gang.min_member(job)}: master, parameter servers, minReplicas "
-                "workers); the master is created once it is Inqueue")
+                f"(Volcano{where}; minMember {gang.min_member(job)}: parameter servers and minReplicas workers); "
+                "the master is created once it is Inqueue")
     return None
 
 

@@ -10,6 +10,7 @@ from ft_helpers import wait_for
 from test_operator_create import elasticjob
 
 from flextrain.k8s import gang, meta
+from flextrain.k8s.pods import instance_pod
 
 
 def set_pod_group_phase(jobs, name: str, phase: str) -> None:
@@ -66,17 +67,23 @@ def test_volcano_job_gets_a_pod_group_and_waits_until_it_is_inqueue(operator, jo
     job = jobs.create(body)
     group = wait_for(lambda: jobs.status("gang").get("phase") == "Pending" and pod_group(jobs, "gang"),
                      timeout=30, what="the PodGroup and a Pending job")
-    assert group["spec"] == {"minMember": 4, "queue": "research"}  # master + 2 PS + minReplicas 1
+    assert group["spec"] == {"minMember": 3, "queue": "research"}  # 2 PS + minReplicas 1
     assert group["metadata"]["ownerReferences"][0]["uid"] == job["metadata"]["uid"]
-    assert "PodGroup gang is Pending (Volcano, queue research; minMember 4" in jobs.status("gang")["message"]
+    assert "PodGroup gang is Pending (Volcano, queue research; minMember 3" in jobs.status("gang")["message"]
     assert jobs.master_pods("gang") == {}
 
     set_pod_group_phase(jobs, "gang", "Inqueue")  # Volcano admitted the gang
     pods = wait_for(lambda: jobs.master_pods("gang"), timeout=30, what="the master once the PodGroup is Inqueue")
     master = pods[0]
-    assert master["spec"]["schedulerName"] == "volcano"
-    assert master["metadata"]["annotations"][gang.VOLCANO_GROUP_ANNOTATION] == "gang"
-    assert master["metadata"]["labels"][meta.LABEL_JOB] == "gang"
+    # Created alone before its group's members exist, the master is not one (Volcano would hold it for ever).
+    assert "schedulerName" not in master["spec"]
+    assert gang.VOLCANO_GROUP_ANNOTATION not in (master["metadata"].get("annotations") or {})
+    for role, index in (("worker", 0), ("ps", 1)):  # what the master creates: members of the gang
+        pod = instance_pod(jobs.get("gang"), role=role, index=index, instance_id=f"{role}-{index}", args=(), env={},
+                           master_address="gang-master:50051")
+        assert pod["spec"]["schedulerName"] == "volcano", role
+        assert pod["metadata"]["annotations"][gang.VOLCANO_GROUP_ANNOTATION] == "gang"
+        assert pod["metadata"]["labels"][meta.LABEL_JOB] == "gang"
 
 
 def test_the_operators_default_gang_applies_to_jobs_without_their_own(k8s_api, k8s_cluster, jobs):
