@@ -14,6 +14,7 @@ from flextrain.job.settings import (
     OPTIONAL_NUMBERS,
     SETTING,
     SETTINGS,
+    VALUE_RULES,
     Backend,
     JobSpecError,
     JobType,
@@ -155,6 +156,10 @@ class WorkerSpec:
     # Time each new worker's training step before it registers; one straggler_factor x slower than the
     # others' is kept out of the job, naming its node.
     node_check: bool = False
+    # Kubernetes: the PriorityClass of the first min_replicas worker pods (the guaranteed core) and of the
+    # elastic rest (None: the core's); flextrain/master/k8s_priority.py.
+    priority_class_name: str | None = None
+    elastic_priority_class_name: str | None = None
     # Seconds a round waits for stragglers once `min_replicas` are present.
     rendezvous_timeout: float = 10.0
     # Seconds without a heartbeat after which a worker counts as hung.
@@ -200,7 +205,16 @@ class PSSpec:
         return self.grads_to_wait or 1
 
 
-SECTIONS = {"data": DataSpec, "training": TrainingSpec, "worker": WorkerSpec, "ps": PSSpec}
+@dataclass(frozen=True)
+class SchedulingSpec:
+    """``spec.scheduling`` (Kubernetes only): gang admission of the job's minimum set (docs/shared-cluster.md)."""
+
+    gang: str | None = None  # "volcano" (a PodGroup) or "kueue" (the queue label, created suspended)
+    queue: str | None = None  # the Volcano Queue or Kueue LocalQueue
+
+
+SECTIONS = {"data": DataSpec, "training": TrainingSpec, "worker": WorkerSpec, "ps": PSSpec,
+            "scheduling": SchedulingSpec}
 
 
 @dataclass(frozen=True)
@@ -230,6 +244,14 @@ class JobSpec:
     training: TrainingSpec = TrainingSpec()
     worker: WorkerSpec = WorkerSpec()
     ps: PSSpec = PSSpec()
+    scheduling: SchedulingSpec = SchedulingSpec()
+    # Kubernetes only, with Kubernetes' Job names and meanings (flextrain/operator/lifecycle.py): not started
+    # while suspended; pods and Services deleted this long after the job finished; failed with reason
+    # DeadlineExceeded this long after it started; master relaunches allowed (None: relaunchBudget's 3).
+    suspend: bool = False
+    ttl_seconds_after_finished: int | None = None
+    active_deadline_seconds: int | None = None
+    backoff_limit: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.script_args, list):  # from JSON or YAML: a tuple keeps the spec hashable and equal
@@ -312,7 +334,10 @@ class JobSpec:
             check_accelerate("--accelerate", self.training.accelerate)
         if self.training.batch_schedule is not None:
             check_batch_schedule("--batch-schedule", self.training.batch_schedule)
-        for field in ("shuffle", "ps_wal", "ps_wal_fsync", "preflight", "skip_unknown_files", "csv_header"):
+        for field in ("gang", "queue", "priority_class_name", "elastic_priority_class_name"):
+            if self.get(field) is not None:
+                VALUE_RULES[field](flag_of(field), self.get(field))
+        for field in ("shuffle", "ps_wal", "ps_wal_fsync", "preflight", "skip_unknown_files", "csv_header", "suspend"):
             if not isinstance(self.get(field), bool):
                 raise JobSpecError(f"{'--preflight' if field == 'preflight' else flag_of(field)} must be true or false, got {self.get(field)!r}")
         for name, field, kind in (("--distribution-strategy", "strategy", Strategy), ("job type", "job_type", JobType),

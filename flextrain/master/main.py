@@ -29,6 +29,7 @@ from flextrain.master.coordinator import JobMaster, Phase
 from flextrain.master.failures import FailureTracker, failure_lines
 from flextrain.master.instances import InstanceManager
 from flextrain.master.jobdir import JobDirError
+from flextrain.master.k8s_priority import membership as worker_membership
 from flextrain.master.launcher import LaunchBackend, LocalProcessBackend
 from flextrain.master.ledger import TaskLedger
 from flextrain.master.metrics import start_metrics
@@ -208,7 +209,7 @@ def _run_master(
 
     k8s = None  # the Kubernetes context, when workers run as pods
     if backend is None and spec.backend is Backend.KUBERNETES:
-        from flextrain.master.k8s_backend import kubernetes_context
+        from flextrain.master.k8s_context import kubernetes_context
         from flextrain.master.k8s_status import ElasticJobStatusWriter
 
         def cited() -> set[str]:  # the failed pod the job's failure names (or would): its logs stay readable
@@ -254,12 +255,20 @@ def _run_master(
     tls_env = {ENV_DIR: str(job_dir / TLS_DIR)} if creds else {}
     server, bound = start_server(servicer, host=host, port=port, threads=16, creds=creds)  # the calls that may block
     address = f"{host}:{bound}"
+    def membership(active: int, desired: int) -> dict:  # pending and preempted workers, and why
+        waiting = (k8s.backend.pending() if k8s else set()) - (spares.ids() if spares else set())
+        waiting = {i for i in waiting if i.startswith("worker-")}
+        return worker_membership(active=active, desired=desired, pending=len(waiting),
+                                 preempted=manager.preempted if manager else 0,
+                                 last_disruption=manager.last_disruption if manager else "",
+                                 unscheduled=k8s.backend.pending_reason(waiting) if k8s else None)
+
     metrics = start_metrics(spec, host=host, kubernetes_job=k8s.job if k8s else None, note=job.note)
     reporter = StatusReporter(
         job, path=job_dir / "status.json", desired=lambda: manager.desired if manager else spec.worker.replicas,
         master_address=address, show_progress=show_progress, console=console,
         sinks=(*((status_writer,) if k8s else ()), *((metrics,) if metrics else ())),
-        spares=spares.snapshot if spares else None, metrics_url=metrics.url if metrics else "",
+        spares=spares.snapshot if spares else None, membership=membership, metrics_url=metrics.url if metrics else "",
     )
     reporter.update()
 
@@ -275,7 +284,9 @@ def _run_master(
                                 "PYTHONUNBUFFERED": "1", **local_env, **tls_env},
         on_launch=job.worker_launched, on_exit=lambda wid, code: job.worker_exited(wid),
         on_budget_exhausted=job.relaunches_exhausted, on_retire=job.retire, judge=job.worker_failed,
-        spares=spares,
+        spares=spares, on_disrupted=lambda wid, why: job.note(
+            f"{wid} was taken away by the cluster ({why}): the job goes on with the workers left; its "
+            "replacement waits for capacity and joins when scheduled (no relaunch budget spent)"),
     )
     fleet: PSFleet | None = None
     if spec.strategy is Strategy.PARAMETER_SERVER:  # the servers to launch (the strategy is in job.strategy)

@@ -141,9 +141,12 @@ def _reserve(path: Path) -> None:
 class StatusReporter:
     def __init__(self, job: JobMaster, *, path: Path, desired: callable, master_address: str,
                  show_progress: bool, console: Console | None = None, sinks: tuple = (),
-                 spares: Callable[[], dict] | None = None, metrics_url: str = "") -> None:
+                 spares: Callable[[], dict] | None = None,
+                 membership: Callable[[int, int], dict] | None = None, metrics_url: str = "") -> None:
         self.job = job
         self.metrics_url = metrics_url
+        # (active, desired) -> pending/preempted workers and why fewer are active (k8s_priority.membership)
+        self._membership = membership
         self._spares = spares  # --spare-workers: the pool's snapshot (spares are not workers)
         self.path = path
         self._reserve = path.with_name(RESERVE_NAME)
@@ -173,6 +176,10 @@ class StatusReporter:
                 "train", total=job.ledger.records_total, epoch="", loss="-", rate="-", workers=0
             )
 
+    def _workers(self) -> dict:
+        desired, active = self._desired(), active_workers(self.job)
+        return {"desired": desired, "active": active, **(self._membership(active, desired) if self._membership else {})}
+
     def snapshot(self) -> dict:
         job = self.job
         with job.cond:
@@ -193,7 +200,7 @@ class StatusReporter:
                 "name": job.spec.name,
                 "phase": job.phase.value,
                 "message": job.message,
-                "workers": {"desired": self._desired(), "active": active_workers(job)},
+                "workers": self._workers(),
                 "members": members(job),
                 # --spare-workers: spares parked (ready to be taken) and starting; never in workers/members
                 **({"spares": self._spares()} if self._spares else {}),

@@ -12,6 +12,8 @@ its thread pool.
 * A master pod of a job changes or disappears -> check that job's master now.
 * ``spec.replicaSpecs.worker.replicas`` changed (``kubectl scale``) -> Scale RPC, or the
   spec reverted when the count is out of range or the job has finished (one Event either way).
+* ``spec.suspend`` set to false -> the same check: a job waiting for admission starts
+  (``operator.admission``).
 * annotation ``flextrain.dev/stop`` set (``flextrain stop``) -> Stop RPC.
 * ``status.phase`` changed -> one Event per phase entered, those passed unseen included.
 """
@@ -63,6 +65,13 @@ def build_registry(reconciler: Reconciler, *, registry: kopf.OperatorRegistry | 
             outcome = reconciler.ensure(job)
             log.info("master pod %s %s (phase %s): job %s %s", body.metadata.name, type, phase, job_name,
                      outcome.value)
+
+    @kopf.on.field(**job_resource, id="suspend", field="spec.suspend")
+    def on_suspend(new: Any, body: kopf.Body, **_: Any) -> None:
+        if not new:  # admitted (Kueue) or resumed by hand: a job that never started starts now
+            job = reconciler.kube.get_job(body.metadata.namespace, body.metadata.name)
+            if job is not None:
+                reconciler.ensure(job)
 
     @kopf.on.field(**job_resource, id="relay-replicas", field="spec.replicaSpecs.worker.replicas",
                    retries=RELAY_RETRIES)

@@ -144,6 +144,9 @@ def test_rbac_is_least_privilege(values):
             # Nothing flextrain does needs secrets, RBAC objects, or other workloads.
             assert not {"secrets", "roles", "rolebindings", "clusterroles", "serviceaccounts",
                         "deployments", "nodes", "customresourcedefinitions"} & set(rule["resources"]), where
+            if rule["apiGroups"] == ["scheduling.volcano.sh"]:  # gang volcano: the job's PodGroup, nothing else
+                assert rule["resources"] == ["podgroups"], where
+                continue
             assert set(rule["apiGroups"]) <= {"", "flextrain.dev"}, where
 
 
@@ -177,13 +180,15 @@ def test_job_pods_may_manage_pods_create_services_and_only_patch_job_status(valu
 
 
 def test_operator_rights_are_what_it_calls_and_no_more():
-    """flextrain/operator never deletes (relaunched masters are new pods; the GC follows ownerReferences)."""
+    """flextrain/operator deletes only what a job's lifecycle says (activeDeadlineSeconds: its pods;
+    ttlSecondsAfterFinished: its pods, Services and PodGroup); relaunched masters are new pods."""
     (role,) = [r for r in objects_of("Role", rendered_objects({})) if r["metadata"]["name"] != "flextrain-job"]
     assert rights(role) == {
         "flextrain.dev/elasticjobs": {"get", "list", "watch", "patch"},
         "flextrain.dev/elasticjobs/status": {"patch"},
-        "pods": {"get", "list", "watch", "create"},
-        "services": {"get", "create"},
+        "pods": {"get", "list", "watch", "create", "delete"},
+        "services": {"get", "list", "create", "delete"},
+        "scheduling.volcano.sh/podgroups": {"get", "create", "delete"},
         "events": {"create"},
     }
 
@@ -387,9 +392,12 @@ def calls_in(*globs: str) -> set[tuple[str, str, str]]:
     found = set()
     for pattern in globs:
         for path in REPO.glob(pattern):
-            for m in _CALL.finditer(path.read_text()):
+            text = path.read_text()
+            for m in _CALL.finditer(text):
                 verb, _, kind, status = m.groups()
                 resource = _RESOURCE[kind] + ("/status" if status else "")
+                if kind == "custom_object" and "podgroup" in text[m.end():m.end() + 120].lower():  # a Volcano PodGroup
+                    resource = "scheduling.volcano.sh/podgroups"
                 found.add((path.relative_to(REPO).as_posix(), _VERB[verb], resource))
     return found
 
@@ -434,3 +442,10 @@ def test_metrics_the_operator_port_and_optional_service_monitors():
     off = rendered_objects({"metrics": {"operatorPort": 0}}, namespace=NAMESPACE)
     assert "--no-metrics" in operator_container(off)["args"] and "ports" not in operator_container(off)
     assert not [s for s in objects_of("Service", off) if s["metadata"]["name"].endswith("-operator-metrics")]
+
+
+def test_scheduling_value_becomes_the_operators_default_gang():
+    objs = rendered_objects({"scheduling": {"gang": "volcano", "queue": "research"}})
+    args = operator_container(objs)["args"]
+    assert args[-4:] == ["--default-gang", "volcano", "--default-queue", "research"]
+    assert "--default-gang" not in operator_container(rendered_objects({}))["args"]
