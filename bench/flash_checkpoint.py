@@ -83,10 +83,13 @@ def main(argv=None) -> int:
         for side in ("plain", "control", "flash"):  # the flash side last: its end ends the turns
             epochs = args.epochs if side == "flash" else args.epochs * 3
             procs[side] = job(args, data_dir, root / side, epochs=epochs, every=args.every if side == "flash" else 0)
+        # Every side trains before any is paused: a tree paused while the others start (a minute or more on
+        # a loaded machine) would find its RPCs past their deadlines and its workers "hung" when resumed.
+        for side in ("plain", "control", "flash"):
             wait_steps(root / side, procs[side], 10)
             trees[side] = ProcessTree(procs[side].pid)
-            if side != "flash":
-                trees[side].pause()
+        for side in ("plain", "control"):
+            trees[side].pause()
         log(f"all sides train; they take turns in {args.window:g}s windows until the flash job ends")
         windows = take_turns(trees=trees, order=ORDER, seconds=args.window, until=procs["flash"], cpu=True)
     finally:

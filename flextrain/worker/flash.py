@@ -1,13 +1,14 @@
 """Rank 0's side of in-memory ("flash") checkpoints (``--memory-checkpoint-steps``).
 
 At a step boundary due for a snapshot the training thread does only this:
-encode the state (the copy) into the job's shared-memory directory
-(:class:`flextrain.elastic.flash.FlashStore`) and hand the snapshot to a
-background writer thread. It never waits for the master.
+encode the state (the copy) and hand the bytes to a background writer thread.
+It never waits for the writer nor the master.
 
-The writer sends the master a *mark* with the snapshot's exact position (a
-``ReportCheckpoint(memory=True)``) and waits for its answer: the ledger state
-of exactly that model, or "" when the master can no longer tell. The round
+The writer puts the state into the job's shared-memory directory
+(:class:`flextrain.elastic.flash.FlashStore`), sends the master a *mark* with
+the snapshot's exact position (a ``ReportCheckpoint(memory=True)``) and waits
+for its answer: the ledger state of exactly that model, or "" when the master
+can no longer tell. The round
 goes on meanwhile, so the master checks that its ledger holds nothing the
 snapshot's model lacks (``flextrain.master.accounting.moved_past``: the
 snapshot's task completed while the model is inside it or failed at a later
@@ -40,7 +41,7 @@ import grpc
 
 from flextrain.durable import write_atomic
 from flextrain.elastic.flash import FlashStore
-from flextrain.elastic.statecodec import decode, nonfinite
+from flextrain.elastic.statecodec import nonfinite_blob
 from flextrain.proto import flextrain_pb2 as pb
 
 log = logging.getLogger("flextrain.worker")
@@ -66,6 +67,7 @@ class FlashCheckpointer:
         self._queued: tuple[int, bytes, pb.Position] | None = None  # taken, for the writer to mark
         self._unpersisted: tuple[int, bytes, pb.Position, str] | None = None  # complete, not on disk
         self._since_disk = 0  # complete snapshots since the last one persisted
+        self._newest: tuple[int, bytes, pb.Position] | None = None  # the newest snapshot taken
         self._busy = False
         self._closing = False
         self._thread: threading.Thread | None = None
@@ -79,16 +81,17 @@ class FlashCheckpointer:
 
     # ---- the training thread ----------------------------------------------------
     def snapshot(self, encode: Callable[[], bytes], position: pb.Position) -> None:
-        """Copy the state at ``position`` (``encode()``'s bytes) into shared memory; the writer marks it."""
+        """Copy the state at ``position`` (``encode()``'s bytes); the writer puts it into shared memory
+        and marks it."""
         t0 = time.perf_counter()
         blob = encode()
         version = position.version
-        self.store.put_state(version, blob)
         job = (version, blob, pb.Position(round_id=position.round_id, task_index=position.task_index,
                                           steps_done=position.steps_done, version=version))
         with self._cond:
+            self._newest = job
             if self._queued is not None:  # superseded before the writer got to it
-                self._drop(self._queued[0])
+                self._drop(*self._queued[:2])
             self._queued = job
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, daemon=True, name="flash-writer")
@@ -102,7 +105,7 @@ class FlashCheckpointer:
         snapshot): drop the waiting snapshot and forget the one not yet on disk."""
         with self._cond:
             if discard and self._queued is not None:
-                self._drop(self._queued[0])
+                self._drop(*self._queued[:2])
                 self._queued = None
             while self._busy or self._queued is not None:
                 self._cond.wait()
@@ -115,7 +118,7 @@ class FlashCheckpointer:
         with self._cond:
             self._closing = True
             if self._queued is not None:
-                self._drop(self._queued[0])
+                self._drop(*self._queued[:2])
                 self._queued = None
             self._cond.notify_all()
         if self._thread is not None:
@@ -129,10 +132,12 @@ class FlashCheckpointer:
                 "dropped": self.dropped, "refused": self.refused, "training_ms_each": round(self.training_s / self.taken * 1e3, 4),
                 "writer_cpu_ms_each": round(self.writer_cpu_s / self.taken * 1e3, 4)}))
 
-    def _drop(self, version: int) -> None:
-        """A snapshot that will never be complete: its state goes (the caller holds the lock or is the writer)."""
+    def _drop(self, version: int, blob: bytes) -> None:
+        """A snapshot that will never be complete: its state goes (the caller holds the lock), unless a newer
+        snapshot of the same version (the round rolled back and came this far again) wrote that file since."""
         self.dropped += 1
-        self.store.state_path(version).unlink(missing_ok=True)
+        if self._newest is None or self._newest[0] != version or self._newest[1] is blob:
+            self.store.state_path(version).unlink(missing_ok=True)
 
     # ---- the writer thread ------------------------------------------------------
     def _run(self) -> None:
@@ -161,7 +166,13 @@ class FlashCheckpointer:
             self.writer_cpu_s += time.thread_time() - cpu0
 
     def _complete(self, version: int, blob: bytes, position: pb.Position) -> None:
-        """Mark the snapshot, write its ledger beside it; persist it when it is the ``persist_every``-th."""
+        """Put the snapshot into shared memory and mark it, write its ledger beside it; persist it when
+        it is the ``persist_every``-th."""
+        if self._newest is not None and self._newest[0] == version and self._newest[1] is not blob:
+            with self._cond:  # a newer snapshot of this version was taken meanwhile (see _drop)
+                self._drop(version, blob)
+            return
+        self.store.put_state(version, blob)
         try:
             ledger_json = self.client.mark_snapshot(position).result().ledger_json
         except grpc.RpcError as exc:  # e.g. the master restarting: the next snapshot is marked anew
@@ -170,11 +181,11 @@ class FlashCheckpointer:
         if not ledger_json:  # the round went past it before the master answered, or the master cannot tell
             with self._cond:
                 self.refused += 1
-                self._drop(version)
+                self._drop(version, blob)
             return
-        if bad := nonfinite(decode(blob)["model"]):  # never kept: a job must not resume with it
+        if bad := nonfinite_blob(blob):  # never kept: a job must not resume with it
             with self._cond:
-                self._drop(version)
+                self._drop(version, blob)
             log.error("in-memory checkpoint of step %d dropped: non-finite weights (%s)", version, "; ".join(bad))
             return
         self.store.put_ledger(version, blob, ledger=json.loads(ledger_json), position=_position(position))

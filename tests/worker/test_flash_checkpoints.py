@@ -78,15 +78,16 @@ def test_snapshots_are_the_model_and_persist_with_their_exact_ledger(job):
     flash = trainer.flash
     assert flash is not None and flash.store.path == flash_dir("j", spec.job_dir)
     models: dict[int, dict] = {}
+    blobs: dict[int, bytes] = {}  # what the training thread copied, by version
     take = flash.snapshot
 
     def snapshot(encode, position):
-        take(encode, position)
         version = position.version
+        take(lambda: blobs.setdefault(version, encode()), position)
         models[version] = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        in_memory = decode(flash.store.state_path(version).read_bytes())
-        assert in_memory["version"] == version == state.version
-        assert _equal(in_memory["model"], models[version])  # the snapshot is the model at that step
+        copied = decode(blobs[version])
+        assert copied["version"] == version == state.version
+        assert _equal(copied["model"], models[version])  # the snapshot is the model at that step
 
     flash.snapshot = snapshot
     completed = {}  # every complete snapshot's ledger in shared memory, by version
@@ -135,6 +136,7 @@ def test_snapshots_are_the_model_and_persist_with_their_exact_ledger(job):
     # the shared memory keeps only the newest complete snapshot, with its ledger
     snap, skipped = flash.store.latest()
     assert snap.version == version and not skipped and flash.store.versions() == [version]
+    assert snap.state_path.read_bytes() == blobs[version]
 
 
 def test_a_snapshot_whose_task_fails_before_its_mark_is_answered_is_dropped(make_job):
@@ -219,3 +221,38 @@ def test_flash_checkpoints_are_off_unless_asked_for(tmp_path):
     assert spec.training.memory_checkpoint_steps == 0
     master = JobMaster(spec, build_ledger(spec), checkpoints=CheckpointStore(tmp_path / "job" / "checkpoints"))
     assert master.flash is None
+
+
+def test_a_dropped_snapshot_leaves_a_newer_one_of_the_same_version_alone(make_job):
+    """After a rollback the round reaches a version again: dropping the older snapshot of that version
+    (superseded before the writer got to it) must not remove the newer one's state."""
+    spec, master, client = make_job(steps_per_task=4, epochs=1, memory_checkpoint_persist_every=1)
+    flash = FlashCheckpointer(store=FlashStore(flash_dir("j", spec.job_dir)),
+                              checkpoints=master.checkpoints.directory, client=client, every=1, persist_every=1)
+    marking, released = threading.Event(), threading.Event()
+    send = client.mark_snapshot
+
+    def held(position):
+        marking.set()
+        assert released.wait(30)
+        return send(position)
+
+    client.mark_snapshot = held
+    client.register(pid=0)
+    r = client.join(pb.Position(round_id=-1), "start").round_id
+    client.get_task(round_id=r, task_index=0, position=pb.Position(round_id=r))
+    at = pb.Position(round_id=r, task_index=0, steps_done=1, version=1)
+    older, newer = (encode({"model": {"w": torch.full((2,), v)}, "version": 1}) for v in (1.0, 2.0))
+    try:
+        first = encode({"model": {}, "version": 0})
+        flash.snapshot(lambda: first, pb.Position(round_id=r))
+        assert marking.wait(30)  # the writer holds the first snapshot, waiting for its mark
+        flash.snapshot(lambda: older, at)
+        flash.snapshot(lambda: newer, at)  # supersedes the older one before the writer took it
+        released.set()
+        flash.drain(discard=False)
+    finally:
+        flash.close()
+    assert flash.dropped == 1 and flash.completed == 2
+    snap, _ = flash.store.latest()
+    assert snap.version == 1 and snap.state_path.read_bytes() == newer
