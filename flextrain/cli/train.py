@@ -117,8 +117,8 @@ def add_commands(sub) -> None:
                    help="copy model and optimizer state to shared memory every N optimizer steps, persisted "
                         "in the background and flushed when the workers are lost (AllReduce; 0, the default: off; "
                         "e.g. 50)")
-    g.add_argument("--memory-checkpoint-persist-every", type=int, default=4, metavar="K",
-                   help="also write every K-th in-memory checkpoint to the job directory, in the background "
+    g.add_argument("--memory-checkpoint-persist-every", type=int, default=4, metavar="P",
+                   help="also write every P-th in-memory checkpoint to the job directory, in the background "
                         "(the others stay in shared memory until a worker exits or the workers are lost; "
                         "default 4; 1: every one)")
     g.add_argument("--rendezvous-timeout", type=float, default=10.0, metavar="SECONDS",

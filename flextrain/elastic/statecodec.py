@@ -163,6 +163,11 @@ def decode(data: bytes | bytearray | memoryview) -> Any:
         raise StateCodecError(f"state blob skeleton is corrupt: {exc}") from exc
 
 
+def _nonfinite_line(path: str, nan: int, inf: int, size: int) -> str:
+    counts = ", ".join(f"{n} {what}" for n, what in ((nan, "NaN"), (inf, "inf")) if n)
+    return f"{path} ({counts} of {size})"
+
+
 def nonfinite(tree: Any, *, limit: int = 5) -> list[str]:
     """Where a state tree holds NaN or infinite values: ``["model.net.0.weight (3 NaN, 1 inf of 640)"]``
     for up to ``limit`` float tensors (integer tensors cannot be non-finite)."""
@@ -175,8 +180,7 @@ def nonfinite(tree: Any, *, limit: int = 5) -> list[str]:
             if node.is_floating_point() or node.is_complex():
                 nan, inf = int(torch.isnan(node).sum()), int(torch.isinf(node).sum())
                 if nan or inf:
-                    counts = ", ".join(f"{n} {what}" for n, what in ((nan, "NaN"), (inf, "inf")) if n)
-                    found.append(f"{path} ({counts} of {node.numel()})")
+                    found.append(_nonfinite_line(path, nan, inf, node.numel()))
         elif isinstance(node, dict):
             for key, value in node.items():
                 walk(value, f"{path}.{key}" if path else str(key))
@@ -220,8 +224,7 @@ def nonfinite_blob(data: bytes | bytearray | memoryview, *, under: str = "model"
         else:  # integers and bools cannot be non-finite
             return
         if nan or inf:
-            counts = ", ".join(f"{n} {what}" for n, what in ((nan, "NaN"), (inf, "inf")) if n)
-            found.append(f"{path} ({counts} of {int(np.prod(meta['shape']))})")
+            found.append(_nonfinite_line(path, nan, inf, int(np.prod(meta["shape"]))))
 
     def walk(node: dict, path: str) -> None:
         ((kind, value),) = node.items()
