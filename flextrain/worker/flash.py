@@ -71,7 +71,8 @@ class FlashCheckpointer:
         self._busy = False
         self._closing = False
         self._thread: threading.Thread | None = None
-        self.taken = self.completed = self.persisted = self.dropped = self.refused = 0  # refused: among dropped
+        # refused: dropped because the master answered the mark with "" (or not at all)
+        self.taken = self.completed = self.persisted = self.dropped = self.refused = 0
         # What snapshots cost: the training thread's seconds (encode, copy, hand-over) and the writer
         # thread's CPU seconds; logged as JSON by close() (bench/flash_checkpoint.py reads it).
         self.training_s = self.writer_cpu_s = 0.0
@@ -129,7 +130,8 @@ class FlashCheckpointer:
         if self.taken:
             log.info("in-memory checkpoints: %s", json.dumps({
                 "taken": self.taken, "completed": self.completed, "persisted": self.persisted,
-                "dropped": self.dropped, "refused": self.refused, "training_ms_each": round(self.training_s / self.taken * 1e3, 4),
+                "dropped": self.dropped, "refused": self.refused,
+                "training_ms_each": round(self.training_s / self.taken * 1e3, 4),
                 "writer_cpu_ms_each": round(self.writer_cpu_s / self.taken * 1e3, 4)}))
 
     def _drop(self, version: int, blob: bytes) -> None:
