@@ -117,6 +117,10 @@ def add_commands(sub) -> None:
                    help="copy model and optimizer state to shared memory every N optimizer steps, persisted "
                         "in the background and flushed when the workers are lost (AllReduce; 0, the default: off; "
                         "e.g. 50)")
+    g.add_argument("--memory-checkpoint-persist-every", type=int, default=4, metavar="P",
+                   help="also write every P-th in-memory checkpoint to the job directory, in the background "
+                        "(the others stay in shared memory until a worker exits or the workers are lost; "
+                        "default 4; 1: every one)")
     g.add_argument("--rendezvous-timeout", type=float, default=10.0, metavar="SECONDS",
                    help="how long a round waits for stragglers once --min-workers are present")
     g.add_argument("--worker-timeout", type=float, default=60.0, metavar="SECONDS",
@@ -182,6 +186,7 @@ def build_spec(args):
         max_global_batch=args.max_global_batch, adapt_every=args.adapt_every,
         steps_per_task=args.steps_per_task, max_task_retries=args.max_task_retries,
         checkpoint_steps=args.checkpoint_steps, memory_checkpoint_steps=args.memory_checkpoint_steps,
+        memory_checkpoint_persist_every=args.memory_checkpoint_persist_every,
         bucket_mb=args.bucket_mb,
         rendezvous_timeout=args.rendezvous_timeout,
         worker_timeout=args.worker_timeout, start_timeout=args.start_timeout, relaunch_budget=args.relaunch_budget,

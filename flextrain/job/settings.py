@@ -299,6 +299,9 @@ SETTINGS: tuple[Setting, ...] = (
     _s("checkpoint_steps", "training.checkpoint_steps", int, "spec.training.checkpointSteps"),
     # In-memory ("flash") checkpoints every N steps, persisted in the background (docs/elasticity.md).
     _s("memory_checkpoint_steps", "training.memory_checkpoint_steps", int, "spec.training.memoryCheckpointSteps"),
+    # Every K-th in-memory checkpoint is also written to the job directory (docs/elasticity.md).
+    _s("memory_checkpoint_persist_every", "training.memory_checkpoint_persist_every", int,
+       "spec.training.memoryCheckpointPersistEvery"),
     # Gradient buckets reduced during backward, in MiB (0: one reduction after backward; docs/elasticity.md).
     _s("bucket_mb", "training.bucket_mb", float, "spec.training.bucketMb"),
     _s("seed", "training.seed", int, "spec.training.seed"),
@@ -353,6 +356,7 @@ def flag_of(key: str) -> str:
 # Every numeric JobSpec field, by kind. OPTIONAL_NUMBERS ones may be None (= derived from another field).
 NUMBER_RULES = (
     (check_count, ("workers", "epochs", "global_batch_size", "steps_per_task", "reference_batch_size",
+                   "memory_checkpoint_persist_every",
                    "min_workers", "max_workers", "grads_to_wait", "min_global_batch",
                    "max_global_batch", "adapt_every", "active_deadline_seconds")),
     (check_non_negative, ("evaluation_steps", "max_task_retries", "checkpoint_steps", "memory_checkpoint_steps",

@@ -83,8 +83,12 @@ class TrainingSpec:
     checkpoint_steps: int = 0
     # AllReduce: copy model + optimizer state to the job's shared memory every this many optimizer steps
     # (flash checkpoints: persisted in the background, flushed when the workers are lost; 0: off).
-    # 0 (off) until its step-time cost is below 1% (bench/flash_checkpoint.py measured ~4-5% at 50).
+    # 0 (off) until its step-time cost is shown below 1% at 50 (bench/README.md, flash_checkpoint.py).
     memory_checkpoint_steps: int = 0
+    # Of those in-memory snapshots, every this many-th is also written to the job directory (fsync'd) in the
+    # background; the others live in shared memory only (a worker that exits, and the master when the workers
+    # are lost, persist the newest). 1: every snapshot.
+    memory_checkpoint_persist_every: int = 4
     # AllReduce (PyTorch): gradients are summed in buckets of about this many MiB, launched from autograd hooks
     # while the last micro-step's backward runs (25: DDP's bucket_cap_mb); 0: one flat reduction after backward.
     bucket_mb: float = 25.0

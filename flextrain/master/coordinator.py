@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from flextrain.elastic.flash import FlashStore, flash_dir
 from flextrain.job import Backend, JobSpec, JobType, Strategy
 from flextrain.master.accelerating import StrategyChoice
-from flextrain.master.accounting import commit_passed, ledger_at
+from flextrain.master.accounting import commit_passed, ledger_at, moved_past, task_failed
 from flextrain.master.checkpoints import CheckpointStore, StateWriteError
 from flextrain.master.evaluation import Evaluations, outcome, prediction_task, record_task, task_message
 from flextrain.master.failures import FailureHandling, FailureTracker, WorkerFailure, failed_message, in_spec_words
@@ -360,6 +360,7 @@ class JobMaster(FailureHandling, RoundKeeping):
                 return  # already settled (e.g. its round closed first)
             if not req.ok:
                 self.ledger.fail(req.task_id, req.steps_done, f"{req.worker_id}: {req.error}")
+                task_failed(self.assigned.get(req.worker_id), req.task_id, req.steps_done)
                 if req.HasField("failure"):
                     self._task_failed(req)
             elif task.kind is not TaskKind.TRAINING:
@@ -436,18 +437,27 @@ class JobMaster(FailureHandling, RoundKeeping):
         """The ledger state (JSON) of a model that committed exactly up to ``req.position``: what an
         in-memory snapshot taken there is persisted with; "" when the master can no longer tell.
 
-        Rank 0 waits for this answer before the round can go past the snapshot's task (worker/flash.py),
-        so ``ledger_at`` is exact while the round is the snapshot's. A round formed since (the snapshot's
-        round ended at its step) is still exact while nothing beyond that step was committed in it."""
+        Rank 0 does not wait for this answer (worker/flash.py: its writer thread does), so the round
+        may have gone on meanwhile. Inside the snapshot's round the answer is exact while the ledger
+        holds no outcome the snapshot's model lacks (``moved_past``: its task completed or failed at
+        another step, a later task done or failed with steps applied). After a round change it is exact
+        while nothing beyond the snapshot's step was committed (the new round starts at its version)."""
         with self.cond:
             pos = req.position
-            self._touch(req.worker_id, pos)
+            info = self.workers.get(req.worker_id)
+            if info is not None and (info.position.round_id, info.position.version) > (pos.round_id, pos.version):
+                info.last_seen = self.clock()  # a late mark: the worker's newer position stays
+            else:
+                self._touch(req.worker_id, pos)
             rnd = self.rendezvous.current
             if self.checkpoints is None or self.over or rnd is None:
                 return ""
-            if rnd.round_id != pos.round_id and (rnd.version != pos.version or any(
+            if rnd.round_id == pos.round_id:
+                if moved_past(self.ledger, rnd, pos):
+                    return ""
+            elif rnd.version != pos.version or any(
                     w.position.round_id == rnd.round_id and w.position.version > pos.version
-                    for w in self.workers.values())):
+                    for w in self.workers.values()):
                 return ""
             return json.dumps(ledger_at(self.ledger, rnd, pos))
 

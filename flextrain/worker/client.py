@@ -125,16 +125,17 @@ class MasterClient:
         )
 
     def report_checkpoint(self, path: str, position: pb.Position, *, final: bool, stop: bool = False,
-                          ledger_json: str = "") -> None:
-        """``ledger_json``: a persisted flash snapshot's ledger (what its mark was answered with)."""
+                          ledger_json: str = "", give_up: float | None = None) -> None:
+        """``ledger_json``: a persisted flash snapshot's ledger (what its mark was answered with);
+        ``give_up``: seconds of retries (None: the client's)."""
         self._call("ReportCheckpoint", pb.ReportCheckpointRequest(
             worker_id=self.worker_id, path=path, position=position, final=final, stop=stop,
-            ledger_json=ledger_json))
+            ledger_json=ledger_json), give_up=give_up)
 
     def mark_snapshot(self, position: pb.Position) -> "grpc.Future":
-        """A flash snapshot was taken at ``position``: the answer (a future: training goes on meanwhile)
-        carries the ledger state of exactly that model. One try, no retries: an unanswered mark only
-        means that snapshot is not persisted."""
+        """A flash snapshot was taken at ``position``: the answer (a future; the flash writer thread waits
+        for it, training goes on meanwhile) carries the ledger state of exactly that model, or "" when
+        the round has gone past it. One try, no retries: an unanswered mark only drops that snapshot."""
         return self.stub.ReportCheckpoint.future(
             pb.ReportCheckpointRequest(worker_id=self.worker_id, position=position, memory=True),
             timeout=self.deadline)

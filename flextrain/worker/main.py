@@ -234,7 +234,6 @@ def _train(spec, client, collective, trainer, state) -> bool:
     """Rounds until training is over; True when it finished, False when told to stop."""
     reason, detail = "start", ""
     while True:
-        trainer.settle_snapshot()  # a snapshot taken at the round's last step: answered before a new round
         state.waiting = state.in_rendezvous = True
         try:
             resp = client.join(state.position(), reason, detail)
