@@ -27,8 +27,12 @@ after the last parameter's gradient is accumulated and the overlapped reduction'
 bucket but the tail is in flight then (one micro-step per rank: the hooks are armed in it).
 FT_FEED_DELAY: seconds per `feed` call, standing in for a bigger model's compute (the
 chaos suite uses it so that a job outlasts the workers it starts and kills).
+FT_CHECKSUM_DIR: after every committed step, each worker appends ``"<samples applied> <sha1>"`` to
+``<dir>/<worker id>.txt``: the total of the counters (the same on every member of a round at the
+same step) and a digest of every parameter and momentum buffer, so tests can compare the members' states.
 """
 
+import hashlib
 import os
 import threading
 import time
@@ -87,7 +91,25 @@ class CountingSGD(torch.optim.SGD):
         for p in self.counter:
             p.add_(torch.round(p.grad * G) if G else (p.grad != 0).to(p.dtype))
             p.grad.zero_()
-        return super().step(closure)
+        out = super().step(closure)
+        _record_checksum(self)
+        return out
+
+
+def _record_checksum(opt):
+    where, me = os.environ.get("FT_CHECKSUM_DIR"), os.environ.get("FLEXTRAIN_WORKER_ID")
+    if not (where and me):
+        return
+    digest = hashlib.sha1()
+    for group in opt.param_groups:
+        for p in group["params"]:
+            digest.update(p.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+            buf = opt.state.get(p, {}).get("momentum_buffer")
+            if buf is not None:
+                digest.update(buf.cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    applied = int(sum(float(p.detach().double().sum()) for p in opt.counter))
+    with open(os.path.join(where, f"{me}.txt"), "a") as f:
+        f.write(f"{applied} {digest.hexdigest()}\n")
 
 
 def optimizer(params, lr=0.1):
