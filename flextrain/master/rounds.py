@@ -108,7 +108,7 @@ class RoundKeeping:
         self.round_history.append({
             "round": rnd.round_id, "version": rnd.version, "time": round(time.time(), 3),
             "members": [{"id": m, "pid": self.workers[m].pid if m in self.workers else 0} for m in rnd.members],
-            "maxMicroBatch": rnd.max_micro_batch,
+            "maxMicroBatch": rnd.max_micro_batch, "membersInSync": rnd.members_in_sync,
         })
         for wid in rnd.members:
             self.assigned[wid] = rnd

@@ -18,8 +18,9 @@ import torch
 
 from flextrain.elastic.statecodec import decode
 from flextrain.worker.module import FeedMetadata
-from ft_helpers import (COUNTING_MODEL, alive, assert_exactly_once_at_latest_checkpoint, counting_data, flextrain_cmd,
-                        read_status, run_flextrain, seen_counts, wait_for)
+from ft_helpers import (COUNTING_MODEL, alive, assert_exactly_once_at_latest_checkpoint, assert_members_identical,
+                        counting_data, flextrain_cmd, last_step_before, member_checksums, read_status,
+                        round_started_in_sync, run_flextrain, seen_counts, steps_shared_by, wait_for)
 
 pytestmark = pytest.mark.e2e
 
@@ -81,7 +82,7 @@ def test_kill_one_of_three_survivors_continue_in_process_then_a_new_worker_joins
     sums = tmp_path / "checksums"
     sums.mkdir()
     proc = start_job(data, digits_data, job_dir, "--workers", "3", "--min-workers", "1", "--max-workers", "4",
-                     "--epochs", "1000", env={"FT_CHECKSUM_DIR": str(sums)})
+                     "--epochs", "1000", env={"FT_CHECKSUM_DIR": str(sums), "FLEXTRAIN_LOG_LEVEL": "INFO"})
     try:
         first = wait_for(lambda: (r := last_round(job_dir)) and len(r["members"]) == 3 and
                          status(job_dir)["step"] > 200 and r, timeout=180, what="3 workers training")
@@ -114,30 +115,16 @@ def test_kill_one_of_three_survivors_continue_in_process_then_a_new_worker_joins
     assert code == 1 and "resume with" in read_status(job_dir)["message"], err
     assert_exactly_once_at_latest_checkpoint(job_dir)
     assert validation_accuracy(job_dir, digits_data) > 0.90
-    # The survivors' round started without a state broadcast (both had synced in the last round, at
-    # the same step); the replacement's round broadcast to it (a newcomer is never skipped) ...
-    assert all(in_sync_line(job_dir, w, two["round"]) is True for w in survivors)
-    assert all(in_sync_line(job_dir, m["id"], three["round"]) is False for m in three["members"])
-    # ... and every member held the very same parameters and momentum after every step, before the
-    # kill, between the kill and the join (no broadcast) and after it.
-    by_step: dict[int, dict[str, str]] = {}
-    for f in sums.glob("*.txt"):
-        for line in f.read_text().splitlines():
-            applied, digest = line.split()
-            by_step.setdefault(int(applied), {})[f.stem] = digest
-    split = {step: members for step, members in by_step.items() if len(set(members.values())) > 1}
-    assert not split, f"members' states differ at {sorted(split)[:5]}"
-    shared = lambda ids: [s for s, members in by_step.items() if ids <= members.keys()]  # noqa: E731
-    assert len(shared(set(survivors))) > len(shared({m["id"] for m in first["members"]}))  # compared after the kill
-    assert shared({m["id"] for m in three["members"]})  # ... and with the newcomer
-
-
-def in_sync_line(job_dir, worker_id, round_id):
-    """Whether ``worker_id``'s log says round ``round_id`` started in sync (None: no such round line)."""
-    for line in (job_dir / "logs" / f"{worker_id}.log").read_text().splitlines():
-        if f"round {round_id}: rank " in line:
-            return "members in sync: no state broadcast" in line
-    return None
+    # The survivors' round skipped the state broadcast exactly when both stood at the same step (a
+    # peer killed inside a collective may leave them a step apart); the replacement's round always
+    # broadcast (a newcomer is never skipped); and the members' states never differed.
+    by_step = member_checksums(sums)
+    at_kill = {last_step_before(by_step, w, two["time"]) for w in survivors}
+    assert all(round_started_in_sync(job_dir, w, two["round"]) is (len(at_kill) == 1) for w in survivors)
+    assert all(round_started_in_sync(job_dir, m["id"], three["round"]) is False for m in three["members"])
+    assert_members_identical(by_step)
+    assert steps_shared_by(by_step, survivors) > steps_shared_by(by_step, {m["id"] for m in first["members"]})
+    assert steps_shared_by(by_step, {m["id"] for m in three["members"]})
 
 
 def test_exactly_once_across_many_kills_joins_and_scaling(digits_data, tmp_path):
