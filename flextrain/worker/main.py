@@ -238,6 +238,7 @@ def _train(spec, client, collective, trainer, state) -> bool:
             state.round_id, state.task_index, state.steps_done, state.synced = resp.round_id, 0, 0, False
         # Every member plans with the round's M (under auto: the smallest its members probed).
         trainer.max_micro_batch = resp.max_micro_batch or spec.training.effective_max_micro_batch
+        trainer.ask_first_task()
         try:
             state.waiting = True  # forming the group and the broadcast wait on every member
             try:

@@ -170,10 +170,19 @@ class AllReduceTrainer:
             self.flash.settle()
 
     # ---- training -------------------------------------------------------------
-    def run_round(self) -> int:
-        """Train until the round ends; returns the GetTask action that ended it."""
-        index = 0
+    def ask_first_task(self) -> None:
+        """Ask for the new round's first task now, as an ahead ask: the answer travels while the
+        round's group forms and its state syncs (a plain ask after them is a round trip more on a
+        recovery's path). What an earlier round left asked or queued is dropped."""
         self._drop_ahead()
+        self.ahead_asks += 1
+        self._ahead = (0, self.client.get_task_ahead(round_id=self.state.round_id, task_index=0,
+                                                     position=self.state.position(), count=self._ahead_count()))
+
+    def run_round(self) -> int:
+        """Train until the round ends; returns the GetTask action that ended it (the first task's
+        answer: :meth:`ask_first_task`'s, or asked now)."""
+        index = 0
         while True:
             self.state.task_index, self.state.steps_done = index, 0
             resp = self._take_ahead(index)
