@@ -74,6 +74,20 @@ def validation_accuracy(job_dir, digits_data):
         return (model(x)["logits"].argmax(dim=1) == y).float().mean().item()
 
 
+def survivors_then_replacement(job_dir, first):
+    """After a member of round ``first`` (of three) was killed: the round the two survivors formed
+    and the one its replacement joined."""
+    def rounds_after():
+        s = status(job_dir)
+        return [r for r in s["roundHistory"] if r["round"] > first["round"]] if s else []
+
+    two = wait_for(lambda: [r for r in rounds_after() if len(r["members"]) == 2], timeout=60,
+                   what="a round of the two survivors")[0]
+    three = wait_for(lambda: [r for r in rounds_after() if len(r["members"]) == 3], timeout=120,
+                     what="the replacement joining")[0]
+    return two, three
+
+
 def test_kill_one_of_three_survivors_continue_in_process_then_a_new_worker_joins(digits_data, tmp_path):
     data = counting_data(digits_data, tmp_path / "data")
     job_dir = tmp_path / "job"
@@ -89,20 +103,12 @@ def test_kill_one_of_three_survivors_continue_in_process_then_a_new_worker_joins
         victim = first["members"][1]
         survivors = {m["id"]: m["pid"] for m in first["members"] if m is not victim}
         os.kill(victim["pid"], signal.SIGKILL)
-
-        def rounds_after():
-            s = status(job_dir)
-            return [r for r in s["roundHistory"] if r["round"] > first["round"]] if s else []
-
-        # survivors re-form a round of two, same processes (no restart) ...
-        two = wait_for(lambda: [r for r in rounds_after() if len(r["members"]) == 2], timeout=60,
-                       what="a round of the two survivors")[0]
+        two, three = survivors_then_replacement(job_dir, first)
+        # survivors re-formed a round of two, same processes (no restart) ...
         assert {m["id"]: m["pid"] for m in two["members"]} == survivors
         assert all(alive(pid) for pid in survivors.values())
         assert two["version"] > first["version"]  # training went on from where it was
-        # ... then the replacement joins and the job is back to three
-        three = wait_for(lambda: [r for r in rounds_after() if len(r["members"]) == 3], timeout=120,
-                         what="the replacement joining")[0]
+        # ... then the replacement joined and the job is back to three
         ids = {m["id"] for m in three["members"]}
         assert set(survivors) < ids and victim["id"] not in ids
         assert {m["pid"] for m in three["members"] if m["id"] in survivors} == set(survivors.values())

@@ -16,7 +16,7 @@ import pytest
 from ft_helpers import (assert_exactly_once_at_latest_checkpoint, assert_members_identical, counting_data,
                         last_step_before, member_checksums, read_status, round_started_in_sync, run_flextrain,
                         steps_shared_by, wait_for)
-from test_elastic import finish, last_round, start_job, status
+from test_elastic import finish, last_round, start_job, status, survivors_then_replacement
 
 pytestmark = pytest.mark.e2e
 
@@ -37,15 +37,7 @@ def test_survivors_at_one_step_skip_the_broadcast_and_stay_identical(digits_data
         trigger.touch()
         wait_for(lambda: trigger.with_name("hang-now.hung").exists(), timeout=60, what="worker-1 hanging in feed")
         os.kill(victim["pid"], signal.SIGKILL)
-
-        def rounds_after():
-            s = status(job_dir)
-            return [r for r in s["roundHistory"] if r["round"] > first["round"]] if s else []
-
-        two = wait_for(lambda: [r for r in rounds_after() if len(r["members"]) == 2], timeout=60,
-                       what="a round of the two survivors")[0]
-        three = wait_for(lambda: [r for r in rounds_after() if len(r["members"]) == 3], timeout=120,
-                         what="the replacement joining")[0]
+        two, three = survivors_then_replacement(job_dir, first)
         wait_for(lambda: status(job_dir)["step"] > three["version"] + 30, timeout=60, what="training with three")
         assert run_flextrain("stop", str(job_dir)).returncode == 0
         code, err = finish(proc)
