@@ -87,6 +87,8 @@ def analyse_flextrain(job_dir: Path, rdir: Path, master_log: Path, events: list[
             if firsts:
                 d["recovery_s"] = rnd4(min(firsts) - t_kill)
                 recov.append(min(firsts) - t_kill)
+                if d["breakdown"]["detect_s"] is not None:  # what flextrain's code spends: all but the kernel's part
+                    d["after_detect_s"] = rnd4(d["recovery_s"] - d["breakdown"]["detect_s"])
             else:
                 d["recovery_error"] = "no survivor step after the kill"
             if naive:
@@ -148,6 +150,7 @@ def analyse_flextrain(job_dir: Path, rdir: Path, master_log: Path, events: list[
     pauses = col("survivors_pause_during_join_s")
     return {
         "recovery_s": summary(recov),
+        "recovery_after_detect_s": summary(col("after_detect_s")),
         "join_s": {**summary(joins), "registration_time_source": sorted(reg_sources) or None},
         "join_from_launch_s": summary(joins_launch),
         "survivors_pause_during_join_s": summary(pauses),
