@@ -279,3 +279,15 @@ def round_started_in_sync(job_dir: Path, worker_id: str, round_id: int) -> bool 
         if f"round {round_id}: rank " in line:
             return "members in sync: no state broadcast" in line
     return None
+
+
+def scrape(url: str) -> dict[tuple[str, tuple], float]:
+    """Every sample of the Prometheus exposition at ``url``, parsed with prometheus_client's own parser:
+    (name, sorted labels) -> value."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = urllib.request.urlopen(url, timeout=10).read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}

@@ -32,6 +32,9 @@ def add_commands(sub) -> None:
     scope.add_argument("--all-namespaces", action="store_true", help="watch ElasticJobs in every namespace")
     p.add_argument("--sweep-interval", type=float, default=15.0, metavar="SECONDS",
                    help="time between level-triggered checks of every job's master (default: 15.0)")
+    p.add_argument("--metrics-port", type=int, default=8080, metavar="PORT",
+                   help="serve the operator's Prometheus metrics on PORT (default 8080; 0: a free port)")
+    p.add_argument("--no-metrics", action="store_true", help="serve no Prometheus metrics")
     p.set_defaults(fn=cmd_operator)
     p = sub.add_parser("master", help="(internal) run the master of an ElasticJob (what the master pod runs)")
     p.add_argument("--job", required=True, metavar="NAME", help="the ElasticJob")
@@ -42,17 +45,19 @@ def add_commands(sub) -> None:
 
 
 def cmd_operator(args) -> int:
-    from flextrain.job import JobSpecError, check_positive_finite
+    from flextrain.job import JobSpecError, check_port, check_positive_finite
     from flextrain.k8s import meta
     from flextrain.operator.main import run_operator
 
     try:
         check_positive_finite("--sweep-interval", args.sweep_interval)
+        check_port("--metrics-port", args.metrics_port)
     except JobSpecError as exc:
         raise CLIError(str(exc)) from exc
     api = api_client()
     namespaces = args.namespace or ([] if args.all_namespaces else [meta.current_namespace()])
-    run_operator(api, namespaces=namespaces, clusterwide=args.all_namespaces, sweep_interval=args.sweep_interval)
+    run_operator(api, namespaces=namespaces, clusterwide=args.all_namespaces, sweep_interval=args.sweep_interval,
+                 metrics_port=None if args.no_metrics else args.metrics_port)
     return 0
 
 

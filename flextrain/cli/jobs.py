@@ -102,6 +102,8 @@ def cmd_status(args) -> int:
     if evaluations := status.get("evaluations"):  # the metrics above are the latest evaluation's
         more = f" (of {len(evaluations)} evaluations)" if len(evaluations) > 1 else ""
         print(f"evaluated at step {evaluations[-1]['step']} on {evaluations[-1]['samples']:,} samples{more}")
+    if status.get("metricsUrl") and status["phase"] in ("Pending", "Running"):
+        print(f"metrics   {status['metricsUrl']}")
     from flextrain.master.failures import failure_lines
 
     for line in failure_lines(status.get("failure")):

@@ -10,8 +10,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from flextrain.cli.common import (DEFAULT_JOBS_DIR, CLIError, HelpFormatter, abs_path, add_data_flags, data_abs,
-                                  job_name, model_def_abs)
+from flextrain.cli.common import (DEFAULT_JOBS_DIR, CLIError, HelpFormatter, abs_path, add_data_flags,
+                                  add_metrics_flags, data_abs, job_name, model_def_abs)
 
 
 def add_commands(sub) -> None:
@@ -130,6 +130,15 @@ def add_commands(sub) -> None:
                    help="keep K spare workers started ahead (model and optimizer built) and parked: a scale-up or "
                         "the replacement of a lost worker takes one and joins in well under a second (AllReduce; "
                         "each spare costs a worker's memory: docs/spares.md)")
+    g.add_argument("--straggler-policy", choices=("off", "report", "replace"), default="report",
+                   help="a worker whose compute time per sample stays above --straggler-factor times the others' "
+                        "median: report it (status, log; on Kubernetes an Event), replace it (on another node for "
+                        "a while; ParameterServer: its tasks shrink instead) or off (default: report)")
+    g.add_argument("--straggler-factor", type=float, default=2.0, metavar="X",
+                   help="how many times slower than the other workers' median makes a straggler (default 2)")
+    g.add_argument("--node-check", action="store_true",
+                   help="time each new worker's training step before it joins; one --straggler-factor times "
+                        "slower than the others is kept out of the job, naming its node (PyTorch modules)")
     g.add_argument("--min-workers-timeout", type=float, default=300.0, metavar="SECONDS",
                    help="how long the job waits with fewer than --min-workers alive before it fails")
     g.add_argument("--resume", metavar="JOBDIR",
@@ -140,6 +149,7 @@ def add_commands(sub) -> None:
                    help="start afresh in a --job-dir that holds an earlier job (which is refused otherwise): "
                         "its state is moved aside to JOBDIR/previous-<time>/, not deleted")
     g.add_argument("--no-progress", action="store_true", help="no live progress bar (log lines instead)")
+    add_metrics_flags(g)
     g.add_argument("--no-preflight", action="store_true",
                    help="skip preflight: before anything starts, a child process imports the module and checks "
                         "its contract on the first records (model, optimizer, feed, loss, one training step); "
@@ -176,9 +186,11 @@ def build_spec(args):
         rendezvous_timeout=args.rendezvous_timeout,
         worker_timeout=args.worker_timeout, start_timeout=args.start_timeout, relaunch_budget=args.relaunch_budget,
         spares=args.spares, min_workers_timeout=args.min_workers_timeout,
+        straggler_policy=args.straggler_policy, straggler_factor=args.straggler_factor, node_check=args.node_check,
         strategy=Strategy(args.distribution_strategy), ps=args.ps, ps_mode=args.ps_mode,
         grads_to_wait=args.grads_to_wait, ps_checkpoint_steps=args.ps_checkpoint_steps,
         ps_wal=args.ps_wal, ps_wal_fsync=args.ps_wal_fsync, nan_policy=args.nan_policy, preflight=not getattr(args, "no_preflight", False),
+        metrics=not args.no_metrics, metrics_port=args.metrics_port,
         skip_unknown_files=args.skip_unknown_files, csv_header=args.csv_header, data_secret=args.data_secret,
     )
 
@@ -242,7 +254,8 @@ def schedule_abs(value: str | None) -> str | None:
 
 
 # flags of `train` that are not JobSpec fields: how each reaches the spec on --resume
-_DEST_FIELD = {"distribution_strategy": "strategy", "job_name": "name", "no_preflight": "preflight"}
+_DEST_FIELD = {"distribution_strategy": "strategy", "job_name": "name", "no_preflight": "preflight",
+               "no_metrics": "metrics"}
 _RESUME_CLI_ONLY = {"resume", "no_progress", "preflight_timeout", "backend", "fn", "command"}
 
 
@@ -266,7 +279,7 @@ def resume_spec(args):
     given, refused = {}, []
     for dest in sorted(getattr(args, "given", set()) - _RESUME_CLI_ONLY):
         field, value = _DEST_FIELD.get(dest, dest), getattr(args, dest)
-        if dest == "no_preflight":
+        if dest in ("no_preflight", "no_metrics"):
             value = not value
         elif dest == "distribution_strategy":
             value = Strategy(value)
@@ -324,7 +337,7 @@ def cmd_train(args) -> int:
         for warning in skipped:
             print(f"flextrain: warning: {warning}", file=sys.stderr)
         model_def = load_model_def(spec.model_def)  # without preflight, at least names and signatures
-        if spec.training.auto_micro_batch:  # without preflight, the module is first seen here
+        if spec.training.auto_micro_batch or spec.worker.node_check:  # without preflight, the module is first seen here
             from flextrain.worker.probing import check_framework
 
             check_framework(spec, model_def)

@@ -29,6 +29,7 @@ from flextrain.job.settings import (
     check_count,
     check_job_name,
     check_non_negative,
+    check_port,
     check_positive_finite,
     flag_of,
 )
@@ -36,4 +37,4 @@ from flextrain.job.spec import SECTIONS, DataSpec, JobSpec, PSSpec, TrainingSpec
 
 __all__ = ["AUTO", "IntOrStr", "NAN_POLICIES", "SECTIONS", "SETTING", "SETTINGS", "VALUE_RULES", "Backend", "DataSpec", "JobSpec",
            "JobSpecError", "JobType", "PSSpec", "Setting", "Strategy", "TrainingSpec", "WorkerSpec", "check_count",
-           "check_job_name", "check_non_negative", "check_positive_finite", "flag_of"]
+           "check_job_name", "check_non_negative", "check_port", "check_positive_finite", "flag_of"]

@@ -148,6 +148,18 @@ def check_spares(spec: JobSpec) -> None:
                            f"round); got {spec.strategy.value}")
 
 
+def check_node_check(spec: JobSpec) -> None:
+    """--node-check times an AllReduce module's training step (a script job has no step the worker runs)."""
+    if not spec.worker.node_check:
+        return
+    if spec.script:
+        raise JobSpecError("--node-check applies to module jobs: a script job's step is the script's own")
+    if spec.job_type is not JobType.TRAINING:
+        raise JobSpecError(f"--node-check applies to training jobs, not a {spec.job_type.value} job")
+    if spec.strategy is not Strategy.ALLREDUCE:
+        raise JobSpecError(f"--node-check needs --distribution-strategy AllReduce; got {spec.strategy.value}")
+
+
 # In the order validate() runs them (check_script first, before any number is read).
 _PASSWORD_IN_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://[^:/?#@]*:[^@/?#]+@")
 
@@ -166,7 +178,7 @@ def check_data_urls(spec: JobSpec) -> None:
 
 
 CROSS_FIELD = (check_script, check_worker_range, check_job_type, check_ps, check_schedule, check_micro_batch,
-               check_accelerate, check_spares, check_data_urls)
+               check_accelerate, check_spares, check_node_check, check_data_urls)
 
 __all__ = ["CROSS_FIELD", "check_accelerate", "check_data_urls", "check_job_type", "check_micro_batch", "check_ps", "check_schedule", "check_script",
            "check_worker_range"]

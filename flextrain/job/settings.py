@@ -38,6 +38,8 @@ class Backend(str, enum.Enum):
 
 NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 NAN_POLICIES = ("fail", "skip-step")
+# flextrain.master.stragglers.StragglerPolicy's values (flextrain.job may not import flextrain.master).
+STRAGGLER_POLICIES = ("off", "report", "replace")
 # flextrain.elastic.schedule.LRRule's values (flextrain.job may not import flextrain.elastic: same layer).
 LR_RULES = ("none", "linear", "sqrt", "adascale")
 
@@ -68,6 +70,12 @@ def check_positive_finite(flag: str, value) -> None:
         raise JobSpecError(f"{flag} must be positive and finite, got {value!r}")
 
 
+def check_port(flag: str, value) -> None:
+    """A TCP port to listen on, 0 for a free one."""
+    if not is_int(value) or not 0 <= value <= 65535:
+        raise JobSpecError(f"{flag} must be a TCP port (0-65535; 0: a free port), got {value!r}")
+
+
 def check_size_mb(flag: str, value) -> None:
     """A size in MiB where 0 means none (``--bucket-mb``): finite and >= 0."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
@@ -84,6 +92,17 @@ def check_seed(flag: str, value) -> None:
 def check_nan_policy(flag: str, value) -> None:
     if value not in NAN_POLICIES:
         raise JobSpecError(f"{flag} must be one of {', '.join(NAN_POLICIES)}, got {value!r}")
+
+
+def check_straggler_policy(flag: str, value) -> None:
+    if value not in STRAGGLER_POLICIES:
+        raise JobSpecError(f"{flag} must be one of {', '.join(STRAGGLER_POLICIES)}, got {value!r}")
+
+
+def check_straggler_factor(flag: str, value) -> None:
+    """How many times slower than the others' median counts as slow: a finite number above 1."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 1 < value < math.inf:
+        raise JobSpecError(f"{flag} must be a number above 1 (times the other workers' median), got {value!r}")
 
 
 def check_lr_rule(flag: str, value) -> None:
@@ -230,6 +249,9 @@ SETTINGS: tuple[Setting, ...] = (
     _s("backend", "backend", Backend),
     _s("job_type", "job_type", JobType, flag="the command (train, evaluate, predict)"),
     _s("checkpoint", "checkpoint", str),  # evaluate/predict --checkpoint
+    # The master's Prometheus endpoint (docs/observability.md).
+    _s("metrics", "metrics", bool, "spec.metrics", "--no-metrics"),
+    _s("metrics_port", "metrics_port", int, "spec.metricsPort"),
     _s("output", "output", str),  # predict --output
     _s("training_data", "data.training", str, "spec.data.training"),
     _s("validation_data", "data.validation", str, "spec.data.validation"),
@@ -273,6 +295,10 @@ SETTINGS: tuple[Setting, ...] = (
     _s("relaunch_budget", "worker.relaunch_budget", int, "spec.replicaSpecs.worker.relaunchBudget"),
     # Spare workers started ahead and parked, taken by a scale-up or a replacement (docs/spares.md).
     _s("spares", "worker.spares", int, "spec.replicaSpecs.worker.spares", "--spare-workers"),
+    # Workers persistently slower than the others, and a pre-flight check of each new worker (docs/shared-cluster.md).
+    _s("straggler_policy", "worker.straggler_policy", str, "spec.replicaSpecs.worker.stragglerPolicy"),
+    _s("straggler_factor", "worker.straggler_factor", float, "spec.replicaSpecs.worker.stragglerFactor"),
+    _s("node_check", "worker.node_check", bool, "spec.replicaSpecs.worker.nodeCheck"),
     _s("rendezvous_timeout", "worker.rendezvous_timeout", float, "spec.replicaSpecs.worker.rendezvousTimeout"),
     _s("worker_timeout", "worker.worker_timeout", float, "spec.replicaSpecs.worker.workerTimeout"),
     _s("start_timeout", "worker.start_timeout", float, "spec.replicaSpecs.worker.startTimeout"),
@@ -305,6 +331,7 @@ NUMBER_RULES = (
     (check_positive_finite, ("rendezvous_timeout", "worker_timeout", "start_timeout", "min_workers_timeout",
                              "learning_rate")),
     (check_size_mb, ("bucket_mb",)),
+    (check_port, ("metrics_port",)),
 )
 OPTIONAL_NUMBERS = {"reference_batch_size", "min_workers", "max_workers", "grads_to_wait", "learning_rate",
                     "min_global_batch", "max_global_batch", "adapt_every"}
@@ -312,7 +339,8 @@ OPTIONAL_NUMBERS = {"reference_batch_size", "min_workers", "max_workers", "grads
 # the operator runs field by field, so that all bad values of an ElasticJob are reported at once.
 VALUE_RULES = {
     **{key: check for check, keys in NUMBER_RULES for key in keys},
-    "ps": check_non_negative, "seed": check_seed, "nan_policy": check_nan_policy, "ps_mode": check_ps_mode,
+    "ps": check_non_negative, "seed": check_seed, "nan_policy": check_nan_policy,
+    "straggler_policy": check_straggler_policy, "straggler_factor": check_straggler_factor, "ps_mode": check_ps_mode,
     "lr_rule": check_lr_rule, "batch_schedule": check_batch_schedule,
     "max_micro_batch": check_max_micro_batch, "memory_limit": check_memory_limit, "accelerate": check_accelerate,
 }

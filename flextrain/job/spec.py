@@ -26,6 +26,8 @@ from flextrain.job.settings import (
     check_memory_limit,
     check_nan_policy,
     check_seed,
+    check_straggler_factor,
+    check_straggler_policy,
     flag_of,
 )
 
@@ -146,6 +148,13 @@ class WorkerSpec:
     # Spare workers kept started ahead (module, model and optimizer built) and parked: a scale-up or the
     # replacement of a lost worker takes one instead of launching a worker (flextrain/master/spares.py).
     spares: int = 0
+    # Workers whose compute per sample stays above straggler_factor x the others' median: "report" them
+    # (status, log, Event), "replace" them (PS: shrink their tasks) or "off" (flextrain/master/stragglers.py).
+    straggler_policy: str = "report"
+    straggler_factor: float = 2.0
+    # Time each new worker's training step before it registers; one straggler_factor x slower than the
+    # others' is kept out of the job, naming its node.
+    node_check: bool = False
     # Seconds a round waits for stragglers once `min_replicas` are present.
     rendezvous_timeout: float = 10.0
     # Seconds without a heartbeat after which a worker counts as hung.
@@ -210,6 +219,10 @@ class JobSpec:
     # run by every worker under torchrun's environment; exclusive with ``model_def``.
     script: str | None = None
     script_args: tuple[str, ...] = ()
+    # The master's Prometheus /metrics (flextrain/master/metrics.py): on unless turned off; port 0 picks a
+    # free port locally, and the ElasticJob default (flextrain.k8s.meta.METRICS_PORT) on Kubernetes.
+    metrics: bool = True
+    metrics_port: int = 0
     data: DataSpec = DataSpec()
     training: TrainingSpec = TrainingSpec()
     worker: WorkerSpec = WorkerSpec()
@@ -285,6 +298,8 @@ class JobSpec:
                     check(flag_of(field), value)
         check_seed("--seed", self.training.seed)
         check_nan_policy("--nan-policy", self.training.nan_policy)
+        check_straggler_policy("--straggler-policy", self.worker.straggler_policy)
+        check_straggler_factor("--straggler-factor", self.worker.straggler_factor)
         check_lr_rule("--lr-rule", self.training.lr_rule)
         if self.training.max_micro_batch is not None:
             check_max_micro_batch("--max-micro-batch", self.training.max_micro_batch)

@@ -52,6 +52,7 @@ ENV_MASTER_ADDR = "FLEXTRAIN_MASTER_ADDR"
 ENV_ROLE = "FLEXTRAIN_ROLE"
 ENV_INSTANCE_ID = "FLEXTRAIN_INSTANCE_ID"
 ENV_POD_IP = "FLEXTRAIN_POD_IP"  # from the downward API (status.podIP): where a pod's servers listen
+ENV_NODE_NAME = "FLEXTRAIN_NODE_NAME"  # from the downward API (spec.nodeName): where a worker runs (--node-check)
 
 
 def labels(job: str, role: str, index: int | None = None) -> dict[str, str]:
@@ -93,6 +94,22 @@ def master_service_name(job: str) -> str:
 def master_address(job: str, namespace: str, port: int = MASTER_PORT) -> str:
     """The in-cluster gRPC address of a job's master (its Service)."""
     return f"{master_service_name(job)}.{namespace}.svc:{port}"
+
+
+METRICS_PORT = 9464  # the master's Prometheus port unless spec.metricsPort says otherwise (0: this one)
+
+
+def metrics_port(job: Mapping[str, Any]) -> int | None:
+    """The port the job's master serves Prometheus metrics on; None: ``spec.metrics: false``."""
+    spec = job.get("spec") or {}
+    if spec.get("metrics") is False:
+        return None
+    return spec.get("metricsPort") or METRICS_PORT
+
+
+def scrape_annotations(port: int) -> dict[str, str]:
+    """The ``prometheus.io/*`` annotations most Prometheus setups discover scrape targets by."""
+    return {"prometheus.io/scrape": "true", "prometheus.io/port": str(port), "prometheus.io/path": "/metrics"}
 
 
 def master_port(job: Mapping[str, Any]) -> int:

@@ -136,6 +136,7 @@ def job_pod(
         {"name": meta.ENV_INSTANCE_ID, "value": instance_id},
         {"name": meta.ENV_MASTER_ADDR, "value": master_address},
         {"name": meta.ENV_POD_IP, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        {"name": meta.ENV_NODE_NAME, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
         *({"name": k, "value": str(v)} for k, v in env.items()),
     ]
     taken = {e["name"] for e in ours}
@@ -186,6 +187,18 @@ def job_pod(
     if tpl.annotations:
         metadata["annotations"] = dict(tpl.annotations)
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
+
+
+def avoid_nodes(pod: dict[str, Any], nodes: Sequence[str]) -> None:
+    """Keep ``pod`` off ``nodes`` (a replaced slow worker's node, for a while): a required node-affinity term
+    on the node's name, added to each term the user's template has (terms are ORed, so each must say it)."""
+    if not nodes:
+        return
+    ours = {"key": "metadata.name", "operator": "NotIn", "values": list(nodes)}
+    affinity = pod["spec"].setdefault("affinity", {}).setdefault("nodeAffinity", {})
+    required = affinity.setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
+    terms = required.get("nodeSelectorTerms") or [{}]
+    required["nodeSelectorTerms"] = [{**t, "matchFields": [*(t.get("matchFields") or ()), ours]} for t in terms]
 
 
 def job_service(job: Mapping[str, Any], *, service_name: str, role: str, index: int | None,

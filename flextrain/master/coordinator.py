@@ -35,6 +35,7 @@ from flextrain.master.ps_tasks import ParameterServerStrategy
 from flextrain.master.rendezvous import Rendezvous, Round, RoundState
 from flextrain.master.rounds import RoundKeeping
 from flextrain.master.script_strategy import ScriptStrategy
+from flextrain.master.stragglers import SlowWorker, StragglerTracker, judge_node_check, note_compute
 from flextrain.master.strategy import TrainingStrategy
 from flextrain.proto import flextrain_pb2 as pb
 
@@ -51,9 +52,16 @@ class WorkerInfo:
     stalled_seconds: float = 0.0
     pid: int = 0
     skipped_steps: int = 0  # steps it dropped as non-finite (--nan-policy skip-step)
+    node: str = ""  # where it runs (the Kubernetes node, else the host), as it registered
 
 
-__all__ = ["JobMaster", "Phase", "WorkerInfo", "strategy_for", "task_message"]
+__all__ = ["JobMaster", "Phase", "WorkerInfo", "add_traffic", "strategy_for", "task_message"]
+
+
+def add_traffic(total: pb.PSTraffic, more: pb.PSTraffic) -> None:
+    """Add a heartbeat's parameter-server calls to the job's sums (MergeFrom would replace, not add)."""
+    for field in pb.PSTraffic.DESCRIPTOR.fields:
+        setattr(total, field.name, getattr(total, field.name) + getattr(more, field.name))
 
 
 class ChangeCondition(threading.Condition):
@@ -126,13 +134,20 @@ class JobMaster(FailureHandling, RoundKeeping):
         self.failure: WorkerFailure | None = None  # the job's root cause, when it failed of one
         self.dismissed: set[str] = set()  # told there is nothing more to do: may exit 0
         self.relaunching = True  # False once the relaunch budget is spent
+        self.relaunch_causes: dict[str, int] = {}  # relaunches decided, by failure kind (metrics)
         self.skipped_steps = 0  # steps dropped as non-finite, as the workers report them
         # --lr-rule adascale: (gain, gradient noise scale or None) of the latest step a worker reported
         # (every member of a round computes the same); None: none reported yet.
         self.adascale: tuple[float, float | None] | None = None
         self.launched_at: dict[str, float] = {}  # launch times, for workers that never finish starting
+        self.lost_at: float | None = None  # when a member of the running round was lost, until the next round
+        self.ps_traffic = pb.PSTraffic()  # the workers' parameter-server calls, summed (metrics)
         self.micro_batches = MicroBatchChoice(spec)  # each round's M (--max-micro-batch auto: the probes)
         self.memory = MemoryBook()  # the workers' latest memory samples and the job's peak
+        # Slow workers (flextrain/master/stragglers.py): found here, acted on by the main loop.
+        self.stragglers = StragglerTracker(factor=spec.worker.straggler_factor)
+        self.slow_workers: list[SlowWorker] = []
+        self.slow_replaced = 0
         # --accelerate: the job's training strategy (auto: chosen by one worker's search, kept in the job dir)
         self.accelerating = StrategyChoice(spec, clock=clock)
         self.strategy = strategy_for(spec)  # what differs between AllReduce and ParameterServer
@@ -204,6 +219,9 @@ class JobMaster(FailureHandling, RoundKeeping):
     def worker_exited(self, worker_id: str) -> None:
         with self.cond:
             rnd = self.rendezvous.current
+            if (rnd is not None and rnd.state is not RoundState.CLOSED and worker_id in rnd.members
+                    and worker_id not in self.retiring):
+                self.lost_at = self.lost_at or self.clock()  # a recovery starts (metrics: recoverySeconds)
             if (self.final_checkpoint is None and self.training_finished() and rnd is not None
                     and rnd.members[0] == worker_id):
                 self.finish(Phase.FAILED, f"{worker_id} (rank 0 of the last round) exited before "
@@ -211,6 +229,7 @@ class JobMaster(FailureHandling, RoundKeeping):
             self.alive.discard(worker_id)
             self.launched.discard(worker_id)
             self.retiring.discard(worker_id)
+            self.stragglers.forget(worker_id)
             self.accelerating.worker_left(worker_id)  # a searcher that left: the next to ask searches
             self.strategy.worker_left(self, worker_id)
             self.rendezvous.drop(worker_id)
@@ -270,17 +289,37 @@ class JobMaster(FailureHandling, RoundKeeping):
             return True, self.message if self.over else "stopping at the next step boundary"
 
     # ---- RPC logic -------------------------------------------------------------
-    def register(self, worker_id: str, *, pid: int = 0, probe: pb.MicroBatchProbe | None = None) -> None:
-        """A worker is ready to train; ``probe``: what its --max-micro-batch auto probe found."""
+    def register(self, worker_id: str, *, pid: int = 0, probe: pb.MicroBatchProbe | None = None,
+                 node_check: pb.NodeCheck | None = None, node: str = "") -> str:
+        """A worker is ready to train; ``probe``: what its --max-micro-batch auto probe found. Returns why it
+        is refused (a failed ``--node-check``: it leaves and is replaced), "" when it is in."""
         with self.cond:
+            if refused := judge_node_check(self, worker_id, node_check, node=node):
+                self.dismissed.add(worker_id)  # its exit is no failure
+                self.launched.discard(worker_id)  # no round waits for it
+                self.cond.notify_all()
+                return refused
             now = self.clock()
-            self.workers[worker_id] = WorkerInfo(worker_id, now, now, pb.Position(round_id=-1), pid=pid)
+            self.workers[worker_id] = WorkerInfo(worker_id, now, now, pb.Position(round_id=-1), pid=pid, node=node)
             self.micro_batches.report(worker_id, probe)
             self.launched.discard(worker_id)
             self.alive.add(worker_id)
             if self.rendezvous.current is not None:
                 self.rendezvous.request_end()  # a newcomer: re-form at the next step boundary
             self.cond.notify_all()
+            return ""
+
+    def replacements_left(self) -> int:
+        """How many more slow workers may be replaced: the relaunch budget's worth (at least one per worker),
+        never charged to it."""
+        return max(1, self.spec.worker.relaunch_budget) * max(1, self.spec.worker.replicas) - self.slow_replaced
+
+    def take_slow_workers(self) -> list[SlowWorker]:
+        """Stragglers found and node checks refused since the last call (the main loop acts on them)."""
+        with self.cond:
+            taken, self.slow_workers = self.slow_workers, []
+            self.slow_replaced += sum(1 for s in taken if s.replace)
+            return taken
 
     def accelerate(self, req: pb.AccelerateRequest) -> pb.AccelerateResponse:
         """--accelerate auto: the job's strategy, or SEARCH / WAIT (flextrain/master/accelerating.py)."""
@@ -426,6 +465,10 @@ class JobMaster(FailureHandling, RoundKeeping):
                                      if req.HasField("gradient_noise_scale") else None)
                 if req.HasField("memory"):
                     self.memory.record(req.worker_id, req.memory)
+                if req.compute_samples:
+                    note_compute(self, req.worker_id, seconds=req.compute_seconds, samples=req.compute_samples)
+                if req.HasField("ps_traffic"):
+                    add_traffic(self.ps_traffic, req.ps_traffic)
                 if req.samples:
                     info.loss, info.samples = req.loss, info.samples + req.samples
                     self.last_loss = req.loss

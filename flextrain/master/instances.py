@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Callable
 
 from flextrain.failures import ExitCode
@@ -23,6 +24,8 @@ from flextrain.master.launcher import InstanceSpec, LaunchBackend, Role
 from flextrain.master.spares import SparePool
 
 log = logging.getLogger(__name__)
+
+AVOID_SECONDS = 600.0  # how long launches keep off a replaced slow worker's node
 
 
 class InstanceManager:
@@ -62,6 +65,7 @@ class InstanceManager:
         self.closed = False
         self.spares = spares
         self.spares_lost = 0  # spares that died before they parked, in a row: a spare that cannot start
+        self._avoid: dict[str, float] = {}  # node -> until when launches avoid it (replaced slow workers')
         backend.on_exit(self._exited)
 
     def _launch_one(self) -> str:
@@ -75,10 +79,31 @@ class InstanceManager:
         self._on_launch(worker_id)
         self.backend.launch(
             InstanceSpec(worker_id, Role.WORKER, index, self._worker_args(worker_id),
-                         self._worker_env(worker_id))
+                         self._worker_env(worker_id), avoid_nodes=self._avoided())
         )
         log.info("launched %s", worker_id)
         return worker_id
+
+    def _avoided(self) -> tuple[str, ...]:
+        now = time.monotonic()
+        self._avoid = {node: until for node, until in self._avoid.items() if until > now}
+        return tuple(sorted(self._avoid))
+
+    def replace(self, worker_id: str, *, avoid_node: str = "") -> None:
+        """Release a slow worker (a straggler, a failed node check) and launch a replacement, never charged
+        to the relaunch budget; launches avoid ``avoid_node`` for ``AVOID_SECONDS`` (Kubernetes)."""
+        with self._lock:
+            if avoid_node:
+                self._avoid[avoid_node] = time.monotonic() + AVOID_SECONDS
+            running = worker_id in self.backend.running() and worker_id not in self._stopping
+            if running:
+                self._stopping.add(worker_id)
+        if running:  # leaves at its next step boundary, as a scaled-away worker does
+            self._on_retire(worker_id)
+            timer = threading.Timer(self.retire_grace, self.backend.terminate, args=(worker_id,))
+            timer.daemon = True
+            timer.start()
+        self.reconcile()
 
     def _next_id(self) -> tuple[str, int]:
         index = self._next_index
@@ -94,7 +119,8 @@ class InstanceManager:
             self.spares.launched(worker_id)
             self.backend.launch(InstanceSpec(worker_id, Role.WORKER, index,
                                              (*self._worker_args(worker_id), "--spare"),
-                                             self._worker_env(worker_id), spare=True))
+                                             self._worker_env(worker_id), spare=True,
+                                             avoid_nodes=self._avoided()))
             log.info("launched spare %s", worker_id)
 
     def reconcile(self) -> None:

@@ -64,6 +64,7 @@ from typing import Any
 from flextrain.job import JobSpec
 from flextrain.k8s import meta
 from flextrain.k8s.pods import (
+    avoid_nodes,
     instance_pod,
     instance_pod_name,
     ps_port,
@@ -72,6 +73,7 @@ from flextrain.k8s.pods import (
 )
 from flextrain.k8s.watch import ObjectWatch
 from flextrain.master.k8s_create import LaunchError, PodCreation
+from flextrain.master.k8s_status import record_event
 from flextrain.master.k8s_outcomes import KILLED, OOM_KILLED, oom_message, pod_exit, termination_message
 from flextrain.master.launcher import InstanceSpec, LaunchBackend, PSEndpoint, Role
 
@@ -162,6 +164,7 @@ class KubernetesPodBackend(PodCreation, LaunchBackend):
         name = instance_pod_name(self.job_name, spec.instance_id)
         body = instance_pod(self.job, role=role, index=spec.index, instance_id=spec.instance_id,
                             args=spec.args, env=spec.env, master_address=self.master_address, spare=spec.spare)
+        avoid_nodes(body, spec.avoid_nodes)
         service = ps_service(self.job, index=spec.index) if spec.role is Role.PS else None
         with self._lock:
             if self.failed or self.closed:
@@ -179,6 +182,9 @@ class KubernetesPodBackend(PodCreation, LaunchBackend):
                              name=f"create-{name}").start()
         else:
             self._refused(inst, refusal)
+
+    def report(self, *, reason: str, message: str) -> None:
+        record_event(self.core, self.job, reason=reason, message=message)
 
     def promote(self, instance_id: str) -> None:
         """A spare was taken: its pod's ``flextrain.dev/spare`` label becomes "false" (what users and tools

@@ -67,7 +67,7 @@ def cr_status(snap: Mapping[str, Any], *, job_name: str) -> dict[str, Any]:
         status["accelerate"] = snap["accelerate"]["strategy"]
     if isinstance(snap.get("gradientNoiseScale"), (int, float)):  # not "inf": the CRD field is a number
         status["gradientNoiseScale"] = snap["gradientNoiseScale"]
-    for key in ("startTime", "completionTime", "failure"):
+    for key in ("startTime", "completionTime", "failure", "metricsUrl"):
         if snap.get(key):
             status[key] = snap[key]
     return status

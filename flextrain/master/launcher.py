@@ -38,6 +38,7 @@ class InstanceSpec:
     args: tuple[str, ...]  # arguments of the `flextrain` command
     env: Mapping[str, str] = field(default_factory=dict)
     spare: bool = False  # a spare worker (--spare-workers): parked until taken (flextrain/master/spares.py)
+    avoid_nodes: tuple[str, ...] = ()  # nodes not to run on (a replaced straggler's, for a while)
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,10 @@ class LaunchBackend(abc.ABC):
     def promote(self, instance_id: str) -> None:
         """A spare was taken and is now a worker: make what shows it say so (a pod's label). The spare
         itself learns it from its Park poll; a local process needs nothing here."""
+
+    def report(self, *, reason: str, message: str) -> None:
+        """Something the user should see where the instances run (on Kubernetes an Event on the job;
+        the job's status and log have it already, so nothing here by default)."""
 
     @abc.abstractmethod
     def terminate(self, instance_id: str, *, force: bool = False) -> None:

@@ -119,6 +119,7 @@ class TaskLedger:
         self.todo: deque[Task] = deque()
         self.doing: dict[int, Task] = {}
         self.records_done = 0  # training records applied, over all epochs
+        self.tasks_done = 0  # tasks completed by this master (metrics; not persisted)
         self.evaluation_cut = False  # the final evaluation (after training) was cut
         self.error: str | None = None
         self._next_id = 0
@@ -198,6 +199,18 @@ class TaskLedger:
         task.global_batch_size = G
         self.next_step += task.steps
 
+    def trim(self, task_id: int, size: int) -> None:
+        """Keep only the first ``size`` records in DOING task ``task_id`` (a slow worker's share); the rest
+        goes back to the front of TODO as a task of its own."""
+        task = self.doing[task_id]
+        if not 0 < size < task.size:
+            return
+        rest = Task(self._next_id, task.kind, task.source, task.start + size, task.end, task.epoch,
+                    task.global_batch_size, retries=task.retries)
+        self._next_id += 1
+        self.todo.appendleft(rest)
+        task.end = task.start + size
+
     def cut_evaluation(self, model_version: int) -> int:
         """Queue tasks evaluating the model at ``model_version`` on the validation data; how many."""
         tasks = self._cut(TaskKind.EVALUATION, self.evaluation_shards, self.epoch)
@@ -246,6 +259,7 @@ class TaskLedger:
     # ---- outcomes -----------------------------------------------------------
     def complete(self, task_id: int) -> Task:
         task = self.doing.pop(task_id)
+        self.tasks_done += 1  # (this master's count: not persisted)
         if task.kind is TaskKind.TRAINING:
             self.records_done += task.size
         return task

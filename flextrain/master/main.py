@@ -31,6 +31,7 @@ from flextrain.master.instances import InstanceManager
 from flextrain.master.jobdir import JobDirError
 from flextrain.master.launcher import LaunchBackend, LocalProcessBackend
 from flextrain.master.ledger import TaskLedger
+from flextrain.master.metrics import start_metrics
 from flextrain.master.ps_fleet import PSFleet, PSStartError, is_ps
 from flextrain.master.resume import HISTORY_FILE, record_run, restore
 from flextrain.master.servicer import MasterServicer, start_server
@@ -246,10 +247,12 @@ def _run_master(
     )
     server, bound = start_server(servicer, host=host, port=port, threads=16)  # the calls that may block
     address = f"{host}:{bound}"
+    metrics = start_metrics(spec, host=host, kubernetes_job=k8s.job if k8s else None, note=job.note)
     reporter = StatusReporter(
         job, path=job_dir / "status.json", desired=lambda: manager.desired if manager else spec.worker.replicas,
         master_address=address, show_progress=show_progress, console=console,
-        sinks=(status_writer,) if k8s else (), spares=spares.snapshot if spares else None,
+        sinks=(*((status_writer,) if k8s else ()), *((metrics,) if metrics else ())),
+        spares=spares.snapshot if spares else None, metrics_url=metrics.url if metrics else "",
     )
     reporter.update()
 
@@ -291,6 +294,10 @@ def _run_master(
                 job.note(f"{worker_id} hangs ({why}): killing it; "
                          "its task is recovered")
                 manager.kill(worker_id)
+            for slow in job.take_slow_workers():  # stragglers and failed node checks (master/stragglers.py)
+                backend.report(reason="SlowWorker", message=slow.message)
+                if slow.replace:
+                    manager.replace(slow.worker_id, avoid_node=slow.node)
             if stop_requested and time.monotonic() - stop_requested[0] > STOP_GRACE:
                 job.finish(Phase.FAILED, f"stopped: {job.stopping} (no stop checkpoint within {STOP_GRACE:.0f}s)")
             if time.monotonic() - last >= STATUS_INTERVAL:
@@ -322,6 +329,8 @@ def _run_master(
         if k8s:
             status_writer.close()
         server.stop(grace=1.0)
+        if metrics is not None:
+            metrics.close()
         _restore_signal_handlers(previous)
         del store
     _print_summary(console, snap)

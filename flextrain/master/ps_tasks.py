@@ -47,6 +47,7 @@ from flextrain.master.jobdir import finished_message
 from flextrain.master.evaluation import task_message as evaluation_task_message
 from flextrain.master.ledger import Task, TaskKind
 from flextrain.master.strategy import TrainingStrategy
+from flextrain.master.stragglers import shrink
 from flextrain.proto import flextrain_pb2 as pb
 
 
@@ -67,6 +68,9 @@ def ps_training_task(job, worker_id: str) -> pb.GetTaskResponse:
         return pb.GetTaskResponse(action=pb.GetTaskResponse.STOP, message=job.message)
     task = job.ledger.next_training_task(owner=worker_id)
     if task is not None:
+        G = task.global_batch_size or 1  # whole minibatches: a straggler's share is cut at a step boundary
+        if (size := shrink(job, worker_id, task.size)) < task.size:
+            job.ledger.trim(task.task_id, max(G, size - size % G))
         job.mark_running()
         return pb.GetTaskResponse(action=pb.GetTaskResponse.RUN, task=task_message(task))
     if job.ledger.training_finished():

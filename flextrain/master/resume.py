@@ -47,6 +47,8 @@ CHANGEABLE = {
     "training.memory_checkpoint_steps": "when in-memory checkpoints are taken",
     "training.bucket_mb": "only how the reduction of a step's gradients is cut, not what it sums",
     "ps.ps_checkpoint_steps": "when the parameter servers checkpoint",
+    "metrics": "only whether the master serves /metrics",
+    "metrics_port": "only where the master serves /metrics",
     "ps.ps_wal_fsync": "how the parameter servers flush their log from now on (what is logged is the same)",
     "worker.rendezvous_timeout": "a timeout",
     "worker.worker_timeout": "a timeout",

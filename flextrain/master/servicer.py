@@ -104,9 +104,11 @@ class MasterServicer(pb_grpc.MasterServicer):
                                      ps_addresses=list(self.job.ps_addresses))
 
     async def RegisterWorker(self, request, context):
-        self.job.register(request.worker_id, pid=request.pid,
-                          probe=request.probe if request.HasField("probe") else None)
-        return pb.RegisterWorkerResponse()
+        refused = self.job.register(request.worker_id, pid=request.pid,
+                                    probe=request.probe if request.HasField("probe") else None,
+                                    node_check=request.node_check if request.HasField("node_check") else None,
+                                    node=request.node)
+        return pb.RegisterWorkerResponse(refused=refused)
 
     async def Park(self, request, context):
         """A spare's long poll: answered TAKEN once it is taken, STOP when not wanted, else WAIT after

@@ -62,6 +62,12 @@ def members(job: JobMaster) -> list[dict]:
              "round": rnd.round_id, **({"memory": sample} if (sample := job.memory.of(m)) else {})}
             for r, m in enumerate(rnd.members)]
 
+def traffic(t: pb.PSTraffic) -> dict:
+    """The workers' parameter-server calls, summed: count, seconds and bytes of pushes and pulls."""
+    return {"pushes": t.pushes, "pushSeconds": round(t.push_seconds, 4), "pushBytes": t.push_bytes,
+            "pulls": t.pulls, "pullSeconds": round(t.pull_seconds, 4), "pullBytes": t.pull_bytes}
+
+
 def active_workers(job: JobMaster) -> int:
     rnd = job.rendezvous.current
     if rnd is None or rnd.state is RoundState.CLOSED or job.over:
@@ -135,8 +141,9 @@ def _reserve(path: Path) -> None:
 class StatusReporter:
     def __init__(self, job: JobMaster, *, path: Path, desired: callable, master_address: str,
                  show_progress: bool, console: Console | None = None, sinks: tuple = (),
-                 spares: Callable[[], dict] | None = None) -> None:
+                 spares: Callable[[], dict] | None = None, metrics_url: str = "") -> None:
         self.job = job
+        self.metrics_url = metrics_url
         self._spares = spares  # --spare-workers: the pool's snapshot (spares are not workers)
         self.path = path
         self._reserve = path.with_name(RESERVE_NAME)
@@ -203,6 +210,11 @@ class StatusReporter:
                 **({"accelerate": job.accelerating.status()} if job.spec.training.accelerate else {}),
                 # the highest memory peak a worker reported (once per step: flextrain.elastic.memory.MemoryMonitor)
                 "memoryPeak": job.memory.peak,
+                # each worker's compute per sample and whether it is a straggler (master/stragglers.py)
+                **({"computePerSample": figures} if (figures := job.stragglers.snapshot()) else {}),
+                "tasks": {"todo": len(job.ledger.todo), "doing": len(job.ledger.doing), "done": job.ledger.tasks_done},
+                "relaunches": dict(job.relaunch_causes),
+                **({"psTraffic": traffic(job.ps_traffic)} if job.ps_traffic.pushes or job.ps_traffic.pulls else {}),
                 "progress": {
                     "recordsDone": done, "recordsTotal": total,
                     "percent": round(100.0 * done / total, 1) if total else 0.0,
@@ -221,6 +233,8 @@ class StatusReporter:
                 "startTime": iso(job.started),
                 "completionTime": iso(job.finished),
                 "masterAddress": self.master_address,
+                # the master's Prometheus endpoint ("" when --no-metrics; flextrain/master/metrics.py)
+                "metricsUrl": self.metrics_url,
                 "jobDir": str(Path(job.spec.job_dir).resolve()),
                 "pid": os.getpid(),
             }

@@ -49,6 +49,7 @@ from flextrain.k8s.resource import (
     jobspec_from_resource,
     master_relaunch_budget,
 )
+from flextrain.operator.metrics import OperatorMetrics
 from flextrain.operator.jobview import TERMINAL, ident, phase_of, spec_problems
 from flextrain.k8s.refusals import Refusal, Refused, refusal_of
 from flextrain.operator.kube import Kube, pod_failure
@@ -93,8 +94,9 @@ class _Backoff:
 
 
 class Reconciler:
-    def __init__(self, kube: Kube) -> None:
+    def __init__(self, kube: Kube, *, metrics: OperatorMetrics | None = None) -> None:
         self.kube = kube
+        self.metrics = metrics or OperatorMetrics()
         self.replicas = ReplicaSettler(kube, target=self._target)
         self._backoff: dict[str, _Backoff] = {}  # job uid -> its refused master objects' next try
         self._stops_sent: set[tuple[Any, ...]] = set()  # (job uid, master relaunches, reason) sent
@@ -241,6 +243,7 @@ class Reconciler:
         self.kube.patch_status(job, {"masterRelaunches": current + 1, "message": message})
         if created:
             self.kube.event(job, reason="MasterRelaunched", message=message, warning=True)
+            self.metrics.master_relaunches.inc()
         return Outcome.RELAUNCHED
 
     # ---- relays to the master ------------------------------------------------------

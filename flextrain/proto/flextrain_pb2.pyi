@@ -52,16 +52,30 @@ class GetJobSpecResponse(_message.Message):
     def __init__(self, job_spec_json: _Optional[str] = ..., heartbeat_interval: _Optional[float] = ..., ps_addresses: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class RegisterWorkerRequest(_message.Message):
-    __slots__ = ("worker_id", "host", "pid", "probe")
+    __slots__ = ("worker_id", "host", "pid", "probe", "node_check", "node")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     PROBE_FIELD_NUMBER: _ClassVar[int]
+    NODE_CHECK_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     host: str
     pid: int
     probe: MicroBatchProbe
-    def __init__(self, worker_id: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., probe: _Optional[_Union[MicroBatchProbe, _Mapping]] = ...) -> None: ...
+    node_check: NodeCheck
+    node: str
+    def __init__(self, worker_id: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., probe: _Optional[_Union[MicroBatchProbe, _Mapping]] = ..., node_check: _Optional[_Union[NodeCheck, _Mapping]] = ..., node: _Optional[str] = ...) -> None: ...
+
+class NodeCheck(_message.Message):
+    __slots__ = ("seconds_per_sample", "samples", "steps")
+    SECONDS_PER_SAMPLE_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    seconds_per_sample: float
+    samples: int
+    steps: int
+    def __init__(self, seconds_per_sample: _Optional[float] = ..., samples: _Optional[int] = ..., steps: _Optional[int] = ...) -> None: ...
 
 class MicroBatchProbe(_message.Message):
     __slots__ = ("max_micro_batch", "memory_limit", "peak_bytes", "cached", "device")
@@ -78,8 +92,10 @@ class MicroBatchProbe(_message.Message):
     def __init__(self, max_micro_batch: _Optional[int] = ..., memory_limit: _Optional[int] = ..., peak_bytes: _Optional[int] = ..., cached: _Optional[bool] = ..., device: _Optional[str] = ...) -> None: ...
 
 class RegisterWorkerResponse(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("refused",)
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
+    refused: str
+    def __init__(self, refused: _Optional[str] = ...) -> None: ...
 
 class ParkRequest(_message.Message):
     __slots__ = ("worker_id", "pid")
@@ -330,7 +346,7 @@ class ReportTaskResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("worker_id", "position", "loss", "samples", "waiting_for_peers", "stalled_seconds", "skipped_steps", "lr_gain", "gradient_noise_scale", "memory")
+    __slots__ = ("worker_id", "position", "loss", "samples", "waiting_for_peers", "stalled_seconds", "skipped_steps", "lr_gain", "gradient_noise_scale", "memory", "compute_seconds", "compute_samples", "ps_traffic")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     POSITION_FIELD_NUMBER: _ClassVar[int]
     LOSS_FIELD_NUMBER: _ClassVar[int]
@@ -341,6 +357,9 @@ class HeartbeatRequest(_message.Message):
     LR_GAIN_FIELD_NUMBER: _ClassVar[int]
     GRADIENT_NOISE_SCALE_FIELD_NUMBER: _ClassVar[int]
     MEMORY_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    PS_TRAFFIC_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     position: Position
     loss: float
@@ -351,7 +370,26 @@ class HeartbeatRequest(_message.Message):
     lr_gain: float
     gradient_noise_scale: float
     memory: MemorySample
-    def __init__(self, worker_id: _Optional[str] = ..., position: _Optional[_Union[Position, _Mapping]] = ..., loss: _Optional[float] = ..., samples: _Optional[int] = ..., waiting_for_peers: _Optional[bool] = ..., stalled_seconds: _Optional[float] = ..., skipped_steps: _Optional[int] = ..., lr_gain: _Optional[float] = ..., gradient_noise_scale: _Optional[float] = ..., memory: _Optional[_Union[MemorySample, _Mapping]] = ...) -> None: ...
+    compute_seconds: float
+    compute_samples: int
+    ps_traffic: PSTraffic
+    def __init__(self, worker_id: _Optional[str] = ..., position: _Optional[_Union[Position, _Mapping]] = ..., loss: _Optional[float] = ..., samples: _Optional[int] = ..., waiting_for_peers: _Optional[bool] = ..., stalled_seconds: _Optional[float] = ..., skipped_steps: _Optional[int] = ..., lr_gain: _Optional[float] = ..., gradient_noise_scale: _Optional[float] = ..., memory: _Optional[_Union[MemorySample, _Mapping]] = ..., compute_seconds: _Optional[float] = ..., compute_samples: _Optional[int] = ..., ps_traffic: _Optional[_Union[PSTraffic, _Mapping]] = ...) -> None: ...
+
+class PSTraffic(_message.Message):
+    __slots__ = ("pushes", "push_seconds", "push_bytes", "pulls", "pull_seconds", "pull_bytes")
+    PUSHES_FIELD_NUMBER: _ClassVar[int]
+    PUSH_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    PUSH_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PULLS_FIELD_NUMBER: _ClassVar[int]
+    PULL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    PULL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    pushes: int
+    push_seconds: float
+    push_bytes: int
+    pulls: int
+    pull_seconds: float
+    pull_bytes: int
+    def __init__(self, pushes: _Optional[int] = ..., push_seconds: _Optional[float] = ..., push_bytes: _Optional[int] = ..., pulls: _Optional[int] = ..., pull_seconds: _Optional[float] = ..., pull_bytes: _Optional[int] = ...) -> None: ...
 
 class MemorySample(_message.Message):
     __slots__ = ("step", "device", "used_bytes", "peak_bytes", "reserved_bytes")

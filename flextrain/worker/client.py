@@ -53,13 +53,18 @@ class MasterClient:
     def job_spec(self) -> pb.GetJobSpecResponse:
         return self._call("GetJobSpec", pb.GetJobSpecRequest(worker_id=self.worker_id))
 
-    def register(self, *, pid: int, probe: pb.MicroBatchProbe | None = None) -> pb.RegisterWorkerResponse:
-        """Ready to train; ``probe``: what --max-micro-batch auto measured (before any round is joined)."""
+    def register(self, *, pid: int, probe: pb.MicroBatchProbe | None = None,
+                 node_check: pb.NodeCheck | None = None) -> pb.RegisterWorkerResponse:
+        """Ready to train; ``probe``: what --max-micro-batch auto measured (before any round is joined);
+        ``node_check``: what --node-check timed. A non-empty ``refused`` in the answer: leave."""
         import socket
+
+        from flextrain.worker.nodecheck import node_name
 
         return self._call(
             "RegisterWorker",
-            pb.RegisterWorkerRequest(worker_id=self.worker_id, host=socket.gethostname(), pid=pid, probe=probe),
+            pb.RegisterWorkerRequest(worker_id=self.worker_id, host=socket.gethostname(), pid=pid, probe=probe,
+                                     node_check=node_check, node=node_name()),
         )
 
     def park(self, *, pid: int) -> pb.ParkResponse:
@@ -133,15 +138,20 @@ class MasterClient:
     def heartbeat(self, position: pb.Position, loss: float, samples: int, *, waiting_for_peers: bool = False,
                   stalled_seconds: float = 0.0, skipped_steps: int = 0, lr_gain: float = 0.0,
                   gradient_noise_scale: float | None = None,
-                  memory: pb.MemorySample | None = None) -> pb.HeartbeatResponse:
+                  memory: pb.MemorySample | None = None,
+                  compute: tuple[float, int] = (0.0, 0),
+                  ps_traffic: pb.PSTraffic | None = None) -> pb.HeartbeatResponse:
         """``lr_gain`` and ``gradient_noise_scale``: --lr-rule adascale's last step (0 and None: none yet);
-        ``memory``: the latest sample of this process's memory (None: none yet)."""
+        ``memory``: the latest sample of this process's memory (None: none yet); ``compute``: seconds
+        computed and samples computed on since the last heartbeat (the straggler figure); ``ps_traffic``:
+        the parameter-server calls since the last heartbeat (None: none)."""
         return self._call(
             "Heartbeat",
             pb.HeartbeatRequest(worker_id=self.worker_id, position=position, loss=loss, samples=samples,
                                 waiting_for_peers=waiting_for_peers, stalled_seconds=stalled_seconds,
                                 skipped_steps=skipped_steps, lr_gain=lr_gain,
-                                gradient_noise_scale=gradient_noise_scale, memory=memory),
+                                gradient_noise_scale=gradient_noise_scale, memory=memory,
+                                compute_seconds=compute[0], compute_samples=compute[1], ps_traffic=ps_traffic),
             deadline=5.0,
         )
 

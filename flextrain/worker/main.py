@@ -50,7 +50,8 @@ def _heartbeat_loop(client: MasterClient, state: WorkerState, interval: float, d
             resp = client.heartbeat(state.position(), loss, samples, waiting_for_peers=state.waiting,
                                     stalled_seconds=time.monotonic() - state.progressed,
                                     skipped_steps=state.skipped_steps, lr_gain=state.lr_factor,
-                                    gradient_noise_scale=state.noise_scale, memory=state.memory)
+                                    gradient_noise_scale=state.noise_scale, memory=state.memory,
+                                    compute=state.take_compute(), ps_traffic=state.traffic.take())
         except MasterUnreachable as exc:
             log.error("%s", exc)
             state.stop.set()
@@ -176,13 +177,22 @@ def _run_worker(client: MasterClient, worker_id: str, doing: _Doing, *, spare: b
             collective=collective, state=state, compute=accelerated,
             evaluate=lambda version: _evaluate(spec, client, model_def, predictor, state, version,
                                                position=state.position(), batch=eval_batch))
+    node_check = None
+    if spec.worker.node_check and collective is not None:  # timed before parking: a spare is ready when taken
+        from flextrain.worker.nodecheck import check_node
+
+        doing.stage = "checking this node (--node-check)"
+        node_check = check_node(spec, model_def, model, optimizer)
+        doing.stage = "starting"
     if spare:  # ready, but a spare: only a scale-up or a replacement lets it in
         doing.stage = "parked as a spare"
         if not park(client):
             return 0
         doing.stage = "starting"
     # Ready: only now may the master end the running round to let us in.
-    client.register(pid=os.getpid(), probe=probe)
+    if refused := client.register(pid=os.getpid(), probe=probe, node_check=node_check).refused:
+        log.error("leaving, as the master says: %s", refused)
+        return ExitCode.OK  # not a failure: the master replaces it
     log.info("%s registered with master %s (pid %d)", worker_id, master, os.getpid())
     done = threading.Event()
     beat = threading.Thread(target=_heartbeat_loop, args=(client, state, reg.heartbeat_interval, done),
@@ -199,9 +209,11 @@ def _run_worker(client: MasterClient, worker_id: str, doing: _Doing, *, spare: b
             log.info("training tasks: %d answered ahead (in %d asks), %d by a plain ask",
                      trainer.tasks_ahead, trainer.ahead_asks, trainer.tasks_asked)
         loss, samples = state.take_loss()
-        if samples or state.skipped_steps:  # since the last heartbeat: the final loss, skipped steps
+        traffic = state.traffic.take()
+        if samples or state.skipped_steps or traffic:  # since the last heartbeat: the final loss, skipped steps
             client.heartbeat(state.position(), loss, samples, skipped_steps=state.skipped_steps,
-                             lr_gain=state.lr_factor, gradient_noise_scale=state.noise_scale, memory=state.memory)
+                             lr_gain=state.lr_factor, gradient_noise_scale=state.noise_scale, memory=state.memory,
+                             ps_traffic=traffic)
         if finished:
             doing.stage = "evaluating"
             _evaluate(spec, client, model_def, make_predictor(model_def, model, forward), state, state.version,

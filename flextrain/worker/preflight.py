@@ -172,7 +172,7 @@ def check(spec: JobSpec, *, on_stage=lambda stage: None) -> None:
         validation = job_shards(spec, Mode.EVALUATION, reader=reader)[0] if spec.data.validation else None
     with run.stage(f"importing the module of {spec.model_def}"):
         md = run.md = load_model_def(spec.model_def)
-    if spec.training.auto_micro_batch:
+    if spec.training.auto_micro_batch or spec.worker.node_check:
         from flextrain.worker.probing import check_framework
 
         check_framework(spec, md)

@@ -76,11 +76,16 @@ def memory_limit(spec: JobSpec, device: torch.device) -> int:
 
 
 def check_framework(spec: JobSpec, model_def: ModelDef) -> None:
-    """``--max-micro-batch auto`` steps PyTorch modules only: ModelDefError naming a Keras module (the CLI,
-    preflight and the worker check it, whichever sees the module first)."""
-    if spec.training.auto_micro_batch and model_def.framework is not Framework.PYTORCH:
+    """``--max-micro-batch auto`` and ``--node-check`` step PyTorch modules only: ModelDefError naming a Keras
+    module (the CLI, preflight and the worker check it, whichever sees the module first)."""
+    if model_def.framework is Framework.PYTORCH:
+        return
+    if spec.training.auto_micro_batch:
         raise ModelDefError(f"--max-micro-batch auto measures PyTorch training steps; {model_def.path} is a "
                             f"{model_def.framework.value} module: give --max-micro-batch as a number")
+    if spec.worker.node_check:
+        raise ModelDefError(f"--node-check times PyTorch training steps; {model_def.path} is a "
+                            f"{model_def.framework.value} module: leave --node-check off")
 
 
 class _Accelerated(torch.nn.Module):

@@ -46,6 +46,7 @@ from flextrain.protocol.codec import LayoutView, dense_sources, dense_targets, d
 from flextrain.protocol.shard import as_row_ids, dense_owner
 from flextrain.protocol.wire import PUSH_DENSE_TAG, Scatter, fields, gather_chunks
 from flextrain.worker.ps_rows import distinct_rows, pull_rows, sparse_push_blocks
+from flextrain.worker.state import Traffic
 
 _TRANSIENT = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED}
 _CHANNEL_OPTIONS = [  # reconnect quickly to a relaunched PS instead of gRPC's default backoff of up to 2 min
@@ -98,7 +99,10 @@ class PSClient:
     """
 
     def __init__(self, addresses: Sequence[str], *, give_up: float = 60.0, deadline: float = 30.0,
-                 chunk_bytes: int = 1 << 20, client_id: str | None = None) -> None:
+                 chunk_bytes: int = 1 << 20, client_id: str | None = None,
+                 traffic: Traffic | None = None) -> None:
+        """``traffic``: where the time and bytes of every push and pull are added up (a worker's heartbeat
+        sends them to the master's metrics)."""
         if not addresses:
             raise ValueError("PSClient needs at least one parameter-server address")
         self.addresses = list(addresses)
@@ -114,6 +118,7 @@ class PSClient:
         self._incarnations = [0] * self.num_ps
         self._tables: dict[str, tuple[int, torch.dtype]] = {}
         self._seq = 0
+        self.traffic = traffic or Traffic()
 
     # ------------------------------------------------------------------ plumbing
 
@@ -250,6 +255,7 @@ class PSClient:
         holds fresh tensors. If a pull fails midway, ``out`` may be half-updated.
         """
         full = version_known is None or version_known < 0
+        began = time.perf_counter()
 
         def one(i: int):
             req = pb.PullDenseRequest(known_version=-1 if full else self._versions[i],
@@ -282,6 +288,8 @@ class PSClient:
             if layout is not None:
                 any_changed, self._layouts[i] = True, layout
                 changed.update(tensors)
+        self.traffic.add(pull=True, seconds=time.perf_counter() - began,
+                         nbytes=sum(t.numel() * t.element_size() for t in changed.values()))
         return self.version, (changed if any_changed else None)
 
     def _table(self, table: str) -> tuple[int, torch.dtype]:
@@ -308,8 +316,11 @@ class PSClient:
         shape = tuple(np.shape(ids.detach().cpu().numpy() if isinstance(ids, torch.Tensor) else ids))
         flat = as_row_ids(ids, table)
         dim, dtype = self._table(table)
-        return pull_rows(table, flat, shape, dim=dim, dtype=dtype, num_ps=self.num_ps, chunk_bytes=self.chunk_bytes,
+        began = time.perf_counter()
+        rows = pull_rows(table, flat, shape, dim=dim, dtype=dtype, num_ps=self.num_ps, chunk_bytes=self.chunk_bytes,
                          call=self._call, fanout=self._fanout, row_versions=self._row_versions)
+        self.traffic.add(pull=True, seconds=time.perf_counter() - began, nbytes=rows.numel() * rows.element_size())
+        return rows
 
     # ------------------------------------------------------------------ push
 
@@ -344,6 +355,7 @@ class PSClient:
         self._seq += 1
         seq, shift = self._seq, 0 if version is None else self.version - version
         bases = self.versions
+        began, sent = time.perf_counter(), [0] * self.num_ps
 
         def one(i: int):
             segments, absent, nbytes = (dense_sources(self._layouts[i], dense_grads)
@@ -359,10 +371,11 @@ class PSClient:
                 yield from gather_chunks(segments, nbytes, self.chunk_bytes, PUSH_DENSE_TAG)
                 for part in blocks[i]:
                     yield from part
-            return self._call(i, "PushGradients", lambda s, t: s.push(requests(), timeout=t),
-                              nbytes=nbytes + sum(b.nbytes for b in blocks[i]))
+            sent[i] = nbytes + sum(b.nbytes for b in blocks[i])
+            return self._call(i, "PushGradients", lambda s, t: s.push(requests(), timeout=t), nbytes=sent[i])
 
         results = self._fanout(one)
+        self.traffic.add(pull=False, seconds=time.perf_counter() - began, nbytes=sum(sent))
         versions = tuple(r.version for r in results)
         return PushResult(all(r.accepted for r in results), max(versions), versions,
                           any(r.applied for r in results), tuple(r.message for r in results),

@@ -152,7 +152,7 @@ class PSTrainer:
         if not ps_addresses:
             raise RuntimeError("the master sent no parameter-server addresses (ParameterServer strategy)")
         self.spec, self.model_def, self.model, self.client, self.state = spec, model_def, model, client, state
-        self.ps = PSClient(ps_addresses, client_id=client.worker_id)
+        self.ps = PSClient(ps_addresses, client_id=client.worker_id, traffic=state.traffic)
         self.opt_name, self.opt_hyper = torch_optimizer_config(optimizer)
         self.tape: list = []
         self.tables = replace_embeddings(model, client=self.ps, tape=self.tape)
@@ -231,6 +231,7 @@ class PSTrainer:
                 with self.state.lock:
                     self.state.steps_done = j + 1
                 continue
+            began = time.monotonic()
             try:
                 records = read_task_records(self.model_def, task.source, start, end, mode=Mode.TRAINING,
                                             data_origin=self.spec.data.training)
@@ -244,6 +245,7 @@ class PSTrainer:
                 return
             loss_sum, version = self._with_ps(
                 lambda: self._step(features, labels, end - start, step=(task.task_id, start, end)))
+            self.state.add_compute(time.monotonic() - began, end - start)  # with its pull and push: no lockstep here
             with self.state.lock:
                 self.state.version, self.state.steps_done = version, j + 1
             if math.isfinite(loss_sum):  # NaN: a minibatch skipped as non-finite

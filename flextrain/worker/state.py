@@ -11,6 +11,28 @@ from flextrain.elastic.memory import MemoryMonitor
 from flextrain.proto import flextrain_pb2 as pb
 
 
+class Traffic:
+    """Pushes and pulls as this worker timed them, added up until the next heartbeat takes them."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._sums = pb.PSTraffic()
+
+    def add(self, *, pull: bool, seconds: float, nbytes: int) -> None:
+        with self._lock:
+            s = self._sums
+            if pull:
+                s.pulls, s.pull_seconds, s.pull_bytes = s.pulls + 1, s.pull_seconds + seconds, s.pull_bytes + nbytes
+            else:
+                s.pushes, s.push_seconds, s.push_bytes = s.pushes + 1, s.push_seconds + seconds, s.push_bytes + nbytes
+
+    def take(self) -> pb.PSTraffic | None:
+        """The sums since the last call (None: no call since)."""
+        with self._lock:
+            taken, self._sums = self._sums, pb.PSTraffic()
+        return taken if taken.pushes or taken.pulls else None
+
+
 @dataclass
 class WorkerState:
     """What the heartbeat thread reports; written by the training thread."""
@@ -22,6 +44,8 @@ class WorkerState:
     synced: bool = False  # this model is round_id's lockstep state (its state sync finished)
     loss_sum: float = 0.0
     loss_samples: int = 0
+    compute_seconds: float = 0.0  # outside any wait for peers, since the last heartbeat (the straggler figure)
+    compute_samples: int = 0
     waiting: bool = False  # blocked on peers: a collective or the rendezvous
     in_rendezvous: bool = False  # ... and of those, the rendezvous (an RPC, not a collective)
     progressed: float = field(default_factory=time.monotonic)
@@ -32,6 +56,7 @@ class WorkerState:
     # Samples this process's memory once per optimizer step (sample_memory); None: not sampled.
     monitor: MemoryMonitor | None = None
     memory: pb.MemorySample | None = None  # the latest sample, sent with every heartbeat
+    traffic: Traffic = field(default_factory=Traffic)  # ParameterServer: pushes and pulls since the last heartbeat
     end_round: threading.Event = field(default_factory=threading.Event)
     stop: threading.Event = field(default_factory=threading.Event)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -56,6 +81,19 @@ class WorkerState:
             n, s = self.loss_samples, self.loss_sum
             self.loss_sum, self.loss_samples = 0.0, 0
         return (s / n if n else math.nan), n
+
+    def add_compute(self, seconds: float, samples: int) -> None:
+        """A step's own work (reading, forward, loss, backward; not its wait for peers) on ``samples``."""
+        if samples > 0:
+            with self.lock:
+                self.compute_seconds += seconds
+                self.compute_samples += samples
+
+    def take_compute(self) -> tuple[float, int]:
+        with self.lock:
+            taken = self.compute_seconds, self.compute_samples
+            self.compute_seconds, self.compute_samples = 0.0, 0
+        return taken
 
     def sample_memory(self) -> None:
         """After each optimizer step: the monitor's sample of this process's memory, for the heartbeat."""

@@ -256,10 +256,12 @@ class AllReduceTrainer:
             self.backend.zero()
             overlap = self.overlap and self.collective.world_size > 1
             try:
+                began = time.monotonic()
                 batch = self.loader.get(task, start, end) if end > start else None
                 if j + 1 < steps:  # read the next step's records while this one computes
                     self.loader.prefetch(task, *self._plan(task, j + 1)[:2])
                 loss_sum, n = self._compute(batch, plan, arm=overlap)
+                self.state.add_compute(time.monotonic() - began, end - start)
             except Exception as exc:  # bad data or a failing feed: the task fails, the round goes on
                 if not overlap:  # (buckets may be in flight: what they sum is not applied anywhere)
                     self.backend.zero()

@@ -25,6 +25,8 @@ FT_HANG_WORKER / FT_HANG_FILE: that worker hangs in `feed` once the file exists 
 FT_EXIT_WORKER / FT_EXIT_FILE: once the file exists, that worker exits (code 17) inside its next backward,
 after the last parameter's gradient is accumulated and the overlapped reduction's hooks have run: every
 bucket but the tail is in flight then (one micro-step per rank: the hooks are armed in it).
+FT_SLOW_WORKER / FT_SLOW_SECONDS: that worker's forward takes that many seconds longer (a slow node);
+with FT_SLOW_GATE, it builds its optimizer only once that file exists (so that it starts after the others).
 FT_FEED_DELAY: seconds per `feed` call, standing in for a bigger model's compute (the
 chaos suite uses it so that a job outlasts the workers it starts and kills).
 FT_CHECKSUM_DIR: after every committed step, each worker appends ``"<samples applied> <sha1> <time>"`` to
@@ -66,6 +68,8 @@ class Model(nn.Module):
 
     def forward(self, features):
         _maybe_exit_in_backward(self)
+        if _slow():
+            time.sleep(float(os.environ["FT_SLOW_SECONDS"]))  # compute this node does slower
         ids = features["id"]
         marked = self.seen[ids]
         h = features["x"]
@@ -113,7 +117,15 @@ def _record_checksum(opt):
 
 
 def optimizer(params, lr=0.1):
+    gate = os.environ.get("FT_SLOW_GATE")
+    if _slow() and gate:
+        while not Path(gate).exists():  # the test opens the gate once the other workers train
+            time.sleep(0.05)
     return CountingSGD(params, lr=lr)
+
+
+def _slow() -> bool:
+    return os.environ.get("FLEXTRAIN_WORKER_ID", "") == os.environ.get("FT_SLOW_WORKER", "-")
 
 
 def _maybe_exit_in_backward(model):

@@ -162,3 +162,20 @@ def test_a_deletion_the_watch_missed_is_found_by_the_resync(k8s_api, elasticjob,
         assert exits.of("worker-0") == [KILLED]
     finally:
         backend.close(grace=0)
+
+
+def test_a_replacement_avoids_the_slow_node_and_the_report_is_an_event(backend, k8s_api):
+    import json
+
+    core = client.CoreV1Api(k8s_api)
+    backend.launch(InstanceSpec("worker-0", Role.WORKER, 0, UNREACHABLE, avoid_nodes=("node-a", "node-b")))
+    spec = raw_pod(core, "tiny-worker-0")["spec"]
+    (term,) = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert term["matchFields"] == [{"key": "metadata.name", "operator": "NotIn", "values": ["node-a", "node-b"]}]
+    env = {e["name"]: e for e in spec["containers"][0]["env"]}
+    assert env[meta.ENV_NODE_NAME]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}  # --node-check names it
+
+    backend.report(reason="SlowWorker", message="worker-3 on node node-a is a straggler")
+    events = json.loads(core.list_namespaced_event(NS, _preload_content=False).data)["items"]
+    (event,) = [e for e in events if e["reason"] == "SlowWorker"]
+    assert event["message"] == "worker-3 on node node-a is a straggler" and event["involvedObject"]["name"] == "tiny"
