@@ -137,18 +137,16 @@ class AllReduceTrainer:
             self.adascale.load(tree.get("adascale"))
         self._lr_factor = None  # the loaded optimizer holds the checkpoint's (or the built) LR: set it again
 
-    def sync_state(self, *, restore_from: str = "", in_sync_at: int | None = None, synced: bool = False) -> bool:
-        """Rank 0 (the most advanced member) sends model + optimizer to the round; returns whether
-        state was broadcast. ``in_sync_at``: the master found every member synced in the last round
-        at this version (``JoinRendezvousResponse.members_in_sync``): each holds the round's state
-        already, and none broadcasts (every member got the same answer, so all skip alike);
-        ``synced``: whether this worker had finished its last round's sync."""
+    def sync_state(self, *, restore_from: str = "", in_sync_at: int | None = None, synced: bool = False) -> None:
+        """Rank 0 (the most advanced member) sends model + optimizer to the round. ``in_sync_at``: the
+        master found every member synced in the last round at this version (``members_in_sync``): all
+        hold the round's state and none broadcasts (all got the same answer); ``synced``: this worker
+        had finished its last round's sync."""
         if in_sync_at is not None and not restore_from:
-            if self.state.version != in_sync_at or not synced:
-                # the master's view of this worker is wrong: training on would split the members' models
+            if self.state.version != in_sync_at or not synced:  # training on would split the members' models
                 raise RuntimeError(f"round {self.state.round_id} starts in sync at version {in_sync_at}, but this "
                                    f"worker is at version {self.state.version}{'' if synced else ', not synced'}")
-            return False
+            return
         if restore_from and self.collective.rank == 0:
             with open(restore_from, "rb") as f:
                 blob = f.read()
@@ -157,11 +155,10 @@ class AllReduceTrainer:
             except StateCodecError as exc:  # the master verified it: changed since, or a different file
                 raise StateCodecError(f"checkpoint {restore_from} cannot be restored: {exc}") from exc
         if self.collective.world_size == 1:
-            return False
+            return
         blob = self.collective.broadcast_bytes(self.state_blob() if self.collective.rank == 0 else None)
         if self.collective.rank != 0:
             self.load_blob(blob)
-        return True
 
     def settle_snapshot(self) -> None:
         """Before anything that lets the round go past an in-memory snapshot's position (a reduction,
