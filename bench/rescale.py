@@ -14,7 +14,8 @@ flextrain (``flextrain train --workers 3 --min-workers 1 --max-workers 4``,
   the round formed after the kill, minus the kill time;
   the JSON breaks it down (``recovery_breakdown_median_s``): detect (kill -> the
   survivor's failed collective), reform (-> the master forms the next round),
-  regroup (-> process group formed, state broadcast), replay (-> first step);
+  regroup (-> process group formed, state broadcast unless the round's members
+  are in sync: ``recoveries_without_broadcast`` counts those), replay (-> first step);
 * join: the master relaunches a replacement for every killed worker; join =
   the replacement's first committed step minus its registration time (the
   ``"<id> registered with master"`` line of ``logs/worker-N.log``, INFO with
@@ -53,6 +54,7 @@ Usage (repository root)::
     .venv/bin/python bench/rescale.py              # ~4-5 min on 2 cores
     .venv/bin/python bench/rescale.py --kills 2 --torchrun-kills 1 --skip-lost-node --torchft-kills 1 \
         --steady-seconds 10   # ~2.5 min
+    .venv/bin/python bench/rescale.py --kills 5 --skip-torchrun --skip-torchft   # flextrain alone, ~1 min
 
 stdout: exactly one JSON object; progress goes to stderr.
 """
@@ -101,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kills", type=int, default=5, help="flextrain kills (each followed by a replacement joining)")
     p.add_argument("--torchrun-kills", type=int, default=2, help="killed-worker repeats under one torchrun agent (<= 3)")
     p.add_argument("--skip-lost-node", action="store_true", help="skip torchrun's lost-node/new-node case (~2.5 min)")
+    p.add_argument("--skip-torchrun", action="store_true",
+                   help="skip the torchrun baseline (flextrain's figures alone, e.g. for before/after runs)")
     p.add_argument("--timeout", type=float, default=120.0, help="bound of every wait, seconds")
     p.add_argument("--settle", type=float, default=1.0, help="seconds of steady training before each event")
     p.add_argument("--skip-torchft", action="store_true", help="skip the torchft baseline")
@@ -135,9 +139,11 @@ def main(argv: list[str] | None = None) -> int:
         log(f"work dir {work}")
         ft = flextrain_case(args, work, data_dir, janitor)
         log(f"flextrain: recovery {ft['recovery_s']['samples']}, join {ft['join_s']['samples']}")
-        kw = killed_worker_case(args, work, data_pt, janitor)
-        ln = (lost_node_case(args, work, data_pt, janitor) if not args.skip_lost_node
-              else {"lost_node_recovery_s": None, "join_samples": [], "error": "skipped (--skip-lost-node)"})
+        skipped = {"lost_node_recovery_s": None, "join_samples": [], "samples": [], "details": {}}
+        kw = killed_worker_case(args, work, data_pt, janitor) if not args.skip_torchrun \
+            else {**skipped, "error": "skipped (--skip-torchrun)"}
+        ln = (lost_node_case(args, work, data_pt, janitor) if not (args.skip_lost_node or args.skip_torchrun)
+              else {**skipped, "error": "skipped (--skip-lost-node)"})
         why_not = "skipped (--skip-torchft)" if args.skip_torchft else torchft_missing()
         if why_not:
             log(f"torchft: {why_not}")
@@ -152,6 +158,8 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(work, ignore_errors=True)
 
     tr = torchrun_figures(kw, ln)
+    if args.skip_torchrun:
+        tr["skipped"] = "--skip-torchrun"
     ratios, met = ratios_and_met(ft, tr, tf)
     out.update({
         "flextrain": ft, "torchrun": tr, "torchft": tf, "ratios": ratios, "targets": TARGETS, "met": met,

@@ -245,6 +245,42 @@ def counted_exactly_once_through_a_kill(model: str, data: str, job_dir: Path, *,
     assert seen.min().item() == seen.max().item() == epochs
 
 
+def member_checksums(where: Path) -> dict[int, dict[str, tuple[str, float]]]:
+    """What the counting model's ``FT_CHECKSUM_DIR`` holds: ``{samples applied: {worker: (digest, time)}}``."""
+    by_step: dict[int, dict[str, tuple[str, float]]] = {}
+    for f in Path(where).glob("*.txt"):
+        for line in f.read_text().splitlines():
+            applied, digest, at = line.split()
+            by_step.setdefault(int(applied), {})[f.stem] = (digest, float(at))
+    return by_step
+
+
+def assert_members_identical(by_step: dict) -> None:
+    """Every worker that committed a step holds the same parameters and momentum after it."""
+    split = sorted(step for step, members in by_step.items() if len({d for d, _ in members.values()}) > 1)
+    assert not split, f"members' states differ after the steps that applied {split[:5]} samples"
+
+
+def steps_shared_by(by_step: dict, workers) -> int:
+    """How many steps every one of ``workers`` committed (their states compared there)."""
+    return sum(1 for members in by_step.values() if set(workers) <= members.keys())
+
+
+def last_step_before(by_step: dict, worker: str, t: float) -> int | None:
+    """Samples applied by ``worker``'s model as of time ``t`` (its last committed step before)."""
+    return max((step for step, members in by_step.items() if worker in members and members[worker][1] < t),
+               default=None)
+
+
+def round_started_in_sync(job_dir: Path, worker_id: str, round_id: int) -> bool | None:
+    """Whether ``worker_id``'s log says round ``round_id`` started without a state broadcast
+    (None: the log has no such round line)."""
+    for line in (Path(job_dir) / "logs" / f"{worker_id}.log").read_text().splitlines():
+        if f"round {round_id}: rank " in line:
+            return "members in sync: no state broadcast" in line
+    return None
+
+
 def scrape(url: str) -> dict[tuple[str, tuple], float]:
     """Every sample of the Prometheus exposition at ``url``, parsed with prometheus_client's own parser:
     (name, sorted labels) -> value."""

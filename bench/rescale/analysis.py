@@ -10,7 +10,7 @@ from rescale.stamps import first_after, last_before, log_times, read_status, rea
 
 
 FAILED_LINE = r" \S+ WARNING (?:.*? )?\w+ (?:in )?round (\d+) failed"  # the survivor's CollectiveError
-ROUND_LINE = r" \S+ INFO (?:.*? )?round (\d+): rank \d+ of"  # group formed, state broadcast: training starts
+ROUND_LINE = r" \S+ INFO (?:.*? )?round (\d+): rank \d+ of"  # group formed, state synced (or in sync): training starts
 
 
 def worker_log_times(job_dir: Path, pattern: str) -> dict[str, dict[int, float]]:
@@ -26,7 +26,7 @@ def recovery_breakdown(*, t_kill: float, old_round: int, new_round: dict, surviv
     """Where one recovery's time went, each part from the previous mark (seconds):
     detect (kill -> the first survivor's failed collective), reform (-> the new round formed, the
     master's clock), regroup (-> the first survivor's 'round N: rank' line: group formed, state
-    broadcast) and replay (-> that survivor's first committed step). None where a mark is missing."""
+    broadcast unless the members are in sync) and replay (-> that survivor's first committed step). None where a mark is missing."""
     detect = min((failed.get(w, {}).get(old_round) for w in survivors if failed.get(w, {}).get(old_round)),
                  default=None)
     starts = {w: started.get(w, {}).get(new_round["round"]) for w in survivors}
@@ -81,11 +81,14 @@ def analyse_flextrain(job_dir: Path, rdir: Path, master_log: Path, events: list[
             pids = {m["id"]: m["pid"] for m in rec_round["members"]}
             d["survivors_kept_their_processes"] = all(pids.get(w) == e["pids"].get(w) for w in survivors)
             d["round_formed_after_kill_s"] = rnd4(rec_round["time"] - t_kill)
+            d["members_in_sync"] = rec_round.get("membersInSync")  # the round started without a state broadcast
             d["breakdown"] = recovery_breakdown(t_kill=t_kill, old_round=e["round"], new_round=rec_round,
                                                 survivors=survivors, failed=failed, started=started, steps=steps)
             if firsts:
                 d["recovery_s"] = rnd4(min(firsts) - t_kill)
                 recov.append(min(firsts) - t_kill)
+                if d["breakdown"]["detect_s"] is not None:  # what flextrain's code spends: all but the kernel's part
+                    d["after_detect_s"] = rnd4(d["recovery_s"] - d["breakdown"]["detect_s"])
             else:
                 d["recovery_error"] = "no survivor step after the kill"
             if naive:
@@ -147,6 +150,7 @@ def analyse_flextrain(job_dir: Path, rdir: Path, master_log: Path, events: list[
     pauses = col("survivors_pause_during_join_s")
     return {
         "recovery_s": summary(recov),
+        "recovery_after_detect_s": summary(col("after_detect_s")),
         "join_s": {**summary(joins), "registration_time_source": sorted(reg_sources) or None},
         "join_from_launch_s": summary(joins_launch),
         "survivors_pause_during_join_s": summary(pauses),
@@ -162,6 +166,7 @@ def analyse_flextrain(job_dir: Path, rdir: Path, master_log: Path, events: list[
                                                        and d["breakdown"][k] is not None]) else None
                for k in ("detect_s", "reform_s", "regroup_s", "replay_s")}},
         "survivors_kept_their_processes": all(col("survivors_kept_their_processes")) if details else None,
+        "recoveries_without_broadcast": sum(1 for d in details if d.get("members_in_sync")),
         "steady_steps_per_s_3_workers": rate,
         "steps_recorded": len(all_steps),
         "rounds": s.get("rounds"),

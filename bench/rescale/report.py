@@ -36,7 +36,9 @@ METHOD = (
     "flextrain recovery breakdown (medians over kills): detect = kill -> the first survivor's "
     "'... in round N failed' log line (its collective's error); reform = detect -> the new round's formation "
     "(roundHistory 'time', the master's clock); regroup = formation -> the first survivor's 'round N+1: rank' "
-    "log line (process group formed and state broadcast); replay = that -> its first committed step. "
+    "log line (process group formed, state broadcast unless the members are in sync: recoveries_without_broadcast); "
+    "replay = that -> its first committed step; recovery_after_detect = recovery - detect per kill (reform + "
+    "regroup + replay: what is left once the kernel has closed the killed worker's connections, bench/kill_detect.py). "
     "torchft (bench/rescale/torchft_digits.py): 3 replica groups of one process each, torchft's Lighthouse "
     "(torchft_lighthouse, min_replicas 1, its default timeouts unless --torchft-heartbeat-timeout-ms) and "
     "Manager with ProcessGroupGloo, flattened gradients averaged by Manager.allreduce, OptimizerWrapper; "
@@ -72,7 +74,7 @@ def torchrun_figures(kw: dict, ln: dict) -> dict:
 
 def ratios_and_met(ft: dict, tr: dict, tf: dict) -> tuple[dict, dict]:
     """Ratios of the baselines' figures to flextrain's, and which targets they meet. A side that
-    did not run (torchft skipped) gives None ratios and is left out of ``met``."""
+    did not run (torchft or torchrun skipped) gives None ratios and is left out of ``met``."""
     fr, fj, fjl = ft["recovery_s"]["median"], ft["join_s"]["median"], ft["join_from_launch_s"]["median"]
     steady = (tf.get("steady") or {}).get("flextrain_vs_torchft")
     ratios = {
@@ -94,9 +96,10 @@ def ratios_and_met(ft: dict, tr: dict, tf: dict) -> tuple[dict, dict]:
         "flextrain_join_median_le_1s": fj is not None and fj <= TARGETS["flextrain_join_s_max"],
         "flextrain_join_every_sample_le_1s": bool(ft["join_s"]["samples"]) and
         ft["join_s"]["max"] <= TARGETS["flextrain_join_s_max"],
-        "torchrun_killed_worker_at_least_20x_flextrain_recovery": r_kw is not None and
-        r_kw >= TARGETS["torchrun_killed_worker_over_flextrain_recovery_min"],
     }
+    if not tr.get("skipped"):
+        met["torchrun_killed_worker_at_least_20x_flextrain_recovery"] = r_kw is not None and \
+            r_kw >= TARGETS["torchrun_killed_worker_over_flextrain_recovery_min"]
     if not tf.get("skipped"):
         r_tf = ratios["torchft_recovery_over_flextrain_recovery"]
         met["torchft_recovery_at_least_2x_flextrain"] = r_tf is not None and \

@@ -16,7 +16,11 @@ waiting, or ``timeout`` seconds passed since the first one (stragglers do
 not hold a round up for ever). Rank 0 goes to the waiting worker with the
 highest model version; it broadcasts model and optimizer state to the rest,
 so a newcomer starts from the same state and survivors that disagree by one
-step (a peer died inside the last collective) are brought level.
+step (a peer died inside the last collective) are brought level. When every
+member is a survivor of the last round, synced in it and at the round's
+version (:func:`members_in_sync`), they hold that state already: the round
+says so and nothing is broadcast (a recovery's regroup is then the group's
+formation alone).
 
 Each round memoizes its answers to "task number i": every member asks for
 the same indices in order and gets the same task, so members stay in
@@ -46,6 +50,7 @@ class Round:
     restore_checkpoint: str = ""
     store_port: int = 0  # the round's own TCPStore (script jobs); 0: the job's store, under a round prefix
     max_micro_batch: int = 0  # M every member plans with (flextrain.master.memory.MicroBatchChoice)
+    members_in_sync: bool = False  # every member holds the round's starting state: no broadcast
     state: RoundState = RoundState.ACTIVE
     # Memoized GetTask answers, by task index: (action, task id or -1).
     answers: list[tuple[int, int]] = field(default_factory=list)
@@ -71,6 +76,18 @@ class Waiter:
     worker_id: str
     position: pb.Position
     since: float
+
+
+def members_in_sync(rnd: Round, previous: Round | None, waiters: list[Waiter]) -> bool:
+    """Whether every member of ``rnd`` (formed of ``waiters`` after ``previous``) already holds the
+    state the round starts from, so no broadcast is needed: each finished ``previous``'s state sync
+    (``Position.synced``; lockstep keeps the members identical from there) and stands at the round's
+    version (each committed the same steps). A newcomer (never synced, round -1), a member back from
+    an older round, one that died in the previous sync, or a checkpoint to restore: not in sync."""
+    if previous is None or rnd.restore_checkpoint:
+        return False
+    return all(w.position.synced and w.position.round_id == previous.round_id
+               and w.position.version == rnd.version for w in waiters)
 
 
 class Rendezvous:

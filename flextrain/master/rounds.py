@@ -16,7 +16,7 @@ import time
 from flextrain.master.accounting import most_advanced, settle_round
 from flextrain.master.checkpoints import CheckpointError
 from flextrain.master.phase import Phase
-from flextrain.master.rendezvous import Round, RoundState
+from flextrain.master.rendezvous import Round, RoundState, members_in_sync
 from flextrain.proto import flextrain_pb2 as pb
 
 
@@ -73,6 +73,7 @@ class RoundKeeping:
                 version=rnd.version,
                 restore_checkpoint=rnd.restore_checkpoint,
                 max_micro_batch=rnd.max_micro_batch,
+                members_in_sync=rnd.members_in_sync,
             )
 
     def joins_answered(self, worker_ids) -> list[str]:
@@ -100,6 +101,7 @@ class RoundKeeping:
         previous = self.rendezvous.current
         rnd, waiters = self.rendezvous.form(previous_round=previous.round_id if previous else None)
         self.strategy.round_formed(self, rnd, previous, waiters)
+        rnd.members_in_sync = members_in_sync(rnd, previous, waiters)  # after a rollback's restore is known
         self.short_since = None
         last_m = self.micro_batches.current
         rnd.max_micro_batch, why = self.micro_batches.for_round(rnd.members)
@@ -108,7 +110,8 @@ class RoundKeeping:
         self.round_history.append({
             "round": rnd.round_id, "version": rnd.version, "time": round(time.time(), 3),
             "members": [{"id": m, "pid": self.workers[m].pid if m in self.workers else 0} for m in rnd.members],
-            "maxMicroBatch": rnd.max_micro_batch, **self._timings(rnd, previous),
+            "maxMicroBatch": rnd.max_micro_batch, "membersInSync": rnd.members_in_sync,
+            **self._timings(rnd, previous),
         })
         for wid in rnd.members:
             self.assigned[wid] = rnd

@@ -18,20 +18,22 @@ class Tensor(_message.Message):
     def __init__(self, dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class Position(_message.Message):
-    __slots__ = ("round_id", "task_index", "steps_done", "version", "lr_gain", "gradient_noise_scale")
+    __slots__ = ("round_id", "task_index", "steps_done", "version", "lr_gain", "gradient_noise_scale", "synced")
     ROUND_ID_FIELD_NUMBER: _ClassVar[int]
     TASK_INDEX_FIELD_NUMBER: _ClassVar[int]
     STEPS_DONE_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     LR_GAIN_FIELD_NUMBER: _ClassVar[int]
     GRADIENT_NOISE_SCALE_FIELD_NUMBER: _ClassVar[int]
+    SYNCED_FIELD_NUMBER: _ClassVar[int]
     round_id: int
     task_index: int
     steps_done: int
     version: int
     lr_gain: float
     gradient_noise_scale: float
-    def __init__(self, round_id: _Optional[int] = ..., task_index: _Optional[int] = ..., steps_done: _Optional[int] = ..., version: _Optional[int] = ..., lr_gain: _Optional[float] = ..., gradient_noise_scale: _Optional[float] = ...) -> None: ...
+    synced: bool
+    def __init__(self, round_id: _Optional[int] = ..., task_index: _Optional[int] = ..., steps_done: _Optional[int] = ..., version: _Optional[int] = ..., lr_gain: _Optional[float] = ..., gradient_noise_scale: _Optional[float] = ..., synced: _Optional[bool] = ...) -> None: ...
 
 class GetJobSpecRequest(_message.Message):
     __slots__ = ("worker_id",)
@@ -158,7 +160,7 @@ class JoinRendezvousRequest(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., position: _Optional[_Union[Position, _Mapping]] = ..., reason: _Optional[str] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class JoinRendezvousResponse(_message.Message):
-    __slots__ = ("action", "round_id", "rank", "world_size", "store_host", "store_port", "version", "restore_checkpoint", "message", "max_micro_batch")
+    __slots__ = ("action", "round_id", "rank", "world_size", "store_host", "store_port", "version", "restore_checkpoint", "message", "max_micro_batch", "members_in_sync")
     class Action(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         WAIT: _ClassVar[JoinRendezvousResponse.Action]
@@ -177,6 +179,7 @@ class JoinRendezvousResponse(_message.Message):
     RESTORE_CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     MAX_MICRO_BATCH_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_IN_SYNC_FIELD_NUMBER: _ClassVar[int]
     action: JoinRendezvousResponse.Action
     round_id: int
     rank: int
@@ -187,7 +190,8 @@ class JoinRendezvousResponse(_message.Message):
     restore_checkpoint: str
     message: str
     max_micro_batch: int
-    def __init__(self, action: _Optional[_Union[JoinRendezvousResponse.Action, str]] = ..., round_id: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., store_host: _Optional[str] = ..., store_port: _Optional[int] = ..., version: _Optional[int] = ..., restore_checkpoint: _Optional[str] = ..., message: _Optional[str] = ..., max_micro_batch: _Optional[int] = ...) -> None: ...
+    members_in_sync: bool
+    def __init__(self, action: _Optional[_Union[JoinRendezvousResponse.Action, str]] = ..., round_id: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., store_host: _Optional[str] = ..., store_port: _Optional[int] = ..., version: _Optional[int] = ..., restore_checkpoint: _Optional[str] = ..., message: _Optional[str] = ..., max_micro_batch: _Optional[int] = ..., members_in_sync: _Optional[bool] = ...) -> None: ...
 
 class Task(_message.Message):
     __slots__ = ("task_id", "kind", "source", "start", "end", "epoch", "global_batch_size", "model_version")

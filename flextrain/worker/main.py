@@ -245,20 +245,25 @@ def _train(spec, client, collective, trainer, state) -> bool:
         if resp.action == pb.JoinRendezvousResponse.WAIT:
             continue
         state.end_round.clear()
-        with state.lock:  # adopt the round before anything can report a position
-            state.round_id, state.task_index, state.steps_done = resp.round_id, 0, 0
+        synced = state.synced  # in the round it leaves
+        with state.lock:  # adopt the round before anything can report a position (not synced in it yet)
+            state.round_id, state.task_index, state.steps_done, state.synced = resp.round_id, 0, 0, False
         # Every member plans with the round's M (under auto: the smallest its members probed).
         trainer.max_micro_batch = resp.max_micro_batch or spec.training.effective_max_micro_batch
+        trainer.ask_first_task()
         try:
             state.waiting = True  # forming the group and the broadcast wait on every member
             try:
                 collective.join_round(host=resp.store_host, port=resp.store_port, round_id=resp.round_id,
                                       rank=resp.rank, world_size=resp.world_size)
-                trainer.sync_state(restore_from=resp.restore_checkpoint)
+                trainer.sync_state(restore_from=resp.restore_checkpoint,
+                                   in_sync_at=resp.version if resp.members_in_sync else None, synced=synced)
+                state.synced = True
             finally:
                 state.waiting = False
-            log.info("round %d: rank %d of %d at version %d, max micro-batch %d", resp.round_id, resp.rank,
-                     resp.world_size, state.version, trainer.max_micro_batch)
+            log.info("round %d: rank %d of %d at version %d, max micro-batch %d%s", resp.round_id, resp.rank,
+                     resp.world_size, state.version, trainer.max_micro_batch,
+                     " (members in sync: no state broadcast)" if resp.members_in_sync else "")
             outcome = trainer.run_round()
         except CollectiveError as exc:
             log.warning("%s", exc)

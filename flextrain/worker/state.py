@@ -41,6 +41,7 @@ class WorkerState:
     task_index: int = 0
     steps_done: int = 0
     version: int = 0
+    synced: bool = False  # this model is round_id's lockstep state (its state sync finished)
     loss_sum: float = 0.0
     loss_samples: int = 0
     compute_seconds: float = 0.0  # outside any wait for peers, since the last heartbeat (the straggler figure)
@@ -63,7 +64,7 @@ class WorkerState:
     def position(self) -> pb.Position:
         return pb.Position(round_id=self.round_id, task_index=self.task_index,
                            steps_done=self.steps_done, version=self.version, lr_gain=self.lr_factor,
-                           gradient_noise_scale=self.noise_scale)
+                           gradient_noise_scale=self.noise_scale, synced=self.synced)
 
     def mark_progress(self) -> None:
         now = time.monotonic()

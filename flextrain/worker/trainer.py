@@ -138,8 +138,16 @@ class AllReduceTrainer:
             self.adascale.load(tree.get("adascale"))
         self._lr_factor = None  # the loaded optimizer holds the checkpoint's (or the built) LR: set it again
 
-    def sync_state(self, *, restore_from: str = "") -> None:
-        """Rank 0 (the most advanced member) sends model + optimizer to the round."""
+    def sync_state(self, *, restore_from: str = "", in_sync_at: int | None = None, synced: bool = False) -> None:
+        """Rank 0 (the most advanced member) sends model + optimizer to the round. ``in_sync_at``: the
+        master found every member synced in the last round at this version (``members_in_sync``): all
+        hold the round's state and none broadcasts (all got the same answer); ``synced``: this worker
+        had finished its last round's sync."""
+        if in_sync_at is not None and not restore_from:
+            if self.state.version != in_sync_at or not synced:  # training on would split the members' models
+                raise RuntimeError(f"round {self.state.round_id} starts in sync at version {in_sync_at}, but this "
+                                   f"worker is at version {self.state.version}{'' if synced else ', not synced'}")
+            return
         if restore_from and self.collective.rank == 0:
             with open(restore_from, "rb") as f:
                 blob = f.read()
@@ -154,10 +162,19 @@ class AllReduceTrainer:
             self.load_blob(blob)
 
     # ---- training -------------------------------------------------------------
-    def run_round(self) -> int:
-        """Train until the round ends; returns the GetTask action that ended it."""
-        index = 0
+    def ask_first_task(self) -> None:
+        """Ask for the new round's first task now, as an ahead ask: the answer travels while the
+        round's group forms and its state syncs (a plain ask after them is a round trip more on a
+        recovery's path). What an earlier round left asked or queued is dropped."""
         self._drop_ahead()
+        self.ahead_asks += 1
+        self._ahead = (0, self.client.get_task_ahead(round_id=self.state.round_id, task_index=0,
+                                                     position=self.state.position(), count=self._ahead_count()))
+
+    def run_round(self) -> int:
+        """Train until the round ends; returns the GetTask action that ended it (the first task's
+        answer: :meth:`ask_first_task`'s, or asked now)."""
+        index = 0
         while True:
             self.state.task_index, self.state.steps_done = index, 0
             resp = self._take_ahead(index)

@@ -66,6 +66,16 @@ def test_a_skipped_torchft_is_left_out_of_met():
     assert not any(key.startswith("torchft") or "torchft" in key for key in met)
 
 
+def test_a_skipped_torchrun_is_left_out_of_met():
+    skipped = {"killed_worker_recovery_s": None, "lost_node_recovery_s": None, "new_node_join_s": None,
+               "skipped": "--skip-torchrun"}
+    ratios, met = ratios_and_met(_flextrain(0.02), skipped, {"skipped": "skipped (--skip-torchft)"})
+    assert ratios["torchrun_killed_worker_over_flextrain_recovery"] is None
+    assert not any("torchrun" in key for key in met) and met["flextrain_recovery_median_le_0.03s"]
+    _, with_torchrun = ratios_and_met(_flextrain(0.02), TORCHRUN, {"skipped": "skipped (--skip-torchft)"})
+    assert with_torchrun["torchrun_killed_worker_at_least_20x_flextrain_recovery"]
+
+
 def test_torchft_missing_names_the_import_error(monkeypatch):
     def fail(name):
         raise ImportError("No module named 'torchft'")

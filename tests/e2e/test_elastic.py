@@ -18,8 +18,9 @@ import torch
 
 from flextrain.elastic.statecodec import decode
 from flextrain.worker.module import FeedMetadata
-from ft_helpers import (COUNTING_MODEL, alive, assert_exactly_once_at_latest_checkpoint, counting_data, flextrain_cmd,
-                        read_status, run_flextrain, seen_counts, wait_for)
+from ft_helpers import (COUNTING_MODEL, alive, assert_exactly_once_at_latest_checkpoint, assert_members_identical,
+                        counting_data, flextrain_cmd, last_step_before, member_checksums, read_status,
+                        round_started_in_sync, run_flextrain, seen_counts, steps_shared_by, wait_for)
 
 pytestmark = pytest.mark.e2e
 
@@ -73,33 +74,41 @@ def validation_accuracy(job_dir, digits_data):
         return (model(x)["logits"].argmax(dim=1) == y).float().mean().item()
 
 
+def survivors_then_replacement(job_dir, first):
+    """After a member of round ``first`` (of three) was killed: the round the two survivors formed
+    and the one its replacement joined."""
+    def rounds_after():
+        s = status(job_dir)
+        return [r for r in s["roundHistory"] if r["round"] > first["round"]] if s else []
+
+    two = wait_for(lambda: [r for r in rounds_after() if len(r["members"]) == 2], timeout=60,
+                   what="a round of the two survivors")[0]
+    three = wait_for(lambda: [r for r in rounds_after() if len(r["members"]) == 3], timeout=120,
+                     what="the replacement joining")[0]
+    return two, three
+
+
 def test_kill_one_of_three_survivors_continue_in_process_then_a_new_worker_joins(digits_data, tmp_path):
     data = counting_data(digits_data, tmp_path / "data")
     job_dir = tmp_path / "job"
     # Long enough never to end by itself: it is stopped once the replacement has joined,
     # and exactly-once and accuracy are checked on the stop checkpoint.
+    sums = tmp_path / "checksums"
+    sums.mkdir()
     proc = start_job(data, digits_data, job_dir, "--workers", "3", "--min-workers", "1", "--max-workers", "4",
-                     "--epochs", "1000")
+                     "--epochs", "1000", env={"FT_CHECKSUM_DIR": str(sums), "FLEXTRAIN_LOG_LEVEL": "INFO"})
     try:
         first = wait_for(lambda: (r := last_round(job_dir)) and len(r["members"]) == 3 and
                          status(job_dir)["step"] > 200 and r, timeout=180, what="3 workers training")
         victim = first["members"][1]
         survivors = {m["id"]: m["pid"] for m in first["members"] if m is not victim}
         os.kill(victim["pid"], signal.SIGKILL)
-
-        def rounds_after():
-            s = status(job_dir)
-            return [r for r in s["roundHistory"] if r["round"] > first["round"]] if s else []
-
-        # survivors re-form a round of two, same processes (no restart) ...
-        two = wait_for(lambda: [r for r in rounds_after() if len(r["members"]) == 2], timeout=60,
-                       what="a round of the two survivors")[0]
+        two, three = survivors_then_replacement(job_dir, first)
+        # survivors re-formed a round of two, same processes (no restart) ...
         assert {m["id"]: m["pid"] for m in two["members"]} == survivors
         assert all(alive(pid) for pid in survivors.values())
         assert two["version"] > first["version"]  # training went on from where it was
-        # ... then the replacement joins and the job is back to three
-        three = wait_for(lambda: [r for r in rounds_after() if len(r["members"]) == 3], timeout=120,
-                         what="the replacement joining")[0]
+        # ... then the replacement joined and the job is back to three
         ids = {m["id"] for m in three["members"]}
         assert set(survivors) < ids and victim["id"] not in ids
         assert {m["pid"] for m in three["members"] if m["id"] in survivors} == set(survivors.values())
@@ -112,6 +121,16 @@ def test_kill_one_of_three_survivors_continue_in_process_then_a_new_worker_joins
     assert code == 1 and "resume with" in read_status(job_dir)["message"], err
     assert_exactly_once_at_latest_checkpoint(job_dir)
     assert validation_accuracy(job_dir, digits_data) > 0.90
+    # The survivors' round skipped the state broadcast exactly when both stood at the same step (a
+    # peer killed inside a collective may leave them a step apart); the replacement's round always
+    # broadcast (a newcomer is never skipped); and the members' states never differed.
+    by_step = member_checksums(sums)
+    at_kill = {last_step_before(by_step, w, two["time"]) for w in survivors}
+    assert all(round_started_in_sync(job_dir, w, two["round"]) is (len(at_kill) == 1) for w in survivors)
+    assert all(round_started_in_sync(job_dir, m["id"], three["round"]) is False for m in three["members"])
+    assert_members_identical(by_step)
+    assert steps_shared_by(by_step, survivors) > steps_shared_by(by_step, {m["id"] for m in first["members"]})
+    assert steps_shared_by(by_step, {m["id"] for m in three["members"]})
 
 
 def test_exactly_once_across_many_kills_joins_and_scaling(digits_data, tmp_path):

@@ -37,14 +37,17 @@ def job(tmp_path):
     server.stop(grace=None)
 
 
-def test_next_task_arrives_ahead_and_every_record_is_trained_once(job):
-    spec, master, client = job
+def make_trainer(spec, client, state) -> AllReduceTrainer:
     model_def = load_model_def(DIGITS)
     model = model_def.build_model()
+    return AllReduceTrainer(spec=spec, model_def=model_def, model=model, optimizer=model_def.build_optimizer(model, 0.1),
+                            client=client, collective=Collective(), state=state)
+
+
+def test_next_task_arrives_ahead_and_every_record_is_trained_once(job):
+    spec, master, client = job
     state = WorkerState()
-    trainer = AllReduceTrainer(spec=spec, model_def=model_def, model=model,
-                               optimizer=model_def.build_optimizer(model, 0.1), client=client,
-                               collective=Collective(), state=state)
+    trainer = make_trainer(spec, client, state)
     loads = []
     load = trainer.loader._load
     trainer.loader._load = lambda task, start, end: loads.append((task.source, start, end)) or load(
@@ -77,3 +80,26 @@ def test_next_task_arrives_ahead_and_every_record_is_trained_once(job):
     # (trainer.AHEAD_SECONDS of work), so there are far fewer asks than tasks
     assert trainer.ahead_asks < trainer.tasks_ahead / 2, (trainer.ahead_asks, trainer.tasks_ahead)
     assert master.phase is Phase.RUNNING  # until the final checkpoint is reported
+
+
+def test_a_rounds_first_task_is_asked_ahead_while_the_round_forms(job):
+    """``ask_first_task`` (what a worker calls before forming the round's group and syncing state):
+    the first task's answer travels meanwhile, so the round's first step starts without a plain ask."""
+    spec, master, client = job
+    state = WorkerState()
+    trainer = make_trainer(spec, client, state)
+    client.register(pid=0)
+    joined = client.join(state.position(), "start")
+    state.round_id = joined.round_id
+    trainer.ask_first_task()
+    try:
+        assert trainer.run_round() == pb.GetTaskResponse.NO_MORE
+    finally:
+        trainer.loader.close()
+    assert master.ledger.training_finished() and not master.ledger.doing
+    assert master.ledger.records_done == 2 * sum(sh.size for sh in make_shards(spec.data.training))
+    per_task = spec.training.global_batch_size * spec.training.steps_per_task
+    tasks = 2 * sum(-(-sh.size // per_task) for sh in make_shards(spec.data.training))
+    # only the second epoch's first task (it exists once the first epoch is done) and the NO_MORE are
+    # asked plainly: the first epoch's first came with the round's first ask
+    assert (trainer.tasks_ahead, trainer.tasks_asked) == (tasks - 1, 2)

@@ -21,7 +21,7 @@ FT_COUNT_ARCH=conv: a small conv net instead of the MLP (a 3x3 Conv2d over the 8
 ``feed`` then gives as a 4-D tensor), for the conv methods of ``--accelerate`` (channels_last, checkpoint).
 Records are digits RecordIO records (ids: their record numbers, ``metadata.start..end``) or Parquet
 row dicts with the columns ``pixels`` (64 floats in [0, 1]), ``label`` and ``id`` (the record's id).
-FT_HANG_WORKER / FT_HANG_FILE: that worker hangs in `feed` once the file exists.
+FT_HANG_WORKER / FT_HANG_FILE: that worker hangs in `feed` once the file exists (and creates ``<file>.hung``).
 FT_EXIT_WORKER / FT_EXIT_FILE: once the file exists, that worker exits (code 17) inside its next backward,
 after the last parameter's gradient is accumulated and the overlapped reduction's hooks have run: every
 bucket but the tail is in flight then (one micro-step per rank: the hooks are armed in it).
@@ -29,8 +29,12 @@ FT_SLOW_WORKER / FT_SLOW_SECONDS: that worker's forward takes that many seconds 
 with FT_SLOW_GATE, it builds its optimizer only once that file exists (so that it starts after the others).
 FT_FEED_DELAY: seconds per `feed` call, standing in for a bigger model's compute (the
 chaos suite uses it so that a job outlasts the workers it starts and kills).
+FT_CHECKSUM_DIR: after every committed step, each worker appends ``"<samples applied> <sha1> <time>"`` to
+``<dir>/<worker id>.txt``: the total of the counters (the same on every member of a round at the
+same step) and a digest of every parameter and momentum buffer, so tests can compare the members' states.
 """
 
+import hashlib
 import os
 import threading
 import time
@@ -91,7 +95,25 @@ class CountingSGD(torch.optim.SGD):
         for p in self.counter:
             p.add_(torch.round(p.grad * G) if G else (p.grad != 0).to(p.dtype))
             p.grad.zero_()
-        return super().step(closure)
+        out = super().step(closure)
+        _record_checksum(self)
+        return out
+
+
+def _record_checksum(opt):
+    where, me = os.environ.get("FT_CHECKSUM_DIR"), os.environ.get("FLEXTRAIN_WORKER_ID")
+    if not (where and me):
+        return
+    digest = hashlib.sha1()
+    for group in opt.param_groups:
+        for p in group["params"]:
+            digest.update(p.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+            buf = opt.state.get(p, {}).get("momentum_buffer")
+            if buf is not None:
+                digest.update(buf.cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    applied = int(sum(float(p.detach().double().sum()) for p in opt.counter))
+    with open(os.path.join(where, f"{me}.txt"), "a") as f:
+        f.write(f"{applied} {digest.hexdigest()} {time.time():.6f}\n")
 
 
 def optimizer(params, lr=0.1):
@@ -126,6 +148,7 @@ def _maybe_exit_in_backward(model):
 def _maybe_hang():
     me, victim, trigger = os.environ.get("FLEXTRAIN_WORKER_ID"), os.environ.get("FT_HANG_WORKER"), os.environ.get("FT_HANG_FILE")
     if victim and me == victim and trigger and Path(trigger).exists():
+        Path(f"{trigger}.hung").touch()  # for a test to act on: this step never reaches its all-reduce
         threading.Event().wait()  # alive (heartbeats go on) but never progressing
 
 
