@@ -155,6 +155,7 @@ class FakeMaster:
     for driving a trainer in process when the master is not under test."""
 
     worker_id = "worker-0"
+    creds = None  # no --tls: the trainer dials its parameter servers in plaintext
 
     def __init__(self, tasks):
         self.tasks, self.reports = list(tasks), []
