@@ -123,6 +123,7 @@ class JobMaster(FailureHandling, RoundKeeping):
         self.recorded_version = -1  # the newest checkpoint recorded by this master (flash reports below it: late)
         self.initial_ledger = ledger.to_dict()  # rollback target when no checkpoint exists
         self.retiring: set[str] = set()  # scaled away: told to stop at the next rendezvous
+        self.departed: dict[str, str] = {}  # why workers left, where the master chose it (the job's history)
         self.stopping: str | None = None  # stop reason while waiting for the stop checkpoint
         self.short_since: float | None = None  # since when fewer than min workers are alive
         self.events: list[str] = []
@@ -241,6 +242,7 @@ class JobMaster(FailureHandling, RoundKeeping):
         """Scale-down: the worker leaves at the next step boundary and is told to exit."""
         with self.cond:
             self.retiring.add(worker_id)
+            self.departed[worker_id] = "scaled"
             self.alive.discard(worker_id)
             self.rendezvous.drop_waiter(worker_id)
             rnd = self.rendezvous.current
