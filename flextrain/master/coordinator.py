@@ -108,6 +108,7 @@ class JobMaster(FailureHandling, RoundKeeping):
         self.metrics: dict[str, float] = {}  # the latest evaluation's metrics
         self.rounds_formed = 0
         self.step = 0  # highest model version any worker reported
+        self.script_step = 0  # script jobs: the highest step a script reported (flextrain.elastic.progress)
         self.last_loss: float | None = None  # None: no training loss reported yet (NaN is a loss)
         self.store_host = "127.0.0.1"
         self.store_port = 0
@@ -485,6 +486,9 @@ class JobMaster(FailureHandling, RoundKeeping):
                 if req.samples:
                     info.loss, info.samples = req.loss, info.samples + req.samples
                     self.last_loss = req.loss
+                elif req.step and req.loss == req.loss:  # a script's loss without a sample count (not NaN)
+                    info.loss = self.last_loss = req.loss
+                self.script_step = max(self.script_step, req.step)
             rnd = self.rendezvous.current
             # Only the round the worker is in can be ended; a worker still adopting a
             # newer round reports its previous round id and is left alone.
