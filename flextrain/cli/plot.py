@@ -101,6 +101,8 @@ def draw(records: list[dict], *, out: Path | None = None, title: str | None = No
 
     series(ax_loss, "loss", "loss", color="black", lw=1.2)
     ax_loss.set_ylabel("training loss")
+    if summary.points["loss"] and all(r["loss"] > 0 for r in metrics if r.get("loss") is not None):
+        ax_loss.set_yscale("log")  # a loss falls by orders of magnitude: a linear axis shows a flat line
     evaluations = [r for r in records if r["type"] == "evaluation"]
     names = sorted({n for r in evaluations for n, v in r["metrics"].items() if v is not None})
     if names:
@@ -119,6 +121,9 @@ def draw(records: list[dict], *, out: Path | None = None, title: str | None = No
     ax_workers.legend(loc="upper right", fontsize=8)
     ax_workers.set_xlabel("seconds since the job started")
 
+    failed = {r["worker"] for r in records if r["type"] == "failure"}
+    span = max(r["time"] for r in records) - t0 or 1.0
+    labelled: list[float] = []  # x of the labels drawn: close ones are staggered down, not overprinted
     starts = 0
     for rec in records:
         kind = rec["type"]
@@ -126,14 +131,17 @@ def draw(records: list[dict], *, out: Path | None = None, title: str | None = No
             starts += 1
             if starts == 1:
                 continue  # the first master's start is the time axis' origin
-        elif (kind == "join" and rec.get("why") == "start") or kind not in MARKS:
+        elif ((kind == "join" and rec.get("why") == "start") or kind not in MARKS
+              or (kind == "leave" and rec["worker"] in failed)):  # a failed worker's leave: its failure is marked
             continue
         colour, style, label = MARKS[kind]
         x = rec["time"] - t0
         for ax in (ax_loss, ax_rate, ax_workers):
             ax.axvline(x, color=colour, ls=style, lw=1, alpha=0.8)
-        ax_loss.annotate(label(rec), (x, 1.0), xycoords=("data", "axes fraction"), rotation=90, va="top",
-                         ha="right", fontsize=7, color=colour)
+        level = sum(1 for seen in labelled if abs(seen - x) < 0.03 * span)
+        labelled.append(x)
+        ax_loss.annotate(label(rec), (x, 1.0 - 0.33 * (level % 3)), xycoords=("data", "axes fraction"), rotation=90,
+                         va="top", ha="right", fontsize=7, color=colour)
         summary.markers[kind] += 1
     ax_loss.set_title(title or "job history: loss, evaluations, samples/s and workers over time")
     fig.tight_layout()
