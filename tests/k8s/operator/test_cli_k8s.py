@@ -6,8 +6,11 @@ The real CLI runs in a child process with KUBECONFIG pointing at the emulator.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 
 import yaml
+from ft_helpers import flextrain_cmd
 
 from flextrain.k8s import meta
 from flextrain.k8s.resource import jobspec_from_resource
