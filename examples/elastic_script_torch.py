@@ -73,6 +73,7 @@ def main() -> int:
             with optimizer.sync_context(net):  # DDP all-reduces only on the last micro-step
                 loss = torch.nn.functional.mse_loss(net(x), x @ true_w)
                 loss.backward()
+            elastic.report_loss(loss)  # the job's history: the real step below reports the mean (in a job)
             optimizer.step()
             optimizer.zero_grad()
         assert optimizer.stepped

@@ -7,6 +7,7 @@ the command (``main``, the ``flextrain`` console script):
 * flextrain.cli.train -- ``train`` (its flags, the job spec, ``--resume``, the local run)
 * flextrain.cli.run -- ``run SCRIPT ARGS``: an elastic script job, run locally
 * flextrain.cli.jobs -- ``status``, ``stop``, ``scale`` of a local job
+* flextrain.cli.plot -- ``plot``: a job's recorded history (events.jsonl) as a picture
 * flextrain.cli.evaluate -- ``evaluate`` and ``predict``
 * flextrain.cli.kubernetes -- ``--backend kubernetes`` / ``--namespace``: the commands on ElasticJobs
 * flextrain.cli.cluster -- ``operator`` and ``master``, what runs inside the cluster
@@ -25,7 +26,7 @@ import logging
 import os
 import sys
 
-from flextrain.cli import cluster, data, evaluate, internal, jobs, kubernetes, run, train, validate
+from flextrain.cli import cluster, data, evaluate, internal, jobs, kubernetes, plot, run, train, validate
 from flextrain.cli.common import DEFAULT_JOBS_DIR, CLIError, HelpFormatter, add_data_flags
 from flextrain.cli.train import build_spec, cmd_train, given_flags, resume_spec
 from flextrain.orphans import exit_with_parent
@@ -43,6 +44,7 @@ def make_parser() -> argparse.ArgumentParser:
     evaluate.add_commands(sub)  # evaluate, predict
     cluster.add_commands(sub)  # operator, master
     kubernetes.add_commands(sub)  # Kubernetes flags on train/status/stop/scale
+    plot.add_commands(sub)  # plot JOB: the job's history as a picture
     data.add_commands(sub)  # data digits|ctr|convert|inspect
     internal.add_commands(sub)  # ps, preflight, worker
     validate.add_commands(sub)  # validate

@@ -24,6 +24,8 @@ def add_commands(sub) -> None:
         p.add_argument("job", metavar="JOB", help="job name or job directory")
         if name == "status":
             p.add_argument("--json", action="store_true", help="print status.json")
+            p.add_argument("--watch", action="store_true",
+                           help="refresh the summary every second until the job ends (Ctrl-C leaves)")
         if name == "stop":
             p.add_argument("--reason", default="stopped by user (flextrain stop)",
                            help="recorded as the job's final message")
@@ -81,36 +83,59 @@ def _master_stub(status: dict):
     return pb_grpc.MasterStub(open_channel(status["masterAddress"], creds))
 
 
-def cmd_status(args) -> int:
-    status = _read_status(args.job)
+def _current_status(job: str) -> dict:
+    """status.json, its message saying so when the master that wrote it is gone."""
+    status = _read_status(job)
     if status.get("phase") in ("Pending", "Running") and not _master_alive(status):
         status["message"] = f"master process {status.get('pid')} is gone; status is from its last write"
+    return status
+
+
+def cmd_status(args) -> int:
+    if getattr(args, "watch", False):
+        from flextrain.cli.watch import OVER, watch
+
+        def read() -> tuple[list[str], bool]:  # over: the job ended, or its master is gone
+            status = _current_status(args.job)
+            return status_lines(status), status["phase"] in OVER or not _master_alive(status)
+
+        return watch(read)
+    status = _current_status(args.job)
     if args.json:
         print(json.dumps(status, indent=2, sort_keys=True))
         return 0
-    p, w = status["progress"], status["workers"]
-    print(f"job       {status['name']}  ({status['jobDir']})")
-    print(f"phase     {status['phase']}" + (f"  - {status['message']}" if status.get("message") else ""))
-    print(f"workers   {w['active']} active / {w['desired']} desired")
-    if spares := status.get("spares"):  # --spare-workers: started ahead, not workers
-        print(f"spares    {spares['parked']} parked, {spares['starting']} starting / {spares['desired']} wanted"
-              f" ({spares['taken']} taken so far)")
-    print(f"epoch     {status['epoch']}/{status['epochs']}   step {status['step']}")
-    print(f"progress  {p['recordsDone']:,}/{p['recordsTotal']:,} records ({p['percent']}%)")
-    if accelerate := status.get("accelerate"):  # --accelerate: the training strategy, and how it was chosen
-        print(f"strategy  {accelerate.get('strategy') or 'not chosen yet'}  ({accelerate.get('source')})")
-    for name, value in sorted(status.get("metrics", {}).items()):
-        print(f"{name:<9} {value:.4f}" if not isinstance(value, str) else f"{name:<9} {value}")
-    if evaluations := status.get("evaluations"):  # the metrics above are the latest evaluation's
-        more = f" (of {len(evaluations)} evaluations)" if len(evaluations) > 1 else ""
-        print(f"evaluated at step {evaluations[-1]['step']} on {evaluations[-1]['samples']:,} samples{more}")
-    if status.get("metricsUrl") and status["phase"] in ("Pending", "Running"):
-        print(f"metrics   {status['metricsUrl']}")
+    print("\n".join(status_lines(status)))
+    return 0
+
+
+def status_lines(status: dict) -> list[str]:
+    """The readable summary of a local job's status.json, a line each."""
     from flextrain.master.failures import failure_lines
 
-    for line in failure_lines(status.get("failure")):
-        print(line)
-    return 0
+    p, w = status["progress"], status["workers"]
+    lines = [f"job       {status['name']}  ({status['jobDir']})",
+             f"phase     {status['phase']}" + (f"  - {status['message']}" if status.get("message") else ""),
+             f"workers   {w['active']} active / {w['desired']} desired"]
+    if spares := status.get("spares"):  # --spare-workers: started ahead, not workers
+        lines.append(f"spares    {spares['parked']} parked, {spares['starting']} starting / {spares['desired']} "
+                     f"wanted ({spares['taken']} taken so far)")
+    lines.append(f"epoch     {status['epoch']}/{status['epochs']}   step {status['step']}")
+    lines.append(f"progress  {p['recordsDone']:,}/{p['recordsTotal']:,} records ({p['percent']}%)")
+    if accelerate := status.get("accelerate"):  # --accelerate: the training strategy, and how it was chosen
+        lines.append(f"strategy  {accelerate.get('strategy') or 'not chosen yet'}  ({accelerate.get('source')})")
+    lines += metric_lines(status.get("metrics", {}))
+    if evaluations := status.get("evaluations"):  # the metrics above are the latest evaluation's
+        more = f" (of {len(evaluations)} evaluations)" if len(evaluations) > 1 else ""
+        lines.append(f"evaluated at step {evaluations[-1]['step']} on {evaluations[-1]['samples']:,} samples{more}")
+    if status.get("metricsUrl") and status["phase"] in ("Pending", "Running"):
+        lines.append(f"metrics   {status['metricsUrl']}")
+    return lines + failure_lines(status.get("failure"))
+
+
+def metric_lines(metrics: dict) -> list[str]:
+    """A line per metric ("nan" and other strings as they are)."""
+    return [f"{name:<9} {value:.4f}" if not isinstance(value, str) else f"{name:<9} {value}"
+            for name, value in sorted(metrics.items())]
 
 
 def cmd_stop(args) -> int:

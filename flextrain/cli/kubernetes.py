@@ -242,33 +242,44 @@ def _api_message(exc) -> str:
 def status(args) -> int:
     namespace = _namespace(args)
     kube = _kube()
-    job = get_job(kube, namespace, args.job)
-    st = job.get("status") or {}
+    if getattr(args, "watch", False):  # the ElasticJob's status, read again every second
+        from flextrain.cli.watch import OVER, watch
+
+        def read() -> tuple[list[str], bool]:
+            st = get_job(kube, namespace, args.job).get("status") or {}
+            return _status_lines(kube, namespace, args.job, st), st.get("phase") in OVER
+
+        return watch(read)
+    st = get_job(kube, namespace, args.job).get("status") or {}
     if args.json:
         print(json.dumps({"name": args.job, "namespace": namespace, **st}, indent=2, sort_keys=True))
         return 0
-    w, p = st.get("workers") or {}, st.get("progress") or {}
-    print(f"job       {args.job}  (ElasticJob in {namespace})")
-    print(f"phase     {st.get('phase', 'Unknown')}" + (f"  - {st['message']}" if st.get("message") else ""))
-    waiting = "".join(f", {w[k]} {k}" for k in ("pending", "preempted") if w.get(k))
-    print(f"workers   {w.get('active', 0)} active / {w.get('desired', '?')} desired{waiting}"
-          + (f"  - {w['reason']}" if w.get("reason") else ""))
-    if "epoch" in st:
-        print(f"epoch     {st['epoch']}   step {st.get('step', 0)}")
-    if p:
-        print(f"progress  {p.get('recordsDone', 0):,}/{p.get('recordsTotal', 0):,} records "
-              f"({p.get('percent', 0)}%)")
-    for name, value in sorted((st.get("metrics") or {}).items()):
-        print(f"{name:<9} {value:.4f}" if not isinstance(value, str) else f"{name:<9} {value}")  # "nan" as is
-    if st.get("masterRelaunches"):
-        print(f"master    relaunched {st['masterRelaunches']} time(s)")
-    for event in kube.events(namespace, args.job)[-5:]:
-        print(f"event     {event.get('type', '')[:7]:<7} {event.get('reason', '')}: {event.get('message', '')}")
+    print("\n".join(_status_lines(kube, namespace, args.job, st)))
+    return 0
+
+
+def _status_lines(kube, namespace: str, name: str, st: dict) -> list[str]:
+    """The readable summary of an ElasticJob's status (and its latest Kubernetes events), a line each."""
+    from flextrain.cli.jobs import metric_lines
     from flextrain.master.failures import failure_lines
 
-    for line in failure_lines(st.get("failure")):
-        print(line)
-    return 0
+    w, p = st.get("workers") or {}, st.get("progress") or {}
+    lines = [f"job       {name}  (ElasticJob in {namespace})",
+             f"phase     {st.get('phase', 'Unknown')}" + (f"  - {st['message']}" if st.get("message") else ""),
+             f"workers   {w.get('active', 0)} active / {w.get('desired', '?')} desired"
+             + "".join(f", {w[k]} {k}" for k in ("pending", "preempted") if w.get(k))
+             + (f"  - {w['reason']}" if w.get("reason") else "")]
+    if "epoch" in st:
+        lines.append(f"epoch     {st['epoch']}   step {st.get('step', 0)}")
+    if p:
+        lines.append(f"progress  {p.get('recordsDone', 0):,}/{p.get('recordsTotal', 0):,} records "
+                     f"({p.get('percent', 0)}%)")
+    lines += metric_lines(st.get("metrics") or {})
+    if st.get("masterRelaunches"):
+        lines.append(f"master    relaunched {st['masterRelaunches']} time(s)")
+    for event in kube.events(namespace, name)[-5:]:
+        lines.append(f"event     {event.get('type', '')[:7]:<7} {event.get('reason', '')}: {event.get('message', '')}")
+    return lines + failure_lines(st.get("failure"))
 
 
 def _live_job(kube, namespace: str, name: str) -> dict:

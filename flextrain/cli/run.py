@@ -61,6 +61,8 @@ def add_commands(sub) -> None:
                         "JOBDIR/previous-<time>/, not deleted")
     g.add_argument("--no-progress", action="store_true", help="no live status line")
     add_metrics_flags(g)
+    g.add_argument("--no-tensorboard", action="store_true",
+                   help="write no TensorBoard event files under JOBDIR/tensorboard/ (docs/observability.md)")
     p.set_defaults(fn=cmd_run)
 
 
@@ -81,6 +83,7 @@ def build_spec(args):
         script_args=tuple(args.script_args), workers=1 if args.workers is None else args.workers,
         min_workers=args.min_workers, max_workers=args.max_workers,
         metrics=not args.no_metrics, metrics_port=args.metrics_port, tls=args.tls,
+        tensorboard=not args.no_tensorboard,
         **{flag[2:].replace("-", "_"): getattr(args, flag[2:].replace("-", "_")) for flag, *_ in _WORKER_FLAGS},
     ).validate()
 

@@ -158,6 +158,9 @@ def add_commands(sub) -> None:
                    help="skip preflight: before anything starts, a child process imports the module and checks "
                         "its contract on the first records (model, optimizer, feed, loss, one training step); "
                         "skip it for a module that only works on the workers' hardware")
+    g.add_argument("--no-tensorboard", action="store_true",
+                   help="write no TensorBoard event files (by default the master writes loss, LR, global batch, "
+                        "samples/s, workers and evaluations under JOBDIR/tensorboard/; docs/observability.md)")
     g.add_argument("--nan-policy", choices=("fail", "skip-step"), default="fail",
                    help="a NaN or infinite loss or gradient: fail the job naming the step and the last good "
                         "checkpoint, or skip that step (nothing of it is applied) and go on")
@@ -196,6 +199,7 @@ def build_spec(args):
         grads_to_wait=args.grads_to_wait, ps_checkpoint_steps=args.ps_checkpoint_steps,
         ps_wal=args.ps_wal, ps_wal_fsync=args.ps_wal_fsync, nan_policy=args.nan_policy, preflight=not getattr(args, "no_preflight", False),
         metrics=not args.no_metrics, metrics_port=args.metrics_port, tls=args.tls,
+        tensorboard=not args.no_tensorboard,
         skip_unknown_files=args.skip_unknown_files, csv_header=args.csv_header, data_secret=args.data_secret,
     )
 
@@ -260,7 +264,8 @@ def schedule_abs(value: str | None) -> str | None:
 
 # flags of `train` that are not JobSpec fields: how each reaches the spec on --resume
 _DEST_FIELD = {"distribution_strategy": "strategy", "job_name": "name", "no_preflight": "preflight",
-               "no_metrics": "metrics"}
+               "no_metrics": "metrics",
+               "no_tensorboard": "tensorboard"}
 _RESUME_CLI_ONLY = {"resume", "no_progress", "preflight_timeout", "backend", "fn", "command"}
 
 
@@ -284,7 +289,7 @@ def resume_spec(args):
     given, refused = {}, []
     for dest in sorted(getattr(args, "given", set()) - _RESUME_CLI_ONLY):
         field, value = _DEST_FIELD.get(dest, dest), getattr(args, dest)
-        if dest in ("no_preflight", "no_metrics"):
+        if dest in ("no_preflight", "no_metrics", "no_tensorboard"):
             value = not value
         elif dest == "distribution_strategy":
             value = Strategy(value)

@@ -48,6 +48,7 @@ from flextrain.elastic.adaptive import AdaptiveBatchSampler
 from flextrain.elastic.infinity import InfinityBatch
 from flextrain.elastic.memory import MemoryMonitor
 from flextrain.elastic.model_summary import summary
+from flextrain.elastic.progress import report, report_loss
 from flextrain.elastic.rules import AdaScaleOptimizer, LinearRuleOptimizer, RootRuleOptimizer, SqrtRuleOptimizer
 from flextrain.elastic.session import ElasticInitError, Session, activate, max_micro_batch_of
 from flextrain.elastic.state import State
@@ -228,6 +229,7 @@ class Optimizer(WrappedOptimizer):
                                "micro-steps of this accumulation called backward() on the plain loss: use "
                                "scale() in every micro-step or in none")
         self._loss_weighted, self._scaled_at = True, j
+        report_loss(loss)  # the job's history (flextrain.elastic.progress; a no-op outside a script job)
         return loss * cycle.weights[j]
 
     def step(self, closure: Any = None) -> Any:
@@ -266,6 +268,8 @@ class Optimizer(WrappedOptimizer):
         self._cycle, self._position, self._stepped = None, 0, True
         self._loss_weighted, self._scaled_at = None, -1
         self._real_steps += 1
+        # The job's history: this real step, its losses (report_loss / scale) and this process's samples.
+        report(step=self._real_steps, samples=session.batch_size if session is not None else 0)
         return result
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -390,5 +394,5 @@ def no_sync(model: torch.nn.Module, optimizer: Optimizer) -> contextlib.Abstract
     return model.no_sync()
 
 
-__all__ = ["AdaScaleOptimizer", "AdaptiveBatchSampler", "ElasticInitError", "InfinityBatch", "LinearRuleOptimizer", "MemoryMonitor", "Optimizer", "RootRuleOptimizer", "Session",
+__all__ = ["report", "report_loss", "AdaScaleOptimizer", "AdaptiveBatchSampler", "ElasticInitError", "InfinityBatch", "LinearRuleOptimizer", "MemoryMonitor", "Optimizer", "RootRuleOptimizer", "Session",
            "SqrtRuleOptimizer", "State", "TraceBatchSampler", "init", "no_sync", "summary"]

@@ -309,6 +309,8 @@ SETTINGS: tuple[Setting, ...] = (
     _s("steps_per_task", "training.steps_per_task", int, "spec.training.stepsPerTask"),
     _s("max_task_retries", "training.max_task_retries", int, "spec.training.maxTaskRetries"),
     _s("preflight", "training.preflight", bool, "spec.training.preflight", "--no-preflight"),
+    # TensorBoard event files under <job-dir>/tensorboard/ (docs/observability.md).
+    _s("tensorboard", "training.tensorboard", bool, "spec.training.tensorboard", "--no-tensorboard"),
     _s("nan_policy", "training.nan_policy", str, "spec.training.nanPolicy"),
     _s("workers", "worker.replicas", int, "spec.replicaSpecs.worker.replicas"),
     _s("min_workers", "worker.min_replicas", int, "spec.replicaSpecs.worker.minReplicas"),

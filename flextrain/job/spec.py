@@ -100,6 +100,8 @@ class TrainingSpec:
     # Before any worker starts, check the module's contract on the first records in a child
     # process (flextrain.worker.preflight); off for a module that needs the workers' hardware.
     preflight: bool = True
+    # The master writes TensorBoard event files under <job-dir>/tensorboard/ from the job's history.
+    tensorboard: bool = True
     # A non-finite loss or gradient: "fail" stops the job naming the step (nothing is applied);
     # "skip-step" drops that step (its records count as trained, nothing is applied) and goes on.
     nan_policy: str = "fail"
@@ -341,9 +343,11 @@ class JobSpec:
         for field in ("gang", "queue", "priority_class_name", "elastic_priority_class_name"):
             if self.get(field) is not None:
                 VALUE_RULES[field](flag_of(field), self.get(field))
-        for field in ("shuffle", "ps_wal", "ps_wal_fsync", "preflight", "skip_unknown_files", "csv_header", "suspend"):
+        for field in ("shuffle", "ps_wal", "ps_wal_fsync", "preflight", "tensorboard", "skip_unknown_files",
+                      "csv_header", "suspend"):
             if not isinstance(self.get(field), bool):
-                raise JobSpecError(f"{'--preflight' if field == 'preflight' else flag_of(field)} must be true or false, got {self.get(field)!r}")
+                flag = f"--{field}" if field in ("preflight", "tensorboard") else flag_of(field)
+                raise JobSpecError(f"{flag} must be true or false, got {self.get(field)!r}")
         for name, field, kind in (("--distribution-strategy", "strategy", Strategy), ("job type", "job_type", JobType),
                                   ("backend", "backend", Backend)):
             if not isinstance(getattr(self, field), kind):  # from_json converts; a hand-built spec may not

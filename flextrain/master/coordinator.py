@@ -108,6 +108,7 @@ class JobMaster(FailureHandling, RoundKeeping):
         self.metrics: dict[str, float] = {}  # the latest evaluation's metrics
         self.rounds_formed = 0
         self.step = 0  # highest model version any worker reported
+        self.script_step = 0  # script jobs: the highest step a script reported (flextrain.elastic.progress)
         self.last_loss: float | None = None  # None: no training loss reported yet (NaN is a loss)
         self.store_host = "127.0.0.1"
         self.store_port = 0
@@ -123,6 +124,7 @@ class JobMaster(FailureHandling, RoundKeeping):
         self.recorded_version = -1  # the newest checkpoint recorded by this master (flash reports below it: late)
         self.initial_ledger = ledger.to_dict()  # rollback target when no checkpoint exists
         self.retiring: set[str] = set()  # scaled away: told to stop at the next rendezvous
+        self.departed: dict[str, str] = {}  # why workers left, where the master chose it (the job's history)
         self.stopping: str | None = None  # stop reason while waiting for the stop checkpoint
         self.short_since: float | None = None  # since when fewer than min workers are alive
         self.events: list[str] = []
@@ -241,6 +243,7 @@ class JobMaster(FailureHandling, RoundKeeping):
         """Scale-down: the worker leaves at the next step boundary and is told to exit."""
         with self.cond:
             self.retiring.add(worker_id)
+            self.departed[worker_id] = "scaled"
             self.alive.discard(worker_id)
             self.rendezvous.drop_waiter(worker_id)
             rnd = self.rendezvous.current
@@ -483,6 +486,9 @@ class JobMaster(FailureHandling, RoundKeeping):
                 if req.samples:
                     info.loss, info.samples = req.loss, info.samples + req.samples
                     self.last_loss = req.loss
+                elif req.step and req.loss == req.loss:  # a script's loss without a sample count (not NaN)
+                    info.loss = self.last_loss = req.loss
+                self.script_step = max(self.script_step, req.step)
             rnd = self.rendezvous.current
             # Only the round the worker is in can be ended; a worker still adopting a
             # newer round reports its previous round id and is left alone.

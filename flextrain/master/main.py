@@ -27,6 +27,7 @@ from flextrain.master.checkpoints import CheckpointStore, StateWriteError, write
 from flextrain.failures import EXIT_CODE_OF_KIND, ExitCode
 from flextrain.master.coordinator import JobMaster, Phase
 from flextrain.master.failures import FailureTracker, failure_lines
+from flextrain.master.history import job_history
 from flextrain.master.instances import InstanceManager
 from flextrain.master.jobdir import JobDirError
 from flextrain.master.k8s_priority import membership as worker_membership
@@ -263,11 +264,12 @@ def _run_master(
                                  last_disruption=manager.last_disruption if manager else "",
                                  unscheduled=k8s.backend.pending_reason(waiting) if k8s else None)
 
+    history = job_history(job, resume=resume)  # events.jsonl (+ TensorBoard), from every status snapshot
     metrics = start_metrics(spec, host=host, kubernetes_job=k8s.job if k8s else None, note=job.note)
     reporter = StatusReporter(
         job, path=job_dir / "status.json", desired=lambda: manager.desired if manager else spec.worker.replicas,
         master_address=address, show_progress=show_progress, console=console,
-        sinks=(*((status_writer,) if k8s else ()), *((metrics,) if metrics else ())),
+        sinks=(history, *((status_writer,) if k8s else ()), *((metrics,) if metrics else ())),
         spares=spares.snapshot if spares else None, membership=membership, metrics_url=metrics.url if metrics else "",
     )
     reporter.update()
@@ -345,6 +347,7 @@ def _run_master(
             job.flash.remove()
         snap = reporter.update()
         reporter.close()
+        history.close()
         if k8s:
             status_writer.close()
         server.stop(grace=1.0)

@@ -61,6 +61,7 @@ CHANGEABLE = {
     "training.max_task_retries": "a budget of this run",
     "training.nan_policy": "what the next non-finite step does",
     "training.preflight": "a check before the run",
+    "training.tensorboard": "only whether the master writes TensorBoard files from now on",
 }
 _PATH_FIELDS = ("training_data", "validation_data", "checkpoint", "prediction_data", "output")
 
@@ -121,7 +122,8 @@ def resumed_spec(job_dir: str | Path, given: dict[str, object], *, refused: tupl
             if value:
                 rerooted[field] = ",".join(reroot(part, moved_from, root) for part in value.split(","))
     spec = stored.replace(**rerooted)
-    changes = tuple("--no-preflight" if f == "preflight" else f"{flag_of(f)} {_shown(spec.get(f))} -> {_shown(v)}"
+    changes = tuple(f"--no-{f}" if f in ("preflight", "tensorboard") and not v
+                    else f"{flag_of(f)} {_shown(spec.get(f))} -> {_shown(v)}"
                     for f, v in given.items() if v != spec.get(f))
     return Resumed(spec.replace(**given), changes, moved_from)
 

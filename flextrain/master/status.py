@@ -36,7 +36,10 @@ def iso(ts: float | None) -> str | None:
 
 # ---- views of the job's state (call with job.cond held) ---------------------
 def records_done(job: JobMaster) -> int:
-    """Training records applied: finished tasks plus the active round's progress."""
+    """Training records applied: finished tasks plus the active round's progress (a script job: the
+    samples its scripts reported, flextrain.elastic.progress)."""
+    if job.spec.is_script:
+        return sum(w.samples for w in job.workers.values())
     done = job.ledger.records_done
     rnd = job.rendezvous.current
     if rnd is None or rnd.state is RoundState.CLOSED:
@@ -206,7 +209,8 @@ class StatusReporter:
                 **({"spares": self._spares()} if self._spares else {}),
                 "epoch": min(job.spec.training.epochs, done // per_epoch + 1) if per_epoch else 0,
                 "epochs": job.spec.training.epochs,
-                "step": job.step,
+                # a script job: the step its scripts reported, else the commits they made
+                "step": job.script_step or job.step if job.spec.is_script else job.step,
                 # the step in progress: its global batch (a batch schedule's), LR rule and factor (and LR)
                 **(step_settings(job.spec, job.ledger.schedule, job.step, adascale=job.adascale)
                    if job.spec.job_type is JobType.TRAINING and not job.spec.is_script else {}),

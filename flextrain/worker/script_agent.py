@@ -11,8 +11,11 @@ the job's owner. The agent registers, then for every round:
    ``TORCHELASTIC_USE_AGENT_STORE=True`` so rank 0 connects to it rather than
    binding it), ``TORCHELASTIC_RESTART_COUNT`` (the round id) — plus
    ``FLEXTRAIN_JOB_DIR``, ``FLEXTRAIN_STATE_DIR`` (where
-   ``flextrain.elastic.state.State`` commits) and ``FLEXTRAIN_ROUND``;
-3. heartbeats while it runs. When the master ends the round (a member
+   ``flextrain.elastic.state.State`` commits), ``FLEXTRAIN_ROUND`` and
+   ``FLEXTRAIN_PROGRESS_FILE`` (where ``flextrain.elastic.progress`` appends
+   the script's steps and losses);
+3. heartbeats while it runs, carrying the progress the script appended since
+   the last one (the job's history, TensorBoard and status show it). When the master ends the round (a member
    died, a worker joined or was scaled away) the agent terminates the script
    (SIGTERM to its process group, SIGKILL after ``CHILD_GRACE``) and joins
    the next round, where the script starts again from its last commit.
@@ -50,6 +53,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from flextrain.elastic.progress import ENV_PROGRESS_FILE, ProgressReader
 from flextrain.elastic.state import COMMIT_FILE, ENV_STATE_DIR
 from flextrain.failures import ExitCode, FailureKind
 from flextrain.job import JobSpec
@@ -77,7 +81,8 @@ class RoundInfo:
     store_port: int
 
 
-def script_env(spec: JobSpec, rnd: RoundInfo, *, worker_id: str, failure_file: str) -> dict[str, str]:
+def script_env(spec: JobSpec, rnd: RoundInfo, *, worker_id: str, failure_file: str,
+               progress_file: str = "") -> dict[str, str]:
     """The script's environment in ``rnd``: torchrun's variables and flextrain's."""
     job_dir = str(Path(spec.job_dir).resolve())
     env = {
@@ -88,6 +93,7 @@ def script_env(spec: JobSpec, rnd: RoundInfo, *, worker_id: str, failure_file: s
         "TORCHELASTIC_RUN_ID": spec.name,
         "FLEXTRAIN_JOB_DIR": job_dir, ENV_STATE_DIR: str(Path(job_dir) / STATE_DIR),
         "FLEXTRAIN_ROUND": str(rnd.round_id), "FLEXTRAIN_WORKER_ID": worker_id, ENV_FAILURE_FILE: failure_file,
+        **({ENV_PROGRESS_FILE: progress_file} if progress_file else {}),
     }
     threads = os.environ.get("FLEXTRAIN_NUM_THREADS", "0")
     if threads != "0" and "OMP_NUM_THREADS" not in os.environ:  # the cores the master gave this worker
@@ -110,6 +116,8 @@ class ScriptAgent:
         self.round_id = -1
         self.child: subprocess.Popen | None = None
         self.failure_file = Path(tempfile.mkdtemp(prefix="flextrain-script-")) / "failure.pb"
+        # The script's progress (flextrain.elastic.progress), one file for every round's script: read on.
+        self.progress = ProgressReader(self.failure_file.with_name("progress.jsonl"))
 
     def position(self) -> pb.Position:
         return pb.Position(round_id=self.round_id, version=commits(self.spec))
@@ -164,7 +172,7 @@ class ScriptAgent:
     def _start(self, rnd: RoundInfo) -> None:
         self.failure_file.unlink(missing_ok=True)
         env = {**os.environ, **script_env(self.spec, rnd, worker_id=self.worker_id,
-                                          failure_file=str(self.failure_file))}
+                                          failure_file=str(self.failure_file), progress_file=str(self.progress.path))}
         self.child = subprocess.Popen(
             [sys.executable, "-m", "flextrain.worker.script_child", self.spec.script, *self.spec.script_args],
             env=env, stdin=subprocess.DEVNULL, start_new_session=True)  # its own group: terminated as one
@@ -177,7 +185,8 @@ class ScriptAgent:
                 return _RUN, code
             except subprocess.TimeoutExpired:
                 pass
-            resp = self.client.heartbeat(self.position(), 0.0, 0)
+            loss, samples, step = self.progress.take()
+            resp = self.client.heartbeat(self.position(), loss, samples, step=step)
             if resp.stop or resp.job_over:
                 self._terminate()
                 return _STOP, 0

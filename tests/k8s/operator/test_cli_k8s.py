@@ -6,8 +6,11 @@ The real CLI runs in a child process with KUBECONFIG pointing at the emulator.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 
 import yaml
+from ft_helpers import flextrain_cmd
 
 from flextrain.k8s import meta
 from flextrain.k8s.resource import jobspec_from_resource
@@ -110,3 +113,20 @@ def test_kubernetes_flags_need_the_kubernetes_backend(cli):
     assert res.returncode == 2 and "--pvc 'no-mount-path': expected CLAIM:/mount/path" in res.stderr
     res = cli(*TRAIN[:-2], "--workers", "0", "--dry-run")
     assert res.returncode == 2 and "--workers must be a positive integer" in res.stderr
+
+
+def test_status_watch_follows_the_elasticjob_until_it_ends(cli, jobs, k8s_cluster):
+    assert cli(*TRAIN).returncode == 0
+    jobs.kube.patch_status(jobs.get("digits"), {"phase": "Running", "message": "training",
+                                                "workers": {"desired": 2, "active": 2}})
+    env = {**os.environ, "KUBECONFIG": str(k8s_cluster.kubeconfig)}
+    env.pop(meta.ENV_NAMESPACE, None)
+    watch = subprocess.Popen(flextrain_cmd("status", "digits", "--backend", "kubernetes", "--watch"),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        jobs.kube.patch_status(jobs.get("digits"), {"phase": "Succeeded", "message": "training finished"})
+        out, err = watch.communicate(timeout=120)  # it ends by itself once the job has
+    finally:
+        watch.kill()
+    assert watch.returncode == 0, err
+    assert "phase     Succeeded  - training finished" in out and "ElasticJob in default" in out

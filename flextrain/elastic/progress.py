@@ -1,0 +1,88 @@
+"""How a script (``flextrain run``) reports its training progress into the job's history.
+
+Inside a script job, the worker's agent (flextrain/worker/script_agent.py) names a file in
+``FLEXTRAIN_PROGRESS_FILE``; :func:`report` appends one JSON line to it per optimizer step
+(``step``, ``loss``, ``samples``), and the agent's heartbeat carries what was appended since
+its last one to the master, which records it in ``events.jsonl``, TensorBoard and
+``status.json`` like a module job's progress. Outside a job (no such variable) every function
+here is a no-op, so scripts call them unconditionally.
+
+The APIs for scripts report by themselves where they see the step: ``elastic.torch.Optimizer``
+reports each real step (with the losses given to :func:`report_loss` since the last one, or
+passed through ``optimizer.scale(loss)``), ``InfinityBatch`` each trained batch. A script with
+its own loop calls :func:`report` (or :func:`report_loss` before ``optimizer.step()``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from typing import Any
+
+ENV_PROGRESS_FILE = "FLEXTRAIN_PROGRESS_FILE"
+
+_pending: list[Any] = []  # losses given since the last report (tensors: read at the report, once per step)
+
+
+def active() -> bool:
+    """Whether this process runs inside a script job that records its progress."""
+    return bool(os.environ.get(ENV_PROGRESS_FILE))
+
+
+def report_loss(loss: Any) -> None:
+    """A micro-batch's (or step's) loss, a tensor or a number; the next :func:`report` (an
+    ``elastic.torch.Optimizer`` real step) reports the mean of those given since the last."""
+    if active():
+        _pending.append(loss.detach() if hasattr(loss, "detach") else loss)
+
+
+def report(*, step: int, loss: float | None = None, samples: int = 0) -> None:
+    """Report optimizer step ``step`` (the script's global step count), its ``loss`` (None: the
+    mean of :func:`report_loss`'s since the last report, if any) and the ``samples`` this process
+    trained in it. Appends one line; never raises for want of a job (a no-op outside one)."""
+    path = os.environ.get(ENV_PROGRESS_FILE)
+    if not path:
+        return
+    if loss is None and _pending:
+        loss = sum(float(x) for x in _pending) / len(_pending)
+    _pending.clear()
+    record = {"step": int(step), "samples": int(samples), "time": round(time.time(), 3)}
+    if loss is not None:
+        record["loss"] = float(loss) if math.isfinite(float(loss)) else str(float(loss))
+    with open(path, "a", encoding="utf-8") as f:  # one short append per step: cheap, and whole lines
+        f.write(json.dumps(record) + "\n")
+
+
+class ProgressReader:
+    """The agent's side: what a script appended to ``path`` since the last :meth:`take`."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path, self._offset, self.step = path, 0, 0
+
+    def take(self) -> tuple[float, int, int]:
+        """``(mean loss or NaN, samples, latest step or 0)`` of the lines appended since the last call."""
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self._offset)
+                data = f.read()
+        except FileNotFoundError:
+            return math.nan, 0, 0
+        end = data.rfind(b"\n") + 1  # a line still being written is read next time
+        self._offset += end
+        losses, samples, step = [], 0, 0
+        for line in data[:end].splitlines():
+            try:
+                rec = json.loads(line)
+                samples += int(rec.get("samples", 0))
+                step = max(step, int(rec["step"]))
+                if "loss" in rec:
+                    losses.append(float(rec["loss"]))
+            except (ValueError, KeyError, TypeError):
+                continue  # not a progress line: ignored
+        self.step = max(self.step, step)
+        return (sum(losses) / len(losses) if losses else math.nan), samples, step
+
+
+__all__ = ["ENV_PROGRESS_FILE", "ProgressReader", "active", "report", "report_loss"]

@@ -1,0 +1,57 @@
+"""flextrain.elastic.progress: what a script reports, and what its agent reads back for the heartbeat."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from flextrain.elastic import progress
+from flextrain.elastic.progress import ENV_PROGRESS_FILE, ProgressReader
+
+
+def test_outside_a_job_reporting_writes_nothing(monkeypatch, tmp_path):
+    monkeypatch.delenv(ENV_PROGRESS_FILE, raising=False)
+    monkeypatch.chdir(tmp_path)
+    progress.report_loss(torch.tensor(1.0))
+    progress.report(step=1, loss=2.0, samples=4)
+    assert not progress.active() and list(tmp_path.iterdir()) == []
+
+
+def test_the_agent_reads_each_step_once_with_the_mean_loss(monkeypatch, tmp_path):
+    path = tmp_path / "progress.jsonl"
+    monkeypatch.setenv(ENV_PROGRESS_FILE, str(path))
+    reader = ProgressReader(path)
+    assert math.isnan(reader.take()[0])  # nothing reported yet
+    progress.report_loss(torch.tensor(1.0))
+    progress.report_loss(torch.tensor(3.0))
+    progress.report(step=1, samples=8)  # the mean of the losses given since the last report
+    progress.report(step=2, loss=4.0, samples=8)
+    loss, samples, step = reader.take()
+    assert (loss, samples, step) == (3.0, 16, 2)
+    assert reader.take()[1:] == (0, 0)  # read once
+    with open(path, "a") as f:
+        f.write('{"step": 3, "samples": 8')  # a line still being written: left for the next take
+    assert reader.take()[1:] == (0, 0)
+    with open(path, "a") as f:
+        f.write(', "loss": "nan"}\n')
+    loss, samples, step = reader.take()
+    assert math.isnan(loss) and (samples, step) == (8, 3)
+
+
+def test_the_ga_optimizer_reports_each_real_step(monkeypatch, tmp_path):
+    import flextrain.elastic.torch as elastic
+
+    path = tmp_path / "progress.jsonl"
+    monkeypatch.setenv(ENV_PROGRESS_FILE, str(path))
+    model = torch.nn.Linear(2, 1)
+    optimizer = elastic.Optimizer(torch.optim.SGD(model.parameters(), lr=0.1), steps=2)
+    for loss_value in (1.0, 2.0, 3.0, 4.0):  # two real steps of two micro-steps
+        loss = model(torch.ones(1, 2)).sum() * 0 + loss_value
+        optimizer.scale(loss).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    lines = path.read_text().splitlines()
+    assert len(lines) == 2
+    loss, _, step = ProgressReader(path).take()
+    assert step == 2 and loss == (1.5 + 3.5) / 2
