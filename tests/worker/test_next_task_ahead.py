@@ -72,8 +72,9 @@ def test_next_task_arrives_ahead_and_every_record_is_trained_once(job):
     # last task is done); plain asks: those two and the NO_MORE
     per_task = G * spec.training.steps_per_task
     tasks = 2 * sum(-(-sh.size // per_task) for sh in shards)
-    assert (trainer.tasks_ahead, trainer.tasks_asked) == (tasks - 2, 3)
+    asks = trainer.tasks
+    assert (asks.tasks_ahead, asks.tasks_asked, asks.handed) == (tasks - 2, 3, 0)
     # these tasks take milliseconds: once one is timed, an ahead ask takes several at once
-    # (trainer.AHEAD_SECONDS of work), so there are far fewer asks than tasks
-    assert trainer.ahead_asks < trainer.tasks_ahead / 2, (trainer.ahead_asks, trainer.tasks_ahead)
+    # (round_tasks.AHEAD_SECONDS of work), so there are far fewer asks than tasks
+    assert asks.ahead_asks < asks.tasks_ahead / 2, (asks.ahead_asks, asks.tasks_ahead)
     assert master.phase is Phase.RUNNING  # until the final checkpoint is reported
