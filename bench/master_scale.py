@@ -43,7 +43,6 @@ import json
 import os
 import random
 import select
-import signal
 import subprocess
 import sys
 import tempfile
@@ -184,7 +183,47 @@ def time_handlers() -> dict[str, list[float]]:
                     sink.append((time.perf_counter() - t) * 1000.0)
 
         setattr(MasterServicer, name, timed)
+    _time_master_internals(times)
     return times
+
+
+def _time_master_internals(times: dict[str, list[float]]) -> None:
+    """Where a call's wait in the master comes from besides its handling: ``loop_lag`` (how late the
+    server's event loop runs a 10 ms sleep: the CPU and the GIL held elsewhere) and the main loop's
+    periodic work under the job's lock, ``status`` (status.json) and ``tick`` (deadlines, hang checks)."""
+    import functools
+
+    from flextrain.master.coordinator import JobMaster
+    from flextrain.master.servicer import MasterServicer
+    from flextrain.master.status import StatusReporter
+
+    lag = times.setdefault("loop_lag", [])
+
+    async def probe() -> None:
+        while True:
+            t = time.perf_counter()
+            await asyncio.sleep(0.01)
+            lag.append((time.perf_counter() - t) * 1000.0 - 10.0)
+
+    bind = MasterServicer.bind
+
+    def bind_and_probe(self, loop):
+        bind(self, loop)
+        loop.create_task(probe())  # bind runs on the server's loop
+
+    MasterServicer.bind = bind_and_probe
+    for owner, name, kind in ((StatusReporter, "update", "status"), (JobMaster, "tick", "tick")):
+        original, sink = getattr(owner, name), times.setdefault(kind, [])
+
+        @functools.wraps(original)
+        def timed(*a, original=original, sink=sink, **kw):
+            t = time.perf_counter()
+            try:
+                return original(*a, **kw)
+            finally:
+                sink.append((time.perf_counter() - t) * 1000.0)
+
+        setattr(owner, name, timed)
 
 
 PROFILING = [False]  # sample_stacks samples while true (the bench's phase of interest)
@@ -714,7 +753,11 @@ def drive(args, sizes: dict, work: Path) -> int:
             "get_task_per_s": round(len(ms.get("get_task", [])) / steady, 1),
             "rpc_per_s": round(sum(len(v) for k, v in ms.items() if k not in ("join", "handoff", "loop_lag"))
                                / steady, 1),
-            "master_handler_ms": {k: percentiles(v) for k, v in handlers.items()},
+            "master_handler_ms": {k: percentiles(handlers.pop(k)) for k in ("heartbeat", "get_task", "report_task")},
+            # the server's event loop: how late a 10 ms sleep wakes (CPU and GIL taken by others)
+            "master_loop_lag_ms": percentiles(handlers.pop("loop_lag")),
+            # the master's main loop, each pass under the job's lock: status.json, tick (hang checks)
+            "master_periodic_ms": {k: percentiles(v) for k, v in handlers.items()},
             "client_loop_lag_ms": percentiles(ms.get("loop_lag", [])),
             "clients_cpu_cores": round(sim_cpu / (t1 - t0), 3),
             "errors": errors,
