@@ -11,12 +11,17 @@ Prints one JSON object (progress goes to stderr). Method (bench/README.md, "mast
 * **workers**: ``--procs`` processes, each driving its share of ``--workers`` clients with grpc.aio, one
   channel (TCP connection) per client. A client does what a real AllReduce worker does, without
   training: GetJobSpec, RegisterWorker, JoinRendezvous (long poll) until TRAIN; then per task of
-  ``--task-seconds``: GetTask for the next task ahead during the task's last step (count 1, as a worker
-  whose task takes about AHEAD_SECONDS), ReportTask (ok) at its end (AllReduce workers report only
-  failed tasks; ParameterServer and evaluation workers report each one: the call is timed here), the
-  plain GetTask when the ahead answer was not a RUN; a Heartbeat every ``heartbeat_interval`` the
-  master gives in GetJobSpec, with the worker's position, at a random phase. A round's members ask for
-  the same task indices, as lockstep members do.
+  ``--task-seconds``: rank 0 of the round asks GetTask for the next task ahead during the task's last
+  step (count 1, as a worker whose task takes about round_tasks.AHEAD_SECONDS), and plainly at the task
+  boundary when the ahead answer was not a RUN; the other members get each answer from rank 0 at the
+  boundary (flextrain/worker/round_tasks.py broadcasts it over the round's gloo group; here rank 0's
+  process sends it to every simulating process in a UDP datagram on loopback: ``handoff_ms`` is how long
+  a member waited for it at the boundary); a Heartbeat every ``heartbeat_interval`` the master gives in
+  GetJobSpec, with the worker's position, at a random phase. ``--report-tasks``: every member also
+  reports each finished task (ReportTask ok: ParameterServer and evaluation workers do; AllReduce
+  workers report only failed tasks). ``--task-asks every``: the workers before rank 0 asked for the
+  round: every member asks for every task (a burst of one call per member) and reports it, which is
+  what this bench simulated until then.
 * **leave**: after the steady window, ``--leave-fraction`` of the clients stop at once (as SIGKILLed
   processes would); the master is told they exited (``t0``, right after), and every survivor learns at
   ``t0`` that its collective failed and re-joins with reason ``collective_failed``, as a worker whose
@@ -38,7 +43,6 @@ import json
 import os
 import random
 import select
-import signal
 import subprocess
 import sys
 import tempfile
@@ -179,7 +183,47 @@ def time_handlers() -> dict[str, list[float]]:
                     sink.append((time.perf_counter() - t) * 1000.0)
 
         setattr(MasterServicer, name, timed)
+    _time_master_internals(times)
     return times
+
+
+def _time_master_internals(times: dict[str, list[float]]) -> None:
+    """Where a call's wait in the master comes from besides its handling: ``loop_lag`` (how late the
+    server's event loop runs a 10 ms sleep: the CPU and the GIL held elsewhere) and the main loop's
+    periodic work under the job's lock, ``status`` (status.json) and ``tick`` (deadlines, hang checks)."""
+    import functools
+
+    from flextrain.master.coordinator import JobMaster
+    from flextrain.master.servicer import MasterServicer
+    from flextrain.master.status import StatusReporter
+
+    lag = times.setdefault("loop_lag", [])
+
+    async def probe() -> None:
+        while True:
+            t = time.perf_counter()
+            await asyncio.sleep(0.01)
+            lag.append((time.perf_counter() - t) * 1000.0 - 10.0)
+
+    bind = MasterServicer.bind
+
+    def bind_and_probe(self, loop):
+        bind(self, loop)
+        loop.create_task(probe())  # bind runs on the server's loop
+
+    MasterServicer.bind = bind_and_probe
+    for owner, name, kind in ((StatusReporter, "update", "status"), (JobMaster, "tick", "tick")):
+        original, sink = getattr(owner, name), times.setdefault(kind, [])
+
+        @functools.wraps(original)
+        def timed(*a, original=original, sink=sink, **kw):
+            t = time.perf_counter()
+            try:
+                return original(*a, **kw)
+            finally:
+                sink.append((time.perf_counter() - t) * 1000.0)
+
+        setattr(owner, name, timed)
 
 
 PROFILING = [False]  # sample_stacks samples while true (the bench's phase of interest)
@@ -228,7 +272,7 @@ class Stats:
     def __init__(self) -> None:
         self.on = False
         self.ms: dict[str, list[float]] = {"get_task": [], "report_task": [], "heartbeat": [], "join": [],
-                                           "loop_lag": []}
+                                           "handoff": [], "loop_lag": []}
         self.errors: dict[str, int] = {}
 
     def add(self, kind: str, ms: float) -> None:
@@ -240,8 +284,52 @@ class Stats:
         self.errors[key] = self.errors.get(key, 0) + 1
 
 
+class Handoff:
+    """Rank 0's task answers to the other members of its round. A real round broadcasts each over its
+    process group (flextrain/worker/round_tasks.py), never through the master; here rank 0's process
+    sends it, keyed by (round, task index), to every simulating process in one UDP datagram on loopback."""
+
+    def __init__(self) -> None:
+        import socket
+
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.setblocking(False)
+        self.port = self.sock.getsockname()[1]
+        self.peers: list[int] = []  # every simulating process's port, this one's too
+        self.answers: dict[tuple[int, int], asyncio.Future] = {}
+        asyncio.get_running_loop().add_reader(self.sock.fileno(), self._readable)
+
+    def _future(self, round_id: int, index: int) -> asyncio.Future:
+        return self.answers.setdefault((round_id, index), asyncio.get_running_loop().create_future())
+
+    def _readable(self) -> None:
+        import struct
+
+        while True:
+            try:
+                data = self.sock.recv(1 << 16)
+            except BlockingIOError:
+                return
+            fut = self._future(*struct.unpack("<qq", data[:16]))
+            if not fut.done():
+                fut.set_result(data[16:])
+
+    def publish(self, round_id: int, index: int, answer) -> None:
+        import struct
+
+        data = struct.pack("<qq", round_id, index) + answer.SerializeToString()
+        for port in self.peers:
+            self.sock.sendto(data, ("127.0.0.1", port))
+
+    async def answer(self, round_id: int, index: int, pb):
+        return pb.GetTaskResponse.FromString(await asyncio.shield(self._future(round_id, index)))
+
+
 class SimWorker:
-    def __init__(self, wid: str, address: str, stats: Stats, events: "SimEvents") -> None:
+    def __init__(self, wid: str, address: str, stats: Stats, events: "SimEvents", *, handoff: Handoff | None,
+                 report_tasks: bool) -> None:
+        """``handoff``: only rank 0 asks for tasks and hands them over (None: every member asks)."""
         import grpc
 
         from flextrain.proto import flextrain_pb2 as pb
@@ -259,7 +347,9 @@ class SimWorker:
         self.failed = asyncio.Event()  # "my collective failed": re-join now
         self.tasks: list[asyncio.Task] = []
         self.round_id = -1
-        self.train_task: asyncio.Task | None = None
+        self.rank = 0
+        self.handoff = handoff
+        self.report_tasks = report_tasks
 
     async def timed(self, kind: str, call, request, timeout: float = 10.0):
         t = time.perf_counter()
@@ -303,7 +393,7 @@ class SimWorker:
                     await asyncio.sleep(0.1)
             if resp.action == pb.JoinRendezvousResponse.STOP:
                 return
-            self.round_id = resp.round_id
+            self.round_id, self.rank = resp.round_id, resp.rank
             self.events.trained(self, resp.round_id, time.monotonic())
             self.position = pb.Position(round_id=resp.round_id, task_index=0, steps_done=0,
                                         version=max(resp.version, self.position.version))
@@ -317,25 +407,35 @@ class SimWorker:
 
     async def train(self, task_seconds: float) -> None:
         pb = self.pb
+        asks = self.handoff is None or self.rank == 0  # rank 0 asks for the round (--task-asks every: all do)
         index, ahead = 0, None
         while True:
-            resp = ahead
-            if resp is None or resp.action != pb.GetTaskResponse.RUN:
-                resp = await self.timed("get_task", self.stub.GetTask, pb.GetTaskRequest(
-                    worker_id=self.wid, round_id=self.round_id, task_index=index, position=self.position))
+            if asks:
+                resp = ahead
+                if resp is None or resp.action != pb.GetTaskResponse.RUN:
+                    resp = await self.timed("get_task", self.stub.GetTask, pb.GetTaskRequest(
+                        worker_id=self.wid, round_id=self.round_id, task_index=index, position=self.position))
+                if self.handoff is not None:
+                    self.handoff.publish(self.round_id, index, resp)
+            else:
+                t = time.perf_counter()
+                resp = await self.handoff.answer(self.round_id, index, pb)
+                self.stats.add("handoff", (time.perf_counter() - t) * 1000.0)
             if resp.action != pb.GetTaskResponse.RUN:
                 return
             task = resp.task
             steps = -(-(task.end - task.start) // task.global_batch_size)
             await asyncio.sleep(max(0.0, task_seconds - STEP_SECONDS))
-            ahead = await self.timed("get_task", self.stub.GetTask, pb.GetTaskRequest(
-                worker_id=self.wid, round_id=self.round_id, task_index=index + 1, position=self.position,
-                ahead=True, ahead_count=1))
+            if asks:
+                ahead = await self.timed("get_task", self.stub.GetTask, pb.GetTaskRequest(
+                    worker_id=self.wid, round_id=self.round_id, task_index=index + 1, position=self.position,
+                    ahead=True, ahead_count=1))
             await asyncio.sleep(STEP_SECONDS)
             self.position = pb.Position(round_id=self.round_id, task_index=index + 1, steps_done=0,
                                         version=self.position.version + steps)
-            await self.timed("report_task", self.stub.ReportTask,
-                             pb.ReportTaskRequest(worker_id=self.wid, task_id=task.task_id, ok=True))
+            if self.report_tasks:
+                await self.timed("report_task", self.stub.ReportTask,
+                                 pb.ReportTaskRequest(worker_id=self.wid, task_id=task.task_id, ok=True))
             index += 1
 
     async def leave(self) -> None:
@@ -372,7 +472,9 @@ async def sim_main(args) -> None:
     ids = args.ids.split(",")
     stats = Stats()
     events = SimEvents(len(ids))
-    workers = {wid: SimWorker(wid, args.address, stats, events) for wid in ids}
+    handoff = Handoff() if args.task_asks == "rank0" else None
+    report = args.report_tasks or handoff is None  # the simulation before rank 0 asked: every member reports
+    workers = {wid: SimWorker(wid, args.address, stats, events, handoff=handoff, report_tasks=report) for wid in ids}
     loop = asyncio.get_running_loop()
     commands: asyncio.Queue = asyncio.Queue()
     pending = [b""]
@@ -388,6 +490,10 @@ async def sim_main(args) -> None:
             commands.put_nowait(line.decode())
 
     loop.add_reader(sys.stdin.fileno(), readable)
+    out({"event": "port", "port": handoff.port if handoff else 0})
+    peers = json.loads(await commands.get())  # {"cmd": "peers"}: the handoff's destinations, then start
+    if handoff is not None:
+        handoff.peers = peers["ports"]
     # Start-up spread over a second: workers do not all become ready at the same instant.
     for w in workers.values():
         asyncio.get_running_loop().call_later(random.random(), lambda w=w: asyncio.ensure_future(
@@ -499,6 +605,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--task-seconds", type=float, help="simulated time a task takes")
     ap.add_argument("--leave-fraction", type=float, default=0.1)
     ap.add_argument("--work-dir", help="keep data, job dir and logs here (default: a temp dir)")
+    ap.add_argument("--task-asks", choices=("rank0", "every"), default="rank0",
+                    help="rank0: only rank 0 of the round asks for tasks and hands the answers to the others, as "
+                    "workers do since issue 26 item 4; every: every member asks for every task and reports it "
+                    "(the workers and this bench before that)")
+    ap.add_argument("--report-tasks", action="store_true",
+                    help="every member also reports each finished task (ReportTask ok), as --task-asks every does")
     ap.add_argument("--heartbeats-per-second", type=float,
                     help="the master's heartbeat budget (flextrain.master.main.HEARTBEATS_PER_SECOND) for this run")
     ap.add_argument("--profile-phase", choices=("steady", "leave"), default="steady")
@@ -553,7 +665,11 @@ def drive(args, sizes: dict, work: Path) -> int:
         t_start = time.monotonic()
         for i, share in enumerate(shares):
             sims.append(Proc([*me, "--role", "sim", "--address", address, "--ids", ",".join(share),
-                              "--task-seconds", str(args.task_seconds)], f"sim-{i}", sim_log))
+                              "--task-seconds", str(args.task_seconds), "--task-asks", args.task_asks,
+                              *(["--report-tasks"] if args.report_tasks else [])], f"sim-{i}", sim_log))
+        ports = [s.expect("port", 60)["port"] for s in sims]
+        for s in sims:
+            s.send({"cmd": "peers", "ports": ports})
         trained = [s.expect("trained", 300) for s in sims]
         first = max(t["at"] for t in trained)
         heartbeat_interval = trained[0]["heartbeat_interval"]
@@ -627,11 +743,21 @@ def drive(args, sizes: dict, work: Path) -> int:
             "heartbeat_interval_s": heartbeat_interval,
             "sizes": {"workers": n, "procs": procs, "steady_s": args.steady, "task_seconds": args.task_seconds,
                       "leave_fraction": args.leave_fraction, "smoke": SMOKE, "full": FULL},
+            "task_asks": args.task_asks,
+            "report_tasks": args.report_tasks or args.task_asks == "every",
             "get_task_ms": percentiles(ms.get("get_task", [])),
             "report_task_ms": percentiles(ms.get("report_task", [])),
             "heartbeat_ms": percentiles(ms.get("heartbeat", [])),
-            "rpc_per_s": round(sum(len(v) for k, v in ms.items() if k not in ("join", "loop_lag")) / steady, 1),
-            "master_handler_ms": {k: percentiles(v) for k, v in handlers.items()},
+            # --task-asks rank0: how long a member waited at a task boundary for rank 0's answer
+            "handoff_ms": percentiles(ms.get("handoff", [])),
+            "get_task_per_s": round(len(ms.get("get_task", [])) / steady, 1),
+            "rpc_per_s": round(sum(len(v) for k, v in ms.items() if k not in ("join", "handoff", "loop_lag"))
+                               / steady, 1),
+            "master_handler_ms": {k: percentiles(handlers.pop(k)) for k in ("heartbeat", "get_task", "report_task")},
+            # the server's event loop: how late a 10 ms sleep wakes (CPU and GIL taken by others)
+            "master_loop_lag_ms": percentiles(handlers.pop("loop_lag")),
+            # the master's main loop, each pass under the job's lock: status.json, tick (hang checks)
+            "master_periodic_ms": {k: percentiles(v) for k, v in handlers.items()},
             "client_loop_lag_ms": percentiles(ms.get("loop_lag", [])),
             "clients_cpu_cores": round(sim_cpu / (t1 - t0), 3),
             "errors": errors,
@@ -646,11 +772,12 @@ def drive(args, sizes: dict, work: Path) -> int:
                            "leave_seconds": round(cpu3 - cpu2, 3)},
             "targets": {"p99_ms": TARGET_P99_MS, "formation_s": TARGET_FORMATION_S},
         }
-        p99s = [result[k]["p99"] for k in ("get_task_ms", "report_task_ms", "heartbeat_ms")]
-        result["met"] = {"p99": all(p is not None and p < TARGET_P99_MS for p in p99s),
+        p99s = [result[k]["p99"] for k in ("get_task_ms", "report_task_ms", "heartbeat_ms") if result[k]["n"]]
+        result["met"] = {"p99": all(p < TARGET_P99_MS for p in p99s),
                          "formation": bool(times) and len(times) == survivors and max(times) < TARGET_FORMATION_S}
         result["method"] = ("real master (run_master, AllReduce JobSpec over the digits data, SimBackend launch "
-                            "backend) + simulated workers (grpc.aio, one channel each, in --procs processes); "
+                            "backend) + simulated workers (grpc.aio, one channel each, in --procs processes; "
+                            "--task-asks rank0: rank 0 asks for the round's tasks and hands them over by UDP); "
                             "client-side latencies over the steady window; formation: leave (master told of the "
                             "exits, survivors' collectives fail) -> every survivor holds the new round's TRAIN; "
                             "master CPU from /proc over the steady window")

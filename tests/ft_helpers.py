@@ -207,10 +207,11 @@ def ps_counts(job_dir: Path, records: int, num_ps: int = 2):
 
 
 def counted_exactly_once_through_a_kill(model: str, data: str, job_dir: Path, *, epochs: int, records: int = 1408,
-                                        G: int = 32) -> None:
-    """Train the counting model (or a module re-exporting it) on ``data`` with 3 workers, SIGKILL one
-    once all three train, and check the job goes on without it, succeeds, and applied every
-    record exactly ``epochs`` times (the data sources' exactly-once tests share this)."""
+                                        G: int = 32, victim_rank: int = 1) -> dict:
+    """Train the counting model (or a module re-exporting it) on ``data`` with 3 workers, SIGKILL the one
+    of ``victim_rank`` once all three train, and check the job goes on without it, succeeds, and applied
+    every record exactly ``epochs`` times (the data sources' exactly-once tests share this). Returns the
+    final status."""
     import signal
 
     def status_of():
@@ -231,8 +232,8 @@ def counted_exactly_once_through_a_kill(model: str, data: str, job_dir: Path, *,
     try:
         first = wait_for(lambda: (r := last_round()) and len(r["members"]) == 3 and
                          status_of()["step"] > r["version"] + 10 and r, timeout=120, what="3 workers training")
-        victim = first["members"][1]["id"]
-        os.kill(first["members"][1]["pid"], signal.SIGKILL)
+        victim = first["members"][victim_rank]["id"]
+        os.kill(first["members"][victim_rank]["pid"], signal.SIGKILL)
         wait_for(lambda: (s := status_of()) and (s["phase"] != "Running" or without(victim, first["round"], s)),
                  timeout=60, what="a round without the killed worker")
         _, err = proc.communicate(timeout=240)
@@ -244,6 +245,7 @@ def counted_exactly_once_through_a_kill(model: str, data: str, job_dir: Path, *,
     seen, version = seen_counts(job_dir)
     assert version == epochs * records // G
     assert seen.min().item() == seen.max().item() == epochs
+    return final
 
 
 def member_checksums(where: Path) -> dict[int, dict[str, tuple[str, float]]]:

@@ -145,6 +145,8 @@ class JobMaster(FailureHandling, RoundKeeping):
         self.launched_at: dict[str, float] = {}  # launch times, for workers that never finish starting
         self.lost_at: float | None = None  # when a member of the running round was lost, until the next round
         self.ps_traffic = pb.PSTraffic()  # the workers' parameter-server calls, summed (metrics)
+        # training-task GetTask calls per worker (status.json taskAsks; AllReduce: rank 0's, worker/round_tasks.py)
+        self.task_asks: dict[str, int] = {}
         self.micro_batches = MicroBatchChoice(spec)  # each round's M (--max-micro-batch auto: the probes)
         self.memory = MemoryBook()  # the workers' latest memory samples and the job's peak
         # Slow workers (flextrain/master/stragglers.py): found here, acted on by the main loop.
@@ -345,6 +347,8 @@ class JobMaster(FailureHandling, RoundKeeping):
     def _get_task(self, req: pb.GetTaskRequest) -> pb.GetTaskResponse:
         with self.cond:
             self._touch(req.worker_id, req.position)
+            if req.kind == pb.Task.TRAINING:
+                self.task_asks[req.worker_id] = self.task_asks.get(req.worker_id, 0) + 1
             if req.kind in (pb.Task.EVALUATION, pb.Task.PREDICTION):
                 if self.over or self.stopping or req.worker_id in self.retiring:
                     return pb.GetTaskResponse(action=pb.GetTaskResponse.STOP, message=self.message)

@@ -1,16 +1,22 @@
 """Training-task hand-out for AllReduce rounds: every member gets the same answers.
 
-The members of a round ask for the round's tasks by index, in order; the first
-ask for an index decides the answer (``Round.answers`` memoizes it) and every
-member gets that same answer, even after the job ended, so all of them leave
-a round, or finish, at the same task boundary.
+The round's tasks are asked for by index, in order; the first ask for an
+index decides the answer (``Round.answers`` memoizes it) and every later ask
+gets that same answer, even after the job ended, so all members leave a
+round, or finish, at the same task boundary. Workers have only rank 0 of a
+round ask and broadcast each answer to the others over the round's group
+(``flextrain/worker/round_tasks.py``): one call per task instead of a burst
+of one per member. Any member may still ask; the answers are the same. The
+round, not a worker, owns the tasks it was handed (``owner="round-N"``):
+when any member fails, the round's survivors settle them (``rounds.py``).
 
 Committing: a member whose position stands at task ``i`` has committed every
 step of the tasks before it, and so has every member (lockstep), so those
 tasks are done (``accounting.commit_passed``, on every position the master
-hears). A plain ask for task ``i`` carries that position itself.
+hears: rank 0's asks, every member's heartbeats and joins). A plain ask for
+task ``i`` carries that position itself.
 
-Ahead (``GetTaskRequest.ahead``): a worker asks for task ``i + 1`` during task
+Ahead (``GetTaskRequest.ahead``): rank 0 asks for task ``i + 1`` during task
 ``i``'s last step, so the answer is there when the step ends. Only a RUN is
 decided that early; a round that is closing, a job that is stopping, or no
 free task (the next epoch's tasks exist only once every task of this one is

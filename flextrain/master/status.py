@@ -237,6 +237,8 @@ class StatusReporter:
                                 for e in job.evaluations.history[-100:]],
                 "samplesPerSecond": round(rate, 1),
                 "rounds": job.rounds_formed,
+                # training-task GetTask calls by worker (AllReduce: a round's rank 0 asks for the round)
+                "taskAsks": dict(job.task_asks),
                 "roundHistory": job.round_history[-50:],
                 "events": job.events[-20:],
                 # the job's root cause when a worker's failure ended it (master/failures.py)

@@ -5,6 +5,8 @@ planner (``flextrain.elastic.planner``) gives this rank its contiguous slice
 and its micro-batches. Each micro-batch contributes ``loss_mean * n / G`` to
 the backward pass, so after the SUM all-reduce every rank holds exactly the
 gradient of the mean loss over the step's G samples, however they were split.
+Tasks come from ``round_tasks.RoundTasks``: rank 0 asks the master, and
+broadcasts each answer to the round at the task boundary.
 
 The protocol is framework-neutral: a model backend (``backend.py``: PyTorch,
 or ``tf/backend.py``: Keras) computes the micro-batches' gradients into flat
@@ -43,8 +45,6 @@ import math
 import time
 from pathlib import Path
 
-import grpc
-
 from flextrain.durable import write_atomic
 from flextrain.elastic.flash import FlashStore, flash_dir
 from flextrain.elastic.planner import plan_step
@@ -62,16 +62,13 @@ from flextrain.worker.flash import FlashCheckpointer
 from flextrain.worker.module import FeedMetadata, Mode, ModelDef
 from flextrain.worker.prefetch import StepLoader, read_ahead_wanted
 from flextrain.worker.reading import read_task_records
+from flextrain.worker.round_tasks import RoundTasks
 from flextrain.worker.state import WorkerState
 
 log = logging.getLogger("flextrain.worker")
 
 END_ROUND, FAILED, STOP, NONFINITE, REDO = 0, 1, 2, 3, 4
 _CONTROL_SLOTS = 5
-# Ask ahead for enough tasks to last about this long (at most MAX_AHEAD): every GetTask
-# wakes dozens of gRPC threads across worker and master, each preempting a compute thread.
-AHEAD_SECONDS = 2.0
-MAX_AHEAD = 32
 
 
 class AllReduceTrainer:
@@ -98,13 +95,9 @@ class AllReduceTrainer:
         cap = bucket_bytes(spec.training.bucket_mb)  # 0: one flat reduction after backward
         self.overlap = cap > 0 and self.backend.overlap(cap)  # buckets reduced during backward
         self.loader = StepLoader(self._load_span, background=read_ahead_wanted())
-        # The next task, asked for during the current task's last step: (task index, future).
-        self._ahead: tuple[int, grpc.Future] | None = None
-        self._queued: dict[int, pb.Task] = {}  # tasks of later indices an ahead answer brought along
-        self._task_seconds = 0.0  # how long a task takes (moving average; 0: not measured yet)
-        self.tasks_ahead = self.tasks_asked = 0  # tasks answered ahead / by a plain ask
+        # The round's task answers: rank 0 asks the master (ahead, too), the others get them from it.
+        self.tasks = RoundTasks(client=client, collective=collective, state=state)
         self._lr_factor: float | None = None  # --lr-rule's factor now set on the optimizer (None: not set)
-        self.ahead_asks = 0  # GetTask calls made ahead
         self.adascale: AdaScaleRule | None = None  # --lr-rule adascale: the gain, measured per step
         # M this worker plans its steps with: its round's (JoinRendezvousResponse.max_micro_batch), the same
         # on every member; until a round gives one, the job's setting.
@@ -162,78 +155,29 @@ class AllReduceTrainer:
             self.load_blob(blob)
 
     # ---- training -------------------------------------------------------------
-    def ask_first_task(self) -> None:
-        """Ask for the new round's first task now, as an ahead ask: the answer travels while the
-        round's group forms and its state syncs (a plain ask after them is a round trip more on a
-        recovery's path). What an earlier round left asked or queued is dropped."""
-        self._drop_ahead()
-        self.ahead_asks += 1
-        self._ahead = (0, self.client.get_task_ahead(round_id=self.state.round_id, task_index=0,
-                                                     position=self.state.position(), count=self._ahead_count()))
+    def ask_first_task(self, *, rank: int) -> None:
+        """As soon as the rendezvous answers, rank ``rank`` of the new round asks for its first task (rank 0
+        does, :meth:`RoundTasks.ask_first`): the answer travels while the round's group forms and its state
+        syncs (a plain ask after them is a round trip more on a recovery's path)."""
+        self.tasks.ask_first(rank=rank)
 
     def run_round(self) -> int:
-        """Train until the round ends; returns the GetTask action that ended it (the first task's
-        answer: :meth:`ask_first_task`'s, or asked now)."""
+        """Train until the round ends; returns the GetTask action that ended it."""
         index = 0
+        self.tasks.reset(keep_first=True)  # (ask_first_task's answer, when it asked)
         while True:
             self.state.task_index, self.state.steps_done = index, 0
-            resp = self._take_ahead(index)
-            if resp is None:
-                self.tasks_asked += 1
-                resp = self.client.get_task(round_id=self.state.round_id, task_index=index,
-                                            position=self.state.position())
+            resp = self.tasks.answer(index)  # rank 0 asks the master; the others get its answer
             self.state.mark_progress()
             if resp.action != pb.GetTaskResponse.RUN:
                 return resp.action
             started = time.monotonic()
             outcome = self.run_task(resp.task)
             if outcome is not None:
-                self._drop_ahead()
+                self.tasks.reset()
                 return outcome
-            took = time.monotonic() - started
-            self._task_seconds = took if not self._task_seconds else 0.7 * self._task_seconds + 0.3 * took
+            self.tasks.timed(time.monotonic() - started)
             index += 1
-
-    def _ask_ahead(self) -> None:
-        """Ask for the next task now, so the answer travels while this last step computes
-        (one RPC per task otherwise stalls the step that follows it)."""
-        index = self.state.task_index + 1
-        if self.state.end_round.is_set() or self.state.stop.is_set() or index in self._queued:
-            return  # the round ends at this boundary anyway, or the next task is already here
-        self.ahead_asks += 1
-        self._ahead = (index, self.client.get_task_ahead(round_id=self.state.round_id, task_index=index,
-                                                         position=self.state.position(),
-                                                         count=self._ahead_count()))
-
-    def _ahead_count(self) -> int:
-        """How many tasks to take at once: about AHEAD_SECONDS of work (one until a task is timed)."""
-        if not self._task_seconds:
-            return 1
-        return max(1, min(MAX_AHEAD, math.ceil(AHEAD_SECONDS / self._task_seconds)))
-
-    def _take_ahead(self, index: int) -> pb.GetTaskResponse | None:
-        """The ahead answer for task ``index`` if it runs a task; None: ask the plain way."""
-        if (task := self._queued.pop(index, None)) is not None:
-            self.tasks_ahead += 1
-            return pb.GetTaskResponse(action=pb.GetTaskResponse.RUN, task=task)
-        pending, self._ahead = self._ahead, None
-        if pending is None or pending[0] != index:
-            return None
-        try:
-            resp = pending[1].result()
-        except grpc.RpcError:  # e.g. the master restarting: the plain ask retries
-            return None
-        if resp.action != pb.GetTaskResponse.RUN:
-            return None
-        self._queued = {index + 1 + i: task for i, task in enumerate(resp.more)}
-        self.tasks_ahead += 1
-        return resp
-
-    def _drop_ahead(self) -> None:
-        self._queued.clear()  # tasks handed out but not started are settled with the round
-        if self._ahead is not None:
-            self._ahead[1].cancel()  # an answer already given is settled with the round
-            self._ahead = None
 
     def run_task(self, task: pb.Task) -> int | None:
         """Run every step of ``task``; returns END_ROUND/STOP when the round ends inside it."""
@@ -243,7 +187,7 @@ class AllReduceTrainer:
         for j in range(steps):
             start, end, plan = self._plan(task, j)
             if j + 1 == steps:
-                self._ask_ahead()
+                self.tasks.ask_ahead()
             self.backend.zero()
             overlap = self.overlap and self.collective.world_size > 1
             try:

@@ -75,10 +75,11 @@ def test_next_task_arrives_ahead_and_every_record_is_trained_once(job):
     # last task is done); plain asks: those two and the NO_MORE
     per_task = G * spec.training.steps_per_task
     tasks = 2 * sum(-(-sh.size // per_task) for sh in shards)
-    assert (trainer.tasks_ahead, trainer.tasks_asked) == (tasks - 2, 3)
+    asks = trainer.tasks
+    assert (asks.tasks_ahead, asks.tasks_asked, asks.handed) == (tasks - 2, 3, 0)
     # these tasks take milliseconds: once one is timed, an ahead ask takes several at once
-    # (trainer.AHEAD_SECONDS of work), so there are far fewer asks than tasks
-    assert trainer.ahead_asks < trainer.tasks_ahead / 2, (trainer.ahead_asks, trainer.tasks_ahead)
+    # (round_tasks.AHEAD_SECONDS of work), so there are far fewer asks than tasks
+    assert asks.ahead_asks < asks.tasks_ahead / 2, (asks.ahead_asks, asks.tasks_ahead)
     assert master.phase is Phase.RUNNING  # until the final checkpoint is reported
 
 
@@ -91,7 +92,7 @@ def test_a_rounds_first_task_is_asked_ahead_while_the_round_forms(job):
     client.register(pid=0)
     joined = client.join(state.position(), "start")
     state.round_id = joined.round_id
-    trainer.ask_first_task()
+    trainer.ask_first_task(rank=joined.rank)
     try:
         assert trainer.run_round() == pb.GetTaskResponse.NO_MORE
     finally:
@@ -102,4 +103,4 @@ def test_a_rounds_first_task_is_asked_ahead_while_the_round_forms(job):
     tasks = 2 * sum(-(-sh.size // per_task) for sh in make_shards(spec.data.training))
     # only the second epoch's first task (it exists once the first epoch is done) and the NO_MORE are
     # asked plainly: the first epoch's first came with the round's first ask
-    assert (trainer.tasks_ahead, trainer.tasks_asked) == (tasks - 1, 2)
+    assert (trainer.tasks.tasks_ahead, trainer.tasks.tasks_asked) == (tasks - 1, 2)

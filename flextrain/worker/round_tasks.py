@@ -1,0 +1,137 @@
+"""A round's training tasks: rank 0 asks the master, the other members get its answer.
+
+Every member of a round runs the same task indices with the same answers
+(``master/lockstep.py`` memoizes them by index). Asking for them is the
+master's heaviest load at scale: every member asking for each task at the same
+moment is a burst of one call per member (bench/master_scale.py). So only rank
+0 of the round calls GetTask for training tasks, ahead during a task's last
+step and plainly at a task boundary, exactly as each member used to; the others
+never do. At the task boundary where rank 0 has asked, the round runs one more
+collective on its own process group: rank 0 broadcasts the answer (the
+``GetTaskResponse``'s protobuf bytes: nothing is pickled) and every member
+decodes the same one. Tasks an answer brought along (``more``) are queued on
+every member alike, so the members agree, without a word, on which boundaries
+carry a broadcast.
+
+Failure semantics are those of any collective of the round: a member (rank 0
+too) that dies before or during the broadcast makes it fail on the others
+(:class:`~flextrain.worker.collective.CollectiveError`), and they re-join; the
+master settles the round's tasks by the survivors' positions, which the joins
+carry (the ledger's owner of a training task is the round, not a worker).
+What rank 0 learnt from the master (END_ROUND, STOP, NO_MORE) reaches every
+member at the same boundary, as the memoized answers did. Evaluation tasks are
+not lockstep and every worker still asks for its own.
+"""
+
+from __future__ import annotations
+
+import math
+
+import grpc
+
+from flextrain.proto import flextrain_pb2 as pb
+from flextrain.worker.client import MasterClient
+from flextrain.worker.collective import Collective
+from flextrain.worker.state import WorkerState
+
+RUN = pb.GetTaskResponse.RUN
+# Ask ahead for enough tasks to last about this long (at most MAX_AHEAD): every GetTask
+# wakes dozens of gRPC threads across worker and master, each preempting a compute thread.
+AHEAD_SECONDS = 2.0
+MAX_AHEAD = 32
+
+
+class RoundTasks:
+    """The answers for task indices 0, 1, ... of the round this worker is in (see the module docstring)."""
+
+    def __init__(self, *, client: MasterClient, collective: Collective, state: WorkerState) -> None:
+        self.client = client
+        self.collective = collective
+        self.state = state
+        # The next task, asked for during the current task's last step (rank 0): (task index, future).
+        self._ahead: tuple[int, grpc.Future] | None = None
+        self._queued: dict[int, pb.Task] = {}  # tasks of later indices an answer brought along (every member)
+        self._task_seconds = 0.0  # how long a task takes (moving average; 0: not measured yet)
+        self.tasks_ahead = self.tasks_asked = 0  # tasks answered ahead / by a plain ask (rank 0)
+        self.ahead_asks = 0  # GetTask calls made ahead (rank 0)
+        self.handed = 0  # answers received from rank 0 (the other members)
+        self._first_round = -1  # the round whose first task ask_first asked for
+
+    def reset(self, *, keep_first: bool = False) -> None:
+        """A round begins or ends: tasks handed out but not started are settled with the round
+        (``keep_first``: but not the new round's first task, asked by :meth:`ask_first`)."""
+        self._queued.clear()
+        if self._ahead is not None and not (keep_first and self._ahead[0] == 0 and self._first_round == self.state.round_id):
+            self._ahead[1].cancel()  # an answer already given is settled with the round
+            self._ahead = None
+
+    def ask_first(self, *, rank: int) -> None:
+        """The rendezvous answered with ``rank`` in the new round: rank 0 asks for the round's first task
+        now, ahead, so that the answer travels while the round's group forms and its state syncs."""
+        self.reset()
+        if rank != 0:
+            return
+        self.ahead_asks += 1
+        self._first_round = self.state.round_id
+        self._ahead = (0, self.client.get_task_ahead(round_id=self.state.round_id, task_index=0,
+                                                     position=self.state.position(), count=self._ahead_count()))
+
+    def timed(self, seconds: float) -> None:
+        """A task took ``seconds``: how many tasks an ahead ask takes follows from it."""
+        self._task_seconds = seconds if not self._task_seconds else 0.7 * self._task_seconds + 0.3 * seconds
+
+    # ---- rank 0: asking the master --------------------------------------------------
+    def ask_ahead(self) -> None:
+        """During the current task's last step, rank 0 asks for the next task, so the answer
+        travels while the step computes (one RPC per task otherwise stalls the step after it)."""
+        index = self.state.task_index + 1
+        if self.collective.rank != 0 or self.state.end_round.is_set() or self.state.stop.is_set() \
+                or index in self._queued:
+            return  # not ours to ask, the round ends at this boundary anyway, or the task is already here
+        self.ahead_asks += 1
+        self._ahead = (index, self.client.get_task_ahead(round_id=self.state.round_id, task_index=index,
+                                                         position=self.state.position(),
+                                                         count=self._ahead_count()))
+
+    def _ahead_count(self) -> int:
+        """How many tasks to take at once: about AHEAD_SECONDS of work (one until a task is timed)."""
+        if not self._task_seconds:
+            return 1
+        return max(1, min(MAX_AHEAD, math.ceil(AHEAD_SECONDS / self._task_seconds)))
+
+    def _ask(self, index: int) -> pb.GetTaskResponse:
+        """Rank 0: the ahead answer for task ``index`` if it runs a task, else a plain ask."""
+        pending, self._ahead = self._ahead, None
+        if pending is not None and pending[0] == index:
+            try:
+                resp = pending[1].result()
+            except grpc.RpcError:  # e.g. the master restarting: the plain ask retries
+                resp = None
+            if resp is not None and resp.action == RUN:
+                self.tasks_ahead += 1
+                return resp
+        self.tasks_asked += 1
+        return self.client.get_task(round_id=self.state.round_id, task_index=index, position=self.state.position())
+
+    # ---- every member -------------------------------------------------------------------
+    def answer(self, index: int) -> pb.GetTaskResponse:
+        """The round's answer for task ``index``: queued, or asked by rank 0 and broadcast to the round."""
+        if (task := self._queued.pop(index, None)) is not None:
+            self.tasks_ahead += self.collective.rank == 0
+            return pb.GetTaskResponse(action=RUN, task=task)
+        resp = self._ask(index) if self.collective.rank == 0 else None
+        if self.collective.world_size > 1:
+            self.state.waiting = True  # on rank 0's ask, or on the slowest member
+            try:
+                blob = self.collective.broadcast_bytes(resp.SerializeToString() if resp is not None else None)
+            finally:
+                self.state.waiting = False
+            if resp is None:
+                resp = pb.GetTaskResponse.FromString(blob)
+                self.handed += 1
+        if resp.action == RUN:
+            self._queued = {index + 1 + i: task for i, task in enumerate(resp.more)}
+        return resp
+
+
+__all__ = ["AHEAD_SECONDS", "MAX_AHEAD", "RoundTasks"]
