@@ -71,12 +71,13 @@ def _master_stub(status: dict):
     import grpc
 
     from flextrain.proto import flextrain_pb2_grpc as pb_grpc
+    from flextrain.protocol.limits import MASTER_MESSAGE_OPTIONS
 
     if status.get("phase") in ("Succeeded", "Failed") or not _master_alive(status):
         raise CLIError(f"job {status.get('name')} is not running (phase {status.get('phase')})")
     if not isinstance(status.get("masterAddress"), str):
         raise CLIError(f"job {status.get('name')}: its status.json names no master address (masterAddress)")
-    return pb_grpc.MasterStub(grpc.insecure_channel(status["masterAddress"]))
+    return pb_grpc.MasterStub(grpc.insecure_channel(status["masterAddress"], options=MASTER_MESSAGE_OPTIONS))
 
 
 def cmd_status(args) -> int:

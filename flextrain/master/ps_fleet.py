@@ -40,6 +40,7 @@ import grpc
 
 from flextrain.job import JobSpec
 from flextrain.master.launcher import InstanceSpec, LaunchBackend, PSEndpoint, Role
+from flextrain.protocol.limits import PS_MESSAGE_OPTIONS
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +130,7 @@ class PSFleet:
             path = self._address_file(index)
             return path.is_file() and bool(path.read_text().strip())
         # Placed by the backend: the PS listens once it restored its shard; connecting says so.
-        with grpc.insecure_channel(endpoint.address) as channel:
+        with grpc.insecure_channel(endpoint.address, options=PS_MESSAGE_OPTIONS) as channel:
             try:
                 grpc.channel_ready_future(channel).result(timeout=0.5)
             except grpc.FutureTimeoutError:

@@ -21,8 +21,10 @@ import grpc
 
 from flextrain.master.coordinator import JobMaster
 from flextrain.master.spares import SparePool
+from flextrain.master.wire_checks import WireChecks
 from flextrain.proto import flextrain_pb2 as pb
 from flextrain.proto import flextrain_pb2_grpc as pb_grpc
+from flextrain.protocol.limits import MASTER_MESSAGE_OPTIONS
 
 # How long a JoinRendezvous call may block before answering WAIT; clients
 # re-ask, so a long poll costs one RPC per this many seconds while waiting.
@@ -218,7 +220,8 @@ class MasterServer:
 
     async def _start(self, host: str, port: int) -> None:
         self.servicer.bind(asyncio.get_running_loop())
-        server = grpc.aio.server()
+        server = grpc.aio.server(options=MASTER_MESSAGE_OPTIONS,  # bounds: flextrain/protocol/limits.py
+                                  interceptors=[WireChecks(lambda: self.servicer.job)])
         pb_grpc.add_MasterServicer_to_server(self.servicer, server)
         bound = server.add_insecure_port(f"{host}:{port}")
         if bound == 0:

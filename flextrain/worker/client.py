@@ -14,6 +14,7 @@ import grpc
 
 from flextrain.proto import flextrain_pb2 as pb
 from flextrain.proto import flextrain_pb2_grpc as pb_grpc
+from flextrain.protocol.limits import MASTER_MESSAGE_OPTIONS
 
 _TRANSIENT = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED}
 
@@ -28,7 +29,7 @@ class MasterClient:
         self.worker_id = worker_id
         self.give_up = give_up
         self.deadline = deadline
-        self.channel = grpc.insecure_channel(address)
+        self.channel = grpc.insecure_channel(address, options=MASTER_MESSAGE_OPTIONS)
         self.stub = pb_grpc.MasterStub(self.channel)
 
     def _call(self, name: str, request, *, deadline: float | None = None, give_up: float | None = None):

@@ -43,6 +43,7 @@ import torch
 from flextrain.proto import ps_pb2 as pb
 from flextrain.proto import ps_pb2_grpc as pb_grpc
 from flextrain.protocol.codec import LayoutView, dense_sources, dense_targets, dtype_name, hyper_to_wire, raw_bytes
+from flextrain.protocol.limits import PS_MESSAGE_OPTIONS
 from flextrain.protocol.shard import as_row_ids, dense_owner
 from flextrain.protocol.wire import PUSH_DENSE_TAG, Scatter, fields, gather_chunks
 from flextrain.worker.ps_rows import distinct_rows, pull_rows, sparse_push_blocks
@@ -50,7 +51,7 @@ from flextrain.worker.ps_rows import distinct_rows, pull_rows, sparse_push_block
 _TRANSIENT = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED}
 _CHANNEL_OPTIONS = [  # reconnect quickly to a relaunched PS instead of gRPC's default backoff of up to 2 min
     ("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 1000)]
+    ("grpc.max_reconnect_backoff_ms", 1000), *PS_MESSAGE_OPTIONS]
 _MODES = {"sync": pb.SyncConfig.SYNC, "async": pb.SyncConfig.ASYNC}
 
 
