@@ -232,6 +232,8 @@ class PSServicer(pb_grpc.ParameterServerServicer):
             consume(fields(raw))
         if not sink.complete:
             raise ValueError(f"push ended after {sink.pos} of {sink.total} dense bytes")
+        if len(sparse) != h.sparse_blocks:  # a stream cut short may end like a complete one
+            raise ValueError(f"push announces {h.sparse_blocks} sparse blocks and sent {len(sparse)}")
         step = (h.step.task_id, h.step.start, h.step.end) if h.HasField("step") else None
         result = self.shard.push(client_id=h.client_id, seq=h.seq, base_version=h.base_version,
                                  layout_id=h.layout_id, dense=dense, absent=list(h.absent), sparse=sparse, step=step)

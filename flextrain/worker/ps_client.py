@@ -351,7 +351,8 @@ class PSClient:
                                         if dense_grads and self._layouts[i] else ([], [], 0))
             header = pb.PushHeader(client_id=self.client_id, seq=seq, base_version=bases[i] - shift,
                                    layout_id=self._layouts[i].layout_id if nbytes else 0,
-                                   dense_bytes=nbytes, absent=absent)
+                                   dense_bytes=nbytes, absent=absent,
+                                   sparse_blocks=sum(b.messages for b in blocks[i]))
             if step is not None:
                 header.step.CopyFrom(pb.TaskStep(task_id=task_id, start=start, end=end))
 
