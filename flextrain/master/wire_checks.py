@@ -10,7 +10,7 @@ gRPC itself refuses messages above MAX_MASTER_MESSAGE (RESOURCE_EXHAUSTED).
 What is checked (values that are the user's, such as losses and metric values,
 are left alone: NaN may be what the model produced):
 
-* strings: ids at most MAX_ID_CHARS, free text at most MAX_TEXT_CHARS;
+* strings: ids at most MAX_ID_CHARS, free text at most MAX_TEXT_CHARS (workers cut theirs);
 * integers that count or index: never negative (a round id of -1 means "none"),
   ahead_count and metric states bounded, steps_done within the reported task;
 * seconds: finite and not negative;
@@ -103,8 +103,8 @@ def _park(r: pb.ParkRequest, job) -> None:
 
 def _accelerate(r: pb.AccelerateRequest, job) -> None:
     _id("worker_id", r.worker_id)
-    for field in ("strategy_json", "search_json"):
-        _text(field, getattr(r, field)), _json_object(field, getattr(r, field))
+    for field in ("strategy_json", "search_json"):  # bounded by the message size: a search report may be long
+        _json_object(field, getattr(r, field))
 
 
 def _join(r: pb.JoinRendezvousRequest, job) -> None:

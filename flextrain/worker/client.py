@@ -14,7 +14,7 @@ import grpc
 
 from flextrain.proto import flextrain_pb2 as pb
 from flextrain.proto import flextrain_pb2_grpc as pb_grpc
-from flextrain.protocol.limits import MASTER_MESSAGE_OPTIONS
+from flextrain.protocol.limits import MASTER_MESSAGE_OPTIONS, MAX_TEXT_CHARS
 
 _TRANSIENT = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED}
 
@@ -117,7 +117,7 @@ class MasterClient:
         self._call(
             "ReportTask",
             pb.ReportTaskRequest(worker_id=self.worker_id, task_id=task_id, ok=ok, steps_done=steps_done,
-                                 error=error, metric_sums=metric_sums or {}, samples=samples,
+                                 error=error[-MAX_TEXT_CHARS:], metric_sums=metric_sums or {}, samples=samples,
                                  metric_states=states, failure=failure),
         )
 
