@@ -3,9 +3,10 @@
 Three sides take turns in short windows (``bench/interleave.py``: each side's process tree runs
 alone while every other side is SIGSTOP-ed): ``flash`` (the demo's AllReduce job, digits MLP,
 ``--workers 2 --global-batch-size 64 --max-micro-batch 32``, with ``--memory-checkpoint-steps N``,
-default 50: rank 0 encodes its state into /dev/shm, marks it with the master and persists it in a
-background thread), ``plain`` (the same job with ``--memory-checkpoint-steps 0``) and ``control``
-(a second ``plain``: the method's own A/A check). One torch thread per worker. Every side stamps
+default 50: rank 0 encodes its state and hands it to a background thread, which puts it into
+/dev/shm, marks it with the master and writes every ``--persist-every``-th to disk), ``plain``
+(the same job with ``--memory-checkpoint-steps 0``) and ``control`` (a second ``plain``: the
+method's own A/A check). One torch thread per worker. Every side stamps
 ``time.perf_counter()`` after each optimizer step (``bench/steady/digits_models.py``); a window's
 rate is steps/s from the end of its first step to the end of its last. ``flash_vs_plain`` is the
 median over the flash windows of plain's rate (interpolated between its neighbouring windows) /
@@ -43,7 +44,7 @@ def job(args, data_dir: Path, out: Path, *, epochs: int, every: int) -> subproce
         "train", "--model-def", f"{MODULE}:Model", "--training-data", str(data_dir),
         "--workers", "2", "--epochs", str(epochs), "--global-batch-size", "64", "--max-micro-batch", "32",
         "--seed", "0", "--lr", "0.1", "--no-progress", "--job-dir", str(out / "job"),
-        "--memory-checkpoint-steps", str(every)]
+        "--memory-checkpoint-steps", str(every), "--memory-checkpoint-persist-every", str(args.persist_every)]
     # INFO on every side alike: rank 0's account of its snapshots is an INFO line (flash_counters)
     return start(cmd, out, {"FLEXTRAIN_NUM_THREADS": "1", "FLEXTRAIN_LOG_LEVEL": "INFO"})
 
@@ -65,6 +66,8 @@ def flash_counters(job_dir: Path) -> dict | None:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--every", type=int, default=50, help="--memory-checkpoint-steps of the flash side")
+    p.add_argument("--persist-every", type=int, default=4,
+                   help="--memory-checkpoint-persist-every of the flash side (4: the job default)")
     p.add_argument("--epochs", type=int, default=60, help="of the flash side (its end ends the turns)")
     p.add_argument("--window", type=float, default=0.5)
     p.add_argument("--min-window-steps", type=int, default=3)
@@ -83,10 +86,13 @@ def main(argv=None) -> int:
         for side in ("plain", "control", "flash"):  # the flash side last: its end ends the turns
             epochs = args.epochs if side == "flash" else args.epochs * 3
             procs[side] = job(args, data_dir, root / side, epochs=epochs, every=args.every if side == "flash" else 0)
+        # Every side trains before any is paused: a tree paused while the others start (a minute or more on
+        # a loaded machine) would find its RPCs past their deadlines and its workers "hung" when resumed.
+        for side in ("plain", "control", "flash"):
             wait_steps(root / side, procs[side], 10)
             trees[side] = ProcessTree(procs[side].pid)
-            if side != "flash":
-                trees[side].pause()
+        for side in ("plain", "control"):
+            trees[side].pause()
         log(f"all sides train; they take turns in {args.window:g}s windows until the flash job ends")
         windows = take_turns(trees=trees, order=ORDER, seconds=args.window, until=procs["flash"], cpu=True)
     finally:
@@ -102,7 +108,7 @@ def main(argv=None) -> int:
     snapshots = len(list((root / "flash" / "job" / "checkpoints").glob("ckpt-*.ckpt")))
     series = {side: StepSeries(t := stamps(root / side), [1] * len(t)) for side in ORDER}
     rated = rated_windows(windows, series, min_steps=args.min_window_steps)
-    result = {"every": args.every, "workers": 2, "global_batch": 64, "window_s": args.window,
+    result = {"every": args.every, "persist_every": args.persist_every, "workers": 2, "global_batch": 64, "window_s": args.window,
               "flash_steps": len(series["flash"].times), "checkpoint_files_kept": snapshots}
     for key, side in (("flash_vs_plain", "flash"), ("control_vs_plain", "control")):
         # paired_ratios: side's rate / base's rate; the step-time ratio is its inverse

@@ -243,3 +243,15 @@ def counted_exactly_once_through_a_kill(model: str, data: str, job_dir: Path, *,
     seen, version = seen_counts(job_dir)
     assert version == epochs * records // G
     assert seen.min().item() == seen.max().item() == epochs
+
+
+def scrape(url: str) -> dict[tuple[str, tuple], float]:
+    """Every sample of the Prometheus exposition at ``url``, parsed with prometheus_client's own parser:
+    (name, sorted labels) -> value."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = urllib.request.urlopen(url, timeout=10).read().decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}

@@ -32,6 +32,12 @@ def add_commands(sub) -> None:
     scope.add_argument("--all-namespaces", action="store_true", help="watch ElasticJobs in every namespace")
     p.add_argument("--sweep-interval", type=float, default=15.0, metavar="SECONDS",
                    help="time between level-triggered checks of every job's master (default: 15.0)")
+    p.add_argument("--metrics-port", type=int, default=8080, metavar="PORT",
+                   help="serve the operator's Prometheus metrics on PORT (default 8080; 0: a free port)")
+    p.add_argument("--no-metrics", action="store_true", help="serve no Prometheus metrics")
+    p.add_argument("--default-gang", choices=("volcano", "kueue"),
+                   help="spec.scheduling.gang of jobs that set no spec.scheduling (the chart's scheduling.gang)")
+    p.add_argument("--default-queue", metavar="NAME", help="spec.scheduling.queue of those jobs")
     p.set_defaults(fn=cmd_operator)
     p = sub.add_parser("master", help="(internal) run the master of an ElasticJob (what the master pod runs)")
     p.add_argument("--job", required=True, metavar="NAME", help="the ElasticJob")
@@ -42,17 +48,27 @@ def add_commands(sub) -> None:
 
 
 def cmd_operator(args) -> int:
-    from flextrain.job import JobSpecError, check_positive_finite
+    from flextrain.job import JobSpec, JobSpecError, check_port, check_positive_finite
     from flextrain.k8s import meta
     from flextrain.operator.main import run_operator
 
+    from flextrain.job.crossfield import check_scheduling
+    from flextrain.job.settings import check_object_name
+
+    default = {k: v for k, v in (("gang", args.default_gang), ("queue", args.default_queue)) if v}
     try:
         check_positive_finite("--sweep-interval", args.sweep_interval)
+        check_port("--metrics-port", args.metrics_port)
+        if args.default_queue:
+            check_object_name("--default-queue", args.default_queue)
+        check_scheduling(JobSpec.of(name="default", model_def="m", job_dir="/", **default))
     except JobSpecError as exc:
-        raise CLIError(str(exc)) from exc
+        raise CLIError(str(exc).replace("--gang", "--default-gang").replace("--queue", "--default-queue")) from exc
     api = api_client()
     namespaces = args.namespace or ([] if args.all_namespaces else [meta.current_namespace()])
-    run_operator(api, namespaces=namespaces, clusterwide=args.all_namespaces, sweep_interval=args.sweep_interval)
+    run_operator(api, namespaces=namespaces, clusterwide=args.all_namespaces, sweep_interval=args.sweep_interval,
+                 metrics_port=None if args.no_metrics else args.metrics_port,
+                 default_scheduling=default or None)
     return 0
 
 

@@ -37,6 +37,17 @@ class HelpFormatter(argparse.HelpFormatter):
         return f"{text} (default: %(default)s)"
 
 
+def add_metrics_flags(g) -> None:
+    """``--metrics-port`` and ``--no-metrics``: the master's Prometheus endpoint (train, run)."""
+    g.add_argument("--metrics-port", type=int, default=0, metavar="PORT",
+                   help="serve the job's Prometheus metrics at http://HOST:PORT/metrics from the master (default 0: "
+                        "a free port locally, 9464 on Kubernetes; the URL is in status.json as metricsUrl)")
+    g.add_argument("--no-metrics", action="store_true", help="serve no Prometheus metrics")
+    g.add_argument("--tls", action="store_true",
+                   help="run every channel of the job (workers, parameter servers, flextrain commands to the "
+                        "master) over TLS with a token of its own, made in JOBDIR/tls/ (docs/security.md)")
+
+
 def add_data_flags(g) -> None:
     """--skip-unknown-files and --csv-header (train, evaluate, predict)."""
     g.add_argument("--skip-unknown-files", action="store_true",

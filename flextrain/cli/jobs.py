@@ -68,16 +68,18 @@ def _master_alive(status: dict) -> bool:
 
 
 def _master_stub(status: dict):
-    import grpc
-
     from flextrain.proto import flextrain_pb2_grpc as pb_grpc
     from flextrain.protocol.limits import MASTER_MESSAGE_OPTIONS
+    from flextrain.protocol.security import open_channel
 
     if status.get("phase") in ("Succeeded", "Failed") or not _master_alive(status):
         raise CLIError(f"job {status.get('name')} is not running (phase {status.get('phase')})")
     if not isinstance(status.get("masterAddress"), str):
         raise CLIError(f"job {status.get('name')}: its status.json names no master address (masterAddress)")
-    return pb_grpc.MasterStub(grpc.insecure_channel(status["masterAddress"], options=MASTER_MESSAGE_OPTIONS))
+    from flextrain.protocol.security import read_credentials
+
+    creds = read_credentials(Path(status["jobDir"]) / "tls") if status.get("tls") else None  # --tls jobs
+    return pb_grpc.MasterStub(open_channel(status["masterAddress"], creds, options=MASTER_MESSAGE_OPTIONS))
 
 
 def cmd_status(args) -> int:
@@ -103,6 +105,8 @@ def cmd_status(args) -> int:
     if evaluations := status.get("evaluations"):  # the metrics above are the latest evaluation's
         more = f" (of {len(evaluations)} evaluations)" if len(evaluations) > 1 else ""
         print(f"evaluated at step {evaluations[-1]['step']} on {evaluations[-1]['samples']:,} samples{more}")
+    if status.get("metricsUrl") and status["phase"] in ("Pending", "Running"):
+        print(f"metrics   {status['metricsUrl']}")
     from flextrain.master.failures import failure_lines
 
     for line in failure_lines(status.get("failure")):

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from flextrain.cli.common import CLIError, api_client, get_job
 from flextrain.cli.train import accelerate_in_spec, build_spec, check_memory_flag
+from flextrain.job import flag_of
 
 
 def _default_image() -> str:
@@ -48,6 +49,30 @@ def add_train_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--pvc", action="append", default=[], metavar="CLAIM:/MOUNT/PATH",
                    help="mount a PersistentVolumeClaim into every pod of the job (repeatable)")
     g.add_argument("--master-port", type=int, metavar="PORT", help="port of the job's master (default: 50051)")
+    g = p.add_argument_group("shared cluster (with --backend kubernetes; docs/shared-cluster.md)")
+    g.add_argument("--priority-class-name", metavar="CLASS",
+                   help="PriorityClass of the first --min-workers worker pods (of every worker without "
+                        "--elastic-priority-class-name)")
+    g.add_argument("--elastic-priority-class-name", metavar="CLASS",
+                   help="PriorityClass of the worker pods beyond --min-workers: the scheduler may preempt them; "
+                        "a preempted worker shrinks the job without spending --relaunch-budget")
+    g.add_argument("--gang", choices=("volcano", "kueue"),
+                   help="admit master, parameter servers and --min-workers workers together: a Volcano PodGroup, "
+                        "or a Kueue queue (the job is submitted suspended until Kueue admits it)")
+    g.add_argument("--queue", metavar="NAME", help="--gang: the Volcano Queue or Kueue LocalQueue")
+    g.add_argument("--suspend", action="store_true", default=None,
+                   help="submit the job suspended: no pod starts until spec.suspend is set to false")
+    g.add_argument("--ttl-seconds-after-finished", type=int, metavar="SECONDS",
+                   help="delete the job's pods and Services this long after it finished (the ElasticJob stays)")
+    g.add_argument("--active-deadline-seconds", type=int, metavar="SECONDS",
+                   help="fail the job (reason DeadlineExceeded) this long after it started")
+    g.add_argument("--backoff-limit", type=int, metavar="N",
+                   help="times the operator relaunches a failed master pod (default 3)")
+
+
+# Settings only an ElasticJob carries (flags above): refused for a local job rather than ignored.
+CLUSTER_SETTINGS = ("priority_class_name", "elastic_priority_class_name", "gang", "queue", "suspend",
+                    "ttl_seconds_after_finished", "active_deadline_seconds", "backoff_limit")
 
 
 def add_job_flags(p: argparse.ArgumentParser) -> None:
@@ -74,7 +99,9 @@ def _train_dispatch(local_fn):
         if args.backend == "kubernetes":
             return submit(args)
         given = [flag for flag, value in (("--namespace", args.namespace), ("--dry-run", args.dry_run),
-                                          ("--pvc", args.pvc), ("--master-port", args.master_port)) if value]
+                                          ("--pvc", args.pvc), ("--master-port", args.master_port),
+                                          *((flag_of(key), getattr(args, key)) for key in CLUSTER_SETTINGS))
+                 if value is not None and value != [] and value is not False]
         if given:
             raise CLIError(f"{given[0]} needs --backend kubernetes")
         return local_fn(args)
@@ -152,7 +179,10 @@ def elasticjob_from_args(args) -> dict:
             in_pod["prediction_data"] = args.prediction_data
         if args.batch_schedule is not None:  # a trace on this machine travels inline; else a path in the pods
             in_pod["batch_schedule"] = _inline_trace(args.batch_schedule)
-        spec = accelerate_in_spec(spec.replace(backend=Backend.KUBERNETES, **in_pod).validate())
+        cluster = {key: getattr(args, key) for key in CLUSTER_SETTINGS if getattr(args, key) is not None}
+        if args.gang == "kueue":  # created suspended: Kueue admits it by setting spec.suspend to false
+            cluster["suspend"] = True
+        spec = accelerate_in_spec(spec.replace(backend=Backend.KUBERNETES, **in_pod, **cluster).validate())
         check_memory_flag(spec)
     except JobSpecError as exc:
         raise CLIError(str(exc)) from exc
@@ -220,7 +250,9 @@ def status(args) -> int:
     w, p = st.get("workers") or {}, st.get("progress") or {}
     print(f"job       {args.job}  (ElasticJob in {namespace})")
     print(f"phase     {st.get('phase', 'Unknown')}" + (f"  - {st['message']}" if st.get("message") else ""))
-    print(f"workers   {w.get('active', 0)} active / {w.get('desired', '?')} desired")
+    waiting = "".join(f", {w[k]} {k}" for k in ("pending", "preempted") if w.get(k))
+    print(f"workers   {w.get('active', 0)} active / {w.get('desired', '?')} desired{waiting}"
+          + (f"  - {w['reason']}" if w.get("reason") else ""))
     if "epoch" in st:
         print(f"epoch     {st['epoch']}   step {st.get('step', 0)}")
     if p:

@@ -13,7 +13,7 @@ import re
 import sys
 from pathlib import Path
 
-from flextrain.cli.common import DEFAULT_JOBS_DIR, CLIError, HelpFormatter, abs_path
+from flextrain.cli.common import DEFAULT_JOBS_DIR, CLIError, HelpFormatter, abs_path, add_metrics_flags
 
 # The worker flags of `train` that mean the same for a script job, with their defaults.
 _WORKER_FLAGS = (
@@ -60,6 +60,7 @@ def add_commands(sub) -> None:
                    help="start afresh in a --job-dir that holds an earlier job: its state is moved aside to "
                         "JOBDIR/previous-<time>/, not deleted")
     g.add_argument("--no-progress", action="store_true", help="no live status line")
+    add_metrics_flags(g)
     p.set_defaults(fn=cmd_run)
 
 
@@ -79,6 +80,7 @@ def build_spec(args):
         name=name, model_def="", job_dir=abs_path(job_dir), script=str(script.resolve()),
         script_args=tuple(args.script_args), workers=1 if args.workers is None else args.workers,
         min_workers=args.min_workers, max_workers=args.max_workers,
+        metrics=not args.no_metrics, metrics_port=args.metrics_port, tls=args.tls,
         **{flag[2:].replace("-", "_"): getattr(args, flag[2:].replace("-", "_")) for flag, *_ in _WORKER_FLAGS},
     ).validate()
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from flextrain.cli.common import (DEFAULT_JOBS_DIR, CLIError, HelpFormatter, abs_path, add_data_flags, data_abs,
-                                  job_name, model_def_abs)
+from flextrain.cli.common import (DEFAULT_JOBS_DIR, CLIError, HelpFormatter, abs_path, add_data_flags,
+                                  add_metrics_flags, data_abs, job_name, model_def_abs)
 
 
 def add_commands(sub) -> None:
@@ -117,6 +117,10 @@ def add_commands(sub) -> None:
                    help="copy model and optimizer state to shared memory every N optimizer steps, persisted "
                         "in the background and flushed when the workers are lost (AllReduce; 0, the default: off; "
                         "e.g. 50)")
+    g.add_argument("--memory-checkpoint-persist-every", type=int, default=4, metavar="P",
+                   help="also write every P-th in-memory checkpoint to the job directory, in the background "
+                        "(the others stay in shared memory until a worker exits or the workers are lost; "
+                        "default 4; 1: every one)")
     g.add_argument("--rendezvous-timeout", type=float, default=10.0, metavar="SECONDS",
                    help="how long a round waits for stragglers once --min-workers are present")
     g.add_argument("--worker-timeout", type=float, default=60.0, metavar="SECONDS",
@@ -149,6 +153,7 @@ def add_commands(sub) -> None:
                    help="start afresh in a --job-dir that holds an earlier job (which is refused otherwise): "
                         "its state is moved aside to JOBDIR/previous-<time>/, not deleted")
     g.add_argument("--no-progress", action="store_true", help="no live progress bar (log lines instead)")
+    add_metrics_flags(g)
     g.add_argument("--no-preflight", action="store_true",
                    help="skip preflight: before anything starts, a child process imports the module and checks "
                         "its contract on the first records (model, optimizer, feed, loss, one training step); "
@@ -181,6 +186,7 @@ def build_spec(args):
         max_global_batch=args.max_global_batch, adapt_every=args.adapt_every,
         steps_per_task=args.steps_per_task, max_task_retries=args.max_task_retries,
         checkpoint_steps=args.checkpoint_steps, memory_checkpoint_steps=args.memory_checkpoint_steps,
+        memory_checkpoint_persist_every=args.memory_checkpoint_persist_every,
         bucket_mb=args.bucket_mb,
         rendezvous_timeout=args.rendezvous_timeout,
         worker_timeout=args.worker_timeout, start_timeout=args.start_timeout, relaunch_budget=args.relaunch_budget,
@@ -189,6 +195,7 @@ def build_spec(args):
         strategy=Strategy(args.distribution_strategy), ps=args.ps, ps_mode=args.ps_mode,
         grads_to_wait=args.grads_to_wait, ps_checkpoint_steps=args.ps_checkpoint_steps,
         ps_wal=args.ps_wal, ps_wal_fsync=args.ps_wal_fsync, nan_policy=args.nan_policy, preflight=not getattr(args, "no_preflight", False),
+        metrics=not args.no_metrics, metrics_port=args.metrics_port, tls=args.tls,
         skip_unknown_files=args.skip_unknown_files, csv_header=args.csv_header, data_secret=args.data_secret,
     )
 
@@ -252,7 +259,8 @@ def schedule_abs(value: str | None) -> str | None:
 
 
 # flags of `train` that are not JobSpec fields: how each reaches the spec on --resume
-_DEST_FIELD = {"distribution_strategy": "strategy", "job_name": "name", "no_preflight": "preflight"}
+_DEST_FIELD = {"distribution_strategy": "strategy", "job_name": "name", "no_preflight": "preflight",
+               "no_metrics": "metrics"}
 _RESUME_CLI_ONLY = {"resume", "no_progress", "preflight_timeout", "backend", "fn", "command"}
 
 
@@ -276,7 +284,7 @@ def resume_spec(args):
     given, refused = {}, []
     for dest in sorted(getattr(args, "given", set()) - _RESUME_CLI_ONLY):
         field, value = _DEST_FIELD.get(dest, dest), getattr(args, dest)
-        if dest == "no_preflight":
+        if dest in ("no_preflight", "no_metrics"):
             value = not value
         elif dest == "distribution_strategy":
             value = Strategy(value)

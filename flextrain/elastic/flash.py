@@ -11,7 +11,7 @@ snapshot before it restores.
 A snapshot of version ``v`` is two files, each written whole (temp file,
 rename):
 
-* ``state-<v>.ckpt`` — the state bytes, written by the training thread;
+* ``state-<v>.ckpt`` — the state bytes (rank 0's copy, written by its flash writer thread);
 * ``ledger-<v>.json`` — ``{"version", "position", "ledger", "size", "crc32"}``:
   the master's ledger state that belongs to exactly that model (the answer to
   the snapshot's mark), the state's length and CRC-32, with a CRC-32 over the
@@ -94,7 +94,7 @@ class FlashStore:
             raise
 
     def put_state(self, version: int, blob: bytes) -> None:
-        """The training thread's part: the copy into shared memory."""
+        """The state bytes into shared memory (before the snapshot's mark)."""
         self._write(self.state_path(version), blob)
 
     def put_ledger(self, version: int, blob: bytes, *, ledger: dict, position: dict) -> None:

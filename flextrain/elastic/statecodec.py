@@ -24,6 +24,7 @@ import struct
 import zlib
 from typing import Any
 
+import numpy as np
 import torch
 
 MAGIC = b"FTST"
@@ -162,6 +163,11 @@ def decode(data: bytes | bytearray | memoryview) -> Any:
         raise StateCodecError(f"state blob skeleton is corrupt: {exc}") from exc
 
 
+def _nonfinite_line(path: str, nan: int, inf: int, size: int) -> str:
+    counts = ", ".join(f"{n} {what}" for n, what in ((nan, "NaN"), (inf, "inf")) if n)
+    return f"{path} ({counts} of {size})"
+
+
 def nonfinite(tree: Any, *, limit: int = 5) -> list[str]:
     """Where a state tree holds NaN or infinite values: ``["model.net.0.weight (3 NaN, 1 inf of 640)"]``
     for up to ``limit`` float tensors (integer tensors cannot be non-finite)."""
@@ -174,8 +180,7 @@ def nonfinite(tree: Any, *, limit: int = 5) -> list[str]:
             if node.is_floating_point() or node.is_complex():
                 nan, inf = int(torch.isnan(node).sum()), int(torch.isinf(node).sum())
                 if nan or inf:
-                    counts = ", ".join(f"{n} {what}" for n, what in ((nan, "NaN"), (inf, "inf")) if n)
-                    found.append(f"{path} ({counts} of {node.numel()})")
+                    found.append(_nonfinite_line(path, nan, inf, node.numel()))
         elif isinstance(node, dict):
             for key, value in node.items():
                 walk(value, f"{path}.{key}" if path else str(key))
@@ -185,3 +190,60 @@ def nonfinite(tree: Any, *, limit: int = 5) -> list[str]:
 
     walk(tree, "")
     return found
+
+
+_NUMPY = {"float64": np.float64, "float32": np.float32, "float16": np.float16, "complex64": np.complex64,
+          "complex128": np.complex128}
+
+
+def nonfinite_blob(data: bytes | bytearray | memoryview, *, under: str = "model", limit: int = 5) -> list[str]:
+    """:func:`nonfinite` of the tree's ``under`` entry, read in place from an :func:`encode` blob (no
+    tensor is built: what a snapshot's writer checks before keeping it). Raises :class:`StateCodecError`
+    for a blob that fails its checks."""
+    view = memoryview(data)
+    _, tree, metas, start = _parse(view)
+    offsets, offset = [], start
+    for meta in metas:
+        offsets.append(offset)
+        offset += int(meta["nbytes"])
+    found: list[str] = []
+
+    def check(index: int, path: str) -> None:
+        meta, lo = metas[index], offsets[index]
+        raw = view[lo: lo + int(meta["nbytes"])]
+        if meta["dtype"] == "bfloat16":  # numpy has none: NaN and inf are its all-ones exponents
+            bits = np.frombuffer(raw, dtype=np.uint16)
+            special = (bits & 0x7F80) == 0x7F80
+            nan = int(np.count_nonzero(special & ((bits & 0x007F) != 0)))
+            inf = int(np.count_nonzero(special)) - nan
+        elif meta["dtype"] in _NUMPY:
+            values = np.frombuffer(raw, dtype=_NUMPY[meta["dtype"]])
+            if np.isfinite(values).all():
+                return
+            nan, inf = int(np.count_nonzero(np.isnan(values))), int(np.count_nonzero(np.isinf(values)))
+        else:  # integers and bools cannot be non-finite
+            return
+        if nan or inf:
+            found.append(_nonfinite_line(path, nan, inf, int(np.prod(meta["shape"]))))
+
+    def walk(node: dict, path: str) -> None:
+        ((kind, value),) = node.items()
+        if len(found) >= limit:
+            return
+        if kind == "t":
+            check(value, path)
+        elif kind == "d":
+            for key, child in value:
+                walk(child, f"{path}.{key}" if path else str(key))
+        elif kind in ("u", "l"):
+            for i, child in enumerate(value):
+                walk(child, f"{path}[{i}]")
+
+    try:
+        entries = dict((key, child) for key, child in tree["d"])
+        if under in entries:
+            walk(entries[under], "")
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
+        raise StateCodecError(f"state blob skeleton is corrupt: {exc}") from exc
+    return found
+

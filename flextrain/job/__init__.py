@@ -29,11 +29,12 @@ from flextrain.job.settings import (
     check_count,
     check_job_name,
     check_non_negative,
+    check_port,
     check_positive_finite,
     flag_of,
 )
-from flextrain.job.spec import SECTIONS, DataSpec, JobSpec, PSSpec, TrainingSpec, WorkerSpec
+from flextrain.job.spec import SECTIONS, DataSpec, JobSpec, PSSpec, SchedulingSpec, TrainingSpec, WorkerSpec
 
-__all__ = ["AUTO", "IntOrStr", "NAN_POLICIES", "SECTIONS", "SETTING", "SETTINGS", "VALUE_RULES", "Backend", "DataSpec", "JobSpec",
+__all__ = ["AUTO", "IntOrStr", "NAN_POLICIES", "SECTIONS", "SETTING", "SETTINGS", "VALUE_RULES", "Backend", "DataSpec", "JobSpec", "SchedulingSpec",
            "JobSpecError", "JobType", "PSSpec", "Setting", "Strategy", "TrainingSpec", "WorkerSpec", "check_count",
-           "check_job_name", "check_non_negative", "check_positive_finite", "flag_of"]
+           "check_job_name", "check_non_negative", "check_port", "check_positive_finite", "flag_of"]

@@ -70,6 +70,12 @@ def check_positive_finite(flag: str, value) -> None:
         raise JobSpecError(f"{flag} must be positive and finite, got {value!r}")
 
 
+def check_port(flag: str, value) -> None:
+    """A TCP port to listen on, 0 for a free one."""
+    if not is_int(value) or not 0 <= value <= 65535:
+        raise JobSpecError(f"{flag} must be a TCP port (0-65535; 0: a free port), got {value!r}")
+
+
 def check_size_mb(flag: str, value) -> None:
     """A size in MiB where 0 means none (``--bucket-mb``): finite and >= 0."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
@@ -200,6 +206,22 @@ def check_accelerate_job(*, accelerate, strategy, job_type, script) -> None:
                            "or replaces the worker's modules would train a different model from the one they keep")
 
 
+GANGS = ("volcano", "kueue")  # spec.scheduling.gang: who admits the job's minimum set together (docs/shared-cluster.md)
+_K8S_NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+
+
+def check_gang(flag: str, value) -> None:
+    if value not in GANGS:
+        raise JobSpecError(f"{flag} must be one of {', '.join(GANGS)}, got {value!r}")
+
+
+def check_object_name(flag: str, value) -> None:
+    """The name of a Kubernetes object (a PriorityClass, a Kueue LocalQueue, a Volcano Queue): a DNS subdomain."""
+    if not isinstance(value, str) or len(value) > 253 or not _K8S_NAME_RE.match(value):
+        raise JobSpecError(f"{flag} must be a Kubernetes object name (lower-case letters, digits, '-' and '.'), "
+                           f"got {value!r}")
+
+
 def check_ps_mode(flag: str, value) -> None:
     if value not in ("sync", "async"):
         raise JobSpecError(f"{flag} must be 'sync' or 'async', got {value!r}")
@@ -243,6 +265,11 @@ SETTINGS: tuple[Setting, ...] = (
     _s("backend", "backend", Backend),
     _s("job_type", "job_type", JobType, flag="the command (train, evaluate, predict)"),
     _s("checkpoint", "checkpoint", str),  # evaluate/predict --checkpoint
+    # The master's Prometheus endpoint (docs/observability.md).
+    _s("metrics", "metrics", bool, "spec.metrics", "--no-metrics"),
+    _s("metrics_port", "metrics_port", int, "spec.metricsPort"),
+    # TLS and a per-job token on every channel (docs/security.md); local jobs for now.
+    _s("tls", "tls", bool, None, "--tls"),
     _s("output", "output", str),  # predict --output
     _s("training_data", "data.training", str, "spec.data.training"),
     _s("validation_data", "data.validation", str, "spec.data.validation"),
@@ -272,6 +299,9 @@ SETTINGS: tuple[Setting, ...] = (
     _s("checkpoint_steps", "training.checkpoint_steps", int, "spec.training.checkpointSteps"),
     # In-memory ("flash") checkpoints every N steps, persisted in the background (docs/elasticity.md).
     _s("memory_checkpoint_steps", "training.memory_checkpoint_steps", int, "spec.training.memoryCheckpointSteps"),
+    # Every K-th in-memory checkpoint is also written to the job directory (docs/elasticity.md).
+    _s("memory_checkpoint_persist_every", "training.memory_checkpoint_persist_every", int,
+       "spec.training.memoryCheckpointPersistEvery"),
     # Gradient buckets reduced during backward, in MiB (0: one reduction after backward; docs/elasticity.md).
     _s("bucket_mb", "training.bucket_mb", float, "spec.training.bucketMb"),
     _s("seed", "training.seed", int, "spec.training.seed"),
@@ -290,10 +320,22 @@ SETTINGS: tuple[Setting, ...] = (
     _s("straggler_policy", "worker.straggler_policy", str, "spec.replicaSpecs.worker.stragglerPolicy"),
     _s("straggler_factor", "worker.straggler_factor", float, "spec.replicaSpecs.worker.stragglerFactor"),
     _s("node_check", "worker.node_check", bool, "spec.replicaSpecs.worker.nodeCheck"),
+    # Priority-based elasticity (docs/shared-cluster.md): the first min_replicas worker pods get the first
+    # PriorityClass, the elastic rest the second (preempted first; a preempted worker costs no relaunch budget).
+    _s("priority_class_name", "worker.priority_class_name", str, "spec.replicaSpecs.worker.priorityClassName"),
+    _s("elastic_priority_class_name", "worker.elastic_priority_class_name", str,
+       "spec.replicaSpecs.worker.elasticPriorityClassName"),
     _s("rendezvous_timeout", "worker.rendezvous_timeout", float, "spec.replicaSpecs.worker.rendezvousTimeout"),
     _s("worker_timeout", "worker.worker_timeout", float, "spec.replicaSpecs.worker.workerTimeout"),
     _s("start_timeout", "worker.start_timeout", float, "spec.replicaSpecs.worker.startTimeout"),
     _s("min_workers_timeout", "worker.min_workers_timeout", float, "spec.replicaSpecs.worker.minWorkersTimeout"),
+    # Kubernetes only: gang admission (Volcano PodGroup or Kueue queue) and Kubernetes' Job lifecycle fields.
+    _s("gang", "scheduling.gang", str, "spec.scheduling.gang"),
+    _s("queue", "scheduling.queue", str, "spec.scheduling.queue"),
+    _s("suspend", "suspend", bool, "spec.suspend"),
+    _s("ttl_seconds_after_finished", "ttl_seconds_after_finished", int, "spec.ttlSecondsAfterFinished"),
+    _s("active_deadline_seconds", "active_deadline_seconds", int, "spec.activeDeadlineSeconds"),
+    _s("backoff_limit", "backoff_limit", int, "spec.backoffLimit"),
     _s("ps", "ps.replicas", int, "spec.replicaSpecs.ps.replicas"),
     _s("ps_mode", "ps.ps_mode", str, "spec.replicaSpecs.ps.psMode"),
     _s("grads_to_wait", "ps.grads_to_wait", int, "spec.replicaSpecs.ps.gradsToWait"),
@@ -314,17 +356,20 @@ def flag_of(key: str) -> str:
 # Every numeric JobSpec field, by kind. OPTIONAL_NUMBERS ones may be None (= derived from another field).
 NUMBER_RULES = (
     (check_count, ("workers", "epochs", "global_batch_size", "steps_per_task", "reference_batch_size",
+                   "memory_checkpoint_persist_every",
                    "min_workers", "max_workers", "grads_to_wait", "min_global_batch",
-                   "max_global_batch", "adapt_every")),
+                   "max_global_batch", "adapt_every", "active_deadline_seconds")),
     (check_non_negative, ("evaluation_steps", "max_task_retries", "checkpoint_steps", "memory_checkpoint_steps",
-                          "relaunch_budget", "spares",
+                          "relaunch_budget", "spares", "ttl_seconds_after_finished", "backoff_limit",
                           "ps_checkpoint_steps")),
     (check_positive_finite, ("rendezvous_timeout", "worker_timeout", "start_timeout", "min_workers_timeout",
                              "learning_rate")),
     (check_size_mb, ("bucket_mb",)),
+    (check_port, ("metrics_port",)),
 )
 OPTIONAL_NUMBERS = {"reference_batch_size", "min_workers", "max_workers", "grads_to_wait", "learning_rate",
-                    "min_global_batch", "max_global_batch", "adapt_every"}
+                    "min_global_batch", "max_global_batch", "adapt_every", "ttl_seconds_after_finished",
+                    "active_deadline_seconds", "backoff_limit"}
 # Every rule about one setting's value alone, by key: ``check(flag, value)`` raises JobSpecError. What
 # the operator runs field by field, so that all bad values of an ElasticJob are reported at once.
 VALUE_RULES = {
@@ -332,5 +377,7 @@ VALUE_RULES = {
     "ps": check_non_negative, "seed": check_seed, "nan_policy": check_nan_policy,
     "straggler_policy": check_straggler_policy, "straggler_factor": check_straggler_factor, "ps_mode": check_ps_mode,
     "lr_rule": check_lr_rule, "batch_schedule": check_batch_schedule,
+    "gang": check_gang, "queue": check_object_name, "priority_class_name": check_object_name,
+    "elastic_priority_class_name": check_object_name,
     "max_micro_batch": check_max_micro_batch, "memory_limit": check_memory_limit, "accelerate": check_accelerate,
 }

@@ -14,6 +14,7 @@ from flextrain.job.settings import (
     OPTIONAL_NUMBERS,
     SETTING,
     SETTINGS,
+    VALUE_RULES,
     Backend,
     JobSpecError,
     JobType,
@@ -82,8 +83,12 @@ class TrainingSpec:
     checkpoint_steps: int = 0
     # AllReduce: copy model + optimizer state to the job's shared memory every this many optimizer steps
     # (flash checkpoints: persisted in the background, flushed when the workers are lost; 0: off).
-    # 0 (off) until its step-time cost is below 1% (bench/flash_checkpoint.py measured ~4-5% at 50).
+    # 0 (off) until its step-time cost is shown below 1% at 50 (bench/README.md, flash_checkpoint.py).
     memory_checkpoint_steps: int = 0
+    # Of those in-memory snapshots, every this many-th is also written to the job directory (fsync'd) in the
+    # background; the others live in shared memory only (a worker that exits, and the master when the workers
+    # are lost, persist the newest). 1: every snapshot.
+    memory_checkpoint_persist_every: int = 4
     # AllReduce (PyTorch): gradients are summed in buckets of about this many MiB, launched from autograd hooks
     # while the last micro-step's backward runs (25: DDP's bucket_cap_mb); 0: one flat reduction after backward.
     bucket_mb: float = 25.0
@@ -155,6 +160,10 @@ class WorkerSpec:
     # Time each new worker's training step before it registers; one straggler_factor x slower than the
     # others' is kept out of the job, naming its node.
     node_check: bool = False
+    # Kubernetes: the PriorityClass of the first min_replicas worker pods (the guaranteed core) and of the
+    # elastic rest (None: the core's); flextrain/master/k8s_priority.py.
+    priority_class_name: str | None = None
+    elastic_priority_class_name: str | None = None
     # Seconds a round waits for stragglers once `min_replicas` are present.
     rendezvous_timeout: float = 10.0
     # Seconds without a heartbeat after which a worker counts as hung.
@@ -200,7 +209,16 @@ class PSSpec:
         return self.grads_to_wait or 1
 
 
-SECTIONS = {"data": DataSpec, "training": TrainingSpec, "worker": WorkerSpec, "ps": PSSpec}
+@dataclass(frozen=True)
+class SchedulingSpec:
+    """``spec.scheduling`` (Kubernetes only): gang admission of the job's minimum set (docs/shared-cluster.md)."""
+
+    gang: str | None = None  # "volcano" (a PodGroup) or "kueue" (the queue label, created suspended)
+    queue: str | None = None  # the Volcano Queue or Kueue LocalQueue
+
+
+SECTIONS = {"data": DataSpec, "training": TrainingSpec, "worker": WorkerSpec, "ps": PSSpec,
+            "scheduling": SchedulingSpec}
 
 
 @dataclass(frozen=True)
@@ -219,10 +237,25 @@ class JobSpec:
     # run by every worker under torchrun's environment; exclusive with ``model_def``.
     script: str | None = None
     script_args: tuple[str, ...] = ()
+    # The master's Prometheus /metrics (flextrain/master/metrics.py): on unless turned off; port 0 picks a
+    # free port locally, and the ElasticJob default (flextrain.k8s.meta.METRICS_PORT) on Kubernetes.
+    metrics: bool = True
+    metrics_port: int = 0
+    # Every gRPC channel of the job over TLS with a per-job token (flextrain/protocol/security.py): the
+    # master makes the job's CA, certificate and token in <job dir>/tls/ (local jobs; docs/security.md).
+    tls: bool = False
     data: DataSpec = DataSpec()
     training: TrainingSpec = TrainingSpec()
     worker: WorkerSpec = WorkerSpec()
     ps: PSSpec = PSSpec()
+    scheduling: SchedulingSpec = SchedulingSpec()
+    # Kubernetes only, with Kubernetes' Job names and meanings (flextrain/operator/lifecycle.py): not started
+    # while suspended; pods and Services deleted this long after the job finished; failed with reason
+    # DeadlineExceeded this long after it started; master relaunches allowed (None: relaunchBudget's 3).
+    suspend: bool = False
+    ttl_seconds_after_finished: int | None = None
+    active_deadline_seconds: int | None = None
+    backoff_limit: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.script_args, list):  # from JSON or YAML: a tuple keeps the spec hashable and equal
@@ -305,7 +338,10 @@ class JobSpec:
             check_accelerate("--accelerate", self.training.accelerate)
         if self.training.batch_schedule is not None:
             check_batch_schedule("--batch-schedule", self.training.batch_schedule)
-        for field in ("shuffle", "ps_wal", "ps_wal_fsync", "preflight", "skip_unknown_files", "csv_header"):
+        for field in ("gang", "queue", "priority_class_name", "elastic_priority_class_name"):
+            if self.get(field) is not None:
+                VALUE_RULES[field](flag_of(field), self.get(field))
+        for field in ("shuffle", "ps_wal", "ps_wal_fsync", "preflight", "skip_unknown_files", "csv_header", "suspend"):
             if not isinstance(self.get(field), bool):
                 raise JobSpecError(f"{'--preflight' if field == 'preflight' else flag_of(field)} must be true or false, got {self.get(field)!r}")
         for name, field, kind in (("--distribution-strategy", "strategy", Strategy), ("job type", "job_type", JobType),

@@ -26,9 +26,14 @@ def master_pod_name(job_name: str, index: int) -> str:
 
 
 def master_service(job: Mapping[str, Any]) -> dict[str, Any]:
-    """The Service ``<job>-master`` selecting whichever master pod of the job runs."""
-    return job_service(job, service_name=meta.master_service_name(job["metadata"]["name"]), role=ROLE,
-                       index=None, port=master_port(job))
+    """The Service ``<job>-master`` selecting whichever master pod of the job runs; with metrics on, a second
+    port named ``metrics`` and the scrape annotations (``kubectl port-forward svc/<job>-master 9464``)."""
+    service = job_service(job, service_name=meta.master_service_name(job["metadata"]["name"]), role=ROLE,
+                          index=None, port=master_port(job))
+    if (port := meta.metrics_port(job)) is not None:
+        service["spec"]["ports"].append({"name": "metrics", "port": port, "targetPort": port, "protocol": "TCP"})
+        service["metadata"]["annotations"] = meta.scrape_annotations(port)
+    return service
 
 
 def master_pod(job: Mapping[str, Any], *, index: int) -> dict[str, Any]:
@@ -36,10 +41,14 @@ def master_pod(job: Mapping[str, Any], *, index: int) -> dict[str, Any]:
     name, namespace = job["metadata"]["name"], job["metadata"]["namespace"]
     port = master_port(job)
     pod = master_pod_name(name, index)
-    return job_pod(job, role=ROLE, index=index, pod_name=pod, instance_id=pod,
+    body = job_pod(job, role=ROLE, index=index, pod_name=pod, instance_id=pod,
                    args=[ROLE, "--job", name, "--namespace", namespace, "--port", str(port)],
                    env={"PYTHONUNBUFFERED": "1"}, master_address=meta.master_address(name, namespace, port),
                    port=port)
+    if (metrics := meta.metrics_port(job)) is not None:
+        # (the scrape annotations are on the Service only: on both, Prometheus would scrape the job twice)
+        body["spec"]["containers"][0]["ports"].append({"name": "metrics", "containerPort": metrics, "protocol": "TCP"})
+    return body
 
 
 __all__ = ["master_pod", "master_pod_name", "master_port", "master_service"]

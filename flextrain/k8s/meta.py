@@ -96,6 +96,22 @@ def master_address(job: str, namespace: str, port: int = MASTER_PORT) -> str:
     return f"{master_service_name(job)}.{namespace}.svc:{port}"
 
 
+METRICS_PORT = 9464  # the master's Prometheus port unless spec.metricsPort says otherwise (0: this one)
+
+
+def metrics_port(job: Mapping[str, Any]) -> int | None:
+    """The port the job's master serves Prometheus metrics on; None: ``spec.metrics: false``."""
+    spec = job.get("spec") or {}
+    if spec.get("metrics") is False:
+        return None
+    return spec.get("metricsPort") or METRICS_PORT
+
+
+def scrape_annotations(port: int) -> dict[str, str]:
+    """The ``prometheus.io/*`` annotations most Prometheus setups discover scrape targets by."""
+    return {"prometheus.io/scrape": "true", "prometheus.io/port": str(port), "prometheus.io/path": "/metrics"}
+
+
 def master_port(job: Mapping[str, Any]) -> int:
     """The port the job's master listens on (annotation ``flextrain.dev/master-port``, else 50051)."""
     raw = ((job.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_MASTER_PORT)

@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from flextrain.k8s import meta
+from flextrain.k8s import gang, meta
 from flextrain.k8s.resource import MOUNT_KEYS
 from flextrain.k8s.template import RESTRICTED_CONTAINER, RESTRICTED_POD, pod_labels, security_context, template_of
 
@@ -92,12 +92,16 @@ def instance_pod(
     env: Mapping[str, str],
     master_address: str,
     spare: bool = False,
+    priority_class_name: str | None = None,
 ) -> dict[str, Any]:
     """The Pod of one worker or PS instance of ``job`` (an ElasticJob dict with metadata.uid); a ``spare``
-    worker's pod is labelled ``flextrain.dev/spare: "true"``."""
+    worker's pod is labelled ``flextrain.dev/spare: "true"``; ``priority_class_name`` overrides the role's
+    (a worker of the elastic part: flextrain/master/k8s_priority.py)."""
     pod = job_pod(job, role=role, index=index, pod_name=instance_pod_name(job["metadata"]["name"], instance_id),
                   instance_id=instance_id, args=args, env=env, master_address=master_address,
                   port=ps_port(job, index) if role == "ps" else None)
+    if priority_class_name:
+        pod["spec"]["priorityClassName"] = priority_class_name
     if spare:
         pod["metadata"]["labels"][meta.LABEL_SPARE] = "true"
     return pod
@@ -186,7 +190,7 @@ def job_pod(
     }
     if tpl.annotations:
         metadata["annotations"] = dict(tpl.annotations)
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
+    return gang.apply_to_pod(job, {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}, role=role)
 
 
 def avoid_nodes(pod: dict[str, Any], nodes: Sequence[str]) -> None:

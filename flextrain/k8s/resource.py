@@ -25,6 +25,7 @@ from flextrain.job import (
     check_non_negative,
 )
 from flextrain.k8s import kubeschema, meta, template
+from flextrain.k8s.gang import job_labels
 from flextrain.k8s.traces import inline_trace_problems
 from flextrain.k8s.template import ROLES
 
@@ -319,10 +320,15 @@ def replica_range(spec: JobSpec) -> tuple[int, int]:
     return spec.worker.effective_min_replicas, spec.worker.effective_max_replicas
 
 
-def master_relaunch_budget(obj: Mapping[str, Any]) -> int:
-    """Times the operator relaunches a master pod that failed or vanished before the job ended."""
-    value = _get(obj, "spec.replicaSpecs.master.relaunchBudget")
-    return DEFAULT_MASTER_RELAUNCH_BUDGET if value is None else int(value)
+def master_relaunch_budget(obj: Mapping[str, Any]) -> tuple[int, str]:
+    """Times the operator relaunches a master pod that failed or vanished before the job ended, and the
+    field that says so: ``spec.backoffLimit`` (Kubernetes' name) wins over the older
+    ``spec.replicaSpecs.master.relaunchBudget`` (which the CRD defaults, so both are often there)."""
+    for path in ("spec.backoffLimit", "spec.replicaSpecs.master.relaunchBudget"):
+        value = _get(obj, path)
+        if value is not None:
+            return int(value), path
+    return DEFAULT_MASTER_RELAUNCH_BUDGET, "spec.replicaSpecs.master.relaunchBudget"
 
 
 # An ElasticJob volume is a core/v1 Volume plus these keys of the container's VolumeMount.
@@ -398,6 +404,8 @@ def resource_from_jobspec(
             raise ResourceError(f"spec.{path}", "is not a pod-level field")
         _set(body, path, value)
     metadata: dict[str, Any] = {"name": spec.name}
+    if labels := job_labels(spec.scheduling.gang, spec.scheduling.queue):  # Kueue finds its jobs by label
+        metadata["labels"] = labels
     if namespace:
         metadata["namespace"] = namespace
     return {"apiVersion": meta.API_VERSION, "kind": meta.KIND, "metadata": metadata, "spec": body}

@@ -36,7 +36,7 @@ def commit_passed(ledger: TaskLedger, rnd: Round | None, position: pb.Position) 
     upto = min(position.task_index, len(rnd.answers))
     for action, task_id in rnd.answers[rnd.committed:upto]:
         if action == RUN and task_id in ledger.doing:
-            ledger.complete(task_id)
+            rnd.settled[task_id] = ledger.complete(task_id).steps
     rnd.committed = max(rnd.committed, upto)
 
 
@@ -55,6 +55,27 @@ def settle_round(ledger: TaskLedger, old: Round, best: pb.Position | None) -> No
             ledger.complete(task_id)
         else:
             ledger.interrupt(task_id, best.steps_done)
+
+
+def task_failed(rnd: Round | None, task_id: int, steps_done: int) -> None:
+    """A task of ``rnd`` failed with ``steps_done`` steps applied (the ledger requeued the rest)."""
+    if rnd is not None and rnd.state is not RoundState.CLOSED:
+        rnd.settled[task_id] = steps_done
+
+
+def moved_past(ledger: TaskLedger, rnd: Round, pos: pb.Position) -> bool:
+    """Whether the ledger holds an outcome of ``rnd`` that a model at ``pos`` (of that round) does not
+    have, so that :func:`ledger_at` cannot give that model's ledger: the task at ``pos`` left DOING with
+    other than ``pos.steps_done`` steps applied (completed while the model is inside it, failed at a
+    later step), or a later task left DOING with any step applied. A task that left DOING unrecorded
+    counts as moved past."""
+    for index in range(pos.task_index, len(rnd.answers)):
+        action, task_id = rnd.answers[index]
+        if action != RUN or task_id in ledger.doing:
+            continue
+        if rnd.settled.get(task_id) != (pos.steps_done if index == pos.task_index else 0):
+            return True
+    return False
 
 
 def ledger_at(ledger: TaskLedger, current: Round | None, pos: pb.Position) -> dict:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from flextrain.elastic.flash import FlashStore, flash_dir
 from flextrain.job import Backend, JobSpec, JobType, Strategy
 from flextrain.master.accelerating import StrategyChoice
-from flextrain.master.accounting import commit_passed, ledger_at
+from flextrain.master.accounting import commit_passed, ledger_at, moved_past, task_failed
 from flextrain.master.checkpoints import CheckpointStore, StateWriteError
 from flextrain.master.evaluation import Evaluations, outcome, prediction_task, record_task, task_message
 from flextrain.master.failures import FailureHandling, FailureTracker, WorkerFailure, failed_message, in_spec_words
@@ -55,7 +55,13 @@ class WorkerInfo:
     node: str = ""  # where it runs (the Kubernetes node, else the host), as it registered
 
 
-__all__ = ["JobMaster", "Phase", "WorkerInfo", "strategy_for", "task_message"]
+__all__ = ["JobMaster", "Phase", "WorkerInfo", "add_traffic", "strategy_for", "task_message"]
+
+
+def add_traffic(total: pb.PSTraffic, more: pb.PSTraffic) -> None:
+    """Add a heartbeat's parameter-server calls to the job's sums (MergeFrom would replace, not add)."""
+    for field in pb.PSTraffic.DESCRIPTOR.fields:
+        setattr(total, field.name, getattr(total, field.name) + getattr(more, field.name))
 
 
 class ChangeCondition(threading.Condition):
@@ -128,11 +134,15 @@ class JobMaster(FailureHandling, RoundKeeping):
         self.failure: WorkerFailure | None = None  # the job's root cause, when it failed of one
         self.dismissed: set[str] = set()  # told there is nothing more to do: may exit 0
         self.relaunching = True  # False once the relaunch budget is spent
+        self.relaunch_causes: dict[str, int] = {}  # relaunches decided, by failure kind (metrics)
+        self.unauthenticated_calls = 0  # --tls: calls refused for lacking the job's token (metrics)
         self.skipped_steps = 0  # steps dropped as non-finite, as the workers report them
         # --lr-rule adascale: (gain, gradient noise scale or None) of the latest step a worker reported
         # (every member of a round computes the same); None: none reported yet.
         self.adascale: tuple[float, float | None] | None = None
         self.launched_at: dict[str, float] = {}  # launch times, for workers that never finish starting
+        self.lost_at: float | None = None  # when a member of the running round was lost, until the next round
+        self.ps_traffic = pb.PSTraffic()  # the workers' parameter-server calls, summed (metrics)
         self.micro_batches = MicroBatchChoice(spec)  # each round's M (--max-micro-batch auto: the probes)
         self.memory = MemoryBook()  # the workers' latest memory samples and the job's peak
         # Slow workers (flextrain/master/stragglers.py): found here, acted on by the main loop.
@@ -210,6 +220,9 @@ class JobMaster(FailureHandling, RoundKeeping):
     def worker_exited(self, worker_id: str) -> None:
         with self.cond:
             rnd = self.rendezvous.current
+            if (rnd is not None and rnd.state is not RoundState.CLOSED and worker_id in rnd.members
+                    and worker_id not in self.retiring):
+                self.lost_at = self.lost_at or self.clock()  # a recovery starts (metrics: recoverySeconds)
             if (self.final_checkpoint is None and self.training_finished() and rnd is not None
                     and rnd.members[0] == worker_id):
                 self.finish(Phase.FAILED, f"{worker_id} (rank 0 of the last round) exited before "
@@ -347,6 +360,7 @@ class JobMaster(FailureHandling, RoundKeeping):
                 return  # already settled (e.g. its round closed first)
             if not req.ok:
                 self.ledger.fail(req.task_id, req.steps_done, f"{req.worker_id}: {req.error}")
+                task_failed(self.assigned.get(req.worker_id), req.task_id, req.steps_done)
                 if req.HasField("failure"):
                     self._task_failed(req)
             elif task.kind is not TaskKind.TRAINING:
@@ -423,18 +437,27 @@ class JobMaster(FailureHandling, RoundKeeping):
         """The ledger state (JSON) of a model that committed exactly up to ``req.position``: what an
         in-memory snapshot taken there is persisted with; "" when the master can no longer tell.
 
-        Rank 0 waits for this answer before the round can go past the snapshot's task (worker/flash.py),
-        so ``ledger_at`` is exact while the round is the snapshot's. A round formed since (the snapshot's
-        round ended at its step) is still exact while nothing beyond that step was committed in it."""
+        Rank 0 does not wait for this answer (worker/flash.py: its writer thread does), so the round
+        may have gone on meanwhile. Inside the snapshot's round the answer is exact while the ledger
+        holds no outcome the snapshot's model lacks (``moved_past``: its task completed or failed at
+        another step, a later task done or failed with steps applied). After a round change it is exact
+        while nothing beyond the snapshot's step was committed (the new round starts at its version)."""
         with self.cond:
             pos = req.position
-            self._touch(req.worker_id, pos)
+            info = self.workers.get(req.worker_id)
+            if info is not None and (info.position.round_id, info.position.version) > (pos.round_id, pos.version):
+                info.last_seen = self.clock()  # a late mark: the worker's newer position stays
+            else:
+                self._touch(req.worker_id, pos)
             rnd = self.rendezvous.current
             if self.checkpoints is None or self.over or rnd is None:
                 return ""
-            if rnd.round_id != pos.round_id and (rnd.version != pos.version or any(
+            if rnd.round_id == pos.round_id:
+                if moved_past(self.ledger, rnd, pos):
+                    return ""
+            elif rnd.version != pos.version or any(
                     w.position.round_id == rnd.round_id and w.position.version > pos.version
-                    for w in self.workers.values())):
+                    for w in self.workers.values()):
                 return ""
             return json.dumps(ledger_at(self.ledger, rnd, pos))
 
@@ -455,6 +478,8 @@ class JobMaster(FailureHandling, RoundKeeping):
                     self.memory.record(req.worker_id, req.memory)
                 if req.compute_samples:
                     note_compute(self, req.worker_id, seconds=req.compute_seconds, samples=req.compute_samples)
+                if req.HasField("ps_traffic"):
+                    add_traffic(self.ps_traffic, req.ps_traffic)
                 if req.samples:
                     info.loss, info.samples = req.loss, info.samples + req.samples
                     self.last_loss = req.loss

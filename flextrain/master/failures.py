@@ -184,6 +184,9 @@ class FailureHandling:
             if self.over or self.stopping or (code == 0 and worker_id in self.dismissed):
                 return False  # leaving because the job is over, stopping, or done with it
             verdict = self.failures.exited(worker_id, code, step=self.step)
+            if verdict.relaunch:  # by cause, for the metrics (flextrain_relaunches_total)
+                cause = verdict.failure.kind.value if verdict.failure is not None else "Released"
+                self.relaunch_causes[cause] = self.relaunch_causes.get(cause, 0) + 1
             if verdict.failure is not None:
                 self.note(verdict.failure.summary())
             if verdict.fatal is not None:

@@ -3,7 +3,8 @@
 It launches workers through a :class:`LaunchBackend`, tells the JobMaster
 who is alive, replaces a worker that died while the job runs (each worker
 slot has a relaunch budget, so a worker that keeps crashing is not
-relaunched for ever), and stops surplus workers when the job is scaled down. With spare workers
+relaunched for ever; one the cluster preempted or evicted costs none:
+flextrain/master/k8s_priority.py), and stops surplus workers when the job is scaled down. With spare workers
 (``--spare-workers``, a :class:`SparePool`) a worker to start is a parked
 spare taken, when one exists, and a new spare is launched behind it; spares
 are not workers here (they are not counted, judged or charged to the relaunch
@@ -44,6 +45,7 @@ class InstanceManager:
         judge: Callable[[str, int], bool] = lambda worker_id, code: code != 0,
         retire_grace: float = 30.0,
         spares: SparePool | None = None,
+        on_disrupted: Callable[[str, str], None] = lambda worker_id, why: None,
     ) -> None:
         self.backend = backend
         self.desired = desired
@@ -55,12 +57,15 @@ class InstanceManager:
         self._on_budget_exhausted = on_budget_exhausted
         self._on_retire = on_retire
         self._judge = judge  # (worker_id, exit code) of an exit we did not ask for -> relaunch?
+        self._on_disrupted = on_disrupted  # (worker_id, why) of a worker the cluster took away
         self.retire_grace = retire_grace
         self.budget_exhausted = False
         self._lock = threading.Lock()
         self._next_index = 0
         self._stopping: set[str] = set()  # asked to stop by us: not a failure
         self.failures = 0
+        self.preempted = 0  # workers the cluster took away (preempted, evicted): not failures
+        self.last_disruption = ""  # "worker-3: PreemptionByScheduler"
         self.exits: list[tuple[str, int]] = []
         self.closed = False
         self.spares = spares
@@ -170,11 +175,19 @@ class InstanceManager:
             self._stopping.discard(worker_id)
             self.exits.append((worker_id, code))
         self._on_exit(worker_id, code)
+        # Preempted or evicted (priority-based elasticity): the job shrinks, the replacement waits for capacity.
+        disrupted = None if expected else self.backend.disruption(worker_id)
+        if disrupted:
+            with self._lock:
+                self.preempted += 1
+                self.last_disruption = f"{worker_id}: {disrupted}"
+            self._on_disrupted(worker_id, disrupted)
         if expected or not self._judge(worker_id, code):
             return
         log.info("%s exited with code %d: relaunching", worker_id, code)  # the judge told the user why
         with self._lock:
-            self.failures += code != ExitCode.RELEASED  # a worker released from a dead round did nothing wrong
+            # Neither a worker released from a dead round nor one the cluster took away did anything wrong.
+            self.failures += code != ExitCode.RELEASED and not disrupted
         if self.failures > self.relaunch_budget * max(1, self.desired):
             with self._lock:
                 self.budget_exhausted = True

@@ -61,7 +61,6 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from flextrain.job import JobSpec
 from flextrain.k8s import meta
 from flextrain.k8s.pods import (
     avoid_nodes,
@@ -73,8 +72,17 @@ from flextrain.k8s.pods import (
 )
 from flextrain.k8s.watch import ObjectWatch
 from flextrain.master.k8s_create import LaunchError, PodCreation
+from flextrain.master.k8s_outcomes import (
+    KILLED,
+    OOM_KILLED,
+    disruption,
+    oom_message,
+    pod_exit,
+    termination_message,
+    unscheduled_reason,
+)
+from flextrain.master.k8s_priority import PriorityClasses
 from flextrain.master.k8s_status import record_event
-from flextrain.master.k8s_outcomes import KILLED, OOM_KILLED, oom_message, pod_exit, termination_message
 from flextrain.master.launcher import InstanceSpec, LaunchBackend, PSEndpoint, Role
 
 log = logging.getLogger(__name__)
@@ -95,6 +103,9 @@ class _Instance:
     created: float = 0.0  # monotonic time the API accepted the Pod
     output: str = ""  # the container's termination message: the end of its log when it failed
     attempts: int = 0  # creates tried
+    priority: str | None = None  # a worker pod's PriorityClass (flextrain.master.k8s_priority)
+    disruption: str | None = None  # why the cluster took the pod away (preempted, evicted), if it did
+    unscheduled: str | None = None  # the scheduler's reason while the pod waits for a node
     cancel: threading.Event = field(default_factory=threading.Event)  # stop retrying the create
 
 
@@ -128,6 +139,7 @@ class KubernetesPodBackend(PodCreation, LaunchBackend):
         self.create_timeout = create_timeout
         self.retry_first, self.retry_cap = retry_first, retry_cap
         self.resync_interval = resync_interval
+        self.priorities = PriorityClasses(job)
         self._stopped = threading.Event()
         self._on_fatal, self._on_note, self._keep_failed = on_fatal, on_note, keep_failed
         self._lock = threading.RLock()
@@ -162,9 +174,6 @@ class KubernetesPodBackend(PodCreation, LaunchBackend):
         fails), or refused it for now (retried in the background; see the module docstring)."""
         role = spec.role.value
         name = instance_pod_name(self.job_name, spec.instance_id)
-        body = instance_pod(self.job, role=role, index=spec.index, instance_id=spec.instance_id,
-                            args=spec.args, env=spec.env, master_address=self.master_address, spare=spec.spare)
-        avoid_nodes(body, spec.avoid_nodes)
         service = ps_service(self.job, index=spec.index) if spec.role is Role.PS else None
         with self._lock:
             if self.failed or self.closed:
@@ -173,7 +182,14 @@ class KubernetesPodBackend(PodCreation, LaunchBackend):
             old = self._instances.get(spec.instance_id)
             if old is not None and not old.reported:
                 raise LaunchError(f"{spec.instance_id} is already running as pod {old.pod}")
-            inst = self._instances[spec.instance_id] = _Instance(spec.instance_id, role, name)
+            priority = self.priorities.choose(
+                (i.priority for i in self._instances.values() if i.role == role and not i.reported),
+                spare=spec.spare) if spec.role is Role.WORKER else None
+            body = instance_pod(self.job, role=role, index=spec.index, instance_id=spec.instance_id,
+                                args=spec.args, env=spec.env, master_address=self.master_address, spare=spec.spare,
+                                priority_class_name=priority)
+            avoid_nodes(body, spec.avoid_nodes)  # a replaced slow worker's node, for a while
+            inst = self._instances[spec.instance_id] = _Instance(spec.instance_id, role, name, priority=priority)
             refusal = self._attempt(inst, body, service)
         if refusal is None:
             log.info("created pod %s for %s", name, spec.instance_id)
@@ -256,6 +272,18 @@ class KubernetesPodBackend(PodCreation, LaunchBackend):
         with self._lock:
             return {i for i, inst in self._instances.items() if not inst.reported and inst.phase == "Pending"}
 
+    def disruption(self, instance_id: str) -> str | None:
+        """Why the cluster took the instance's pod away (``PreemptionByScheduler``, ``Evicted``), if it did."""
+        with self._lock:
+            inst = self._instances.get(instance_id)
+        return inst.disruption if inst else None
+
+    def pending_reason(self, instance_ids: Iterable[str]) -> str | None:
+        """The scheduler's reason why one of these instances' pods waits for a node (``Unschedulable: ...``)."""
+        with self._lock:
+            return next((inst.unscheduled for i in instance_ids
+                         if (inst := self._instances.get(i)) is not None and inst.unscheduled), None)
+
     def close(self, *, grace: float = 5.0) -> None:
         with self._lock:
             self.closed = True
@@ -308,6 +336,8 @@ class KubernetesPodBackend(PodCreation, LaunchBackend):
             if inst is None or inst.reported or (inst.uid and md.get("uid") != inst.uid):
                 return
             inst.phase = (pod.get("status") or {}).get("phase") or inst.phase
+            inst.unscheduled = unscheduled_reason(pod) if inst.phase == "Pending" else None
+            inst.disruption = inst.disruption or disruption(pod)  # marked before the pod ends, kept once seen
             ended = pod_exit(kind, pod)
             if ended is not None:
                 inst.output = termination_message(pod)
@@ -354,53 +384,7 @@ def _ours(pod: Mapping[str, Any], job_name: str) -> bool:
     return labels.get(meta.LABEL_JOB) == job_name and labels.get(meta.LABEL_ROLE) in _ROLES
 
 
-@dataclass(frozen=True)
-class KubernetesContext:
-    """What ``run_master`` needs to run a job's instances as Pods."""
-
-    backend: KubernetesPodBackend
-    job: Mapping[str, Any]  # the ElasticJob as read at start
-    master_address: str  # what workers dial: the master Service
-    api_client: Any
-
-
-def kubernetes_context(spec: JobSpec, *, namespace: str | None = None, api_client=None,
-                       on_fatal: Callable[[str], None] = lambda message: None,
-                       on_note: Callable[[str], None] = lambda message: None,
-                       keep_failed: Callable[[], Iterable[str]] = lambda: ()) -> KubernetesContext:
-    """Read the job's ElasticJob and master Service and build its pod backend (callbacks: see
-    :class:`KubernetesPodBackend`).
-
-    ``api_client`` defaults to in-cluster config (else kubeconfig); ``namespace``
-    to the pod's own. Raises LaunchError naming what is missing.
-    """
-    from kubernetes import client
-    from kubernetes.client import ApiException
-
-    if api_client is None:
-        meta.load_client_config()
-        api_client = client.ApiClient()
-    namespace = namespace or meta.current_namespace()
-    try:
-        job = client.CustomObjectsApi(api_client).get_namespaced_custom_object(
-            meta.GROUP, meta.VERSION, namespace, meta.PLURAL, spec.name)
-    except ApiException as exc:
-        raise LaunchError(f"ElasticJob {namespace}/{spec.name}: cannot read it: {exc.status} {exc.reason}") from None
-    service = meta.master_service_name(spec.name)
-    try:
-        svc = client.CoreV1Api(api_client).read_namespaced_service(service, namespace, _preload_content=False)
-    except ApiException as exc:
-        raise LaunchError(f"Service {namespace}/{service} (the master's address for workers): "
-                          f"{exc.status} {exc.reason}; the operator creates it with the master pod") from None
-    address = service_address(json.loads(svc.data), default_port=meta.MASTER_PORT)
-    backend = KubernetesPodBackend(api_client, job=job, master_address=address, on_fatal=on_fatal,
-                                   on_note=on_note, keep_failed=keep_failed)
-    return KubernetesContext(backend=backend, job=job, master_address=address, api_client=api_client)
-
-
 __all__ = [
-    "KubernetesContext",
     "KubernetesPodBackend",
     "LaunchError",
-    "kubernetes_context",
 ]

@@ -32,6 +32,34 @@ def pod_exit(kind: str, pod: Mapping[str, Any]) -> tuple[int, str] | None:
     return None
 
 
+# Pod status reasons of a pod the cluster took away (kubelet eviction, scheduler preemption, node shutdown).
+DISRUPTION_REASONS = ("Preempted", "Preempting", "Evicted", "Terminated", "Shutdown", "NodeShutdown", "NodeLost")
+
+
+def disruption(pod: Mapping[str, Any]) -> str | None:
+    """Why the cluster took this pod away (preempted, evicted, its node drained), else None.
+
+    Kubernetes marks such a pod with a ``DisruptionTarget`` condition (its reason:
+    ``PreemptionByScheduler``, ``EvictionByEvictionAPI``, ``DeletionByTaintManager``,
+    ``TerminationByKubelet``); an older kubelet's eviction only says ``status.reason: Evicted``.
+    A pod deleted by a user or by the master has neither: that is not a disruption.
+    """
+    status = pod.get("status") or {}
+    for cond in status.get("conditions") or ():
+        if cond.get("type") == "DisruptionTarget" and cond.get("status") == "True":
+            return cond.get("reason") or "DisruptionTarget"
+    reason = status.get("reason")
+    return reason if reason in DISRUPTION_REASONS else None
+
+
+def unscheduled_reason(pod: Mapping[str, Any]) -> str | None:
+    """``Unschedulable: <the scheduler's message>`` for a pod the scheduler could not place yet."""
+    for cond in (pod.get("status") or {}).get("conditions") or ():
+        if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
+            return ": ".join(x for x in (cond.get("reason"), cond.get("message")) if x) or "not scheduled"
+    return None
+
+
 def termination_message(pod: Mapping[str, Any]) -> str:
     """The terminated container's message (``FallbackToLogsOnError``: its last log lines), else the
     Pod's own status message (a Pod that failed before its container ran says why there)."""
@@ -49,4 +77,5 @@ def oom_message(role: str, instance_id: str, kills: int, limit: int) -> str:
             f"give them more memory ({more}){smaller}")
 
 
-__all__ = ["KILLED", "OOM_KILLED", "oom_message", "pod_exit", "termination_message"]
+__all__ = ["DISRUPTION_REASONS", "KILLED", "OOM_KILLED", "disruption", "oom_message", "pod_exit",
+           "termination_message", "unscheduled_reason"]

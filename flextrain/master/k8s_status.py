@@ -3,7 +3,7 @@
 It is a sink of :class:`~flextrain.master.status.StatusReporter`: every
 snapshot the reporter writes to ``status.json`` is offered to it, and it
 patches the ElasticJob's status subresource with the CRD's status fields
-(``phase``, ``message``, ``workers`` {desired, active, summary}, ``selector``,
+(``phase``, ``message``, ``workers`` {desired, active, summary, pending, preempted, reason}, ``selector``,
 ``epoch``, ``step``, ``progress`` {recordsDone, recordsTotal, percent,
 summary}, ``metrics``, ``samplesPerSecond``, ``globalBatchSize``, ``maxMicroBatch``, ``accelerate``,
 ``lrRule``, ``lrFactor``, ``learningRate``, ``gradientNoiseScale``, ``startTime``, ``completionTime``,
@@ -49,7 +49,9 @@ def cr_status(snap: Mapping[str, Any], *, job_name: str) -> dict[str, Any]:
         "phase": snap["phase"],
         "message": snap.get("message") or "",
         "workers": {"desired": int(workers.get("desired", 0)), "active": int(workers.get("active", 0)),
-                    "summary": f"{int(workers.get('active', 0))}/{int(workers.get('desired', 0))}"},
+                    "summary": f"{int(workers.get('active', 0))}/{int(workers.get('desired', 0))}",
+                    # priority-based elasticity: pods waiting for a node, workers preempted, why fewer are active
+                    **{k: workers[k] for k in ("pending", "preempted", "reason") if k in workers}},
         "selector": meta.selector(job_name, "worker"),
         "epoch": int(snap.get("epoch", 0)),
         "step": int(snap.get("step", 0)),
@@ -67,7 +69,7 @@ def cr_status(snap: Mapping[str, Any], *, job_name: str) -> dict[str, Any]:
         status["accelerate"] = snap["accelerate"]["strategy"]
     if isinstance(snap.get("gradientNoiseScale"), (int, float)):  # not "inf": the CRD field is a number
         status["gradientNoiseScale"] = snap["gradientNoiseScale"]
-    for key in ("startTime", "completionTime", "failure"):
+    for key in ("startTime", "completionTime", "failure", "metricsUrl"):
         if snap.get(key):
             status[key] = snap[key]
     return status

@@ -99,6 +99,12 @@ class LaunchBackend(abc.ABC):
         """The last lines an instance printed, once it has exited ("" where they cannot be had)."""
         return ""
 
+    def disruption(self, instance_id: str) -> str | None:
+        """Why the cluster took the instance away (preempted, evicted), when it did; None for a failure of
+        its own or an instance the master stopped. Such an exit costs no relaunch budget. Processes on
+        this machine are never preempted."""
+        return None
+
     def ps_endpoint(self, index: int) -> PSEndpoint | None:
         """Where parameter server ``index`` must listen and how workers reach it, when the backend
         decides (pods behind Services); None: the PS picks a free loopback port and reports it

@@ -119,6 +119,7 @@ class TaskLedger:
         self.todo: deque[Task] = deque()
         self.doing: dict[int, Task] = {}
         self.records_done = 0  # training records applied, over all epochs
+        self.tasks_done = 0  # tasks completed by this master (metrics; not persisted)
         self.evaluation_cut = False  # the final evaluation (after training) was cut
         self.error: str | None = None
         self._next_id = 0
@@ -258,6 +259,7 @@ class TaskLedger:
     # ---- outcomes -----------------------------------------------------------
     def complete(self, task_id: int) -> Task:
         task = self.doing.pop(task_id)
+        self.tasks_done += 1  # (this master's count: not persisted)
         if task.kind is TaskKind.TRAINING:
             self.records_done += task.size
         return task

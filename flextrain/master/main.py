@@ -29,13 +29,16 @@ from flextrain.master.coordinator import JobMaster, Phase
 from flextrain.master.failures import FailureTracker, failure_lines
 from flextrain.master.instances import InstanceManager
 from flextrain.master.jobdir import JobDirError
+from flextrain.master.k8s_priority import membership as worker_membership
 from flextrain.master.launcher import LaunchBackend, LocalProcessBackend
 from flextrain.master.ledger import TaskLedger
+from flextrain.master.metrics import start_metrics
 from flextrain.master.ps_fleet import PSFleet, PSStartError, is_ps
 from flextrain.master.resume import HISTORY_FILE, record_run, restore
 from flextrain.master.servicer import MasterServicer, start_server
 from flextrain.master.spares import SparePool
 from flextrain.master.status import StatusReporter, metric_text
+from flextrain.protocol.security import ENV_DIR, make_credentials, write_credentials
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +56,7 @@ HEARTBEATS_PER_SECOND = 500
 def heartbeat_interval(max_workers: int) -> float:
     """The heartbeat period of a job of at most ``max_workers`` workers."""
     return max(HEARTBEAT_INTERVAL, max_workers / HEARTBEATS_PER_SECOND)
+TLS_DIR = "tls"  # --tls: the job's CA, certificate and token, under the job directory
 STATUS_INTERVAL = 1.0  # status.json and the progress bar
 EXIT_GRACE = 15.0
 STOP_GRACE = 30.0  # how long a stop waits for the workers' stop checkpoint
@@ -205,7 +209,7 @@ def _run_master(
 
     k8s = None  # the Kubernetes context, when workers run as pods
     if backend is None and spec.backend is Backend.KUBERNETES:
-        from flextrain.master.k8s_backend import kubernetes_context
+        from flextrain.master.k8s_context import kubernetes_context
         from flextrain.master.k8s_status import ElasticJobStatusWriter
 
         def cited() -> set[str]:  # the failed pod the job's failure names (or would): its logs stay readable
@@ -244,12 +248,27 @@ def _run_master(
         job, status_json=lambda: _status_json(reporter), stop=stop, scale=scale,
         heartbeat_interval=heartbeat_interval(spec.worker.effective_max_replicas), spares=spares,
     )
-    server, bound = start_server(servicer, host=host, port=port, threads=16)  # the calls that may block
+    creds = None
+    if spec.tls:  # a CA, certificate and token of this run's own; every process of the job gets the directory
+        creds = make_credentials(spec.name)
+        write_credentials(job_dir / TLS_DIR, creds)
+    tls_env = {ENV_DIR: str(job_dir / TLS_DIR)} if creds else {}
+    server, bound = start_server(servicer, host=host, port=port, threads=16, creds=creds)  # the calls that may block
     address = f"{host}:{bound}"
+    def membership(active: int, desired: int) -> dict:  # pending and preempted workers, and why
+        waiting = (k8s.backend.pending() if k8s else set()) - (spares.ids() if spares else set())
+        waiting = {i for i in waiting if i.startswith("worker-")}
+        return worker_membership(active=active, desired=desired, pending=len(waiting),
+                                 preempted=manager.preempted if manager else 0,
+                                 last_disruption=manager.last_disruption if manager else "",
+                                 unscheduled=k8s.backend.pending_reason(waiting) if k8s else None)
+
+    metrics = start_metrics(spec, host=host, kubernetes_job=k8s.job if k8s else None, note=job.note)
     reporter = StatusReporter(
         job, path=job_dir / "status.json", desired=lambda: manager.desired if manager else spec.worker.replicas,
         master_address=address, show_progress=show_progress, console=console,
-        sinks=(status_writer,) if k8s else (), spares=spares.snapshot if spares else None,
+        sinks=(*((status_writer,) if k8s else ()), *((metrics,) if metrics else ())),
+        spares=spares.snapshot if spares else None, membership=membership, metrics_url=metrics.url if metrics else "",
     )
     reporter.update()
 
@@ -262,16 +281,19 @@ def _run_master(
         backend, desired=spec.worker.replicas, relaunch_budget=spec.worker.relaunch_budget,
         worker_args=lambda wid: ("worker", "--master", worker_master, "--worker-id", wid),
         worker_env=lambda wid: {"FLEXTRAIN_NUM_THREADS": str(threads), "FLEXTRAIN_WORKER_ID": wid,
-                                "PYTHONUNBUFFERED": "1", **local_env},
+                                "PYTHONUNBUFFERED": "1", **local_env, **tls_env},
         on_launch=job.worker_launched, on_exit=lambda wid, code: job.worker_exited(wid),
         on_budget_exhausted=job.relaunches_exhausted, on_retire=job.retire, judge=job.worker_failed,
-        spares=spares,
+        spares=spares, on_disrupted=lambda wid, why: job.note(
+            f"{wid} was taken away by the cluster ({why}): the job goes on with the workers left; its "
+            "replacement waits for capacity and joins when scheduled (no relaunch budget spent)"),
     )
     fleet: PSFleet | None = None
     if spec.strategy is Strategy.PARAMETER_SERVER:  # the servers to launch (the strategy is in job.strategy)
         fleet = PSFleet(backend, spec, relaunch_budget=spec.worker.relaunch_budget, on_note=job.note,
                         on_failure=lambda message: job.finish(Phase.FAILED, message), resume=resume,
-                        start_timeout=300.0 if k8s else 60.0)  # pods may wait for a node or an image pull
+                        start_timeout=300.0 if k8s else 60.0,  # pods may wait for a node or an image pull
+                        creds=creds, env=tls_env)
         backend.on_exit(lambda iid, code: fleet.exited(iid, code) if is_ps(iid) else manager.exited(iid, code))
     previous = _install_signal_handlers(lambda: stop("interrupted"))
     try:
@@ -326,6 +348,8 @@ def _run_master(
         if k8s:
             status_writer.close()
         server.stop(grace=1.0)
+        if metrics is not None:
+            metrics.close()
         _restore_signal_handlers(previous)
         del store
     _print_summary(console, snap)

@@ -41,6 +41,7 @@ import grpc
 from flextrain.job import JobSpec
 from flextrain.master.launcher import InstanceSpec, LaunchBackend, PSEndpoint, Role
 from flextrain.protocol.limits import PS_MESSAGE_OPTIONS
+from flextrain.protocol.security import JobCredentials, open_channel
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +60,10 @@ class PSFleet:
     def __init__(self, backend: LaunchBackend, spec: JobSpec, *, relaunch_budget: int,
                  on_note: Callable[[str], None] = lambda message: None,
                  on_failure: Callable[[str], None] = lambda message: None,
-                 start_timeout: float = 60.0, resume: bool = False) -> None:
+                 start_timeout: float = 60.0, resume: bool = False, creds: JobCredentials | None = None,
+                 env: dict[str, str] | None = None) -> None:
+        """``creds``/``env``: --tls, the job's material (to dial the servers) and where they find it."""
+        self.creds, self.env = creds, dict(env or {})
         self.backend = backend
         self.spec = spec
         self.relaunch_budget = relaunch_budget
@@ -93,7 +97,7 @@ class PSFleet:
                 *(() if spec.ps.ps_wal else ("--no-wal",)),
                 *(("--wal-fsync",) if spec.ps.ps_wal and spec.ps.ps_wal_fsync else ()))
         self.backend.launch(InstanceSpec(f"{PS_PREFIX}{index}", Role.PS, index, args,
-                                         {"PYTHONUNBUFFERED": "1"}))
+                                         {"PYTHONUNBUFFERED": "1", **self.env}))
 
     def start(self) -> list[str]:
         """Launch every PS and wait until it listens; returns the addresses by shard index."""
@@ -130,7 +134,7 @@ class PSFleet:
             path = self._address_file(index)
             return path.is_file() and bool(path.read_text().strip())
         # Placed by the backend: the PS listens once it restored its shard; connecting says so.
-        with grpc.insecure_channel(endpoint.address, options=PS_MESSAGE_OPTIONS) as channel:
+        with open_channel(endpoint.address, self.creds, options=PS_MESSAGE_OPTIONS) as channel:
             try:
                 grpc.channel_ready_future(channel).result(timeout=0.5)
             except grpc.FutureTimeoutError:

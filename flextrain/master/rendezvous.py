@@ -50,6 +50,10 @@ class Round:
     # Memoized GetTask answers, by task index: (action, task id or -1).
     answers: list[tuple[int, int]] = field(default_factory=list)
     committed: int = 0  # answers[:committed] are known committed (see accounting.commit_passed)
+    # Tasks of this round that left DOING while it was current: task id -> the steps of it the ledger
+    # counts as applied (all of a completed task, those before the failure of a failed one). What tells
+    # whether the ledger has moved past an in-memory snapshot's position (accounting.moved_past).
+    settled: dict[int, int] = field(default_factory=dict)
     _ranks: dict = field(default_factory=dict, repr=False, compare=False)  # worker -> rank (rank_of)
 
     def rank_of(self, worker_id: str) -> int:

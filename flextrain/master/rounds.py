@@ -47,6 +47,8 @@ class RoundKeeping:
                     and position.round_id != rnd.round_id:
                 return  # re-asking after a WAIT: the round formed meanwhile is its own
             self.assigned.pop(worker_id, None)
+            if rnd is not None and rnd.state is RoundState.ACTIVE and worker_id in rnd.members:
+                self.lost_at = self.lost_at or self.clock()  # a member back unasked: its collective failed
             self.rendezvous.join(worker_id, position, self.clock())
             if rnd is not None and rnd.state is RoundState.ACTIVE and worker_id not in rnd.members:
                 self.rendezvous.request_end()  # a straggler: let it in at the next step boundary
@@ -106,7 +108,7 @@ class RoundKeeping:
         self.round_history.append({
             "round": rnd.round_id, "version": rnd.version, "time": round(time.time(), 3),
             "members": [{"id": m, "pid": self.workers[m].pid if m in self.workers else 0} for m in rnd.members],
-            "maxMicroBatch": rnd.max_micro_batch,
+            "maxMicroBatch": rnd.max_micro_batch, **self._timings(rnd, previous),
         })
         for wid in rnd.members:
             self.assigned[wid] = rnd
@@ -114,6 +116,19 @@ class RoundKeeping:
         if self.phase is Phase.PENDING:
             self.phase = Phase.RUNNING
         self.cond.notify_all()
+
+    def _timings(self, rnd: Round, previous: Round | None) -> dict:
+        """A new round's join times (newcomers to a running job: from their launch) and recovery time (from
+        the master learning that a member was lost), for roundHistory and the metrics' histograms."""
+        now, out = self.clock(), {}
+        if previous is not None:
+            joins = {m: round(now - self.launched_at[m], 4) for m in rnd.members
+                     if m not in previous.members and m in self.launched_at}
+            if joins:
+                out["joinSeconds"] = joins
+        if self.lost_at is not None:
+            out["recoverySeconds"], self.lost_at = round(now - self.lost_at, 4), None
+        return out
 
     def settle(self, rnd: Round, previous: Round | None, waiters) -> None:
         """A new round of lockstep training: settle the previous round's tasks by its most advanced

@@ -25,6 +25,7 @@ from flextrain.master.wire_checks import WireChecks
 from flextrain.proto import flextrain_pb2 as pb
 from flextrain.proto import flextrain_pb2_grpc as pb_grpc
 from flextrain.protocol.limits import MASTER_MESSAGE_OPTIONS
+from flextrain.protocol.security import AioTokenInterceptor, JobCredentials, add_port
 
 # How long a JoinRendezvous call may block before answering WAIT; clients
 # re-ask, so a long poll costs one RPC per this many seconds while waiting.
@@ -53,6 +54,10 @@ class MasterServicer(pb_grpc.MasterServicer):
         self._wake_pending = False
         self.spares = spares
         self._parks: set[asyncio.Future] = set()  # Park long polls waiting (a few: one per spare)
+
+    def refused(self, method: str) -> None:
+        """A call without the job's token (--tls): counted for status and metrics, never served."""
+        self.job.unauthenticated_calls += 1
 
     # ---- the long poll's wake-up -------------------------------------------------
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -203,8 +208,9 @@ class MasterServicer(pb_grpc.MasterServicer):
 class MasterServer:
     """The asyncio gRPC server on its own thread and event loop; ``stop`` ends both."""
 
-    def __init__(self, servicer: MasterServicer, *, host: str, port: int, threads: int) -> None:
-        self.servicer = servicer
+    def __init__(self, servicer: MasterServicer, *, host: str, port: int, threads: int,
+                 creds: JobCredentials | None = None) -> None:
+        self.servicer, self.creds = servicer, creds
         self.loop = asyncio.new_event_loop()
         self.loop.set_default_executor(futures.ThreadPoolExecutor(max_workers=max(1, threads),
                                                                   thread_name_prefix="master-rpc"))
@@ -220,10 +226,12 @@ class MasterServer:
 
     async def _start(self, host: str, port: int) -> None:
         self.servicer.bind(asyncio.get_running_loop())
+        creds = self.creds
+        checks = [AioTokenInterceptor(creds.token, on_refused=self.servicer.refused)] if creds is not None else []
         server = grpc.aio.server(options=MASTER_MESSAGE_OPTIONS,  # bounds: flextrain/protocol/limits.py
-                                  interceptors=[WireChecks(lambda: self.servicer.job)])
+                                 interceptors=[*checks, WireChecks(lambda: self.servicer.job)])
         pb_grpc.add_MasterServicer_to_server(self.servicer, server)
-        bound = server.add_insecure_port(f"{host}:{port}")
+        bound = add_port(server, f"{host}:{port}", creds)
         if bound == 0:
             raise OSError(f"master could not listen on {host}:{port}")
         await server.start()
@@ -248,8 +256,10 @@ class MasterServer:
             self.loop.close()
 
 
-def start_server(servicer: MasterServicer, *, host: str, port: int, threads: int) -> tuple[MasterServer, int]:
+def start_server(servicer: MasterServicer, *, host: str, port: int, threads: int,
+                 creds: JobCredentials | None = None) -> tuple[MasterServer, int]:
     """Start the gRPC server; returns it and the bound port (``port=0``: any free port). ``threads``
-    sizes the pool of the calls that may block (the frequent ones run on the event loop)."""
-    server = MasterServer(servicer, host=host, port=port, threads=threads)
+    sizes the pool of the calls that may block (the frequent ones run on the event loop). ``creds``:
+    TLS and the job's token (every call without it refused, flextrain/protocol/security.py)."""
+    server = MasterServer(servicer, host=host, port=port, threads=threads, creds=creds)
     return server, server.port

@@ -62,6 +62,12 @@ def members(job: JobMaster) -> list[dict]:
              "round": rnd.round_id, **({"memory": sample} if (sample := job.memory.of(m)) else {})}
             for r, m in enumerate(rnd.members)]
 
+def traffic(t: pb.PSTraffic) -> dict:
+    """The workers' parameter-server calls, summed: count, seconds and bytes of pushes and pulls."""
+    return {"pushes": t.pushes, "pushSeconds": round(t.push_seconds, 4), "pushBytes": t.push_bytes,
+            "pulls": t.pulls, "pullSeconds": round(t.pull_seconds, 4), "pullBytes": t.pull_bytes}
+
+
 def active_workers(job: JobMaster) -> int:
     rnd = job.rendezvous.current
     if rnd is None or rnd.state is RoundState.CLOSED or job.over:
@@ -135,8 +141,12 @@ def _reserve(path: Path) -> None:
 class StatusReporter:
     def __init__(self, job: JobMaster, *, path: Path, desired: callable, master_address: str,
                  show_progress: bool, console: Console | None = None, sinks: tuple = (),
-                 spares: Callable[[], dict] | None = None) -> None:
+                 spares: Callable[[], dict] | None = None,
+                 membership: Callable[[int, int], dict] | None = None, metrics_url: str = "") -> None:
         self.job = job
+        self.metrics_url = metrics_url
+        # (active, desired) -> pending/preempted workers and why fewer are active (k8s_priority.membership)
+        self._membership = membership
         self._spares = spares  # --spare-workers: the pool's snapshot (spares are not workers)
         self.path = path
         self._reserve = path.with_name(RESERVE_NAME)
@@ -166,6 +176,10 @@ class StatusReporter:
                 "train", total=job.ledger.records_total, epoch="", loss="-", rate="-", workers=0
             )
 
+    def _workers(self) -> dict:
+        desired, active = self._desired(), active_workers(self.job)
+        return {"desired": desired, "active": active, **(self._membership(active, desired) if self._membership else {})}
+
     def snapshot(self) -> dict:
         job = self.job
         with job.cond:
@@ -186,7 +200,7 @@ class StatusReporter:
                 "name": job.spec.name,
                 "phase": job.phase.value,
                 "message": job.message,
-                "workers": {"desired": self._desired(), "active": active_workers(job)},
+                "workers": self._workers(),
                 "members": members(job),
                 # --spare-workers: spares parked (ready to be taken) and starting; never in workers/members
                 **({"spares": self._spares()} if self._spares else {}),
@@ -205,6 +219,10 @@ class StatusReporter:
                 "memoryPeak": job.memory.peak,
                 # each worker's compute per sample and whether it is a straggler (master/stragglers.py)
                 **({"computePerSample": figures} if (figures := job.stragglers.snapshot()) else {}),
+                "tasks": {"todo": len(job.ledger.todo), "doing": len(job.ledger.doing), "done": job.ledger.tasks_done},
+                "relaunches": dict(job.relaunch_causes),
+                "unauthenticatedCalls": job.unauthenticated_calls,
+                **({"psTraffic": traffic(job.ps_traffic)} if job.ps_traffic.pushes or job.ps_traffic.pulls else {}),
                 "progress": {
                     "recordsDone": done, "recordsTotal": total,
                     "percent": round(100.0 * done / total, 1) if total else 0.0,
@@ -223,6 +241,9 @@ class StatusReporter:
                 "startTime": iso(job.started),
                 "completionTime": iso(job.finished),
                 "masterAddress": self.master_address,
+                "tls": job.spec.tls,  # --tls: flextrain commands dial the master with <jobDir>/tls/
+                # the master's Prometheus endpoint ("" when --no-metrics; flextrain/master/metrics.py)
+                "metricsUrl": self.metrics_url,
                 "jobDir": str(Path(job.spec.job_dir).resolve()),
                 "pid": os.getpid(),
             }

@@ -12,6 +12,8 @@ its thread pool.
 * A master pod of a job changes or disappears -> check that job's master now.
 * ``spec.replicaSpecs.worker.replicas`` changed (``kubectl scale``) -> Scale RPC, or the
   spec reverted when the count is out of range or the job has finished (one Event either way).
+* ``spec.suspend`` set to false -> the same check: a job waiting for admission starts
+  (``operator.admission``).
 * annotation ``flextrain.dev/stop`` set (``flextrain stop``) -> Stop RPC.
 * ``status.phase`` changed -> one Event per phase entered, those passed unseen included.
 """
@@ -37,18 +39,22 @@ def build_registry(reconciler: Reconciler, *, registry: kopf.OperatorRegistry | 
     """A kopf registry with every handler of the operator bound to ``reconciler``."""
     registry = registry or kopf.OperatorRegistry()
     job_resource = {"group": meta.GROUP, "version": meta.VERSION, "plural": meta.PLURAL, "registry": registry}
+    counted = reconciler.metrics.counted  # every handler's exceptions: flextrain_operator_reconcile_errors_total
 
     # No return values: kopf would store them in the job's status.
     @kopf.on.create(**job_resource, id="create")
+    @counted
     def on_create(body: kopf.Body, **_: Any) -> None:
         reconciler.ensure(_plain(body))
 
     @kopf.on.resume(**job_resource, id="resume")
+    @counted
     def on_resume(body: kopf.Body, **_: Any) -> None:
         reconciler.ensure(_plain(body))
 
     @kopf.on.event("", "v1", "pods", registry=registry, id="master-pod",
                    labels={meta.LABEL_ROLE: "master", meta.LABEL_MANAGED_BY: "flextrain"})
+    @counted
     def on_master_pod(type: str | None, body: kopf.Body, **_: Any) -> None:
         phase = (body.get("status") or {}).get("phase")
         if type != "DELETED" and phase not in ("Failed", "Succeeded"):
@@ -60,8 +66,16 @@ def build_registry(reconciler: Reconciler, *, registry: kopf.OperatorRegistry | 
             log.info("master pod %s %s (phase %s): job %s %s", body.metadata.name, type, phase, job_name,
                      outcome.value)
 
+    @kopf.on.field(**job_resource, id="suspend", field="spec.suspend")
+    def on_suspend(new: Any, body: kopf.Body, **_: Any) -> None:
+        if not new:  # admitted (Kueue) or resumed by hand: a job that never started starts now
+            job = reconciler.kube.get_job(body.metadata.namespace, body.metadata.name)
+            if job is not None:
+                reconciler.ensure(job)
+
     @kopf.on.field(**job_resource, id="relay-replicas", field="spec.replicaSpecs.worker.replicas",
                    retries=RELAY_RETRIES)
+    @counted
     def on_replicas(old: Any, new: Any, body: kopf.Body, **_: Any) -> None:
         try:
             reconciler.scale(_plain(body), old=old, new=new)  # reads the job fresh itself
@@ -70,6 +84,7 @@ def build_registry(reconciler: Reconciler, *, registry: kopf.OperatorRegistry | 
 
     @kopf.on.field(**job_resource, id="relay-stop", field=["metadata", "annotations", meta.ANNOTATION_STOP],
                    retries=RELAY_RETRIES)
+    @counted
     def on_stop(new: Any, body: kopf.Body, **_: Any) -> None:
         if not new:
             return
@@ -82,6 +97,7 @@ def build_registry(reconciler: Reconciler, *, registry: kopf.OperatorRegistry | 
             raise kopf.TemporaryError(str(exc), delay=RELAY_RETRY_DELAY) from exc
 
     @kopf.on.field(**job_resource, id="phase-events", field="status.phase")
+    @counted
     def on_phase(old: Any, new: Any, body: kopf.Body, **_: Any) -> None:
         if new and new != old:
             reconciler.phase_changed(_plain(body), old=old, new=new)

@@ -112,6 +112,51 @@ class Kube:
                 return False
             raise
 
+    def job_objects(self, namespace: str, job: str) -> tuple[list[dict], list[dict]]:
+        """Every pod (master, workers, PS) and Service of ``job``, by its label (filtered here too)."""
+        selector = meta.selector(job)
+        found = []
+        for lister in (self.core.list_namespaced_pod, self.core.list_namespaced_service):
+            items = _raw(lister(namespace, label_selector=selector, _preload_content=False)).get("items", [])
+            found.append([o for o in items if ((o.get("metadata") or {}).get("labels") or {}).get(meta.LABEL_JOB) == job])
+        return found[0], found[1]
+
+    def delete_pod(self, namespace: str, name: str, *, grace: int | None = None) -> None:
+        """Delete a pod (gone already: nothing to do)."""
+        from kubernetes import client
+
+        body = client.V1DeleteOptions(grace_period_seconds=grace) if grace is not None else None
+        self._delete(lambda: self.core.delete_namespaced_pod(name, namespace, body=body))
+
+    def delete_service(self, namespace: str, name: str) -> None:
+        self._delete(lambda: self.core.delete_namespaced_service(name, namespace))
+
+    @staticmethod
+    def _delete(call) -> None:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            call()
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    # ---- Volcano PodGroups (spec.scheduling.gang volcano) ---------------------------
+    def ensure_pod_group(self, body: dict) -> dict:
+        """Create the PodGroup ``body`` unless it exists; the PodGroup as it is now (its status: Volcano's)."""
+        from flextrain.k8s.gang import PODGROUP_GROUP, PODGROUP_PLURAL, PODGROUP_VERSION
+
+        md = body["metadata"]
+        podgroups = (PODGROUP_GROUP, PODGROUP_VERSION, md["namespace"], PODGROUP_PLURAL)
+        self._create(lambda: self.custom.create_namespaced_custom_object(*podgroups, body, _preload_content=False))
+        return self.custom.get_namespaced_custom_object(*podgroups, md["name"])
+
+    def delete_pod_group(self, namespace: str, name: str) -> None:
+        from flextrain.k8s.gang import PODGROUP_GROUP, PODGROUP_PLURAL, PODGROUP_VERSION
+
+        self._delete(lambda: self.custom.delete_namespaced_custom_object(
+            PODGROUP_GROUP, PODGROUP_VERSION, namespace, PODGROUP_PLURAL, name))
+
     # ---- events -----------------------------------------------------------------
     def event(self, job: dict, *, reason: str, message: str, warning: bool = False, key: str | None = None) -> None:
         """Record a core/v1 Event on the job (``kubectl describe ej/NAME`` lists them).

@@ -18,8 +18,10 @@ from typing import Any
 
 import kopf
 
+from flextrain.operator import lifecycle
 from flextrain.operator.handlers import build_registry
 from flextrain.operator.kube import Kube
+from flextrain.operator.metrics import OperatorMetrics
 from flextrain.operator.reconcile import TERMINAL, Reconciler
 
 log = logging.getLogger(__name__)
@@ -53,7 +55,8 @@ def settings(*, worker_threads: int = 8) -> kopf.OperatorSettings:
 
 
 class Sweeper:
-    """Every ``interval`` s: each live job's master checked, its worker count and stop request synced.
+    """Every ``interval`` s: each live job's master checked, its worker count and stop request synced; every
+    job's lifetime (``activeDeadlineSeconds``, ``ttlSecondsAfterFinished``: flextrain.operator.lifecycle) kept.
 
     The level-triggered backstop of the event handlers (a pod death or scale
     missed while the operator was down or busy). A plain thread rather than a
@@ -86,7 +89,17 @@ class Sweeper:
                 .get("items", [])]
 
     def sweep(self) -> None:
-        for job in self._jobs():
+        kube = self.reconciler.kube
+        jobs = self._jobs()
+        self.reconciler.metrics.swept(jobs)
+        for job in jobs:
+            try:  # lifecycle first: a job past its deadline is failed, not relaunched or scaled
+                if lifecycle.collect_finished(kube, job) or lifecycle.enforce_deadline(kube, job):
+                    continue
+            except Exception as exc:  # noqa: BLE001 - one job's trouble must not stop the others' checks
+                self.reconciler.metrics.reconcile_errors.inc()
+                md = job.get("metadata") or {}
+                log.warning("lifecycle of %s/%s failed: %s", md.get("namespace"), md.get("name"), exc)
             if ((job.get("status") or {}).get("phase")) in TERMINAL:
                 continue
             try:
@@ -94,6 +107,7 @@ class Sweeper:
                 self.reconciler.sync_replicas(job)
                 self.reconciler.sync_stop(job)
             except Exception as exc:  # noqa: BLE001 - one job's trouble must not stop the others' checks
+                self.reconciler.metrics.reconcile_errors.inc()
                 md = job.get("metadata") or {}
                 log.warning("sweep of %s/%s failed: %s", md.get("namespace"), md.get("name"), exc)
 
@@ -105,8 +119,9 @@ class Sweeper:
                 log.warning("operator sweep failed: %s", exc)
 
 
-def build(api_client) -> tuple[kopf.OperatorRegistry, Reconciler]:
-    reconciler = Reconciler(Kube(api_client))
+def build(api_client, *, default_scheduling: dict | None = None, metrics: OperatorMetrics | None = None
+          ) -> tuple[kopf.OperatorRegistry, Reconciler]:
+    reconciler = Reconciler(Kube(api_client), default_scheduling=default_scheduling, metrics=metrics)
     registry = build_registry(reconciler)
 
     @kopf.on.login(registry=registry)
@@ -118,11 +133,19 @@ def build(api_client) -> tuple[kopf.OperatorRegistry, Reconciler]:
 
 def run_operator(api_client, *, namespaces: Collection[str] = (), clusterwide: bool = False,
                  stop_flag: threading.Event | None = None, ready_flag: threading.Event | None = None,
-                 sweep_interval: float = 15.0) -> None:
-    """Run the operator until ``stop_flag`` is set (or a signal, when in the main thread)."""
+                 sweep_interval: float = 15.0, default_scheduling: dict | None = None,
+                 metrics_port: int | None = None, metrics: OperatorMetrics | None = None) -> None:
+    """Run the operator until ``stop_flag`` is set (or a signal, when in the main thread).
+
+    ``default_scheduling`` (``{"gang": ..., "queue": ...}``) is written into every job that sets no
+    ``spec.scheduling`` before it starts (:func:`flextrain.operator.admission.with_default_scheduling`).
+    With ``metrics_port`` (0: a free one) it serves its Prometheus metrics (``metrics``, else its own) there.
+    """
     if clusterwide == bool(namespaces):
         raise ValueError("give either namespaces or clusterwide=True")
-    registry, reconciler = build(api_client)
+    registry, reconciler = build(api_client, default_scheduling=default_scheduling, metrics=metrics)
+    if metrics_port is not None:
+        log.info("operator metrics at http://0.0.0.0:%d/metrics", reconciler.metrics.serve(port=metrics_port))
     log.info("flextrain operator watching %s", "all namespaces" if clusterwide else ", ".join(namespaces))
     sweeper = Sweeper(reconciler, namespaces=namespaces, clusterwide=clusterwide, interval=sweep_interval).start()
     try:
@@ -132,6 +155,7 @@ def run_operator(api_client, *, namespaces: Collection[str] = (), clusterwide: b
         ))
     finally:
         sweeper.stop()
+        reconciler.metrics.close()
 
 
 __all__ = ["build", "connection_info", "run_operator", "settings"]

@@ -49,6 +49,8 @@ from flextrain.k8s.resource import (
     jobspec_from_resource,
     master_relaunch_budget,
 )
+from flextrain.operator import admission
+from flextrain.operator.metrics import OperatorMetrics
 from flextrain.operator.jobview import TERMINAL, ident, phase_of, spec_problems
 from flextrain.k8s.refusals import Refusal, Refused, refusal_of
 from flextrain.operator.kube import Kube, pod_failure
@@ -81,6 +83,7 @@ class Outcome(str, enum.Enum):
     REFUSED = "refused"  # the API server refused the master's pod or Service: job Failed
     WAITING = "waiting"  # ... for now (quota, throttling): retried after a backoff
     STATUS_REFUSED = "status-refused"  # a patch of the job's status was refused: Warning Event, backoff
+    ADMISSION = "admission"  # suspended, or its gang not admitted yet: Pending with the reason, no master
 
 
 @dataclass
@@ -93,8 +96,11 @@ class _Backoff:
 
 
 class Reconciler:
-    def __init__(self, kube: Kube) -> None:
+    def __init__(self, kube: Kube, *, default_scheduling: dict | None = None,
+                 metrics: OperatorMetrics | None = None) -> None:
         self.kube = kube
+        self.default_scheduling = default_scheduling  # for jobs without spec.scheduling (the chart's value)
+        self.metrics = metrics or OperatorMetrics()
         self.replicas = ReplicaSettler(kube, target=self._target)
         self._backoff: dict[str, _Backoff] = {}  # job uid -> its refused master objects' next try
         self._stops_sent: set[tuple[Any, ...]] = set()  # (job uid, master relaunches, reason) sent
@@ -134,6 +140,12 @@ class Reconciler:
         pods = self.kube.master_pods(namespace, name)
         relaunches = (job.get("status") or {}).get("masterRelaunches")
         if relaunches is None and not pods:
+            # An invalid spec fails at once (in _create) rather than wait for an admission it cannot use.
+            job = admission.with_default_scheduling(self.kube, job, self.default_scheduling)
+            waiting = admission.waiting_for(self.kube, job) if spec_problems(job) is None else None
+            if waiting is not None:
+                admission.hold(self.kube, job, reason=waiting[0], message=waiting[1])
+                return Outcome.ADMISSION
             return self._create(job)
         if relaunches is None and list(pods) == [0]:  # created, but its status was not written (refused)
             self._mark_created(job)
@@ -176,6 +188,8 @@ class Reconciler:
         if phase_of(self.kube.get_job(namespace, name)) in (None, "Pending"):
             status.update(phase="Pending", message=f"master pod {master_pod_name(name, 0)} created",
                           workers={"desired": replicas, "active": 0, "summary": f"0/{replicas}"})
+            if (job.get("status") or {}).get("conditions"):  # it waited for admission (flextrain.operator.admission)
+                status["conditions"] = [admission.admitted_condition(True, reason="Admitted")]
         self.kube.patch_status(job, status)
 
     def _create_object(self, what: str, create) -> bool:
@@ -227,11 +241,10 @@ class Reconciler:
         if problem is not None:  # a new master would exit at once on this spec (exit code 2): say why
             self.fail(job, reason="InvalidSpec", message=f"{problem} (master pod {old} {why}; not relaunched)")
             return Outcome.INVALID
-        budget = master_relaunch_budget(job)
+        budget, field = master_relaunch_budget(job)
         if current >= budget:
-            self.fail(job, reason="MasterFailed",
-                      message=f"master pod {old} {why}; relaunch budget "
-                              f"(spec.replicaSpecs.master.relaunchBudget = {budget}) used up")
+            self.fail(job, reason="BackoffLimitExceeded" if field == "spec.backoffLimit" else "MasterFailed",
+                      message=f"master pod {old} {why}; relaunch budget ({field} = {budget}) used up")
             return Outcome.FAILED
         new = master_pod_name(name, current + 1)
         created = self._create_object(f'pod "{new}"', lambda: self.kube.create_pod(master_pod(job, index=current + 1)))
@@ -241,6 +254,7 @@ class Reconciler:
         self.kube.patch_status(job, {"masterRelaunches": current + 1, "message": message})
         if created:
             self.kube.event(job, reason="MasterRelaunched", message=message, warning=True)
+            self.metrics.master_relaunches.inc()
         return Outcome.RELAUNCHED
 
     # ---- relays to the master ------------------------------------------------------

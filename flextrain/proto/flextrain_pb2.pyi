@@ -342,7 +342,7 @@ class ReportTaskResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("worker_id", "position", "loss", "samples", "waiting_for_peers", "stalled_seconds", "skipped_steps", "lr_gain", "gradient_noise_scale", "memory", "compute_seconds", "compute_samples")
+    __slots__ = ("worker_id", "position", "loss", "samples", "waiting_for_peers", "stalled_seconds", "skipped_steps", "lr_gain", "gradient_noise_scale", "memory", "compute_seconds", "compute_samples", "ps_traffic")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     POSITION_FIELD_NUMBER: _ClassVar[int]
     LOSS_FIELD_NUMBER: _ClassVar[int]
@@ -355,6 +355,7 @@ class HeartbeatRequest(_message.Message):
     MEMORY_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    PS_TRAFFIC_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     position: Position
     loss: float
@@ -367,7 +368,24 @@ class HeartbeatRequest(_message.Message):
     memory: MemorySample
     compute_seconds: float
     compute_samples: int
-    def __init__(self, worker_id: _Optional[str] = ..., position: _Optional[_Union[Position, _Mapping]] = ..., loss: _Optional[float] = ..., samples: _Optional[int] = ..., waiting_for_peers: _Optional[bool] = ..., stalled_seconds: _Optional[float] = ..., skipped_steps: _Optional[int] = ..., lr_gain: _Optional[float] = ..., gradient_noise_scale: _Optional[float] = ..., memory: _Optional[_Union[MemorySample, _Mapping]] = ..., compute_seconds: _Optional[float] = ..., compute_samples: _Optional[int] = ...) -> None: ...
+    ps_traffic: PSTraffic
+    def __init__(self, worker_id: _Optional[str] = ..., position: _Optional[_Union[Position, _Mapping]] = ..., loss: _Optional[float] = ..., samples: _Optional[int] = ..., waiting_for_peers: _Optional[bool] = ..., stalled_seconds: _Optional[float] = ..., skipped_steps: _Optional[int] = ..., lr_gain: _Optional[float] = ..., gradient_noise_scale: _Optional[float] = ..., memory: _Optional[_Union[MemorySample, _Mapping]] = ..., compute_seconds: _Optional[float] = ..., compute_samples: _Optional[int] = ..., ps_traffic: _Optional[_Union[PSTraffic, _Mapping]] = ...) -> None: ...
+
+class PSTraffic(_message.Message):
+    __slots__ = ("pushes", "push_seconds", "push_bytes", "pulls", "pull_seconds", "pull_bytes")
+    PUSHES_FIELD_NUMBER: _ClassVar[int]
+    PUSH_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    PUSH_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PULLS_FIELD_NUMBER: _ClassVar[int]
+    PULL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    PULL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    pushes: int
+    push_seconds: float
+    push_bytes: int
+    pulls: int
+    pull_seconds: float
+    pull_bytes: int
+    def __init__(self, pushes: _Optional[int] = ..., push_seconds: _Optional[float] = ..., push_bytes: _Optional[int] = ..., pulls: _Optional[int] = ..., pull_seconds: _Optional[float] = ..., pull_bytes: _Optional[int] = ...) -> None: ...
 
 class MemorySample(_message.Message):
     __slots__ = ("step", "device", "used_bytes", "peak_bytes", "reserved_bytes")

@@ -27,6 +27,7 @@ import torch
 
 from flextrain.ps.checkpoint import Checkpointer
 from flextrain.ps.optimizers import make_optimizer
+from flextrain.protocol.security import JobCredentials, from_environment
 from flextrain.ps.server import PSServicer, start_server
 from flextrain.ps.state import ShardState, SyncSettings
 
@@ -60,13 +61,15 @@ def start_ps(*, port: int = 0, host: str = "0.0.0.0", advertise_host: str | None
              keep_checkpoints: int = 2, optimizer: str | None = None, hyper: dict | None = None,
              mode: str = "sync", grads_to_wait: int = 1, version_tolerance: int = 0, staleness_lr: bool = False,
              max_staleness: int = 0, chunk_bytes: int = 1 << 20, threads: int = 32,
-             torch_threads: int | None = None, wal: bool = True, wal_fsync: bool = False) -> PSHandle:
+             torch_threads: int | None = None, wal: bool = True, wal_fsync: bool = False,
+             creds: JobCredentials | None = None) -> PSHandle:
     """Build, restore and start a PS; returns at once. ValueError for bad settings (e.g. unknown optimizer).
 
     With a ``checkpoint_dir`` the shard is durable: checkpoints every ``checkpoint_every``
     versions plus a write-ahead log of every acknowledged change (``wal_fsync``: fsync each
     record, surviving the loss of the machine, not only of the process). ``wal=False``: no log
     (pushes cost no disk writes; a relaunched PS loses the updates since its last checkpoint).
+    ``creds``: TLS and the job's token (flextrain/protocol/security.py); None: plaintext, no token.
     """
     if torch_threads:
         torch.set_num_threads(torch_threads)
@@ -86,7 +89,7 @@ def start_ps(*, port: int = 0, host: str = "0.0.0.0", advertise_host: str | None
         checkpointer.attach(shard)
     servicer = PSServicer(shard, checkpointer=checkpointer, chunk_bytes=chunk_bytes,
                           max_waiters=max(1, threads // 2))
-    server, bound = start_server(servicer, host=host, port=port, threads=threads)
+    server, bound = start_server(servicer, host=host, port=port, threads=threads, creds=creds)
     wildcard = host in ("", "0.0.0.0", "[::]", "::")
     address = f"{advertise_host or ('127.0.0.1' if wildcard else host)}:{bound}"
     log.info("PS %d/%d listening on %s (version %d, %s, optimizer %s)", shard_index, num_ps, address,
@@ -167,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
                mode=args.mode, grads_to_wait=args.grads_to_wait, version_tolerance=args.version_tolerance,
                staleness_lr=args.staleness_lr, max_staleness=args.max_staleness, chunk_bytes=args.chunk_bytes,
                threads=args.threads, torch_threads=args.torch_threads, wal=args.wal,
-               wal_fsync=args.wal_fsync)
+               wal_fsync=args.wal_fsync, creds=from_environment())  # --tls: the job's material, from its master
     except (ValueError, OSError) as exc:
         print(f"flextrain-ps: error: {exc}", file=sys.stderr)
         return 2

@@ -26,6 +26,7 @@ from flextrain.proto import ps_pb2 as pb
 from flextrain.proto import ps_pb2_grpc as pb_grpc
 from flextrain.ps.checkpoint import Checkpointer
 from flextrain.protocol.codec import decode_sparse_block, encode_rows, ids_from_proto
+from flextrain.protocol.security import JobCredentials, TokenInterceptor, add_port
 from flextrain.ps.dense import Spec, check_specs
 from flextrain.ps.embedding import TableSpec
 from flextrain.ps.state import PreconditionError, ShardState, SyncSettings
@@ -260,6 +261,10 @@ class PSServicer(pb_grpc.ParameterServerServicer):
         return pb.CheckpointResponse(path=str(path), version=version)
 
 
+def _refused(method: str) -> None:
+    log.warning("refused a call to %s without the job's token (--tls)", method)
+
+
 def _serialize(message) -> bytes:
     return message if isinstance(message, bytes) else message.SerializeToString()
 
@@ -287,18 +292,19 @@ def add_to_server(servicer: PSServicer, server: grpc.Server) -> None:
 
 
 def start_server(servicer: PSServicer, *, host: str = "0.0.0.0", port: int = 0,
-                 threads: int = 32) -> tuple[grpc.Server, int]:
+                 threads: int = 32, creds: JobCredentials | None = None) -> tuple[grpc.Server, int]:
     """Start serving; returns the server and its bound port (``port=0``: any free port).
 
     SO_REUSEPORT is off so a second PS on the same port fails loudly instead of
     silently sharing the traffic. Message size limits: flextrain.protocol.limits
     (every stream is chunked below them).
     """
+    interceptors = [TokenInterceptor(creds.token, on_refused=_refused)] if creds is not None else None
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ps-rpc"),
-                         options=[("grpc.so_reuseport", 0), *PS_MESSAGE_OPTIONS])
+                         options=[("grpc.so_reuseport", 0), *PS_MESSAGE_OPTIONS], interceptors=interceptors)
     add_to_server(servicer, server)
     try:
-        bound = server.add_insecure_port(f"{host}:{port}")
+        bound = add_port(server, f"{host}:{port}", creds)
     except RuntimeError as exc:  # grpc raises rather than returning 0 in recent versions
         raise OSError(f"parameter server could not listen on {host}:{port}: {exc}") from exc
     if bound == 0:

@@ -15,6 +15,7 @@ import grpc
 from flextrain.proto import flextrain_pb2 as pb
 from flextrain.proto import flextrain_pb2_grpc as pb_grpc
 from flextrain.protocol.limits import MASTER_MESSAGE_OPTIONS, MAX_TEXT_CHARS
+from flextrain.protocol.security import JobCredentials, open_channel
 
 _TRANSIENT = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED}
 
@@ -24,12 +25,15 @@ class MasterUnreachable(RuntimeError):
 
 
 class MasterClient:
-    def __init__(self, address: str, worker_id: str, *, give_up: float = 60.0, deadline: float = 10.0) -> None:
+    def __init__(self, address: str, worker_id: str, *, give_up: float = 60.0, deadline: float = 10.0,
+                 creds: JobCredentials | None = None) -> None:
+        """``creds``: the job's TLS material and token (--tls), which the parameter servers want too."""
         self.address = address
         self.worker_id = worker_id
         self.give_up = give_up
         self.deadline = deadline
-        self.channel = grpc.insecure_channel(address, options=MASTER_MESSAGE_OPTIONS)
+        self.creds = creds
+        self.channel = open_channel(address, creds, options=MASTER_MESSAGE_OPTIONS)
         self.stub = pb_grpc.MasterStub(self.channel)
 
     def _call(self, name: str, request, *, deadline: float | None = None, give_up: float | None = None):
@@ -122,16 +126,17 @@ class MasterClient:
         )
 
     def report_checkpoint(self, path: str, position: pb.Position, *, final: bool, stop: bool = False,
-                          ledger_json: str = "") -> None:
-        """``ledger_json``: a persisted flash snapshot's ledger (what its mark was answered with)."""
+                          ledger_json: str = "", give_up: float | None = None) -> None:
+        """``ledger_json``: a persisted flash snapshot's ledger (what its mark was answered with);
+        ``give_up``: seconds of retries (None: the client's)."""
         self._call("ReportCheckpoint", pb.ReportCheckpointRequest(
             worker_id=self.worker_id, path=path, position=position, final=final, stop=stop,
-            ledger_json=ledger_json))
+            ledger_json=ledger_json), give_up=give_up)
 
     def mark_snapshot(self, position: pb.Position) -> "grpc.Future":
-        """A flash snapshot was taken at ``position``: the answer (a future: training goes on meanwhile)
-        carries the ledger state of exactly that model. One try, no retries: an unanswered mark only
-        means that snapshot is not persisted."""
+        """A flash snapshot was taken at ``position``: the answer (a future; the flash writer thread waits
+        for it, training goes on meanwhile) carries the ledger state of exactly that model, or "" when
+        the round has gone past it. One try, no retries: an unanswered mark only drops that snapshot."""
         return self.stub.ReportCheckpoint.future(
             pb.ReportCheckpointRequest(worker_id=self.worker_id, position=position, memory=True),
             timeout=self.deadline)
@@ -140,17 +145,19 @@ class MasterClient:
                   stalled_seconds: float = 0.0, skipped_steps: int = 0, lr_gain: float = 0.0,
                   gradient_noise_scale: float | None = None,
                   memory: pb.MemorySample | None = None,
-                  compute: tuple[float, int] = (0.0, 0)) -> pb.HeartbeatResponse:
+                  compute: tuple[float, int] = (0.0, 0),
+                  ps_traffic: pb.PSTraffic | None = None) -> pb.HeartbeatResponse:
         """``lr_gain`` and ``gradient_noise_scale``: --lr-rule adascale's last step (0 and None: none yet);
         ``memory``: the latest sample of this process's memory (None: none yet); ``compute``: seconds
-        computed and samples computed on since the last heartbeat (the straggler figure)."""
+        computed and samples computed on since the last heartbeat (the straggler figure); ``ps_traffic``:
+        the parameter-server calls since the last heartbeat (None: none)."""
         return self._call(
             "Heartbeat",
             pb.HeartbeatRequest(worker_id=self.worker_id, position=position, loss=loss, samples=samples,
                                 waiting_for_peers=waiting_for_peers, stalled_seconds=stalled_seconds,
                                 skipped_steps=skipped_steps, lr_gain=lr_gain,
                                 gradient_noise_scale=gradient_noise_scale, memory=memory,
-                                compute_seconds=compute[0], compute_samples=compute[1]),
+                                compute_seconds=compute[0], compute_samples=compute[1], ps_traffic=ps_traffic),
             deadline=5.0,
         )
 

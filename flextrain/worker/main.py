@@ -22,6 +22,7 @@ import torch
 from flextrain.elastic.memory import MemoryMonitor
 from flextrain.failures import ExitCode
 from flextrain.job import JobSpec, JobType, Strategy
+from flextrain.protocol.security import from_environment
 from flextrain.proto import flextrain_pb2 as pb
 from flextrain.worker.client import MasterClient, MasterUnreachable
 from flextrain.worker.collective import Collective, CollectiveError
@@ -51,7 +52,7 @@ def _heartbeat_loop(client: MasterClient, state: WorkerState, interval: float, d
                                     stalled_seconds=time.monotonic() - state.progressed,
                                     skipped_steps=state.skipped_steps, lr_gain=state.lr_factor,
                                     gradient_noise_scale=state.noise_scale, memory=state.memory,
-                                    compute=state.take_compute())
+                                    compute=state.take_compute(), ps_traffic=state.traffic.take())
         except MasterUnreachable as exc:
             log.error("%s", exc)
             state.stop.set()
@@ -99,7 +100,7 @@ def run_worker(master: str, worker_id: str, *, spare: bool = False) -> int:
     ``sys.exit()`` called by the user's code; only a signal or ``os._exit`` go unreported (the
     master then names the exit code and the end of the worker's log).
     """
-    client = MasterClient(master, worker_id)
+    client = MasterClient(master, worker_id, creds=from_environment())  # --tls: the material its master made
     doing = _Doing()
     try:
         return _run_worker(client, worker_id, doing, spare=spare)
@@ -209,9 +210,11 @@ def _run_worker(client: MasterClient, worker_id: str, doing: _Doing, *, spare: b
             log.info("training tasks: %d answered ahead (in %d asks), %d by a plain ask",
                      trainer.tasks_ahead, trainer.ahead_asks, trainer.tasks_asked)
         loss, samples = state.take_loss()
-        if samples or state.skipped_steps:  # since the last heartbeat: the final loss, skipped steps
+        traffic = state.traffic.take()
+        if samples or state.skipped_steps or traffic:  # since the last heartbeat: the final loss, skipped steps
             client.heartbeat(state.position(), loss, samples, skipped_steps=state.skipped_steps,
-                             lr_gain=state.lr_factor, gradient_noise_scale=state.noise_scale, memory=state.memory)
+                             lr_gain=state.lr_factor, gradient_noise_scale=state.noise_scale, memory=state.memory,
+                             ps_traffic=traffic)
         if finished:
             doing.stage = "evaluating"
             _evaluate(spec, client, model_def, make_predictor(model_def, model, forward), state, state.version,
@@ -231,7 +234,6 @@ def _train(spec, client, collective, trainer, state) -> bool:
     """Rounds until training is over; True when it finished, False when told to stop."""
     reason, detail = "start", ""
     while True:
-        trainer.settle_snapshot()  # a snapshot taken at the round's last step: answered before a new round
         state.waiting = state.in_rendezvous = True
         try:
             resp = client.join(state.position(), reason, detail)

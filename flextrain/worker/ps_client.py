@@ -44,9 +44,11 @@ from flextrain.proto import ps_pb2 as pb
 from flextrain.proto import ps_pb2_grpc as pb_grpc
 from flextrain.protocol.codec import LayoutView, dense_sources, dense_targets, dtype_name, hyper_to_wire, raw_bytes
 from flextrain.protocol.limits import PS_MESSAGE_OPTIONS
+from flextrain.protocol.security import JobCredentials, open_channel
 from flextrain.protocol.shard import as_row_ids, dense_owner
 from flextrain.protocol.wire import PUSH_DENSE_TAG, Scatter, fields, gather_chunks
 from flextrain.worker.ps_rows import distinct_rows, pull_rows, sparse_push_blocks
+from flextrain.worker.state import Traffic
 
 _TRANSIENT = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED}
 _CHANNEL_OPTIONS = [  # reconnect quickly to a relaunched PS instead of gRPC's default backoff of up to 2 min
@@ -99,14 +101,18 @@ class PSClient:
     """
 
     def __init__(self, addresses: Sequence[str], *, give_up: float = 60.0, deadline: float = 30.0,
-                 chunk_bytes: int = 1 << 20, client_id: str | None = None) -> None:
+                 chunk_bytes: int = 1 << 20, client_id: str | None = None,
+                 traffic: Traffic | None = None, creds: JobCredentials | None = None) -> None:
+        """``traffic``: where the time and bytes of every push and pull are added up (a worker's heartbeat
+        sends them to the master's metrics)."""
         if not addresses:
             raise ValueError("PSClient needs at least one parameter-server address")
         self.addresses = list(addresses)
         self.num_ps = len(self.addresses)
         self.give_up, self.deadline, self.chunk_bytes = give_up, deadline, chunk_bytes
         self.client_id = client_id or uuid.uuid4().hex
-        self._channels = [grpc.insecure_channel(a, options=_CHANNEL_OPTIONS) for a in self.addresses]
+        self.creds = creds  # --tls: the job's material and token
+        self._channels = [open_channel(a, creds, options=_CHANNEL_OPTIONS) for a in self.addresses]
         self._stubs = [_Stub(c) for c in self._channels]
         self._pool = ThreadPoolExecutor(max_workers=max(2, 2 * self.num_ps), thread_name_prefix="ps-client")
         self._layouts: list[LayoutView | None] = [None] * self.num_ps
@@ -115,6 +121,7 @@ class PSClient:
         self._incarnations = [0] * self.num_ps
         self._tables: dict[str, tuple[int, torch.dtype]] = {}
         self._seq = 0
+        self.traffic = traffic or Traffic()
 
     # ------------------------------------------------------------------ plumbing
 
@@ -133,7 +140,7 @@ class PSClient:
         """Point PS ``index`` at a new address (e.g. relaunched on another host or port)."""
         self._channels[index].close()
         self.addresses[index] = address
-        self._channels[index] = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
+        self._channels[index] = open_channel(address, self.creds, options=_CHANNEL_OPTIONS)
         self._stubs[index] = _Stub(self._channels[index])
 
     def _call(self, i: int, what: str, attempt: Callable[[_Stub, float], object],
@@ -251,6 +258,7 @@ class PSClient:
         holds fresh tensors. If a pull fails midway, ``out`` may be half-updated.
         """
         full = version_known is None or version_known < 0
+        began = time.perf_counter()
 
         def one(i: int):
             req = pb.PullDenseRequest(known_version=-1 if full else self._versions[i],
@@ -283,6 +291,8 @@ class PSClient:
             if layout is not None:
                 any_changed, self._layouts[i] = True, layout
                 changed.update(tensors)
+        self.traffic.add(pull=True, seconds=time.perf_counter() - began,
+                         nbytes=sum(t.numel() * t.element_size() for t in changed.values()))
         return self.version, (changed if any_changed else None)
 
     def _table(self, table: str) -> tuple[int, torch.dtype]:
@@ -309,8 +319,11 @@ class PSClient:
         shape = tuple(np.shape(ids.detach().cpu().numpy() if isinstance(ids, torch.Tensor) else ids))
         flat = as_row_ids(ids, table)
         dim, dtype = self._table(table)
-        return pull_rows(table, flat, shape, dim=dim, dtype=dtype, num_ps=self.num_ps, chunk_bytes=self.chunk_bytes,
+        began = time.perf_counter()
+        rows = pull_rows(table, flat, shape, dim=dim, dtype=dtype, num_ps=self.num_ps, chunk_bytes=self.chunk_bytes,
                          call=self._call, fanout=self._fanout, row_versions=self._row_versions)
+        self.traffic.add(pull=True, seconds=time.perf_counter() - began, nbytes=rows.numel() * rows.element_size())
+        return rows
 
     # ------------------------------------------------------------------ push
 
@@ -345,6 +358,7 @@ class PSClient:
         self._seq += 1
         seq, shift = self._seq, 0 if version is None else self.version - version
         bases = self.versions
+        began, sent = time.perf_counter(), [0] * self.num_ps
 
         def one(i: int):
             segments, absent, nbytes = (dense_sources(self._layouts[i], dense_grads)
@@ -361,10 +375,11 @@ class PSClient:
                 yield from gather_chunks(segments, nbytes, self.chunk_bytes, PUSH_DENSE_TAG)
                 for part in blocks[i]:
                     yield from part
-            return self._call(i, "PushGradients", lambda s, t: s.push(requests(), timeout=t),
-                              nbytes=nbytes + sum(b.nbytes for b in blocks[i]))
+            sent[i] = nbytes + sum(b.nbytes for b in blocks[i])
+            return self._call(i, "PushGradients", lambda s, t: s.push(requests(), timeout=t), nbytes=sent[i])
 
         results = self._fanout(one)
+        self.traffic.add(pull=False, seconds=time.perf_counter() - began, nbytes=sum(sent))
         versions = tuple(r.version for r in results)
         return PushResult(all(r.accepted for r in results), max(versions), versions,
                           any(r.applied for r in results), tuple(r.message for r in results),

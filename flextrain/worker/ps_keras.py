@@ -99,7 +99,7 @@ class KerasPSTrainer(PSTrainer):
             self.opt_name, self.opt_hyper = keras_optimizer_config(optimizer)
         except ValueError as exc:
             raise ModelDefError(f"{model_def.path}: {exc}") from exc
-        self.ps = PSClient(ps_addresses, client_id=client.worker_id)
+        self.ps = PSClient(ps_addresses, client_id=client.worker_id, traffic=state.traffic, creds=client.creds)
         self.tape = None      # the GradientTape of the micro-batch being computed
         self.pulled_rows: list = []  # (table, distinct ids, rows) watched on that tape
         self.tables: dict[str, tuple[int, str, dict]] = {}

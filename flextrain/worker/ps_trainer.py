@@ -152,7 +152,7 @@ class PSTrainer:
         if not ps_addresses:
             raise RuntimeError("the master sent no parameter-server addresses (ParameterServer strategy)")
         self.spec, self.model_def, self.model, self.client, self.state = spec, model_def, model, client, state
-        self.ps = PSClient(ps_addresses, client_id=client.worker_id)
+        self.ps = PSClient(ps_addresses, client_id=client.worker_id, traffic=state.traffic, creds=client.creds)
         self.opt_name, self.opt_hyper = torch_optimizer_config(optimizer)
         self.tape: list = []
         self.tables = replace_embeddings(model, client=self.ps, tape=self.tape)

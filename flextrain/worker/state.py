@@ -11,6 +11,28 @@ from flextrain.elastic.memory import MemoryMonitor
 from flextrain.proto import flextrain_pb2 as pb
 
 
+class Traffic:
+    """Pushes and pulls as this worker timed them, added up until the next heartbeat takes them."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._sums = pb.PSTraffic()
+
+    def add(self, *, pull: bool, seconds: float, nbytes: int) -> None:
+        with self._lock:
+            s = self._sums
+            if pull:
+                s.pulls, s.pull_seconds, s.pull_bytes = s.pulls + 1, s.pull_seconds + seconds, s.pull_bytes + nbytes
+            else:
+                s.pushes, s.push_seconds, s.push_bytes = s.pushes + 1, s.push_seconds + seconds, s.push_bytes + nbytes
+
+    def take(self) -> pb.PSTraffic | None:
+        """The sums since the last call (None: no call since)."""
+        with self._lock:
+            taken, self._sums = self._sums, pb.PSTraffic()
+        return taken if taken.pushes or taken.pulls else None
+
+
 @dataclass
 class WorkerState:
     """What the heartbeat thread reports; written by the training thread."""
@@ -33,6 +55,7 @@ class WorkerState:
     # Samples this process's memory once per optimizer step (sample_memory); None: not sampled.
     monitor: MemoryMonitor | None = None
     memory: pb.MemorySample | None = None  # the latest sample, sent with every heartbeat
+    traffic: Traffic = field(default_factory=Traffic)  # ParameterServer: pushes and pulls since the last heartbeat
     end_round: threading.Event = field(default_factory=threading.Event)
     stop: threading.Event = field(default_factory=threading.Event)
     lock: threading.Lock = field(default_factory=threading.Lock)

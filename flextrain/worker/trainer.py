@@ -116,7 +116,8 @@ class AllReduceTrainer:
         every = spec.training.memory_checkpoint_steps
         self.flash = FlashCheckpointer(store=FlashStore(flash_dir(spec.name, spec.job_dir)),
                                        checkpoints=Path(spec.job_dir) / "checkpoints", client=client,
-                                       every=every) if every else None
+                                       every=every,
+                                       persist_every=spec.training.memory_checkpoint_persist_every) if every else None
 
     # ---- state transfer ---------------------------------------------------------
     def state_tree(self) -> dict:
@@ -152,12 +153,6 @@ class AllReduceTrainer:
         if self.collective.rank != 0:
             self.load_blob(blob)
 
-    def settle_snapshot(self) -> None:
-        """Before anything that lets the round go past an in-memory snapshot's position (a reduction,
-        a later GetTask, a join): the master must have answered its mark (see worker/flash.py)."""
-        if self.flash is not None:
-            self.flash.settle()
-
     # ---- training -------------------------------------------------------------
     def run_round(self) -> int:
         """Train until the round ends; returns the GetTask action that ended it."""
@@ -167,7 +162,6 @@ class AllReduceTrainer:
             self.state.task_index, self.state.steps_done = index, 0
             resp = self._take_ahead(index)
             if resp is None:
-                self.settle_snapshot()
                 self.tasks_asked += 1
                 resp = self.client.get_task(round_id=self.state.round_id, task_index=index,
                                             position=self.state.position())
@@ -258,7 +252,6 @@ class AllReduceTrainer:
                 self.control[STOP] = 1.0
             if not math.isfinite(loss_sum):
                 self.control[NONFINITE] = 1.0
-            self.settle_snapshot()  # the previous step's snapshot: its mark answered before this step commits
             # (also in a world of one: AdaScale's statistic is taken from the backend here)
             reduced = self.backend.buffers if self.adascale is None else self.adascale.reduced(self.backend)
             if self.collective.world_size > 1:

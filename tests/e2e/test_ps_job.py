@@ -50,6 +50,11 @@ def test_ps_job_trains_ctr_model_above_majority_rate(ctr_data, tmp_path):
     assert status["metrics"]["accuracy"] > 0.74, status["metrics"]  # majority class: ~0.70
     assert status["metrics"]["logloss"] < 0.55, status["metrics"]
     assert status["metrics"]["auc"] > 0.75, status["metrics"]  # 0.5: no better than chance
+    # The workers' parameter-server calls, as the heartbeats summed them (the metrics' flextrain_ps_*):
+    # every minibatch (2 epochs x 8000 records / G) is pushed once at least, and pulls moved bytes.
+    traffic = status["psTraffic"]
+    assert traffic["pushes"] >= 2 * 8000 // 128 and traffic["pushSeconds"] > 0 and traffic["pushBytes"] > 0
+    assert traffic["pulls"] > 0 and traffic["pullBytes"] > 0
     logs = sorted(p.name for p in (job_dir / "logs").glob("*.log"))
     assert logs == ["ps-0.log", "ps-1.log", "worker-0.log", "worker-1.log"]
     # each PS wrote checkpoints of its own shard

@@ -11,7 +11,7 @@ import subprocess
 import pytest
 
 from ft_helpers import (COUNTING_MODEL, alive, assert_exactly_once_at_latest_checkpoint, counting_data,
-                        flextrain_cmd, read_status, run_flextrain, wait_for)
+                        flextrain_cmd, read_status, run_flextrain, scrape, wait_for)
 
 pytestmark = pytest.mark.e2e
 
@@ -67,6 +67,13 @@ def test_scale_up_and_a_kill_each_take_the_parked_spare(digits_data, tmp_path):
         third_spare = wait_for(lambda: parked_spare(but=(first_spare, second_spare)), timeout=120,
                                what="a spare behind the replacement")
         assert status()["spares"]["taken"] == 2
+        # Prometheus sees the same: scraped from the master and parsed (flextrain/master/metrics.py).
+        metrics = scrape(status()["metricsUrl"])
+        assert metrics[("flextrain_workers", (("state", "active"),))] == 3
+        assert metrics[("flextrain_workers", (("state", "spare"),))] == 1
+        assert metrics[("flextrain_join_seconds_count", ())] >= 2  # the scale-up's spare and the replacement
+        assert metrics[("flextrain_recovery_seconds_count", ())] >= 1  # the kill
+        assert metrics[("flextrain_step", ())] > 0 and metrics[("flextrain_samples_total", ())] > 0
 
         assert run_flextrain("stop", str(job_dir)).returncode == 0
         _, err = proc.communicate(timeout=240)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from flextrain.elastic import statecodec
-from flextrain.elastic.statecodec import StateCodecError, decode, encode
+from flextrain.elastic.statecodec import StateCodecError, decode, encode, nonfinite, nonfinite_blob
 
 
 def assert_same(a, b, path="root"):
@@ -249,3 +249,25 @@ def test_decode_never_unpickles(monkeypatch):
     assert back["version"] == 3
     assert_same(tree["optimizer"], back["optimizer"])
     assert not hasattr(statecodec, "pickle")
+
+
+def test_nonfinite_blob_finds_what_nonfinite_finds_without_building_tensors():
+    """The flash writer's check, read in place: every float dtype (bfloat16 by its bits), nested lists,
+    integers ignored, and only the entry asked for (the optimizer's NaN is not the model's)."""
+    nan, inf = float("nan"), float("inf")
+    model = {
+        "a": torch.randn(3, 4),
+        "b": torch.tensor([1.0, nan, inf, -inf], dtype=torch.bfloat16),
+        "c": torch.tensor([inf, 2.0], dtype=torch.float16),
+        "d": torch.arange(3),
+        "e": [torch.tensor([nan], dtype=torch.float64)],
+        "f": torch.tensor([complex(nan, 0)], dtype=torch.complex64),
+        "g": torch.empty(0),
+    }
+    blob = encode({"model": model, "optimizer": {"x": torch.tensor([nan])}, "version": 1})
+    expected = ["b (1 NaN, 2 inf of 4)", "c (1 inf of 2)", "e[0] (1 NaN of 1)", "f (1 NaN of 1)"]
+    assert nonfinite(decode(blob)["model"]) == expected == nonfinite_blob(blob)
+    assert nonfinite_blob(blob, limit=2) == expected[:2]
+    assert nonfinite_blob(encode({"model": {"w": torch.ones(2)}, "version": 1})) == []
+    with pytest.raises(StateCodecError, match="checksum"):
+        nonfinite_blob(blob[:-1] + bytes([blob[-1] ^ 1]))

@@ -48,6 +48,7 @@ def test_defaults_validate_and_validate_returns_self():
         (dict(learning_rate=float("nan")), "--lr must be positive"),
         (dict(max_task_retries=-1), "--max-task-retries"),
         (dict(checkpoint_steps=-1), "--checkpoint-steps"),
+        (dict(memory_checkpoint_persist_every=0), "--memory-checkpoint-persist-every must be a positive integer"),
         (dict(model_def=""), "--model-def is required"),
         (dict(training_data=""), "--training-data is required"),
     ],

@@ -35,7 +35,7 @@ Contract:
 * Pending: a Pod annotated ``nodeagent.flextrain.dev/hold: "true"``, or any Pod
   beyond ``max_pods`` running ones, stays ``Pending`` with condition
   ``PodScheduled=False, reason Unschedulable``; removing the annotation (or a
-  free slot) starts it.
+  free slot, or more room from :meth:`NodeAgent.set_capacity`) starts it.
 * Faults: :meth:`NodeAgent.oom_kill` SIGKILLs a Pod's process and reports
   ``OOMKilled`` (exit 137); :meth:`NodeAgent.preempt` marks the Pod with a
   ``DisruptionTarget`` condition and deletes it, as the scheduler does.
@@ -43,6 +43,7 @@ Contract:
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -291,6 +292,13 @@ class NodeAgent:
     def _patch_status(self, pod: dict, status: dict) -> None:
         md = pod["metadata"]
         try:
+            if "conditions" in status:  # a kubelet's patch merges conditions by type (the emulator replaces lists)
+                current = self.core.read_namespaced_pod_status(md["name"], md.get("namespace", "default"),
+                                                               _preload_content=False)
+                ours = {c["type"] for c in status["conditions"]}
+                kept = [c for c in (json.loads(current.data).get("status") or {}).get("conditions") or ()
+                        if c.get("type") not in ours]
+                status = {**status, "conditions": kept + status["conditions"]}
             self.core.patch_namespaced_pod_status(md["name"], md.get("namespace", "default"), {"status": status})
         except Exception as exc:  # noqa: BLE001 - the pod may be gone; a kubelet carries on too
             log.debug("node agent: status patch of %s failed: %s", md["name"], exc)
@@ -335,6 +343,14 @@ class NodeAgent:
             "type": "DisruptionTarget", "status": "True", "reason": "PreemptionByScheduler",
             "message": "preempted by a higher-priority pod", "lastTransitionTime": _now()}]}})
         self.core.delete_namespaced_pod(name, namespace, body=client.V1DeleteOptions(grace_period_seconds=grace_seconds))
+
+    def set_capacity(self, max_pods: int | None) -> None:
+        """Change how many Pods may run (None: any number); Pods held for capacity start if they now fit."""
+        with self._lock:
+            self.max_pods = max_pods
+            waiting = list(self._waiting.values())
+        for pod in waiting:
+            self._on_event("MODIFIED", pod)
 
     def log(self, name: str, namespace: str = "default") -> str:
         path = self.log_dir / namespace / f"{name}.log"

@@ -16,9 +16,11 @@ from flextrain.operator.kube import Kube
 
 
 class Operator:
-    def __init__(self, api_client, namespace: str, *, sweep_interval: float) -> None:
+    def __init__(self, api_client, namespace: str, *, sweep_interval: float, **options) -> None:
         from flextrain.operator.main import run_operator
+        from flextrain.operator.metrics import OperatorMetrics
 
+        self.metrics = OperatorMetrics()  # served on a free port: self.metrics.port once started
         self.stop = threading.Event()
         self.ready = threading.Event()
         self.error: BaseException | None = None
@@ -26,7 +28,7 @@ class Operator:
         def run() -> None:
             try:
                 run_operator(api_client, namespaces=[namespace], stop_flag=self.stop, ready_flag=self.ready,
-                             sweep_interval=sweep_interval)
+                             sweep_interval=sweep_interval, metrics_port=0, metrics=self.metrics, **options)
             except BaseException as exc:  # noqa: BLE001 - surfaced by start()/close()
                 self.error = exc
                 self.ready.set()

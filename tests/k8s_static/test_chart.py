@@ -14,6 +14,7 @@ import helm_python as helm
 import kubernetes_validate
 import pytest
 import yaml
+from flextrain.k8s import meta
 from k8s_static_support import (
     CHART_DIR,
     CHART_VALUE_SETS,
@@ -112,7 +113,7 @@ def test_namespaced_objects_go_to_their_namespace(values):
 
 def test_operator_watches_only_its_namespace_by_default():
     objs = rendered_objects({}, namespace=NAMESPACE)
-    assert operator_container(objs)["args"] == ["operator", "--namespace", NAMESPACE]
+    assert operator_container(objs)["args"][:-2] == ["operator", "--namespace", NAMESPACE]
     assert objects_of("ClusterRole", objs) == [] and objects_of("ClusterRoleBinding", objs) == []
     operator_roles = [r for r in objects_of("Role", objs) if r["metadata"]["name"] != "flextrain-job"]
     assert len(operator_roles) == 1
@@ -120,7 +121,7 @@ def test_operator_watches_only_its_namespace_by_default():
 
 def test_operator_watches_all_namespaces_with_a_cluster_role():
     objs = rendered_objects(CHART_VALUE_SETS["all-namespaces"], namespace=NAMESPACE)
-    assert operator_container(objs)["args"] == ["operator", "--all-namespaces"]
+    assert operator_container(objs)["args"][:-2] == ["operator", "--all-namespaces"]
     (cluster_role,) = objects_of("ClusterRole", objs)
     (binding,) = objects_of("ClusterRoleBinding", objs)
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
@@ -143,6 +144,9 @@ def test_rbac_is_least_privilege(values):
             # Nothing flextrain does needs secrets, RBAC objects, or other workloads.
             assert not {"secrets", "roles", "rolebindings", "clusterroles", "serviceaccounts",
                         "deployments", "nodes", "customresourcedefinitions"} & set(rule["resources"]), where
+            if rule["apiGroups"] == ["scheduling.volcano.sh"]:  # gang volcano: the job's PodGroup, nothing else
+                assert rule["resources"] == ["podgroups"], where
+                continue
             assert set(rule["apiGroups"]) <= {"", "flextrain.dev"}, where
 
 
@@ -176,13 +180,15 @@ def test_job_pods_may_manage_pods_create_services_and_only_patch_job_status(valu
 
 
 def test_operator_rights_are_what_it_calls_and_no_more():
-    """flextrain/operator never deletes (relaunched masters are new pods; the GC follows ownerReferences)."""
+    """flextrain/operator deletes only what a job's lifecycle says (activeDeadlineSeconds: its pods;
+    ttlSecondsAfterFinished: its pods, Services and PodGroup); relaunched masters are new pods."""
     (role,) = [r for r in objects_of("Role", rendered_objects({})) if r["metadata"]["name"] != "flextrain-job"]
     assert rights(role) == {
         "flextrain.dev/elasticjobs": {"get", "list", "watch", "patch"},
         "flextrain.dev/elasticjobs/status": {"patch"},
-        "pods": {"get", "list", "watch", "create"},
-        "services": {"get", "create"},
+        "pods": {"get", "list", "watch", "create", "delete"},
+        "services": {"get", "list", "create", "delete"},
+        "scheduling.volcano.sh/podgroups": {"get", "create", "delete"},
         "events": {"create"},
     }
 
@@ -250,7 +256,7 @@ def test_notes_tell_how_to_submit_and_watch_a_job(values):
 # ---- watch scope and private registries: issue 20 -----------------------------------------------------------
 def test_operator_watches_the_listed_namespaces_with_a_role_in_each():
     objs = rendered_objects({"watchNamespaces": ["team-a", "team-b"]}, namespace=NAMESPACE)
-    assert operator_container(objs)["args"] == ["operator", "--namespace", "team-a", "--namespace", "team-b"]
+    assert operator_container(objs)["args"][:-2] == ["operator", "--namespace", "team-a", "--namespace", "team-b"]
     assert objects_of("ClusterRole", objs) == [] and objects_of("ClusterRoleBinding", objs) == []
     (default_role,) = [r for r in objects_of("Role", rendered_objects({})) if r["metadata"]["name"] == OPERATOR]
     roles = {r["metadata"]["namespace"]: r for r in objects_of("Role", objs) if r["metadata"]["name"] == OPERATOR}
@@ -386,9 +392,12 @@ def calls_in(*globs: str) -> set[tuple[str, str, str]]:
     found = set()
     for pattern in globs:
         for path in REPO.glob(pattern):
-            for m in _CALL.finditer(path.read_text()):
+            text = path.read_text()
+            for m in _CALL.finditer(text):
                 verb, _, kind, status = m.groups()
                 resource = _RESOURCE[kind] + ("/status" if status else "")
+                if kind == "custom_object" and "podgroup" in text[m.end():m.end() + 120].lower():  # a Volcano PodGroup
+                    resource = "scheduling.volcano.sh/podgroups"
                 found.add((path.relative_to(REPO).as_posix(), _VERB[verb], resource))
     return found
 
@@ -407,3 +416,36 @@ def test_rbac_grants_every_call_the_code_makes(who, globs):
         if (path, verb, resource) in _NOT_IN_PRODUCTION:
             continue
         assert verb in granted.get(resource, set()), f"{path} calls {verb} on {resource}; the {who} Role lacks it"
+
+
+def test_metrics_the_operator_port_and_optional_service_monitors():
+    objs = rendered_objects({}, namespace=NAMESPACE)
+    container = operator_container(objs)
+    assert container["args"][-2:] == ["--metrics-port", "8080"]
+    assert container["ports"] == [{"name": "metrics", "containerPort": 8080, "protocol": "TCP"}]
+    (svc,) = [s for s in objects_of("Service", objs) if s["metadata"]["name"].endswith("-operator-metrics")]
+    assert svc["metadata"]["annotations"]["prometheus.io/scrape"] == "true"
+    assert svc["spec"]["ports"] == [{"name": "metrics", "port": 8080, "targetPort": "metrics", "protocol": "TCP"}]
+    assert not objects_of("ServiceMonitor", objs)  # the Prometheus Operator's CRD may not exist: off by default
+
+    monitored = rendered_objects({"metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}}},
+                                 namespace=NAMESPACE)
+    monitors = {m["metadata"]["name"]: m for m in objects_of("ServiceMonitor", monitored)}
+    jobs = monitors["flextrain-jobs"]["spec"]
+    assert jobs["selector"]["matchLabels"] == {meta.LABEL_ROLE: "master", meta.LABEL_MANAGED_BY: "flextrain"}
+    assert jobs["namespaceSelector"] == {"matchNames": [NAMESPACE]} and jobs["endpoints"][0]["port"] == "metrics"
+    assert all(m["metadata"]["labels"]["release"] == "prom" for m in monitors.values())
+    for obj in monitored:  # everything else still validates against Kubernetes' own schema
+        if obj["kind"] != "ServiceMonitor":
+            kubernetes_validate.validate(obj, kube_versions()[-1], strict=True)
+
+    off = rendered_objects({"metrics": {"operatorPort": 0}}, namespace=NAMESPACE)
+    assert "--no-metrics" in operator_container(off)["args"] and "ports" not in operator_container(off)
+    assert not [s for s in objects_of("Service", off) if s["metadata"]["name"].endswith("-operator-metrics")]
+
+
+def test_scheduling_value_becomes_the_operators_default_gang():
+    objs = rendered_objects({"scheduling": {"gang": "volcano", "queue": "research"}})
+    args = operator_container(objs)["args"]
+    assert args[-4:] == ["--default-gang", "volcano", "--default-queue", "research"]
+    assert "--default-gang" not in operator_container(rendered_objects({}))["args"]

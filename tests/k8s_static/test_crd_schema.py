@@ -28,6 +28,7 @@ NOT_IN_CRD = {
     "job_type": _LOCAL_JOB_KINDS,
     "checkpoint": _LOCAL_JOB_KINDS,
     "output": _LOCAL_JOB_KINDS,
+    "tls": "local jobs only until the operator makes the per-job Secret (docs/security.md)",
 }
 
 

@@ -1,10 +1,12 @@
 """In-memory ("flash") checkpoints driven against the real master over gRPC on loopback: each
 snapshot in shared memory is the model at its step, the background writer's file is that same
-state, and the ledger recorded with it is the data position of exactly that step."""
+state, and the ledger recorded with it is the data position of exactly that step; a snapshot whose
+task failed before its mark was answered is dropped."""
 
 from __future__ import annotations
 
 import json
+import threading
 
 import pytest
 import torch
@@ -21,29 +23,44 @@ from flextrain.master.servicer import MasterServicer, start_server
 from flextrain.proto import flextrain_pb2 as pb
 from flextrain.worker.client import MasterClient
 from flextrain.worker.collective import Collective
+from flextrain.worker.flash import FlashCheckpointer
 from flextrain.worker.module import load_model_def
 from flextrain.worker.trainer import AllReduceTrainer, WorkerState
 from ft_helpers import MODEL_ZOO
 
 DIGITS = f"{MODEL_ZOO / 'digits_torch.py'}:Model"
 EVERY = 3
+PERSIST = 2  # every 2nd complete snapshot is written to the job directory
 
 
 @pytest.fixture
-def job(tmp_path, monkeypatch):
+def make_job(tmp_path, monkeypatch):
+    """``make_job(**spec)``: a digits job's master served on loopback, and a client of worker-0."""
     monkeypatch.setenv(ENV_ROOT, str(tmp_path / "shm"))
     write_digits(tmp_path / "digits")
-    spec = JobSpec.of(name="j", model_def=DIGITS, training_data=str(tmp_path / "digits" / "train"),
-                      job_dir=str(tmp_path / "job"), global_batch_size=64, steps_per_task=2, epochs=2,
-                      workers=1, memory_checkpoint_steps=EVERY).validate()
-    master = JobMaster(spec, build_ledger(spec), checkpoints=CheckpointStore(tmp_path / "job" / "checkpoints"))
-    servicer = MasterServicer(master, status_json=lambda: "{}", stop=lambda reason: (False, ""),
-                              scale=lambda n: (False, ""), heartbeat_interval=0.5)
-    server, port = start_server(servicer, host="127.0.0.1", port=0, threads=4)
-    client = MasterClient(f"127.0.0.1:{port}", "worker-0")
-    yield spec, master, client
-    client.close()
-    server.stop(grace=None)
+    started = []
+
+    def make(**kw):
+        spec = JobSpec.of(name="j", model_def=DIGITS, training_data=str(tmp_path / "digits" / "train"),
+                          job_dir=str(tmp_path / "job"), global_batch_size=64, workers=1,
+                          memory_checkpoint_steps=EVERY, **kw).validate()
+        master = JobMaster(spec, build_ledger(spec), checkpoints=CheckpointStore(tmp_path / "job" / "checkpoints"))
+        servicer = MasterServicer(master, status_json=lambda: "{}", stop=lambda reason: (False, ""),
+                                  scale=lambda n: (False, ""), heartbeat_interval=0.5)
+        server, port = start_server(servicer, host="127.0.0.1", port=0, threads=4)
+        client = MasterClient(f"127.0.0.1:{port}", "worker-0")
+        started.append((server, client))
+        return spec, master, client
+
+    yield make
+    for server, client in started:
+        client.close()
+        server.stop(grace=None)
+
+
+@pytest.fixture
+def job(make_job):
+    return make_job(steps_per_task=2, epochs=2, memory_checkpoint_persist_every=PERSIST)
 
 
 def _equal(a: dict, b: dict) -> bool:
@@ -61,17 +78,22 @@ def test_snapshots_are_the_model_and_persist_with_their_exact_ledger(job):
     flash = trainer.flash
     assert flash is not None and flash.store.path == flash_dir("j", spec.job_dir)
     models: dict[int, dict] = {}
+    blobs: dict[int, bytes] = {}  # what the training thread copied, by version
     take = flash.snapshot
 
     def snapshot(encode, position):
-        take(encode, position)
         version = position.version
+        take(lambda: blobs.setdefault(version, encode()), position)
         models[version] = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        in_memory = decode(flash.store.state_path(version).read_bytes())
-        assert in_memory["version"] == version == state.version
-        assert _equal(in_memory["model"], models[version])  # the snapshot is the model at that step
+        copied = decode(blobs[version])
+        assert copied["version"] == version == state.version
+        assert _equal(copied["model"], models[version])  # the snapshot is the model at that step
 
     flash.snapshot = snapshot
+    completed = {}  # every complete snapshot's ledger in shared memory, by version
+    put_ledger = flash.store.put_ledger
+    flash.store.put_ledger = lambda version, blob, *, ledger, position: completed.setdefault(version, ledger) and \
+        put_ledger(version, blob, ledger=ledger, position=position)
     client.register(pid=0)
     joined = client.join(state.position(), "start")
     state.round_id = joined.round_id
@@ -82,6 +104,7 @@ def test_snapshots_are_the_model_and_persist_with_their_exact_ledger(job):
     try:
         assert trainer.run_round() == pb.GetTaskResponse.NO_MORE
         flash.drain(discard=False)
+        before_close = len(persisted)
     finally:
         trainer.loader.close()
         flash.close()
@@ -90,12 +113,20 @@ def test_snapshots_are_the_model_and_persist_with_their_exact_ledger(job):
     shards = make_shards(spec.data.training)
     steps = [min(i + G, sh.end) - i for sh in shards for i in range(sh.start, sh.end, G)] * 2
     assert sorted(models) == list(range(EVERY, len(steps) + 1, EVERY))
-    assert flash.taken == len(models) and flash.persisted == len(persisted) > 0
-    assert flash.persisted + flash.dropped == flash.taken
-    for path, version, kw in persisted:  # each background write: that snapshot's state, its exact ledger
-        assert kw["ledger_json"] and not kw["final"]
-        ledger = json.loads(kw["ledger_json"])
+    # each snapshot is complete or dropped (superseded while the writer was busy, or refused: the round
+    # went past it before the master answered; training never waits for the writer)
+    assert flash.taken == len(models) and flash.completed + flash.dropped == flash.taken
+    assert flash.completed == len(completed) >= 1, (flash.taken, flash.dropped, flash.refused)
+    for version, ledger in completed.items():  # each with the ledger of exactly its step
         assert ledger["records_done"] == sum(steps[:version])
+    # every PERSIST-th complete snapshot written in the background; close() writes the newest when it was not
+    assert before_close == flash.completed // PERSIST
+    newest = max(completed)
+    assert len(persisted) == before_close + (flash.completed % PERSIST != 0) == flash.persisted
+    assert persisted[-1][1] == newest
+    for path, version, kw in persisted:  # each file: that snapshot's state, its exact ledger
+        assert kw["ledger_json"] and not kw["final"]
+        assert json.loads(kw["ledger_json"]) == completed[version]
     path, version, _ = persisted[-1]
     latest = master.checkpoints.latest()
     assert latest["version"] == version and latest["checkpoint"] == path
@@ -105,6 +136,53 @@ def test_snapshots_are_the_model_and_persist_with_their_exact_ledger(job):
     # the shared memory keeps only the newest complete snapshot, with its ledger
     snap, skipped = flash.store.latest()
     assert snap.version == version and not skipped and flash.store.versions() == [version]
+    assert snap.state_path.read_bytes() == blobs[version]
+
+
+def test_a_snapshot_whose_task_fails_before_its_mark_is_answered_is_dropped(make_job):
+    """The writer's mark is held until the round went on and a later step of the snapshot's task
+    failed: the master answers "", the snapshot is dropped (no ledger, no file), and the next one,
+    inside the requeued remainder, is recorded with its exact position."""
+    spec, master, client = make_job(steps_per_task=4, epochs=1, memory_checkpoint_persist_every=1)
+    flash = FlashCheckpointer(store=FlashStore(flash_dir("j", spec.job_dir)),
+                              checkpoints=master.checkpoints.directory, client=client, every=1, persist_every=1)
+    released, answered = threading.Event(), []
+    send = client.mark_snapshot
+
+    def held(position):
+        assert released.wait(30)
+        future = send(position)
+        answered.append(future.result().ledger_json)
+        return future
+
+    client.mark_snapshot = held
+    G = spec.training.global_batch_size
+    client.register(pid=0)
+    r = client.join(pb.Position(round_id=-1), "start").round_id
+    task = client.get_task(round_id=r, task_index=0, position=pb.Position(round_id=r)).task
+    try:
+        flash.snapshot(lambda: encode({"model": {"w": torch.ones(2)}, "version": 1}),
+                       pb.Position(round_id=r, task_index=0, steps_done=1, version=1))
+        # the round went on without waiting: steps 2 and 3 committed, step 4 failed on a bad record
+        client.report_task(task.task_id, ok=False, steps_done=3, error="bad record")
+        released.set()
+        flash.drain(discard=False)
+        assert answered == [""] and flash.refused == flash.dropped == 1 and flash.completed == 0
+        assert flash.store.versions() == [] and flash.store.latest() == (None, [])
+        assert master.checkpoints.latest() is None and not list(master.checkpoints.directory.glob("ckpt-*"))
+        assert master.ledger.records_done == 3 * G  # what the failure applied; the snapshot held 1 step
+
+        rest = client.get_task(round_id=r, task_index=1, position=pb.Position(round_id=r, task_index=1, version=3))
+        assert rest.task.start == task.start + 3 * G  # the failed task's remainder
+        flash.snapshot(lambda: encode({"model": {"w": torch.ones(2)}, "version": 4}),
+                       pb.Position(round_id=r, task_index=1, steps_done=1, version=4))
+        flash.drain(discard=False)
+    finally:
+        flash.close()
+    assert flash.completed == flash.persisted == 1
+    latest = master.checkpoints.latest()
+    assert latest["version"] == 4 and latest["ledger"]["records_done"] == 4 * G
+    assert min(t["start"] for t in latest["ledger"]["todo"]) == task.start + 4 * G
 
 
 def test_master_persists_the_newest_snapshot_and_clears_it(tmp_path, monkeypatch):
@@ -143,3 +221,38 @@ def test_flash_checkpoints_are_off_unless_asked_for(tmp_path):
     assert spec.training.memory_checkpoint_steps == 0
     master = JobMaster(spec, build_ledger(spec), checkpoints=CheckpointStore(tmp_path / "job" / "checkpoints"))
     assert master.flash is None
+
+
+def test_a_dropped_snapshot_leaves_a_newer_one_of_the_same_version_alone(make_job):
+    """After a rollback the round reaches a version again: dropping the older snapshot of that version
+    (superseded before the writer got to it) must not remove the newer one's state."""
+    spec, master, client = make_job(steps_per_task=4, epochs=1, memory_checkpoint_persist_every=1)
+    flash = FlashCheckpointer(store=FlashStore(flash_dir("j", spec.job_dir)),
+                              checkpoints=master.checkpoints.directory, client=client, every=1, persist_every=1)
+    marking, released = threading.Event(), threading.Event()
+    send = client.mark_snapshot
+
+    def held(position):
+        marking.set()
+        assert released.wait(30)
+        return send(position)
+
+    client.mark_snapshot = held
+    client.register(pid=0)
+    r = client.join(pb.Position(round_id=-1), "start").round_id
+    client.get_task(round_id=r, task_index=0, position=pb.Position(round_id=r))
+    at = pb.Position(round_id=r, task_index=0, steps_done=1, version=1)
+    older, newer = (encode({"model": {"w": torch.full((2,), v)}, "version": 1}) for v in (1.0, 2.0))
+    try:
+        first = encode({"model": {}, "version": 0})
+        flash.snapshot(lambda: first, pb.Position(round_id=r))
+        assert marking.wait(30)  # the writer holds the first snapshot, waiting for its mark
+        flash.snapshot(lambda: older, at)
+        flash.snapshot(lambda: newer, at)  # supersedes the older one before the writer took it
+        released.set()
+        flash.drain(discard=False)
+    finally:
+        flash.close()
+    assert flash.dropped == 1 and flash.completed == 2
+    snap, _ = flash.store.latest()
+    assert snap.version == 1 and snap.state_path.read_bytes() == newer

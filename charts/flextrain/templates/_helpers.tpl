@@ -101,14 +101,20 @@ owned by the ElasticJob, so the garbage collector removes it with the job.
 - apiGroups: [flextrain.dev]
   resources: [elasticjobs/status]
   verbs: [patch]
-# Master pods: created, and watched to relaunch a master that failed or was deleted.
+# Master pods: created, and watched to relaunch a master that failed or was deleted; a job's pods
+# deleted at its activeDeadlineSeconds or ttlSecondsAfterFinished.
 - apiGroups: [""]
   resources: [pods]
-  verbs: [get, list, watch, create]
-# The master's Service: created, and read to heal a deleted one.
+  verbs: [get, list, watch, create, delete]
+# The master's Service: created, and read to heal a deleted one; a finished job's Services deleted
+# after ttlSecondsAfterFinished.
 - apiGroups: [""]
   resources: [services]
-  verbs: [get, create]
+  verbs: [get, list, create, delete]
+# spec.scheduling.gang volcano: the job's PodGroup (harmless where Volcano is not installed).
+- apiGroups: [scheduling.volcano.sh]
+  resources: [podgroups]
+  verbs: [get, create, delete]
 # Events on ElasticJobs (phase transitions, bad specs, relaunches).
 - apiGroups: [""]
   resources: [events]

@@ -6,12 +6,8 @@ The real CLI runs in a child process with KUBECONFIG pointing at the emulator.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 
-import pytest
 import yaml
-from ft_helpers import flextrain_cmd
 
 from flextrain.k8s import meta
 from flextrain.k8s.resource import jobspec_from_resource
@@ -19,15 +15,6 @@ from flextrain.k8s.resource import jobspec_from_resource
 TRAIN = ("train", "--backend", "kubernetes", "--model-def", "/opt/zoo/digits_torch.py:Model",
          "--training-data", "/data/digits/train", "--workers", "2", "--min-workers", "1", "--max-workers", "3",
          "--epochs", "2", "--job-name", "digits", "--image", "flextrain:test")
-
-
-@pytest.fixture
-def cli(k8s_cluster):
-    def run(*args: str) -> subprocess.CompletedProcess:
-        env = {**os.environ, "KUBECONFIG": str(k8s_cluster.kubeconfig)}
-        env.pop(meta.ENV_NAMESPACE, None)
-        return subprocess.run(flextrain_cmd(*args), capture_output=True, text=True, timeout=120, env=env, check=False)
-    return run
 
 
 def test_dry_run_prints_the_elasticjob_and_submits_nothing(cli, jobs):

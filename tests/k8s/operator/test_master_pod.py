@@ -85,3 +85,17 @@ def test_master_port_annotation():
 @pytest.mark.parametrize("build", [lambda j: master_pod(j, index=0), master_service])
 def test_objects_validate_strictly_against_the_kubernetes_schema(build):
     kubernetes_validate.validate(build(job()), K8S_VERSION, strict=True)
+
+
+def test_the_metrics_port_is_named_on_pod_and_service_with_scrape_annotations():
+    pod, svc = master_pod(job(), index=0), master_service(job())
+    assert {"name": "metrics", "containerPort": 9464, "protocol": "TCP"} in pod["spec"]["containers"][0]["ports"]
+    assert {"name": "metrics", "port": 9464, "targetPort": 9464, "protocol": "TCP"} in svc["spec"]["ports"]
+    assert svc["metadata"]["annotations"] == {"prometheus.io/scrape": "true", "prometheus.io/port": "9464",
+                                              "prometheus.io/path": "/metrics"}
+    assert "prometheus.io/scrape" not in (pod["metadata"].get("annotations") or {})  # scraped once, via the Service
+    other = master_service(job(metricsPort=9100))
+    assert other["spec"]["ports"][1]["port"] == 9100 and other["metadata"]["annotations"]["prometheus.io/port"] == "9100"
+    off_pod, off_svc = master_pod(job(metrics=False), index=0), master_service(job(metrics=False))
+    assert [p["name"] for p in off_svc["spec"]["ports"]] == ["grpc"] and "annotations" not in off_svc["metadata"]
+    assert [p["name"] for p in off_pod["spec"]["containers"][0]["ports"]] == ["grpc"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from ft_helpers import wait_for
+from ft_helpers import scrape, wait_for
 from test_operator_create import elasticjob
 
 
@@ -55,6 +55,12 @@ def test_deleted_then_failed_master_is_relaunched_until_the_budget_is_used_up(op
     assert reasons.count("MasterCreated") == 1
     relaunched = [e for e in jobs.events("digits") if e["reason"] == "MasterRelaunched"]
     assert "exit code 137, OOMKilled" in relaunched[1]["message"]
+    # The operator's own metrics, scraped and parsed as Prometheus would.
+    scraped = wait_for(lambda: (m := scrape(f"http://127.0.0.1:{operator.metrics.port}/metrics"))
+                       [("flextrain_operator_jobs", (("phase", "Failed"),))] == 1 and m,
+                       timeout=30, what="a sweep counting the failed job")
+    assert scraped[("flextrain_operator_master_relaunches_total", ())] == 2
+    assert scraped[("flextrain_operator_jobs", (("phase", "Running"),))] == 0
 
 
 def test_master_of_a_finished_job_is_not_relaunched(operator, jobs, caplog):

@@ -148,8 +148,37 @@ def test_checkpoint_dir_inside_the_job_dir_is_accepted():
 
 
 def test_relaunch_budget_default_and_override():
-    assert master_relaunch_budget(job()) == 3
-    assert master_relaunch_budget(job(replicaSpecs__master__relaunchBudget=0)) == 0
+    older = "spec.replicaSpecs.master.relaunchBudget"
+    assert master_relaunch_budget(job()) == (3, older)
+    assert master_relaunch_budget(job(replicaSpecs__master__relaunchBudget=0)) == (0, older)
+    # Kubernetes' name wins over the older one (which the CRD defaults, so both are usually there)
+    assert master_relaunch_budget(job(backoffLimit=1, replicaSpecs__master__relaunchBudget=3)) == (
+        1, "spec.backoffLimit")
+
+
+def test_shared_cluster_fields_map_to_the_jobspec_and_back():
+    obj = job(suspend=True, ttlSecondsAfterFinished=0, activeDeadlineSeconds=60, backoffLimit=2,
+              scheduling={"gang": "kueue", "queue": "team-a"},
+              replicaSpecs__worker__priorityClassName="core", replicaSpecs__worker__elasticPriorityClassName="spot")
+    spec = jobspec_from_resource(obj)
+    assert (spec.suspend, spec.ttl_seconds_after_finished, spec.active_deadline_seconds, spec.backoff_limit) == (
+        True, 0, 60, 2)
+    assert (spec.scheduling.gang, spec.scheduling.queue) == ("kueue", "team-a")
+    assert (spec.worker.priority_class_name, spec.worker.elastic_priority_class_name) == ("core", "spot")
+    back = resource_from_jobspec(spec, image="flextrain:test")
+    assert back["metadata"]["labels"] == {"kueue.x-k8s.io/queue-name": "team-a"}  # what Kueue selects by
+    assert jobspec_from_resource(back) == spec
+
+
+def test_bad_shared_cluster_fields_name_the_field():
+    found = problems(job(scheduling={"gang": "slurm"}, activeDeadlineSeconds=0,
+                         replicaSpecs__worker__elasticPriorityClassName="Not_A_Name"))
+    text = "\n".join(found)
+    assert "spec.scheduling.gang: must be one of volcano, kueue, got 'slurm'" in text
+    assert "spec.activeDeadlineSeconds" in text and "positive" in text
+    assert "spec.replicaSpecs.worker.elasticPriorityClassName" in text
+    kueue = "\n".join(problems(job(scheduling={"gang": "kueue"})))
+    assert "spec.scheduling.gang kueue needs spec.scheduling.queue" in kueue, kueue
 
 
 def test_the_input_object_is_not_modified():
