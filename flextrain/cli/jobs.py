@@ -71,6 +71,7 @@ def _master_alive(status: dict) -> bool:
 
 def _master_stub(status: dict):
     from flextrain.proto import flextrain_pb2_grpc as pb_grpc
+    from flextrain.protocol.limits import MASTER_MESSAGE_OPTIONS
     from flextrain.protocol.security import open_channel
 
     if status.get("phase") in ("Succeeded", "Failed") or not _master_alive(status):
@@ -80,7 +81,7 @@ def _master_stub(status: dict):
     from flextrain.protocol.security import read_credentials
 
     creds = read_credentials(Path(status["jobDir"]) / "tls") if status.get("tls") else None  # --tls jobs
-    return pb_grpc.MasterStub(open_channel(status["masterAddress"], creds))
+    return pb_grpc.MasterStub(open_channel(status["masterAddress"], creds, options=MASTER_MESSAGE_OPTIONS))
 
 
 def _current_status(job: str) -> dict:

@@ -40,6 +40,7 @@ import grpc
 
 from flextrain.job import JobSpec
 from flextrain.master.launcher import InstanceSpec, LaunchBackend, PSEndpoint, Role
+from flextrain.protocol.limits import PS_MESSAGE_OPTIONS
 from flextrain.protocol.security import JobCredentials, open_channel
 
 log = logging.getLogger(__name__)
@@ -133,7 +134,7 @@ class PSFleet:
             path = self._address_file(index)
             return path.is_file() and bool(path.read_text().strip())
         # Placed by the backend: the PS listens once it restored its shard; connecting says so.
-        with open_channel(endpoint.address, self.creds) as channel:
+        with open_channel(endpoint.address, self.creds, options=PS_MESSAGE_OPTIONS) as channel:
             try:
                 grpc.channel_ready_future(channel).result(timeout=0.5)
             except grpc.FutureTimeoutError:

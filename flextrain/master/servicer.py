@@ -21,8 +21,10 @@ import grpc
 
 from flextrain.master.coordinator import JobMaster
 from flextrain.master.spares import SparePool
+from flextrain.master.wire_checks import WireChecks
 from flextrain.proto import flextrain_pb2 as pb
 from flextrain.proto import flextrain_pb2_grpc as pb_grpc
+from flextrain.protocol.limits import MASTER_MESSAGE_OPTIONS
 from flextrain.protocol.security import AioTokenInterceptor, JobCredentials, add_port
 
 # How long a JoinRendezvous call may block before answering WAIT; clients
@@ -225,8 +227,9 @@ class MasterServer:
     async def _start(self, host: str, port: int) -> None:
         self.servicer.bind(asyncio.get_running_loop())
         creds = self.creds
-        server = grpc.aio.server(interceptors=[AioTokenInterceptor(creds.token, on_refused=self.servicer.refused)]
-                                 if creds is not None else None)
+        checks = [AioTokenInterceptor(creds.token, on_refused=self.servicer.refused)] if creds is not None else []
+        server = grpc.aio.server(options=MASTER_MESSAGE_OPTIONS,  # bounds: flextrain/protocol/limits.py
+                                 interceptors=[*checks, WireChecks(lambda: self.servicer.job)])
         pb_grpc.add_MasterServicer_to_server(self.servicer, server)
         bound = add_port(server, f"{host}:{port}", creds)
         if bound == 0:

@@ -19,6 +19,7 @@ import grpc
 from flextrain.k8s import meta
 from flextrain.proto import flextrain_pb2 as pb
 from flextrain.proto import flextrain_pb2_grpc as pb_grpc
+from flextrain.protocol.limits import MASTER_MESSAGE_OPTIONS
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +52,7 @@ def master_target(service: dict | None, *, job: str, namespace: str) -> str:
 def _call(target: str, what: str, invoke, *, timeout: float, attempts: int, backoff: float):
     last: grpc.RpcError | None = None
     for attempt in range(attempts):
-        with grpc.insecure_channel(target) as channel:
+        with grpc.insecure_channel(target, options=MASTER_MESSAGE_OPTIONS) as channel:
             try:
                 return invoke(pb_grpc.MasterStub(channel), timeout)
             except grpc.RpcError as exc:

@@ -222,7 +222,7 @@ class PullEmbeddingChunk(_message.Message):
     def __init__(self, rows: _Optional[_Union[_flextrain_pb2.Tensor, _Mapping]] = ..., version: _Optional[int] = ...) -> None: ...
 
 class PushHeader(_message.Message):
-    __slots__ = ("client_id", "seq", "base_version", "layout_id", "dense_bytes", "absent", "step")
+    __slots__ = ("client_id", "seq", "base_version", "layout_id", "dense_bytes", "absent", "step", "sparse_blocks")
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     BASE_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -230,6 +230,7 @@ class PushHeader(_message.Message):
     DENSE_BYTES_FIELD_NUMBER: _ClassVar[int]
     ABSENT_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
+    SPARSE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     client_id: str
     seq: int
     base_version: int
@@ -237,7 +238,8 @@ class PushHeader(_message.Message):
     dense_bytes: int
     absent: _containers.RepeatedScalarFieldContainer[str]
     step: TaskStep
-    def __init__(self, client_id: _Optional[str] = ..., seq: _Optional[int] = ..., base_version: _Optional[int] = ..., layout_id: _Optional[int] = ..., dense_bytes: _Optional[int] = ..., absent: _Optional[_Iterable[str]] = ..., step: _Optional[_Union[TaskStep, _Mapping]] = ...) -> None: ...
+    sparse_blocks: int
+    def __init__(self, client_id: _Optional[str] = ..., seq: _Optional[int] = ..., base_version: _Optional[int] = ..., layout_id: _Optional[int] = ..., dense_bytes: _Optional[int] = ..., absent: _Optional[_Iterable[str]] = ..., step: _Optional[_Union[TaskStep, _Mapping]] = ..., sparse_blocks: _Optional[int] = ...) -> None: ...
 
 class TaskStep(_message.Message):
     __slots__ = ("task_id", "start", "end")

@@ -203,6 +203,11 @@ class SparseBlocks:
         return self.sel.stop - self.sel.start if isinstance(self.sel, slice) else len(self.sel)
 
     @property
+    def messages(self) -> int:
+        """How many ``PushChunk{sparse}`` messages iterating yields."""
+        return -(-self.count // self.per)
+
+    @property
     def nbytes(self) -> int:
         return self.count * (8 + self.values.shape[1] * self.values.element_size())
 

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from flextrain.protocol.codec import FLOAT_DTYPES, int_view, take_rows
+from flextrain.protocol.limits import MAX_ROW_BYTES
 from flextrain.ps.idindex import IdIndex
 from flextrain.ps.initializers import check_initializer, initial_rows
 from flextrain.ps.optimizers import Optimizer
@@ -49,6 +50,9 @@ class TableSpec:
         if self.dtype not in FLOAT_DTYPES:
             raise ValueError(f"embedding table {self.name!r}: dtype {self.dtype!r} is not one of "
                              f"{', '.join(FLOAT_DTYPES)}")
+        if self.dim * FLOAT_DTYPES[self.dtype].itemsize > MAX_ROW_BYTES:  # a row travels whole in one message
+            raise ValueError(f"embedding table {self.name!r}: dim {self.dim} makes {self.dtype} rows wider than "
+                             f"{MAX_ROW_BYTES} bytes")
         args = check_initializer(self.name, self.initializer, self.init_args)
         return TableSpec(self.name, int(self.dim), self.dtype, self.initializer, args, int(self.seed))
 

@@ -13,11 +13,14 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import math
+import os
 import threading
 from concurrent import futures
 from itertools import chain
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from flextrain.proto import ps_pb2 as pb
 from flextrain.proto import ps_pb2_grpc as pb_grpc
@@ -27,27 +30,30 @@ from flextrain.protocol.security import JobCredentials, TokenInterceptor, add_po
 from flextrain.ps.dense import Spec, check_specs
 from flextrain.ps.embedding import TableSpec
 from flextrain.ps.state import PreconditionError, ShardState, SyncSettings
+from flextrain.protocol.limits import MAX_CHUNK, MAX_TASK_IDS, MIN_CHUNK, PS_MESSAGE_OPTIONS
 from flextrain.protocol.wire import Encoder, Scatter, fields
 
 log = logging.getLogger(__name__)
-MIN_CHUNK, MAX_CHUNK = 4 << 10, 3 << 20  # stay well under gRPC's default 4 MiB message limit
 MAX_WAIT = 60.0                           # longest long-poll a PullDense may ask for
-MAX_DENSE_BYTES = 1 << 40                 # sanity bound on an announced InitDense size
+# An InitDense announcing more than the machine's memory cannot be served; the buffer grows as
+# bytes arrive, so an announcement alone allocates nothing.
+MAX_DENSE_BYTES = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 _MODES = {pb.SyncConfig.SYNC: "sync", pb.SyncConfig.ASYNC: "async"}
 
 
 def _rpc(method):
-    """Turn ValueError/PreconditionError into INVALID_ARGUMENT/FAILED_PRECONDITION."""
+    """Turn ValueError (and undecodable protobuf)/PreconditionError into INVALID_ARGUMENT/FAILED_PRECONDITION."""
     def code_for(exc):
         return grpc.StatusCode.FAILED_PRECONDITION if isinstance(exc, PreconditionError) \
             else grpc.StatusCode.INVALID_ARGUMENT
+    refused = (ValueError, PreconditionError, DecodeError)
 
     if inspect.isgeneratorfunction(method):
         @functools.wraps(method)
         def stream(self, request, context):
             try:
                 yield from method(self, request, context)
-            except (ValueError, PreconditionError) as exc:
+            except refused as exc:
                 context.abort(code_for(exc), str(exc))
         return stream
 
@@ -55,7 +61,7 @@ def _rpc(method):
     def unary(self, request, context):
         try:
             return method(self, request, context)
-        except (ValueError, PreconditionError) as exc:
+        except refused as exc:
             context.abort(code_for(exc), str(exc))
     return unary
 
@@ -148,17 +154,15 @@ class PSServicer(pb_grpc.ParameterServerServicer):
         check_specs(specs)  # before allocating: dtypes and shapes decide the size
         total = sum(s.nbytes for s in specs)
         if total > MAX_DENSE_BYTES:
-            raise ValueError(f"InitDense announces {total} bytes; a PS shard holds at most {MAX_DENSE_BYTES}")
-        data = bytearray(total)
-        pos = 0
+            raise ValueError(f"InitDense layout: {total} bytes announced; a PS shard holds at most "
+                             f"{MAX_DENSE_BYTES} (its machine's memory)")
+        data = bytearray()  # grows with what arrives: the announcement alone allocates nothing
         for msg in chain([first], it):
-            piece = msg.data
-            if pos + len(piece) > len(data):
-                raise ValueError(f"InitDense sent more than the {len(data)} bytes its layout needs")
-            data[pos: pos + len(piece)] = piece
-            pos += len(piece)
-        if pos != len(data):
-            raise ValueError(f"InitDense ended after {pos} of {len(data)} bytes")
+            if len(data) + len(msg.data) > total:
+                raise ValueError(f"InitDense data: more than the {total} bytes its layout needs")
+            data += msg.data
+        if len(data) != total:
+            raise ValueError(f"InitDense data: ended after {len(data)} of {total} bytes")
         initialized, version, store = self.shard.init_dense(specs, data)
         return pb.InitDenseResponse(initialized=initialized, version=version, layout=layout_to_proto(store),
                                     incarnation=self.shard.incarnation)
@@ -170,6 +174,8 @@ class PSServicer(pb_grpc.ParameterServerServicer):
 
     @_rpc
     def PullDense(self, request, context):
+        if not math.isfinite(request.wait_seconds):
+            raise ValueError(f"PullDense wait_seconds: {request.wait_seconds} is not a number of seconds")
         wait = min(max(request.wait_seconds, 0.0), MAX_WAIT)
         with self._waiters_lock:
             if wait > 0 and self._waiters >= self.max_waiters:
@@ -227,6 +233,8 @@ class PSServicer(pb_grpc.ParameterServerServicer):
             consume(fields(raw))
         if not sink.complete:
             raise ValueError(f"push ended after {sink.pos} of {sink.total} dense bytes")
+        if len(sparse) != h.sparse_blocks:  # a stream cut short may end like a complete one
+            raise ValueError(f"push announces {h.sparse_blocks} sparse blocks and sent {len(sparse)}")
         step = (h.step.task_id, h.step.start, h.step.end) if h.HasField("step") else None
         result = self.shard.push(client_id=h.client_id, seq=h.seq, base_version=h.base_version,
                                  layout_id=h.layout_id, dense=dense, absent=list(h.absent), sparse=sparse, step=step)
@@ -236,6 +244,8 @@ class PSServicer(pb_grpc.ParameterServerServicer):
 
     @_rpc
     def TaskProgress(self, request, context):
+        if len(request.task_ids) > MAX_TASK_IDS:
+            raise ValueError(f"TaskProgress task_ids: {len(request.task_ids)} ids, at most {MAX_TASK_IDS}")
         return pb.TaskProgressResponse(accepted_until=self.shard.task_progress(request.task_ids))
 
     @_rpc
@@ -286,12 +296,12 @@ def start_server(servicer: PSServicer, *, host: str = "0.0.0.0", port: int = 0,
     """Start serving; returns the server and its bound port (``port=0``: any free port).
 
     SO_REUSEPORT is off so a second PS on the same port fails loudly instead of
-    silently sharing the traffic. Message size limits stay at gRPC's defaults:
-    every stream is chunked well below them.
+    silently sharing the traffic. Message size limits: flextrain.protocol.limits
+    (every stream is chunked below them).
     """
     interceptors = [TokenInterceptor(creds.token, on_refused=_refused)] if creds is not None else None
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ps-rpc"),
-                         options=[("grpc.so_reuseport", 0)], interceptors=interceptors)
+                         options=[("grpc.so_reuseport", 0), *PS_MESSAGE_OPTIONS], interceptors=interceptors)
     add_to_server(servicer, server)
     try:
         bound = add_port(server, f"{host}:{port}", creds)

@@ -12,9 +12,10 @@ import time
 
 import grpc
 
-from flextrain.protocol.security import JobCredentials, open_channel
 from flextrain.proto import flextrain_pb2 as pb
 from flextrain.proto import flextrain_pb2_grpc as pb_grpc
+from flextrain.protocol.limits import MASTER_MESSAGE_OPTIONS, MAX_TEXT_CHARS
+from flextrain.protocol.security import JobCredentials, open_channel
 
 _TRANSIENT = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED}
 
@@ -32,7 +33,7 @@ class MasterClient:
         self.give_up = give_up
         self.deadline = deadline
         self.creds = creds
-        self.channel = open_channel(address, creds)
+        self.channel = open_channel(address, creds, options=MASTER_MESSAGE_OPTIONS)
         self.stub = pb_grpc.MasterStub(self.channel)
 
     def _call(self, name: str, request, *, deadline: float | None = None, give_up: float | None = None):
@@ -120,7 +121,7 @@ class MasterClient:
         self._call(
             "ReportTask",
             pb.ReportTaskRequest(worker_id=self.worker_id, task_id=task_id, ok=ok, steps_done=steps_done,
-                                 error=error, metric_sums=metric_sums or {}, samples=samples,
+                                 error=error[-MAX_TEXT_CHARS:], metric_sums=metric_sums or {}, samples=samples,
                                  metric_states=states, failure=failure),
         )
 

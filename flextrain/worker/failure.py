@@ -17,6 +17,7 @@ from pathlib import Path
 from flextrain.data import DataError
 from flextrain.failures import EXIT_CODE_OF_KIND, ExitCode, FailureKind
 from flextrain.proto import flextrain_pb2 as pb
+from flextrain.protocol.limits import MAX_TEXT_CHARS
 from flextrain.worker.module import ModelDefError
 
 log = logging.getLogger("flextrain.worker")
@@ -90,7 +91,7 @@ def failure_of(exc: BaseException, *, stage: str, step: int) -> pb.Failure:
     text = "".join(traceback.format_exception(shown))
     return pb.Failure(
         kind=kind.value, exit_code=int(exit_code(kind)), exception=type(shown).__name__,
-        message=_message(shown), location=location, traceback=text[-TRACEBACK_TAIL:], stage=stage, step=step,
+        message=_message(shown)[:MAX_TEXT_CHARS], location=location[-MAX_TEXT_CHARS:], traceback=text[-TRACEBACK_TAIL:], stage=stage, step=step,
     )
 
 

@@ -43,6 +43,7 @@ import torch
 from flextrain.proto import ps_pb2 as pb
 from flextrain.proto import ps_pb2_grpc as pb_grpc
 from flextrain.protocol.codec import LayoutView, dense_sources, dense_targets, dtype_name, hyper_to_wire, raw_bytes
+from flextrain.protocol.limits import PS_MESSAGE_OPTIONS
 from flextrain.protocol.security import JobCredentials, open_channel
 from flextrain.protocol.shard import as_row_ids, dense_owner
 from flextrain.protocol.wire import PUSH_DENSE_TAG, Scatter, fields, gather_chunks
@@ -52,7 +53,7 @@ from flextrain.worker.state import Traffic
 _TRANSIENT = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED}
 _CHANNEL_OPTIONS = [  # reconnect quickly to a relaunched PS instead of gRPC's default backoff of up to 2 min
     ("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100),
-    ("grpc.max_reconnect_backoff_ms", 1000)]
+    ("grpc.max_reconnect_backoff_ms", 1000), *PS_MESSAGE_OPTIONS]
 _MODES = {"sync": pb.SyncConfig.SYNC, "async": pb.SyncConfig.ASYNC}
 
 
@@ -364,7 +365,8 @@ class PSClient:
                                         if dense_grads and self._layouts[i] else ([], [], 0))
             header = pb.PushHeader(client_id=self.client_id, seq=seq, base_version=bases[i] - shift,
                                    layout_id=self._layouts[i].layout_id if nbytes else 0,
-                                   dense_bytes=nbytes, absent=absent)
+                                   dense_bytes=nbytes, absent=absent,
+                                   sparse_blocks=sum(b.messages for b in blocks[i]))
             if step is not None:
                 header.step.CopyFrom(pb.TaskStep(task_id=task_id, start=start, end=end))
 

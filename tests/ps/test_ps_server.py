@@ -212,7 +212,9 @@ def test_unknown_optimizer_at_start():
         start_ps(optimizer="sgdd", port=0, host="127.0.0.1")
 
 
-def test_64mib_push_and_pull_through_default_message_limits(start_cluster):
+def test_64mib_push_and_pull_through_the_message_limits(start_cluster):
+    from flextrain.protocol.limits import MAX_PS_MESSAGE
+
     (ps,), client = start_cluster(1, optimizer="sgd", hyper={"lr": 1.0}, mode="async")
     c = client()
     big = torch.zeros(16 * 1024 * 1024)  # 64 MiB of float32
@@ -222,11 +224,12 @@ def test_64mib_push_and_pull_through_default_message_limits(start_cluster):
     assert c.push({"big": grad, "small": torch.ones(3)}, version=version).accepted
     _, params = c.pull_dense(version)
     assert torch.equal(params["big"], -grad) and torch.equal(params["small"], -torch.ones(3))
-    # The limits really are gRPC's defaults: one 5 MiB message is refused.
+    # The limits really are flextrain.protocol.limits': one message 1 MiB above them is refused.
     stub = c._stubs[0].rpc
+    over = MAX_PS_MESSAGE + (1 << 20)
     with pytest.raises(grpc.RpcError) as err:
         list(stub.PullEmbedding(pb.PullEmbeddingRequest(table="x", ids=fpb.Tensor(
-            dtype="int64", shape=[655360], data=bytes(5 << 20))), timeout=10))
+            dtype="int64", shape=[over // 8], data=bytes(over))), timeout=10))
     assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
