@@ -147,6 +147,19 @@ class InstanceManager:
                 timer.daemon = True
                 timer.start()
 
+    def workers_running(self) -> set[str]:
+        """Workers started and not seen exiting (not spares, not parameter servers)."""
+        spares = self.spares.ids() if self.spares is not None else set()
+        return {i for i in self.backend.running() - spares if i.startswith("worker-")}
+
+    def release_all(self) -> int:
+        """A suspend: want no worker, and take every running one's exit as asked for (the job tells them
+        to stop; flextrain/master/suspension.py). Returns the count wanted before, for the resume."""
+        with self._lock:
+            before, self.desired = self.desired, 0
+            self._stopping |= {i for i in self.backend.running() if i.startswith("worker-")}
+        return before
+
     def kill(self, worker_id: str) -> None:
         """Kill a worker that hangs; its exit counts as a failure and it is replaced."""
         self.backend.terminate(worker_id, force=True)

@@ -37,6 +37,7 @@ from flextrain.master.resume import HISTORY_FILE, record_run, restore
 from flextrain.master.servicer import MasterServicer, start_server
 from flextrain.master.spares import SparePool
 from flextrain.master.status import StatusReporter, metric_text
+from flextrain.master.suspension import Suspension
 
 log = logging.getLogger(__name__)
 
@@ -237,13 +238,18 @@ def _run_master(
                                     "(--min-workers, --max-workers)")
         if job.over:
             return False, f"job already {job.phase.value}"
+        if job.phase is Phase.SUSPENDED or job.suspension:  # no worker now: the count a resume launches
+            suspension.desired = workers
+            return True, f"suspended: the job resumes with {workers} workers"
         manager.scale(workers)
         return True, f"scaling to {workers} workers"
 
     spares = SparePool(spec.worker.spares) if spec.worker.spares else None
+    suspension = Suspension(job, manager=lambda: manager)
     servicer = MasterServicer(
         job, status_json=lambda: _status_json(reporter), stop=stop, scale=scale,
         heartbeat_interval=heartbeat_interval(spec.worker.effective_max_replicas), spares=spares,
+        suspend=suspension.request,
     )
     server, bound = start_server(servicer, host=host, port=port, threads=16)  # the calls that may block
     address = f"{host}:{bound}"
@@ -298,6 +304,7 @@ def _run_master(
                 backend.report(reason="SlowWorker", message=slow.message)
                 if slow.replace:
                     manager.replace(slow.worker_id, avoid_node=slow.node)
+            suspension.tick()
             if stop_requested and time.monotonic() - stop_requested[0] > STOP_GRACE:
                 job.finish(Phase.FAILED, f"stopped: {job.stopping} (no stop checkpoint within {STOP_GRACE:.0f}s)")
             if time.monotonic() - last >= STATUS_INTERVAL:
