@@ -220,7 +220,8 @@ def _run_master(
                                  keep_failed=cited)
         backend = k8s.backend.start()
         status_writer = ElasticJobStatusWriter(k8s.api_client, namespace=k8s.backend.namespace, name=spec.name)
-    backend = backend or LocalProcessBackend(log_dir=job_dir / "logs")
+    backend = backend or LocalProcessBackend(log_dir=job_dir / "logs",
+                                             worker_memory_limit=_bytes(spec.worker.memory_limit))
     stop_requested: list[float] = []
 
     def stop(reason: str) -> tuple[bool, str]:
@@ -273,7 +274,8 @@ def _run_master(
         worker_env=lambda wid: {"FLEXTRAIN_NUM_THREADS": str(threads), "FLEXTRAIN_WORKER_ID": wid,
                                 "PYTHONUNBUFFERED": "1", **local_env},
         on_launch=job.worker_launched, on_exit=lambda wid, code: job.worker_exited(wid),
-        on_budget_exhausted=job.relaunches_exhausted, on_retire=job.retire, judge=job.worker_failed,
+        on_budget_exhausted=job.relaunches_exhausted, on_retire=job.retire,
+        judge=lambda wid, code: job.worker_failed(wid, code, reason=backend.exit_reason(wid)),
         spares=spares,
     )
     fleet: PSFleet | None = None
@@ -349,6 +351,13 @@ def exit_code(job: JobMaster) -> int:
     if job.phase is Phase.SUCCEEDED:
         return ExitCode.OK
     return int(EXIT_CODE_OF_KIND.get(job.failure.kind, ExitCode.INTERNAL)) if job.failure else ExitCode.INTERNAL
+
+
+def _bytes(size) -> int | None:
+    """A memory size of the spec in bytes (the CLI checked it: flextrain.cli.train.check_memory_flag)."""
+    from flextrain.elastic.memory import parse_memory
+
+    return parse_memory(size, what="--worker-memory-limit")
 
 
 def _reachable_host(host: str) -> str:

@@ -25,8 +25,13 @@ FT_HANG_WORKER / FT_HANG_FILE: that worker hangs in `feed` once the file exists.
 FT_EXIT_WORKER / FT_EXIT_FILE: once the file exists, that worker exits (code 17) inside its next backward,
 after the last parameter's gradient is accumulated and the overlapped reduction's hooks have run: every
 bucket but the tail is in flight then (one micro-step per rank: the hooks are armed in it).
+<<<<<<< HEAD
 FT_SLOW_WORKER / FT_SLOW_SECONDS: that worker's forward takes that many seconds longer (a slow node);
 with FT_SLOW_GATE, it builds its optimizer only once that file exists (so that it starts after the others).
+=======
+FT_BYTES_PER_SAMPLE: the model holds this many bytes (resident) per sample of its largest micro-batch so far,
+standing in for activations that grow with the micro-batch (the out-of-memory tests, --worker-memory-limit).
+>>>>>>> 03544cd (master: OOM-aware relaunch: a local worker over --worker-memory-limit is killed as OOMKilled (RSS watch), and an OOMKilled worker halves the job's micro-batch (G unchanged) or fails the job at M=1)
 FT_FEED_DELAY: seconds per `feed` call, standing in for a bigger model's compute (the
 chaos suite uses it so that a job outlasts the workers it starts and kills).
 """
@@ -67,6 +72,7 @@ class Model(nn.Module):
         if _slow():
             time.sleep(float(os.environ["FT_SLOW_SECONDS"]))  # compute this node does slower
         ids = features["id"]
+        _hold_memory(len(ids))
         marked = self.seen[ids]
         h = features["x"]
         for layer in self.net:
@@ -121,6 +127,15 @@ def _maybe_exit_in_backward(model):
 
     for p in params:
         p.register_post_accumulate_grad_hook(accumulated)
+
+
+_HELD = []
+
+
+def _hold_memory(samples):
+    per_sample = int(os.environ.get("FT_BYTES_PER_SAMPLE", "0"))
+    if per_sample and (not _HELD or _HELD[0].numel() < samples * per_sample):
+        _HELD[:] = [torch.ones(samples * per_sample, dtype=torch.uint8)]  # ones: every page resident
 
 
 def _maybe_hang():
