@@ -204,11 +204,12 @@ class FailureHandling:
 
     def _out_of_memory(self, failure: WorkerFailure) -> None:
         """An OOMKilled worker: a higher rung of the memory ladder, or half the micro-batch, or (at 1) the
-        job fails (flextrain/master/oom.py). Its M is the one of the round it was last in."""
+        job fails (flextrain/master/oom.py). Its M is the one of the round it was last in, else (killed before
+        its first round) the one it would have planned with."""
         info = self.workers.get(failure.worker_id)
         rid = info.position.round_id if info is not None else -1
         m = next((r["maxMicroBatch"] for r in reversed(self.round_history) if r["round"] == rid),
-                 self.micro_batches.current)
+                 self.micro_batches.oom.limit(self.micro_batches.current))
         action, fatal = self.micro_batches.oom.killed(failure.worker_id, round_m=m)
         self.note(action)
         if fatal:

@@ -44,6 +44,7 @@ class InstanceManager:
         judge: Callable[[str, int], bool] = lambda worker_id, code: code != 0,
         retire_grace: float = 30.0,
         spares: SparePool | None = None,
+        worker_memory: Callable[[], str | None] = lambda: None,
     ) -> None:
         self.backend = backend
         self.desired = desired
@@ -64,6 +65,7 @@ class InstanceManager:
         self.exits: list[tuple[str, int]] = []
         self.closed = False
         self.spares = spares
+        self._worker_memory = worker_memory  # the memory a worker launched now gets (flextrain/master/oom.py)
         self.spares_lost = 0  # spares that died before they parked, in a row: a spare that cannot start
         self._avoid: dict[str, float] = {}  # node -> until when launches avoid it (replaced slow workers')
         backend.on_exit(self._exited)
@@ -79,7 +81,7 @@ class InstanceManager:
         self._on_launch(worker_id)
         self.backend.launch(
             InstanceSpec(worker_id, Role.WORKER, index, self._worker_args(worker_id),
-                         self._worker_env(worker_id), avoid_nodes=self._avoided())
+                         self._worker_env(worker_id), avoid_nodes=self._avoided(), memory=self._worker_memory())
         )
         log.info("launched %s", worker_id)
         return worker_id

@@ -39,6 +39,7 @@ class InstanceSpec:
     env: Mapping[str, str] = field(default_factory=dict)
     spare: bool = False  # a spare worker (--spare-workers): parked until taken (flextrain/master/spares.py)
     avoid_nodes: tuple[str, ...] = ()  # nodes not to run on (a replaced straggler's, for a while)
+    memory: str | None = None  # a pod's memory limit and request instead of its spec's (a memory ladder's rung)
 
 
 @dataclass(frozen=True)

@@ -208,6 +208,7 @@ def _run_master(
     k8s = None  # the Kubernetes context, when workers run as pods
     if backend is None and spec.backend is Backend.KUBERNETES:
         from flextrain.master.k8s_backend import kubernetes_context
+        from flextrain.k8s.pods import memory_ladder
         from flextrain.master.k8s_status import ElasticJobStatusWriter
 
         def cited() -> set[str]:  # the failed pod the job's failure names (or would): its logs stay readable
@@ -219,6 +220,7 @@ def _run_master(
                                  on_fatal=lambda message: job.finish(Phase.FAILED, message), on_note=job.note,
                                  keep_failed=cited)
         backend = k8s.backend.start()
+        job.micro_batches.oom.ladder = memory_ladder(k8s.backend.job)
         status_writer = ElasticJobStatusWriter(k8s.api_client, namespace=k8s.backend.namespace, name=spec.name)
     backend = backend or LocalProcessBackend(log_dir=job_dir / "logs",
                                              worker_memory_limit=_bytes(spec.worker.memory_limit))
@@ -276,7 +278,7 @@ def _run_master(
         on_launch=job.worker_launched, on_exit=lambda wid, code: job.worker_exited(wid),
         on_budget_exhausted=job.relaunches_exhausted, on_retire=job.retire,
         judge=lambda wid, code: job.worker_failed(wid, code, reason=backend.exit_reason(wid)),
-        spares=spares,
+        spares=spares, worker_memory=lambda: job.micro_batches.oom.memory,
     )
     fleet: PSFleet | None = None
     if spec.strategy is Strategy.PARAMETER_SERVER:  # the servers to launch (the strategy is in job.strategy)
@@ -292,6 +294,8 @@ def _run_master(
                 job.note(f"{spec.ps.replicas} parameter server(s) at {', '.join(job.ps_addresses)}")
             except PSStartError as exc:
                 job.finish(Phase.FAILED, str(exc))
+        if k8s and (k8s.backend.job.get("spec") or {}).get("suspend"):  # relaunched while suspended: stay so
+            suspension.request(True, "spec.suspend is true")
         if not job.over:
             manager.reconcile()
         last = 0.0

@@ -11,6 +11,8 @@ worker process or pod (the point, on a shared cluster: their CPUs, GPUs and memo
   first round finds no survivor of the last one and rolls model and ledger back to the latest checkpoint
   (:meth:`~flextrain.master.rounds.RoundKeeping._rollback`, the path of a job that lost every worker),
   which is the suspend's own when rank 0 wrote one: every record is still applied exactly once.
+* A resume asked while the suspend is under way is kept and done once the job is Suspended (Kueue and
+  the operator may flip ``spec.suspend`` back at any time).
 * Refused, with the reason: a job that is over, already suspended (suspend) or not suspended (resume);
   a job whose training finished (its last evaluation runs to the end); ParameterServer, script and
   ``--spare-workers`` jobs (their state lives beyond rank 0's checkpoint: not supported yet).
@@ -38,6 +40,7 @@ class Suspension:
         self.clock = clock
         self.since: float | None = None  # when the running suspend was asked
         self.desired = 0  # the workers wanted before the suspend: what a resume launches
+        self.resume_after: str | None = None  # a resume's reason, asked while the suspend was under way
 
     def request(self, suspend: bool, reason: str) -> tuple[bool, str]:
         """Suspend (``suspend``) or resume the job; ``(accepted, message)``."""
@@ -71,9 +74,11 @@ class Suspension:
     def _resume(self, reason: str) -> tuple[bool, str]:
         job = self.job
         with job.cond:
+            if job.suspension is not None and not job.over:
+                self.resume_after = reason
+                return True, "resuming once the suspend under way completes"
             if job.phase is not Phase.SUSPENDED:
-                why = "its suspend is still under way" if job.suspension else f"the job is {job.phase.value}"
-                return False, f"cannot resume: {why}, not Suspended"
+                return False, f"cannot resume: the job is {job.phase.value}, not Suspended"
             job.phase, job.stopping, job.short_since = Phase.PENDING, None, None
             job.note(f"resumed ({reason}): launching {self.desired} worker(s); training continues from the "
                      "latest checkpoint")
@@ -104,6 +109,9 @@ class Suspension:
             job.phase, job.suspension = Phase.SUSPENDED, None
             job.note(f"suspended: every worker released; a resume continues from {where}")
             job.cond.notify_all()
+        if self.resume_after is not None:
+            reason, self.resume_after = self.resume_after, None
+            self._resume(reason)
 
 
 __all__ = ["SUSPEND_GRACE", "Suspension"]

@@ -13,6 +13,7 @@ its thread pool.
 * ``spec.replicaSpecs.worker.replicas`` changed (``kubectl scale``) -> Scale RPC, or the
   spec reverted when the count is out of range or the job has finished (one Event either way).
 * annotation ``flextrain.dev/stop`` set (``flextrain stop``) -> Stop RPC.
+* ``spec.suspend`` flipped on a running job (``flextrain suspend/resume``, Kueue) -> Suspend RPC.
 * ``status.phase`` changed -> one Event per phase entered, those passed unseen included.
 """
 
@@ -25,6 +26,7 @@ import kopf
 
 from flextrain.k8s import meta
 from flextrain.operator.reconcile import MasterUnreachable, Reconciler
+from flextrain.operator.suspending import relay_suspend_change
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +86,16 @@ def build_registry(reconciler: Reconciler, *, registry: kopf.OperatorRegistry | 
             return
         try:
             reconciler.stop(job, reason=str(new))
+        except MasterUnreachable as exc:
+            raise kopf.TemporaryError(str(exc), delay=RELAY_RETRY_DELAY) from exc
+
+    @kopf.on.field(**job_resource, id="relay-suspend", field="spec.suspend", retries=RELAY_RETRIES)
+    def on_suspend(old: Any, new: Any, body: kopf.Body, **_: Any) -> None:
+        job = reconciler.kube.get_job(body.metadata.namespace, body.metadata.name)
+        if job is None:
+            return
+        try:
+            relay_suspend_change(reconciler.kube, job, target=reconciler.master_address(job), old=old, new=new)
         except MasterUnreachable as exc:
             raise kopf.TemporaryError(str(exc), delay=RELAY_RETRY_DELAY) from exc
 
