@@ -186,15 +186,15 @@ class FailureHandling:
             if self.over or self.stopping or (code == 0 and worker_id in self.dismissed):
                 return False  # leaving because the job is over, stopping, or done with it
             verdict = self.failures.exited(worker_id, code, step=self.step)
-            if verdict.relaunch:  # by cause, for the metrics (flextrain_relaunches_total)
-                cause = verdict.failure.kind.value if verdict.failure is not None else "Released"
-                self.relaunch_causes[cause] = self.relaunch_causes.get(cause, 0) + 1
             if verdict.failure is not None and reason == OOM_KILLED:
                 verdict = dataclasses.replace(verdict, failure=dataclasses.replace(verdict.failure, reason=reason))
                 self.failures.history[-1] = verdict.failure
-                self._out_of_memory(verdict.failure)
+                self._out_of_memory(verdict.failure)  # may fail the job (at micro-batch 1): no relaunch then
             elif verdict.failure is not None:
                 self.note(verdict.failure.summary())
+            if verdict.relaunch and not self.over:  # by cause, for the metrics (flextrain_relaunches_total)
+                cause = verdict.failure.kind.value if verdict.failure is not None else "Released"
+                self.relaunch_causes[cause] = self.relaunch_causes.get(cause, 0) + 1
             if verdict.fatal is not None:
                 root = verdict.fatal
                 why = ("no relaunch can fix it" if root.kind in (FailureKind.MODULE_CONTRACT, FailureKind.NON_FINITE)
