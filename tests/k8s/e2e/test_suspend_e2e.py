@@ -4,12 +4,9 @@ back, worker pods run again and the job finishes with every record trained (emul
 
 from __future__ import annotations
 
-import os
-import subprocess
-
 import pytest
-from ft_helpers import flextrain_cmd, wait_for
-from test_elasticjob_e2e import RECORDS, SLOW_MODEL, elasticjob, pods_of, wait_phase
+from ft_helpers import wait_for
+from test_elasticjob_e2e import RECORDS, SLOW_MODEL, elasticjob, pods_of, run_cli, wait_phase
 
 pytestmark = pytest.mark.e2e
 
@@ -19,11 +16,7 @@ LIVE = ("Pending", "Running")
 def test_spec_suspend_releases_the_worker_pods_and_false_brings_them_back(operator, node_agent, jobs, digits_data,
                                                                           tmp_path, k8s_cluster):
     def cli(*args):
-        env = {**os.environ, "KUBECONFIG": str(k8s_cluster.kubeconfig)}
-        res = subprocess.run(flextrain_cmd(*args, "--namespace", jobs.namespace), capture_output=True, text=True,
-                             timeout=120, env=env, check=False)
-        assert res.returncode == 0, res.stderr
-        return res.stdout
+        return run_cli(k8s_cluster, jobs, *args)
 
     job_dir = tmp_path / "digits"
     epochs = 20
