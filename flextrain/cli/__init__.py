@@ -1,4 +1,4 @@
-"""``flextrain`` command line: train, run, status, scale, stop, evaluate, predict, operator, master, data, validate, worker, ps.
+"""``flextrain`` command line: train, run, status, scale, stop, suspend, resume, evaluate, predict, operator, master, data, validate, worker, ps.
 
 This package assembles the parser from one module per command group and runs
 the command (``main``, the ``flextrain`` console script):
@@ -6,7 +6,7 @@ the command (``main``, the ``flextrain`` console script):
 * flextrain.cli.common -- what several command modules share (CLIError, HelpFormatter, job names, paths)
 * flextrain.cli.train -- ``train`` (its flags, the job spec, ``--resume``, the local run)
 * flextrain.cli.run -- ``run SCRIPT ARGS``: an elastic script job, run locally
-* flextrain.cli.jobs -- ``status``, ``stop``, ``scale`` of a local job
+* flextrain.cli.jobs -- ``status``, ``stop``, ``scale``, ``suspend``, ``resume`` of a local job
 * flextrain.cli.plot -- ``plot``: a job's recorded history (events.jsonl) as a picture
 * flextrain.cli.evaluate -- ``evaluate`` and ``predict``
 * flextrain.cli.kubernetes -- ``--backend kubernetes`` / ``--namespace``: the commands on ElasticJobs
@@ -39,11 +39,11 @@ def make_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     train.add_commands(sub)
     run.add_commands(sub)  # run SCRIPT ARGS: an elastic script job
-    jobs.add_commands(sub)  # status, stop, scale
+    jobs.add_commands(sub)  # status, stop, scale, suspend, resume
     parser.train_parser = sub.choices["train"]  # given_flags parses its arguments again
     evaluate.add_commands(sub)  # evaluate, predict
     cluster.add_commands(sub)  # operator, master
-    kubernetes.add_commands(sub)  # Kubernetes flags on train/status/stop/scale
+    kubernetes.add_commands(sub)  # Kubernetes flags on train/status/stop/scale/suspend/resume
     plot.add_commands(sub)  # plot JOB: the job's history as a picture
     data.add_commands(sub)  # data digits|ctr|convert|inspect
     internal.add_commands(sub)  # ps, preflight, worker

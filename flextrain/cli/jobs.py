@@ -1,4 +1,4 @@
-"""``flextrain status``, ``stop`` and ``scale`` of a local job.
+"""``flextrain status``, ``stop``, ``scale``, ``suspend`` and ``resume`` of a local job.
 
 A local job is found by its directory (or its name under ./flextrain-jobs);
 status reads its status.json, stop and scale call its master over gRPC.
@@ -16,10 +16,12 @@ from flextrain.cli.common import DEFAULT_JOBS_DIR, CLIError
 
 
 def add_commands(sub) -> None:
-    """The ``status``, ``stop`` and ``scale`` subcommands."""
+    """The ``status``, ``stop``, ``scale``, ``suspend`` and ``resume`` subcommands."""
     for name, fn, help_ in (("status", cmd_status, "show a job's status"),
                             ("stop", cmd_stop, "stop a running job"),
-                            ("scale", cmd_scale, "change the number of workers of a running job")):
+                            ("scale", cmd_scale, "change the number of workers of a running job"),
+                            ("suspend", cmd_suspend, "checkpoint a running job and release all its workers"),
+                            ("resume", cmd_resume, "launch the workers of a suspended job again")):
         p = sub.add_parser(name, help=help_)
         p.add_argument("job", metavar="JOB", help="job name or job directory")
         if name == "status":
@@ -29,6 +31,9 @@ def add_commands(sub) -> None:
         if name == "stop":
             p.add_argument("--reason", default="stopped by user (flextrain stop)",
                            help="recorded as the job's final message")
+        if name in ("suspend", "resume"):
+            p.add_argument("--reason", default=f"{name}d by user (flextrain {name})",
+                           help="recorded in the job's events")
         if name == "scale":
             p.add_argument("workers", type=int, metavar="N",
                            help="the number of workers wanted, within the job's --min-workers..--max-workers")
@@ -87,7 +92,7 @@ def _master_stub(status: dict):
 def _current_status(job: str) -> dict:
     """status.json, its message saying so when the master that wrote it is gone."""
     status = _read_status(job)
-    if status.get("phase") in ("Pending", "Running") and not _master_alive(status):
+    if status.get("phase") in ("Pending", "Running", "Suspended") and not _master_alive(status):
         status["message"] = f"master process {status.get('pid')} is gone; status is from its last write"
     return status
 
@@ -128,7 +133,7 @@ def status_lines(status: dict) -> list[str]:
     if evaluations := status.get("evaluations"):  # the metrics above are the latest evaluation's
         more = f" (of {len(evaluations)} evaluations)" if len(evaluations) > 1 else ""
         lines.append(f"evaluated at step {evaluations[-1]['step']} on {evaluations[-1]['samples']:,} samples{more}")
-    if status.get("metricsUrl") and status["phase"] in ("Pending", "Running"):
+    if status.get("metricsUrl") and status["phase"] in ("Pending", "Running", "Suspended"):
         lines.append(f"metrics   {status['metricsUrl']}")
     return lines + failure_lines(status.get("failure"))
 
@@ -146,6 +151,26 @@ def cmd_stop(args) -> int:
     resp = _master_stub(status).Stop(pb.StopRequest(reason=args.reason), timeout=10)
     print(resp.message)
     return 0 if resp.accepted else 1
+
+
+def cmd_suspend(args) -> int:
+    return _suspend(args, suspend=True)
+
+
+def cmd_resume(args) -> int:
+    return _suspend(args, suspend=False)
+
+
+def _suspend(args, *, suspend: bool) -> int:
+    """Suspend or resume through the master (flextrain/master/suspension.py); a refusal is the error."""
+    from flextrain.proto import flextrain_pb2 as pb
+
+    status = _read_status(args.job, complete=False)
+    resp = _master_stub(status).Suspend(pb.SuspendRequest(suspend=suspend, reason=args.reason), timeout=10)
+    if not resp.accepted:
+        raise CLIError(resp.message)
+    print(resp.message)
+    return 0
 
 
 def cmd_scale(args) -> int:

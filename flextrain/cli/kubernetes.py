@@ -2,7 +2,7 @@
 
 * ``flextrain train --backend kubernetes ... [--image IMG] [--namespace NS] [--dry-run]``
   submits an ElasticJob (``--dry-run`` prints its YAML and submits nothing).
-* ``flextrain status|scale|stop NAME --namespace NS`` (or ``--backend kubernetes``)
+* ``flextrain status|scale|stop|suspend|resume NAME --namespace NS`` (or ``--backend kubernetes``)
   act on an ElasticJob through the API server, never by dialling the master
   (which is not reachable from outside the cluster): status reads the
   ElasticJob's status, scale patches ``spec.replicaSpecs.worker.replicas``
@@ -114,7 +114,8 @@ def add_commands(sub) -> None:
     train = sub.choices["train"]
     add_train_flags(train)
     train.set_defaults(fn=_train_dispatch(train.get_default("fn")))
-    for name, fn in (("status", status), ("stop", stop), ("scale", scale)):
+    for name, fn in (("status", status), ("stop", stop), ("scale", scale), ("suspend", suspend),
+                     ("resume", resume)):
         p = sub.choices[name]
         add_job_flags(p)
         p.set_defaults(fn=dispatch(p.get_default("fn"), fn))
@@ -331,14 +332,35 @@ def stop(args) -> int:
     return 0
 
 
+def suspend(args) -> int:
+    return _set_suspend(args, True)
+
+
+def resume(args) -> int:
+    return _set_suspend(args, False)
+
+
+def _set_suspend(args, value: bool) -> int:
+    """``spec.suspend`` of the ElasticJob: the operator relays it to the master (Kubernetes' Job convention)."""
+    namespace = _namespace(args)
+    kube = _kube()
+    _live_job(kube, namespace, args.job)
+    _patch(kube, namespace, args.job, {"spec": {"suspend": value}})
+    what = "suspend requested (checkpoint, then every worker pod released)" if value else "resume requested"
+    print(f"{args.job}: spec.suspend: {str(value).lower()}: {what}; the operator relays it to the master")
+    return 0
+
+
 __all__ = [
     "add_commands",
     "add_job_flags",
     "add_train_flags",
     "dispatch",
     "elasticjob_from_args",
+    "resume",
     "scale",
     "status",
+    "suspend",
     "stop",
     "submit",
     "wants_kubernetes",

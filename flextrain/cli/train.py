@@ -130,6 +130,10 @@ def add_commands(sub) -> None:
                         "and optimizer) before it counts as hung")
     g.add_argument("--relaunch-budget", type=int, default=3, metavar="N",
                    help="relaunches per worker slot before giving up relaunching")
+    g.add_argument("--worker-memory-limit", type=int_or_text, metavar="BYTES",
+                   help="resident memory a local worker may use, in bytes or e.g. 2GiB: one over it is killed "
+                        "(OOMKilled) and the job goes on with half the micro-batch (docs/shared-cluster.md; on "
+                        "Kubernetes: the pod's resources.limits.memory)")
     g.add_argument("--spare-workers", dest="spares", type=int, default=0, metavar="K",
                    help="keep K spare workers started ahead (model and optimizer built) and parked: a scale-up or "
                         "the replacement of a lost worker takes one and joins in well under a second (AllReduce; "
@@ -193,6 +197,7 @@ def build_spec(args):
         bucket_mb=args.bucket_mb,
         rendezvous_timeout=args.rendezvous_timeout,
         worker_timeout=args.worker_timeout, start_timeout=args.start_timeout, relaunch_budget=args.relaunch_budget,
+        worker_memory_limit=args.worker_memory_limit,
         spares=args.spares, min_workers_timeout=args.min_workers_timeout,
         straggler_policy=args.straggler_policy, straggler_factor=args.straggler_factor, node_check=args.node_check,
         strategy=Strategy(args.distribution_strategy), ps=args.ps, ps_mode=args.ps_mode,
@@ -214,14 +219,18 @@ def int_or_text(value: str) -> int | str:
 
 
 def check_memory_flag(spec) -> None:
-    """``--memory-limit`` read as flextrain.elastic.memory reads it in the workers (JobSpecError naming the flag)."""
-    if spec.training.memory_limit is None:
+    """``--memory-limit`` and ``--worker-memory-limit`` read as flextrain.elastic.memory reads them (JobSpecError
+    naming the flag)."""
+    given = [(flag, v) for flag, v in (("--memory-limit", spec.training.memory_limit),
+                                       ("--worker-memory-limit", spec.worker.memory_limit)) if v is not None]
+    if not given:
         return
     from flextrain.elastic.memory import parse_memory  # imports torch
     from flextrain.job import JobSpecError
 
     try:
-        parse_memory(spec.training.memory_limit, what="--memory-limit")
+        for flag, value in given:
+            parse_memory(value, what=flag)
     except ValueError as exc:
         raise JobSpecError(str(exc)) from None
 

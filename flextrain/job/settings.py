@@ -316,6 +316,9 @@ SETTINGS: tuple[Setting, ...] = (
     _s("min_workers", "worker.min_replicas", int, "spec.replicaSpecs.worker.minReplicas"),
     _s("max_workers", "worker.max_replicas", int, "spec.replicaSpecs.worker.maxReplicas"),
     _s("relaunch_budget", "worker.relaunch_budget", int, "spec.replicaSpecs.worker.relaunchBudget"),
+    # A local worker's resident memory limit, enforced like a container's (flextrain/master/memwatch.py); on
+    # Kubernetes the same idea is the pod's resources.limits.memory, so it has no ElasticJob field of its own.
+    _s("worker_memory_limit", "worker.memory_limit", IntOrStr),
     # Spare workers started ahead and parked, taken by a scale-up or a replacement (docs/spares.md).
     _s("spares", "worker.spares", int, "spec.replicaSpecs.worker.spares", "--spare-workers"),
     # Workers persistently slower than the others, and a pre-flight check of each new worker (docs/shared-cluster.md).
@@ -382,4 +385,5 @@ VALUE_RULES = {
     "gang": check_gang, "queue": check_object_name, "priority_class_name": check_object_name,
     "elastic_priority_class_name": check_object_name,
     "max_micro_batch": check_max_micro_batch, "memory_limit": check_memory_limit, "accelerate": check_accelerate,
+    "worker_memory_limit": check_memory_limit,
 }

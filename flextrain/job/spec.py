@@ -152,6 +152,9 @@ class WorkerSpec:
     max_replicas: int | None = None  # None: replicas
     # Times a crashed worker is relaunched before the job gives up on it.
     relaunch_budget: int = 3
+    # Local backend: the resident memory a worker may use (bytes, or "2GiB"); one over it is killed as
+    # OOMKilled and the job re-planned with a smaller micro-batch (flextrain/master/oom.py). None: no limit.
+    memory_limit: int | str | None = None
     # Spare workers kept started ahead (module, model and optimizer built) and parked: a scale-up or the
     # replacement of a lost worker takes one instead of launching a worker (flextrain/master/spares.py).
     spares: int = 0
@@ -336,6 +339,8 @@ class JobSpec:
             check_max_micro_batch("--max-micro-batch", self.training.max_micro_batch)
         if self.training.memory_limit is not None:
             check_memory_limit("--memory-limit", self.training.memory_limit)
+        if self.worker.memory_limit is not None:
+            check_memory_limit("--worker-memory-limit", self.worker.memory_limit)
         if self.training.accelerate is not None:
             check_accelerate("--accelerate", self.training.accelerate)
         if self.training.batch_schedule is not None:

@@ -77,6 +77,12 @@ def ps_port(job: Mapping[str, Any], index: int) -> int:
     return base + index
 
 
+def memory_ladder(job: Mapping[str, Any]) -> tuple[str, ...]:
+    """``spec.replicaSpecs.worker.memoryLadder``: the memory sizes an OOMKilled worker's pods climb, as strings."""
+    ladder = (((job.get("spec") or {}).get("replicaSpecs") or {}).get("worker") or {}).get("memoryLadder") or ()
+    return tuple(str(size) for size in ladder)
+
+
 def instance_pod_name(job_name: str, instance_id: str) -> str:
     """``<job>-<instance id>``: e.g. ``digits-worker-3`` for instance ``worker-3``."""
     return f"{job_name}-{instance_id}"
@@ -93,10 +99,12 @@ def instance_pod(
     master_address: str,
     spare: bool = False,
     priority_class_name: str | None = None,
+    memory: str | None = None,
 ) -> dict[str, Any]:
     """The Pod of one worker or PS instance of ``job`` (an ElasticJob dict with metadata.uid); a ``spare``
     worker's pod is labelled ``flextrain.dev/spare: "true"``; ``priority_class_name`` overrides the role's
-    (a worker of the elastic part: flextrain/master/k8s_priority.py)."""
+    (a worker of the elastic part: flextrain/master/k8s_priority.py); ``memory`` (a memory ladder's size)
+    replaces the memory limit and request of the role's resources."""
     pod = job_pod(job, role=role, index=index, pod_name=instance_pod_name(job["metadata"]["name"], instance_id),
                   instance_id=instance_id, args=args, env=env, master_address=master_address,
                   port=ps_port(job, index) if role == "ps" else None)
@@ -104,6 +112,11 @@ def instance_pod(
         pod["spec"]["priorityClassName"] = priority_class_name
     if spare:
         pod["metadata"]["labels"][meta.LABEL_SPARE] = "true"
+    if memory:
+        container = pod["spec"]["containers"][0]
+        resources = container.get("resources") or {}  # new dicts: the job's own resources stay as they are
+        container["resources"] = {**resources, "limits": {**(resources.get("limits") or {}), "memory": memory},
+                                  "requests": {**(resources.get("requests") or {}), "memory": memory}}
     return pod
 
 
@@ -246,4 +259,4 @@ def service_address(service: Mapping[str, Any], *, default_port: int) -> str:
     return f"{md['name']}.{md.get('namespace', 'default')}.svc:{port}"
 
 
-__all__ = ["PodSettings", "instance_pod", "instance_pod_name", "ps_port", "pod_settings", "ps_service", "service_address"]
+__all__ = ["PodSettings", "instance_pod", "instance_pod_name", "memory_ladder", "ps_port", "pod_settings", "ps_service", "service_address"]

@@ -84,8 +84,11 @@ NOT_YET: tuple[str, ...] = ()
 _POD_FIELDS = {"resources", "priorityClassName", "env", "template"}  # template: see flextrain.k8s.template
 POD_LEVEL = {
     "image", "volumes", "imagePullPolicy", "replicaSpecs.master.relaunchBudget", "training.checkpointDir",
+    "replicaSpecs.worker.memoryLadder",  # the memory of worker pods after OOM kills (flextrain/master/oom.py)
     *(f"replicaSpecs.{role}.{f}" for role in ROLES for f in _POD_FIELDS),
 }
+# Fields that steer a running job rather than describe it: the operator relays them to the master.
+CONTROL = {"suspend"}  # flextrain/operator/suspending.py
 REQUIRED = ("image",)  # and modelDef with data.training, or script (_required_problems)
 
 
@@ -199,7 +202,7 @@ def _check(obj: Mapping[str, Any]) -> tuple[list[str], JobSpec | None]:
     spec = obj.get("spec")
     if not isinstance(spec, Mapping):
         return [*out, "spec: is required"], None
-    out += _unknown_problems(spec, {f.path for f in FIELDS} | set(NOT_YET) | POD_LEVEL)
+    out += _unknown_problems(spec, {f.path for f in FIELDS} | set(NOT_YET) | POD_LEVEL | CONTROL)
     for path in (*REQUIRED, *(() if _get(spec, "script") not in (None, "") else ("modelDef", "data.training"))):
         value = _get(spec, path)
         if value is None or value == "":

@@ -126,6 +126,7 @@ class JobMaster(FailureHandling, RoundKeeping):
         self.retiring: set[str] = set()  # scaled away: told to stop at the next rendezvous
         self.departed: dict[str, str] = {}  # why workers left, where the master chose it (the job's history)
         self.stopping: str | None = None  # stop reason while waiting for the stop checkpoint
+        self.suspension: str | None = None  # a suspend's reason while its workers leave (master/suspension.py)
         self.short_since: float | None = None  # since when fewer than min workers are alive
         self.events: list[str] = []
         self.round_history: list[dict] = []  # every round formed: who, from which version
@@ -399,7 +400,9 @@ class JobMaster(FailureHandling, RoundKeeping):
                     return pb.ReportCheckpointResponse()
             if req.final:
                 self.final_checkpoint = req.path
-            if req.stop and self.stopping:
+            if req.stop and self.suspension is not None:
+                self.note(f"suspend checkpoint at step {req.position.version}: {req.path}")
+            elif req.stop and self.stopping:
                 self.finish(Phase.FAILED, f"stopped: {self.stopping}; checkpoint at step "
                             f"{req.position.version}: resume with `flextrain train --resume {self.spec.job_dir}`")
             self.check_outcome()
@@ -524,8 +527,8 @@ class JobMaster(FailureHandling, RoundKeeping):
         with self.cond:
             now = self.clock()
             self.strategy.tick(self)
-            if self.over:
-                return []
+            if self.over or self.phase is Phase.SUSPENDED or self.suspension is not None:
+                return []  # suspended (or suspending): no worker is wanted, none is missing
             rnd = self.rendezvous.current
             training = not self.training_finished()
             if training and (rnd is None or rnd.state is RoundState.CLOSED):

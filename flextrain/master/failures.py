@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from flextrain.failures import ExitCode, FailureKind, describe_exit, kind_of_exit, signal_name
+from flextrain.master.k8s_outcomes import OOM_KILLED
 from flextrain.proto import flextrain_pb2 as pb
 
 REPEATS_TO_FAIL = 2  # the same failure this often without progress is the job's, not bad luck
@@ -178,23 +179,43 @@ class FailureHandling:
     """The JobMaster's side of worker failures, apart for size: a mixin of JobMaster, whose lock,
     phase, ledger, tracker (``failures``) and ``fail``/``note`` it uses; every method takes the lock."""
 
-    def worker_failed(self, worker_id: str, code: int) -> bool:
-        """An exit the launcher did not ask for; returns whether to launch a replacement."""
+    def worker_failed(self, worker_id: str, code: int, *, reason: str = "") -> bool:
+        """An exit the launcher did not ask for; returns whether to launch a replacement. ``reason``: the
+        launch backend's (``OOMKilled``: the worker was killed for memory, flextrain/master/oom.py)."""
         with self.cond:
             if self.over or self.stopping or (code == 0 and worker_id in self.dismissed):
                 return False  # leaving because the job is over, stopping, or done with it
             verdict = self.failures.exited(worker_id, code, step=self.step)
-            if verdict.relaunch:  # by cause, for the metrics (flextrain_relaunches_total)
+            if verdict.failure is not None and reason == OOM_KILLED:
+                verdict = dataclasses.replace(verdict, failure=dataclasses.replace(verdict.failure, reason=reason))
+                self.failures.history[-1] = verdict.failure
+                self._out_of_memory(verdict.failure)  # may fail the job (at micro-batch 1): no relaunch then
+            elif verdict.failure is not None:
+                self.note(verdict.failure.summary())
+            if verdict.relaunch and not self.over:  # by cause, for the metrics (flextrain_relaunches_total)
                 cause = verdict.failure.kind.value if verdict.failure is not None else "Released"
                 self.relaunch_causes[cause] = self.relaunch_causes.get(cause, 0) + 1
-            if verdict.failure is not None:
-                self.note(verdict.failure.summary())
             if verdict.fatal is not None:
                 root = verdict.fatal
                 why = ("no relaunch can fix it" if root.kind in (FailureKind.MODULE_CONTRACT, FailureKind.NON_FINITE)
                        else "the same failure again with no step trained in between")
                 self.fail(root, failed_message(root, why + self._last_good(root)))
             return verdict.relaunch and not self.over
+
+    def _out_of_memory(self, failure: WorkerFailure) -> None:
+        """An OOMKilled worker: a higher rung of the memory ladder, or half the micro-batch, or (at 1) the
+        job fails (flextrain/master/oom.py). Its M is the one of the round it was last in, else (killed before
+        its first round) the one it would have planned with."""
+        info = self.workers.get(failure.worker_id)
+        rid = info.position.round_id if info is not None else -1
+        m = next((r["maxMicroBatch"] for r in reversed(self.round_history) if r["round"] == rid),
+                 self.micro_batches.oom.limit(self.micro_batches.current))
+        action, fatal = self.micro_batches.oom.killed(failure.worker_id, round_m=m)
+        self.note(action)
+        if fatal:
+            self.fail(failure, f"{action}; the model does not fit the worker's memory even one sample at a "
+                      "time: give the workers more memory (--worker-memory-limit, resources.limits.memory or "
+                      "replicaSpecs.worker.memoryLadder)")
 
     def _last_good(self, failure: WorkerFailure) -> str:
         """For a non-finite model: the checkpoint to go back to (all checkpoints are finite)."""

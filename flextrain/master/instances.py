@@ -46,6 +46,7 @@ class InstanceManager:
         retire_grace: float = 30.0,
         spares: SparePool | None = None,
         on_disrupted: Callable[[str, str], None] = lambda worker_id, why: None,
+        worker_memory: Callable[[], str | None] = lambda: None,
     ) -> None:
         self.backend = backend
         self.desired = desired
@@ -69,6 +70,7 @@ class InstanceManager:
         self.exits: list[tuple[str, int]] = []
         self.closed = False
         self.spares = spares
+        self._worker_memory = worker_memory  # the memory a worker launched now gets (flextrain/master/oom.py)
         self.spares_lost = 0  # spares that died before they parked, in a row: a spare that cannot start
         self._avoid: dict[str, float] = {}  # node -> until when launches avoid it (replaced slow workers')
         backend.on_exit(self._exited)
@@ -84,7 +86,7 @@ class InstanceManager:
         self._on_launch(worker_id)
         self.backend.launch(
             InstanceSpec(worker_id, Role.WORKER, index, self._worker_args(worker_id),
-                         self._worker_env(worker_id), avoid_nodes=self._avoided())
+                         self._worker_env(worker_id), avoid_nodes=self._avoided(), memory=self._worker_memory())
         )
         log.info("launched %s", worker_id)
         return worker_id
@@ -151,6 +153,19 @@ class InstanceManager:
                 timer = threading.Timer(self.retire_grace, self.backend.terminate, args=(worker_id,))
                 timer.daemon = True
                 timer.start()
+
+    def workers_running(self) -> set[str]:
+        """Workers started and not seen exiting (not spares, not parameter servers)."""
+        spares = self.spares.ids() if self.spares is not None else set()
+        return {i for i in self.backend.running() - spares if i.startswith("worker-")}
+
+    def release_all(self) -> int:
+        """A suspend: want no worker, and take every running one's exit as asked for (the job tells them
+        to stop; flextrain/master/suspension.py). Returns the count wanted before, for the resume."""
+        with self._lock:
+            before, self.desired = self.desired, 0
+            self._stopping |= {i for i in self.backend.running() if i.startswith("worker-")}
+        return before
 
     def kill(self, worker_id: str) -> None:
         """Kill a worker that hangs; its exit counts as a failure and it is replaced."""

@@ -173,7 +173,7 @@ def guard(job_dir: str | Path, *, resume: bool = False, overwrite: bool = False,
         raise _in_use(path, who)
     info = inspect(path)
     if info.holds_job and not resume and not overwrite:
-        if info.phase in ("Pending", "Running"):  # nobody holds the lock: its master died
+        if info.phase in ("Pending", "Running", "Suspended"):  # nobody holds the lock: its master died
             info.phase += " (its master is gone)"
         if not resumable:
             how = ""

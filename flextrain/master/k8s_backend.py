@@ -11,8 +11,9 @@ before it reported an exit).
 
 Relaunch decisions stay with :class:`InstanceManager` (a preempted, killed or
 deleted worker is replaced within the relaunch budget). One policy is the
-backend's own because only it sees the reason: a container ``OOMKilled``
-more than ``max_oom_kills`` times in a role is not retried again; the job is
+backend's own because only it sees the reason: a PS container ``OOMKilled``
+more than ``max_oom_kills`` times is not retried again (an OOMKilled worker is the
+master's to handle, through :meth:`exit_reason`: flextrain/master/oom.py); the job is
 failed through ``on_fatal`` with a message naming OOMKilled and what to change,
 and later launches are refused (logged) since the job is over.
 
@@ -187,7 +188,7 @@ class KubernetesPodBackend(PodCreation, LaunchBackend):
                 spare=spec.spare) if spec.role is Role.WORKER else None
             body = instance_pod(self.job, role=role, index=spec.index, instance_id=spec.instance_id,
                                 args=spec.args, env=spec.env, master_address=self.master_address, spare=spec.spare,
-                                priority_class_name=priority)
+                                priority_class_name=priority, memory=spec.memory)
             avoid_nodes(body, spec.avoid_nodes)  # a replaced slow worker's node, for a while
             inst = self._instances[spec.instance_id] = _Instance(spec.instance_id, role, name, priority=priority)
             refusal = self._attempt(inst, body, service)
@@ -356,7 +357,8 @@ class KubernetesPodBackend(PodCreation, LaunchBackend):
                 return
             inst.reported, inst.code, inst.reason = True, code, reason
             self.seen.exits.append((instance_id, code, reason))
-            if reason == OOM_KILLED and not self.closed:
+            # Workers: the master lowers their micro-batch or climbs the memory ladder (flextrain/master/oom.py).
+            if reason == OOM_KILLED and not self.closed and inst.role != Role.WORKER.value:
                 n = self.seen.oom_kills[inst.role] = self.seen.oom_kills.get(inst.role, 0) + 1
                 if n > self.max_oom_kills and not self.failed:
                     fatal = self.failed = oom_message(inst.role, instance_id, n, self.max_oom_kills)
@@ -364,6 +366,12 @@ class KubernetesPodBackend(PodCreation, LaunchBackend):
         if fatal:
             self._on_fatal(fatal)
         self._on_exit(instance_id, code)
+
+    def exit_reason(self, instance_id: str) -> str:
+        """The reason of an exited instance's container or pod (``OOMKilled``, ``Error``, ``Deleted``...)."""
+        with self._lock:
+            inst = self._instances.get(instance_id)
+            return (inst.reason or "") if inst is not None and inst.reported else ""
 
     def _prune_failed(self, failed: _Instance) -> None:
         """``failed``'s exit has been judged (its message read): delete the older failed Pods of its

@@ -39,6 +39,7 @@ class InstanceSpec:
     env: Mapping[str, str] = field(default_factory=dict)
     spare: bool = False  # a spare worker (--spare-workers): parked until taken (flextrain/master/spares.py)
     avoid_nodes: tuple[str, ...] = ()  # nodes not to run on (a replaced straggler's, for a while)
+    memory: str | None = None  # a pod's memory limit and request instead of its spec's (a memory ladder's rung)
 
 
 @dataclass(frozen=True)
@@ -105,6 +106,11 @@ class LaunchBackend(abc.ABC):
         this machine are never preempted."""
         return None
 
+    def exit_reason(self, instance_id: str) -> str:
+        """Why an instance that exited was ended by its host, when known ("OOMKilled": over its memory
+        limit); "" otherwise. Read by the master's judge of the exit."""
+        return ""
+
     def ps_endpoint(self, index: int) -> PSEndpoint | None:
         """Where parameter server ``index`` must listen and how workers reach it, when the backend
         decides (pods behind Services); None: the PS picks a free loopback port and reports it
@@ -119,13 +125,30 @@ class LocalProcessBackend(LaunchBackend):
     waits on it, so exits are reported as soon as they happen (no polling).
     """
 
-    def __init__(self, *, log_dir: Path, env: Mapping[str, str] | None = None) -> None:
+    def __init__(self, *, log_dir: Path, env: Mapping[str, str] | None = None,
+                 worker_memory_limit: int | None = None) -> None:
+        """``worker_memory_limit``: bytes of resident memory a worker may use; one over it is killed
+        and its exit reason is ``OOMKilled`` (flextrain/master/memwatch.py). None: no limit."""
         super().__init__()
         self.log_dir = Path(log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.base_env = dict(os.environ if env is None else env)
         self._procs: dict[str, subprocess.Popen] = {}
         self._lock = threading.Lock()
+        self._watch = None
+        if worker_memory_limit is not None:
+            from flextrain.master.memwatch import RssWatch
+
+            self._watch = RssWatch(worker_memory_limit, kill=lambda iid: self.terminate(iid, force=True),
+                                   watched=lambda: {i: p.pid for i, p in self._running_procs().items()
+                                                    if i.startswith(Role.WORKER.value)})
+
+    def _running_procs(self) -> dict[str, subprocess.Popen]:
+        with self._lock:
+            return dict(self._procs)
+
+    def exit_reason(self, instance_id: str) -> str:
+        return self._watch.reasons.get(instance_id, "") if self._watch is not None else ""
 
     def launch(self, spec: InstanceSpec) -> None:
         env = {**self.base_env, **spec.env, ENV_PARENT_PID: str(os.getpid())}
@@ -176,6 +199,8 @@ class LocalProcessBackend(LaunchBackend):
             return set(self._procs)
 
     def close(self, *, grace: float = 5.0) -> None:
+        if self._watch is not None:
+            self._watch.close()
         with self._lock:
             procs = dict(self._procs)
         for proc in procs.values():

@@ -40,6 +40,7 @@ from flextrain.master.servicer import MasterServicer, start_server
 from flextrain.master.spares import SparePool
 from flextrain.master.status import StatusReporter, metric_text
 from flextrain.protocol.security import ENV_DIR, make_credentials, write_credentials
+from flextrain.master.suspension import Suspension
 
 log = logging.getLogger(__name__)
 
@@ -211,6 +212,7 @@ def _run_master(
     k8s = None  # the Kubernetes context, when workers run as pods
     if backend is None and spec.backend is Backend.KUBERNETES:
         from flextrain.master.k8s_context import kubernetes_context
+        from flextrain.k8s.pods import memory_ladder
         from flextrain.master.k8s_status import ElasticJobStatusWriter
 
         def cited() -> set[str]:  # the failed pod the job's failure names (or would): its logs stay readable
@@ -222,8 +224,10 @@ def _run_master(
                                  on_fatal=lambda message: job.finish(Phase.FAILED, message), on_note=job.note,
                                  keep_failed=cited)
         backend = k8s.backend.start()
+        job.micro_batches.oom.ladder = memory_ladder(k8s.backend.job)
         status_writer = ElasticJobStatusWriter(k8s.api_client, namespace=k8s.backend.namespace, name=spec.name)
-    backend = backend or LocalProcessBackend(log_dir=job_dir / "logs")
+    backend = backend or LocalProcessBackend(log_dir=job_dir / "logs",
+                                             worker_memory_limit=_bytes(spec.worker.memory_limit))
     stop_requested: list[float] = []
 
     def stop(reason: str) -> tuple[bool, str]:
@@ -241,13 +245,18 @@ def _run_master(
                                     "(--min-workers, --max-workers)")
         if job.over:
             return False, f"job already {job.phase.value}"
+        if job.phase is Phase.SUSPENDED or job.suspension:  # no worker now: the count a resume launches
+            suspension.desired = workers
+            return True, f"suspended: the job resumes with {workers} workers"
         manager.scale(workers)
         return True, f"scaling to {workers} workers"
 
     spares = SparePool(spec.worker.spares) if spec.worker.spares else None
+    suspension = Suspension(job, manager=lambda: manager)
     servicer = MasterServicer(
         job, status_json=lambda: _status_json(reporter), stop=stop, scale=scale,
         heartbeat_interval=heartbeat_interval(spec.worker.effective_max_replicas), spares=spares,
+        suspend=suspension.request,
     )
     creds = None
     if spec.tls:  # a CA, certificate and token of this run's own; every process of the job gets the directory
@@ -285,8 +294,9 @@ def _run_master(
         worker_env=lambda wid: {"FLEXTRAIN_NUM_THREADS": str(threads), "FLEXTRAIN_WORKER_ID": wid,
                                 "PYTHONUNBUFFERED": "1", **local_env, **tls_env},
         on_launch=job.worker_launched, on_exit=lambda wid, code: job.worker_exited(wid),
-        on_budget_exhausted=job.relaunches_exhausted, on_retire=job.retire, judge=job.worker_failed,
-        spares=spares, on_disrupted=lambda wid, why: job.note(
+        on_budget_exhausted=job.relaunches_exhausted, on_retire=job.retire,
+        judge=lambda wid, code: job.worker_failed(wid, code, reason=backend.exit_reason(wid)),
+        spares=spares, worker_memory=lambda: job.micro_batches.oom.memory, on_disrupted=lambda wid, why: job.note(
             f"{wid} was taken away by the cluster ({why}): the job goes on with the workers left; its "
             "replacement waits for capacity and joins when scheduled (no relaunch budget spent)"),
     )
@@ -305,6 +315,8 @@ def _run_master(
                 job.note(f"{spec.ps.replicas} parameter server(s) at {', '.join(job.ps_addresses)}")
             except PSStartError as exc:
                 job.finish(Phase.FAILED, str(exc))
+        if k8s and (k8s.backend.job.get("spec") or {}).get("suspend"):  # relaunched while suspended: stay so
+            suspension.request(True, "spec.suspend is true")
         if not job.over:
             manager.reconcile()
         last = 0.0
@@ -319,6 +331,7 @@ def _run_master(
                 backend.report(reason="SlowWorker", message=slow.message)
                 if slow.replace:
                     manager.replace(slow.worker_id, avoid_node=slow.node)
+            suspension.tick()
             if stop_requested and time.monotonic() - stop_requested[0] > STOP_GRACE:
                 job.finish(Phase.FAILED, f"stopped: {job.stopping} (no stop checkpoint within {STOP_GRACE:.0f}s)")
             if time.monotonic() - last >= STATUS_INTERVAL:
@@ -364,6 +377,13 @@ def exit_code(job: JobMaster) -> int:
     if job.phase is Phase.SUCCEEDED:
         return ExitCode.OK
     return int(EXIT_CODE_OF_KIND.get(job.failure.kind, ExitCode.INTERNAL)) if job.failure else ExitCode.INTERNAL
+
+
+def _bytes(size) -> int | None:
+    """A memory size of the spec in bytes (the CLI checked it: flextrain.cli.train.check_memory_flag)."""
+    from flextrain.elastic.memory import parse_memory
+
+    return parse_memory(size, what="--worker-memory-limit")
 
 
 def _reachable_host(host: str) -> str:

@@ -21,6 +21,7 @@ Both are plain bookkeeping; the master calls them under its lock.
 from __future__ import annotations
 
 from flextrain.job import JobSpec
+from flextrain.master.oom import OutOfMemory
 from flextrain.proto import flextrain_pb2 as pb
 
 
@@ -32,6 +33,7 @@ class MicroBatchChoice:
         self.fallback = spec.training.effective_max_micro_batch  # N, else the global batch (auto's upper bound)
         self.probes: dict[str, dict] = {}  # worker id -> what its probe found, as status.json shows it
         self.current = self.fallback  # the M of the latest round
+        self.oom = OutOfMemory()  # what out-of-memory kills changed: a cap on M, a memory ladder's rung
 
     def report(self, worker_id: str, probe: pb.MicroBatchProbe | None) -> None:
         """A worker registered with (or without) a probe; a relaunched worker's replaces its last."""
@@ -42,10 +44,17 @@ class MicroBatchChoice:
                                   "peakBytes": probe.peak_bytes, "cached": probe.cached, "device": probe.device}
 
     def for_round(self, members: list[str]) -> tuple[int, str]:
-        """M for a round of ``members`` and how it was chosen (for the job's events)."""
+        """M for a round of ``members`` and how it was chosen (for the job's events), under the cap that
+        out-of-memory kills set (flextrain/master/oom.py)."""
+        m, why = self._chosen(members)
+        if self.oom.limit(m) < m:
+            m, why = self.oom.limit(m), "lowered after out-of-memory kills (OOMKilled)"
+        self.current = m
+        return m, why
+
+    def _chosen(self, members: list[str]) -> tuple[int, str]:
         if not self.auto:
-            self.current = self.fallback
-            return self.current, "--max-micro-batch" if self.setting is not None else "the global batch"
+            return self.fallback, "--max-micro-batch" if self.setting is not None else "the global batch"
         sizes = {w: self.probes[w]["maxMicroBatch"] for w in members if w in self.probes}
         if sizes:
             smallest = min(sizes, key=lambda w: (sizes[w], w))
@@ -55,10 +64,8 @@ class MicroBatchChoice:
             smallest = min(sizes, key=lambda w: (sizes[w], w))
             why = f"no member reported a probe: the smallest of any worker, {smallest}'s"
         else:
-            self.current = self.fallback
-            return self.current, "no worker reported a probe: the global batch"
-        self.current = sizes[smallest]
-        return self.current, why
+            return self.fallback, "no worker reported a probe: the global batch"
+        return sizes[smallest], why
 
     def status(self) -> dict:
         """``{"maxMicroBatch": M, "maxMicroBatchChoice": {...}}`` for status.json: M of the latest
@@ -67,6 +74,8 @@ class MicroBatchChoice:
         if self.auto:
             choice.update(memoryLimit=self.memory_limit, rule="the smallest probe of the round's members",
                           probes={w: dict(p) for w, p in sorted(self.probes.items())})
+        if self.oom.actions:
+            choice["outOfMemory"] = [dict(a) for a in self.oom.actions]
         return {"maxMicroBatch": self.current, "maxMicroBatchChoice": choice}
 
 

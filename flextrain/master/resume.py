@@ -57,6 +57,7 @@ CHANGEABLE = {
     "worker.start_timeout": "a timeout",
     "worker.min_workers_timeout": "a timeout",
     "worker.relaunch_budget": "a budget of this run",
+    "worker.memory_limit": "a limit this run's master enforces",
     "worker.spares": "spares are started ahead and are not workers: no step depends on them",
     "training.max_task_retries": "a budget of this run",
     "training.nan_policy": "what the next non-finite step does",

@@ -43,8 +43,10 @@ class MasterServicer(pb_grpc.MasterServicer):
         scale: Callable[[int], tuple[bool, str]],
         heartbeat_interval: float,
         spares: SparePool | None = None,
+        suspend: Callable[[bool, str], tuple[bool, str]] | None = None,
     ) -> None:
         self.job = job
+        self._suspend = suspend  # (suspend?, reason) -> (accepted, message): flextrain/master/suspension.py
         self._status_json = status_json
         self._stop = stop
         self._scale = scale
@@ -203,6 +205,13 @@ class MasterServicer(pb_grpc.MasterServicer):
     async def Scale(self, request, context):  # may launch processes
         accepted, message = await self._blocking(self._scale, request.workers)
         return pb.ScaleResponse(accepted=accepted, message=message)
+
+    async def Suspend(self, request, context):  # may launch processes (a resume)
+        if self._suspend is None:
+            return pb.SuspendResponse(accepted=False, message="this master cannot suspend a job")
+        reason = request.reason or ("suspended by user" if request.suspend else "resumed by user")
+        accepted, message = await self._blocking(self._suspend, request.suspend, reason)
+        return pb.SuspendResponse(accepted=accepted, message=message)
 
 
 class MasterServer:

@@ -15,6 +15,7 @@ its thread pool.
 * ``spec.suspend`` set to false -> the same check: a job waiting for admission starts
   (``operator.admission``).
 * annotation ``flextrain.dev/stop`` set (``flextrain stop``) -> Stop RPC.
+* ``spec.suspend`` flipped on a running job (``flextrain suspend/resume``, Kueue) -> Suspend RPC.
 * ``status.phase`` changed -> one Event per phase entered, those passed unseen included.
 """
 
@@ -27,6 +28,7 @@ import kopf
 
 from flextrain.k8s import meta
 from flextrain.operator.reconcile import MasterUnreachable, Reconciler
+from flextrain.operator.suspending import relay_suspend_change
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +69,8 @@ def build_registry(reconciler: Reconciler, *, registry: kopf.OperatorRegistry | 
                      outcome.value)
 
     @kopf.on.field(**job_resource, id="suspend", field="spec.suspend")
-    def on_suspend(new: Any, body: kopf.Body, **_: Any) -> None:
+    @counted
+    def on_unsuspended(new: Any, body: kopf.Body, **_: Any) -> None:
         if not new:  # admitted (Kueue) or resumed by hand: a job that never started starts now
             job = reconciler.kube.get_job(body.metadata.namespace, body.metadata.name)
             if job is not None:
@@ -93,6 +96,17 @@ def build_registry(reconciler: Reconciler, *, registry: kopf.OperatorRegistry | 
             return
         try:
             reconciler.stop(job, reason=str(new))
+        except MasterUnreachable as exc:
+            raise kopf.TemporaryError(str(exc), delay=RELAY_RETRY_DELAY) from exc
+
+    @kopf.on.field(**job_resource, id="relay-suspend", field="spec.suspend", retries=RELAY_RETRIES)
+    @counted
+    def on_suspend_relayed(old: Any, new: Any, body: kopf.Body, **_: Any) -> None:
+        job = reconciler.kube.get_job(body.metadata.namespace, body.metadata.name)
+        if job is None:
+            return
+        try:
+            relay_suspend_change(reconciler.kube, job, target=reconciler.master_address(job), old=old, new=new)
         except MasterUnreachable as exc:
             raise kopf.TemporaryError(str(exc), delay=RELAY_RETRY_DELAY) from exc
 

@@ -258,6 +258,10 @@ class Reconciler:
         return Outcome.RELAUNCHED
 
     # ---- relays to the master ------------------------------------------------------
+    def master_address(self, job: dict) -> str:
+        """The gRPC address of ``job``'s master (through its Service)."""
+        return self._target(job)
+
     def _target(self, job: dict) -> str:
         namespace, name = ident(job)
         return master_target(self.kube.get_service(namespace, meta.master_service_name(name)),

@@ -1,4 +1,4 @@
-"""Relaying a job's desired state to its master over gRPC (Scale, Stop).
+"""Relaying a job's desired state to its master over gRPC (Scale, Stop, Suspend).
 
 The master is reached through its Service (``<job>-master``): the Service's
 cluster IP and port when it has one (what kube-proxy routes to whichever
@@ -84,4 +84,13 @@ def relay_stop(target: str, reason: str, *, timeout: float = 5.0, attempts: int 
     return Reply(resp.accepted, resp.message)
 
 
-__all__ = ["MasterUnreachable", "Reply", "master_target", "relay_scale", "relay_stop"]
+def relay_suspend(target: str, suspend: bool, reason: str, *, timeout: float = 5.0, attempts: int = 3,
+                  backoff: float = 0.5) -> Reply:
+    """Ask the master to suspend (``suspend``) or resume the job (flextrain/master/suspension.py)."""
+    resp = _call(target, "Suspend" if suspend else "Resume",
+                 lambda stub, t: stub.Suspend(pb.SuspendRequest(suspend=suspend, reason=reason), timeout=t),
+                 timeout=timeout, attempts=attempts, backoff=backoff)
+    return Reply(resp.accepted, resp.message)
+
+
+__all__ = ["MasterUnreachable", "Reply", "master_target", "relay_scale", "relay_stop", "relay_suspend"]

@@ -478,3 +478,19 @@ class ScaleResponse(_message.Message):
     accepted: bool
     message: str
     def __init__(self, accepted: _Optional[bool] = ..., message: _Optional[str] = ...) -> None: ...
+
+class SuspendRequest(_message.Message):
+    __slots__ = ("suspend", "reason")
+    SUSPEND_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    suspend: bool
+    reason: str
+    def __init__(self, suspend: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class SuspendResponse(_message.Message):
+    __slots__ = ("accepted", "message")
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    accepted: bool
+    message: str
+    def __init__(self, accepted: _Optional[bool] = ..., message: _Optional[str] = ...) -> None: ...

@@ -99,6 +99,11 @@ class MasterStub:
                 request_serializer=flextrain_dot_proto_dot_flextrain__pb2.ScaleRequest.SerializeToString,
                 response_deserializer=flextrain_dot_proto_dot_flextrain__pb2.ScaleResponse.FromString,
                 _registered_method=True)
+        self.Suspend = channel.unary_unary(
+                '/flextrain.v1.Master/Suspend',
+                request_serializer=flextrain_dot_proto_dot_flextrain__pb2.SuspendRequest.SerializeToString,
+                response_deserializer=flextrain_dot_proto_dot_flextrain__pb2.SuspendResponse.FromString,
+                _registered_method=True)
 
 
 class MasterServicer:
@@ -182,6 +187,12 @@ class MasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Suspend(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MasterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -249,6 +260,11 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.Scale,
                     request_deserializer=flextrain_dot_proto_dot_flextrain__pb2.ScaleRequest.FromString,
                     response_serializer=flextrain_dot_proto_dot_flextrain__pb2.ScaleResponse.SerializeToString,
+            ),
+            'Suspend': grpc.unary_unary_rpc_method_handler(
+                    servicer.Suspend,
+                    request_deserializer=flextrain_dot_proto_dot_flextrain__pb2.SuspendRequest.FromString,
+                    response_serializer=flextrain_dot_proto_dot_flextrain__pb2.SuspendResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -602,6 +618,33 @@ class Master:
             '/flextrain.v1.Master/Scale',
             flextrain_dot_proto_dot_flextrain__pb2.ScaleRequest.SerializeToString,
             flextrain_dot_proto_dot_flextrain__pb2.ScaleResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Suspend(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/flextrain.v1.Master/Suspend',
+            flextrain_dot_proto_dot_flextrain__pb2.SuspendRequest.SerializeToString,
+            flextrain_dot_proto_dot_flextrain__pb2.SuspendResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -2,7 +2,8 @@
 
 Walks the CRD's spec schema: each leaf is a JobSpec setting (``k8s/resource.py`` FIELDS, the CRD
 column of ``flextrain.job.SETTINGS``), shapes the job's pods (POD_LEVEL), or is refused by the operator
-with a message naming it when set (a field the CRD declares before flextrain acts on it).
+with a message naming it when set (a field the CRD declares before flextrain acts on it); CONTROL fields
+(``suspend``) steer a running job through the operator's relay.
 """
 
 from __future__ import annotations
@@ -49,9 +50,9 @@ def test_the_walk_sees_the_spec():
 
 @pytest.mark.parametrize("path", sorted(LEAVES))
 def test_every_spec_field_has_behaviour_or_is_refused(path):
-    assert path in ACTIVE or pod_level(path) or path in INACTIVE, (
+    assert path in ACTIVE or pod_level(path) or path in INACTIVE or path in resource.CONTROL, (
         f"spec.{path} is in the CRD but neither a JobSpec setting (flextrain/job/settings.py SETTINGS), pod-level "
-        "(POD_LEVEL) nor refused (NOT_YET): the operator would ignore it")
+        "(POD_LEVEL), relayed to the master (CONTROL) nor refused (NOT_YET): the operator would ignore it")
     if path in INACTIVE:
         job = copy.deepcopy(load_docs(EXAMPLES / "digits-allreduce.yaml")[0])
         head, _, leaf = path.rpartition(".")

@@ -29,6 +29,7 @@ NOT_IN_CRD = {
     "checkpoint": _LOCAL_JOB_KINDS,
     "output": _LOCAL_JOB_KINDS,
     "tls": "local jobs only until the operator makes the per-job Secret (docs/security.md)",
+    "worker_memory_limit": "a pod's memory limit is its resources.limits.memory (and replicaSpecs.worker.memoryLadder)",
 }
 
 
@@ -110,7 +111,7 @@ def test_printer_columns_read_declared_fields(crd):
 
 def test_status_phase_enum_is_the_job_phases(crd):
     status = crd_schema(crd)["properties"]["status"]
-    assert status["properties"]["phase"]["enum"] == ["Pending", "Running", "Succeeded", "Failed"]
+    assert status["properties"]["phase"]["enum"] == ["Pending", "Running", "Suspended", "Succeeded", "Failed"]
     for field in ("conditions", "workers", "epoch", "progress", "metrics", "message", "startTime", "completionTime"):
         assert field in status["properties"], f"status.{field} missing"
 

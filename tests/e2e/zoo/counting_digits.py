@@ -27,6 +27,8 @@ after the last parameter's gradient is accumulated and the overlapped reduction'
 bucket but the tail is in flight then (one micro-step per rank: the hooks are armed in it).
 FT_SLOW_WORKER / FT_SLOW_SECONDS: that worker's forward takes that many seconds longer (a slow node);
 with FT_SLOW_GATE, it builds its optimizer only once that file exists (so that it starts after the others).
+FT_BYTES_PER_SAMPLE: the model holds this many bytes (resident) per sample of its largest micro-batch so far,
+standing in for activations that grow with the micro-batch (the out-of-memory tests, --worker-memory-limit).
 FT_FEED_DELAY: seconds per `feed` call, standing in for a bigger model's compute (the
 chaos suite uses it so that a job outlasts the workers it starts and kills).
 FT_CHECKSUM_DIR: after every committed step, each worker appends ``"<samples applied> <sha1> <time>"`` to
@@ -71,6 +73,7 @@ class Model(nn.Module):
         if _slow():
             time.sleep(float(os.environ["FT_SLOW_SECONDS"]))  # compute this node does slower
         ids = features["id"]
+        _hold_memory(len(ids))
         marked = self.seen[ids]
         h = features["x"]
         for layer in self.net:
@@ -143,6 +146,15 @@ def _maybe_exit_in_backward(model):
 
     for p in params:
         p.register_post_accumulate_grad_hook(accumulated)
+
+
+_HELD = []
+
+
+def _hold_memory(samples):
+    per_sample = int(os.environ.get("FT_BYTES_PER_SAMPLE", "0"))
+    if per_sample and (not _HELD or _HELD[0].numel() < samples * per_sample):
+        _HELD[:] = [torch.ones(samples * per_sample, dtype=torch.uint8)]  # ones: every page resident
 
 
 def _maybe_hang():

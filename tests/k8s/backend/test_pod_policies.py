@@ -12,24 +12,28 @@ pytestmark = pytest.mark.e2e
 SLOW_DIGITS = Path(__file__).resolve().parents[1] / "e2e" / "zoo" / "slow_digits.py"
 
 
-def test_oomkilled_worker_is_not_relaunched_forever(kube_job, node_agent):
-    job = kube_job("digits", workers=1, epochs=50)
+def test_oomkilled_worker_climbs_the_memory_ladder_then_halves_m_then_fails_at_one(kube_job, node_agent):
+    job = kube_job("digits", workers=1, epochs=50, max_micro_batch=2, relaunch_budget=5,
+                   pod_fields={"replicaSpecs.worker.resources": {"limits": {"memory": "1Gi"}},
+                               "replicaSpecs.worker.memoryLadder": ["2Gi", "4Gi"]})
     job.start()
-    for k in range(3):  # DEFAULT_MAX_OOM_KILLS = 2: the third OOM kill ends the job
+    memory = {}
+    for k in range(4):  # 1Gi -> 2Gi -> 4Gi (the ladder), then M 2 -> 1, then M=1 killed: the job fails
         pod = f"digits-worker-{k}"
         wait_for(lambda pod=pod: pod in node_agent.running(), timeout=60, what=f"{pod} running")
+        spec = {p["metadata"]["name"]: p for p in job.raw_pods()}[pod]["spec"]["containers"][0]["resources"]
+        memory[pod] = (spec["limits"]["memory"], spec.get("requests", {}).get("memory"))
         node_agent.oom_kill(pod)
     assert job.wait() == 1
+    assert memory == {"digits-worker-0": ("1Gi", None), "digits-worker-1": ("2Gi", "2Gi"),
+                      "digits-worker-2": ("4Gi", "4Gi"), "digits-worker-3": ("4Gi", "4Gi")}
     status = job.status()
     assert status["phase"] == "Failed"
-    assert "OOMKilled 3 times" in status["message"]
-    assert "spec.replicaSpecs.worker.resources.limits.memory" in status["message"]
-    assert "maxMicroBatch" in status["message"]
-    assert {c["type"]: c["status"] for c in status["conditions"]}["Failed"] == "True"
-    # relaunched twice, then no more pods; of the failed ones only the latest is kept
-    assert node_agent.started_pods == [f"digits-worker-{k}" for k in range(3)]
-    wait_for(lambda: [p["metadata"]["name"] for p in job.raw_pods()] == ["digits-worker-2"], timeout=30,
-             what="the earlier failed pods deleted")
+    assert "OOMKilled (out of memory) at the smallest micro-batch 1" in status["message"]
+    assert status["failure"]["reason"] == "OOMKilled"
+    events = " | ".join(read_status(Path(job.spec.job_dir))["events"])
+    assert "memory 2Gi (replicaSpecs.worker.memoryLadder)" in events and "micro-batch 2 -> 1" in events
+    assert node_agent.started_pods == [f"digits-worker-{k}" for k in range(4)]
 
 
 def test_pending_pod_does_not_block_training_with_min_workers(kube_job, k8s_cluster, tmp_path):

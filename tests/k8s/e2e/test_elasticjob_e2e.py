@@ -50,6 +50,20 @@ def elasticjob(name, digits_data, job_dir, *, epochs, replicas=2, min_replicas=1
     }
 
 
+def run_cli(k8s_cluster, jobs, *args) -> str:
+    """``flextrain ARGS --namespace NS`` against the emulated cluster; its output (it must succeed)."""
+    import os
+    import subprocess
+
+    from ft_helpers import flextrain_cmd
+
+    env = {**os.environ, "KUBECONFIG": str(k8s_cluster.kubeconfig)}
+    res = subprocess.run(flextrain_cmd(*args, "--namespace", jobs.namespace), capture_output=True, text=True,
+                         timeout=120, env=env, check=False)
+    assert res.returncode == 0, res.stderr
+    return res.stdout
+
+
 def pods_of(jobs, name: str, role: str | None = None) -> list[dict]:
     data = json.loads(jobs.kube.core.list_namespaced_pod(jobs.namespace, _preload_content=False).data)
     return [p for p in data["items"] if (p["metadata"].get("labels") or {}).get(meta.LABEL_JOB) == name
@@ -152,19 +166,11 @@ def test_deleted_master_pod_is_relaunched_and_resumes_from_its_checkpoint(operat
 def test_scale_down_and_stop_through_the_cli(operator, node_agent, jobs, digits_data, tmp_path, k8s_cluster,
                                             caplog):
     import logging
-    import os
-    import subprocess
-
-    from ft_helpers import flextrain_cmd
 
     caplog.set_level(logging.INFO, logger="flextrain.operator.handlers")
 
     def cli(*args):
-        env = {**os.environ, "KUBECONFIG": str(k8s_cluster.kubeconfig)}
-        res = subprocess.run(flextrain_cmd(*args, "--namespace", jobs.namespace), capture_output=True, text=True,
-                             timeout=120, env=env, check=False)
-        assert res.returncode == 0, res.stderr
-        return res.stdout
+        return run_cli(k8s_cluster, jobs, *args)
 
     job_dir = tmp_path / "digits"
     jobs.create(elasticjob("digits", digits_data, job_dir, epochs=60, replicas=3, model=SLOW_MODEL))
