@@ -50,7 +50,7 @@ def test_scale_up_and_a_kill_each_take_the_parked_spare(digits_data, tmp_path):
         s = wait_for(lambda: (s := status()) and len(s["members"]) == 2 and s["step"] > 5 and s,
                      timeout=120, what="2 workers training")
         assert first_spare not in {m["pid"] for m in s["members"]}
-        assert s["workers"] == {"desired": 2, "active": 2}  # the spare is not a worker
+        assert (s["workers"]["desired"], s["workers"]["active"]) == (2, 2)  # the spare is not a worker
         shown = run_flextrain("status", str(job_dir)).stdout
         assert "workers   2 active / 2 desired" in shown and "spares    1 parked, 0 starting / 1 wanted" in shown
 

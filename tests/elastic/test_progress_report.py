@@ -39,7 +39,7 @@ def test_the_agent_reads_each_step_once_with_the_mean_loss(monkeypatch, tmp_path
     assert math.isnan(loss) and (samples, step) == (8, 3)
 
 
-def test_the_ga_optimizer_reports_each_real_step(monkeypatch, tmp_path):
+def test_the_ga_optimizer_reports_each_real_step(fresh_init, monkeypatch, tmp_path):
     import flextrain.elastic.torch as elastic
 
     path = tmp_path / "progress.jsonl"
