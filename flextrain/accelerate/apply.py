@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import itertools
 import logging
 import os
 from collections.abc import Callable
@@ -37,6 +38,7 @@ from flextrain.accelerate.data import UnevenLoss, build_dataloader, check_input,
 from flextrain.accelerate.errors import AccelerateError, UnavailableMethodError
 from flextrain.accelerate.methods import Phase, get
 from flextrain.accelerate.strategy import Strategy
+from flextrain.elastic import progress
 from flextrain.elastic.session import Session
 from flextrain.elastic.world import World, WorldSource, torch_world
 
@@ -114,6 +116,23 @@ def _optimizer(ctx: Context) -> torch.optim.Optimizer | None:
     return optimizer
 
 
+def _report_steps(optimizer: Any, *, samples: int) -> None:
+    """Report each step of ``optimizer`` (with the losses the loss function gave since the previous one and
+    this process's ``samples``) to flextrain.elastic.progress."""
+    steps = itertools.count(1)
+    if hasattr(optimizer, "register_step_post_hook"):  # a torch optimizer
+        optimizer.register_step_post_hook(lambda opt, args, kwargs: progress.report(step=next(steps), samples=samples))
+        return
+    inner = optimizer.step  # a method's wrapper optimizer: its own step
+
+    def step(*args: Any, **kwargs: Any) -> Any:
+        result = inner(*args, **kwargs)
+        progress.report(step=next(steps), samples=samples)
+        return result
+
+    optimizer.step = step
+
+
 class _CheckedLoss:
     """The user's loss_func, checked to return a scalar loss (or a tuple starting with one)."""
 
@@ -122,7 +141,7 @@ class _CheckedLoss:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         result = self.loss_func(*args, **kwargs)
-        loss_of(result)
+        progress.report_loss(loss_of(result))  # the job's history (a no-op outside a script job)
         return result
 
 
@@ -196,6 +215,9 @@ def apply_strategy(strategy: Any, inputs: Inputs, *, device: Any = None, world: 
             ctx.note("uneven global batch: each process's gradient weighted by its share of the samples")
         for wrap in ctx.loss_wrappers:
             loss_func = wrap(loss_func)
+    if progress.active():  # inside a script job: each optimizer step goes into the job's history
+        _report_steps(optimizer, samples=session.batch_size if session is not None else
+                      int((inputs.dataloader_args or {}).get("batch_size") or 0))
     prepare = _PrepareInput(inputs.prepare_input or to_device, ctx.input_casts, inputs.model_input_format, device)
     effective = Strategy([(s.name, ctx.effective.get(s.name, s.config)) for s in steps])
     report = Report(strategy=effective, skipped=tuple(skipped), notes=tuple(ctx.notes), device=str(device),

@@ -47,6 +47,7 @@ from typing import Any
 
 import tensorflow as tf
 
+from flextrain.elastic import progress
 from flextrain.elastic import session as _sessions
 from flextrain.elastic.session import ElasticInitError, Session
 from flextrain.elastic.world import keras_world
@@ -191,6 +192,8 @@ class Model(keras.Model):
         return loss * factor + tf.stop_gradient(loss * (1 - factor))
 
     def fit(self, x: Any = None, y: Any = None, batch_size: int | None = None, *args: Any, **kwargs: Any) -> Any:
+        if progress.active():  # inside a script job: each update goes into the job's history
+            kwargs["callbacks"] = [*(kwargs.get("callbacks") or ()), _Progress(self.accumulation_steps)]
         plan = self.elastic_session
         if plan is None or not _is_array_input(x):
             return super().fit(x, y, batch_size, *args, **kwargs)
@@ -234,6 +237,24 @@ class Model(keras.Model):
 
     def load_weights(self, *args: Any, **kwargs: Any) -> Any:
         return self.inner.load_weights(*args, **kwargs)
+
+
+class _Progress(keras.callbacks.Callback):
+    """``fit``'s batches reported into a script job's history (flextrain.elastic.progress): one record per
+    update (every ``steps`` micro-batches), with the mean of their losses. Runs eagerly, between batches."""
+
+    def __init__(self, steps: int) -> None:
+        super().__init__()
+        self.steps, self.batches, self.losses = max(1, steps), 0, []
+
+    def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        self.batches += 1
+        if logs and "loss" in logs:
+            self.losses.append(float(logs["loss"]))
+        if self.batches % self.steps == 0:
+            progress.report(step=self.batches // self.steps,
+                            loss=sum(self.losses) / len(self.losses) if self.losses else None)
+            self.losses = []
 
 
 class Optimizer:

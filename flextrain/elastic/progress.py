@@ -9,8 +9,11 @@ here is a no-op, so scripts call them unconditionally.
 
 The APIs for scripts report by themselves where they see the step: ``elastic.torch.Optimizer``
 reports each real step (with the losses given to :func:`report_loss` since the last one, or
-passed through ``optimizer.scale(loss)``), ``InfinityBatch`` each trained batch. A script with
-its own loop calls :func:`report` (or :func:`report_loss` before ``optimizer.step()``).
+passed through ``optimizer.scale(loss)``), ``InfinityBatch`` each trained batch, ``auto_accelerate``'s
+optimizer each step (with the losses its ``loss_func`` returned since the last), and the Keras
+``elastic.keras.Model.fit`` each update (a callback). A script with its own loop (a Keras custom
+loop's ``elastic.keras.Optimizer`` runs inside ``tf.function``, where no file can be written) calls
+:func:`report` (or :func:`report_loss` before ``optimizer.step()``).
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ processes) run in the loop's thread pool.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from concurrent import futures
 from typing import Callable
@@ -25,7 +26,10 @@ from flextrain.master.wire_checks import WireChecks
 from flextrain.proto import flextrain_pb2 as pb
 from flextrain.proto import flextrain_pb2_grpc as pb_grpc
 from flextrain.protocol.limits import MASTER_MESSAGE_OPTIONS
+from flextrain.protocol.linkprobe import all_reduce_probe
 from flextrain.protocol.security import AioTokenInterceptor, JobCredentials, add_port
+
+log = logging.getLogger(__name__)
 
 # How long a JoinRendezvous call may block before answering WAIT; clients
 # re-ask, so a long poll costs one RPC per this many seconds while waiting.
@@ -55,7 +59,8 @@ class MasterServicer(pb_grpc.MasterServicer):
         self._polls: dict[asyncio.Future, str] = {}  # JoinRendezvous long polls waiting: future -> worker
         self._wake_pending = False
         self.spares = spares
-        self._parks: set[asyncio.Future] = set()  # Park long polls waiting (a few: one per spare)
+        self._parks: set[asyncio.Future] = set()
+        self._probes = 0  # ProbeLink calls so far (each probe's store prefix is its own)  # Park long polls waiting (a few: one per spare)
 
     def refused(self, method: str) -> None:
         """A call without the job's token (--tls): counted for status and metrics, never served."""
@@ -212,6 +217,24 @@ class MasterServicer(pb_grpc.MasterServicer):
         reason = request.reason or ("suspended by user" if request.suspend else "resumed by user")
         accepted, message = await self._blocking(self._suspend, request.suspend, reason)
         return pb.SuspendResponse(accepted=accepted, message=message)
+
+    async def ProbeLink(self, request, context):
+        """--node-check: take part, as rank 0, in a new worker's all-reduce probe (a thread of its own: it
+        waits for the worker on gloo); the answer says where the worker meets it."""
+        self._probes += 1
+        prefix = f"probe/{request.worker_id}/{self._probes}"
+        host, port = self.job.store_host, self.job.store_port
+        threading.Thread(target=_probe_side, name=f"probe-{request.worker_id}", daemon=True,
+                         kwargs=dict(host=host, port=port, prefix=prefix, nbytes=request.bytes,
+                                     rounds=request.rounds)).start()
+        return pb.ProbeLinkResponse(store_host=host, store_port=port, prefix=prefix)
+
+
+def _probe_side(**probe) -> None:
+    try:
+        all_reduce_probe(rank=0, **probe)
+    except Exception as exc:  # noqa: BLE001 - the worker's side reports the probe; the master only logs
+        log.warning("link probe %s failed on the master's side: %s", probe["prefix"], exc)
 
 
 class MasterServer:

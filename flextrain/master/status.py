@@ -223,6 +223,7 @@ class StatusReporter:
                 "memoryPeak": job.memory.peak,
                 # each worker's compute per sample and whether it is a straggler (master/stragglers.py)
                 **({"computePerSample": figures} if (figures := job.stragglers.snapshot()) else {}),
+                **({"nodeChecks": checks} if (checks := job.stragglers.node_checks()) else {}),
                 "tasks": {"todo": len(job.ledger.todo), "doing": len(job.ledger.doing), "done": job.ledger.tasks_done},
                 "relaunches": dict(job.relaunch_causes),
                 "unauthenticatedCalls": job.unauthenticated_calls,

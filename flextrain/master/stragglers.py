@@ -80,6 +80,7 @@ class StragglerTracker:
     min_reports: int = MIN_REPORTS
     figures: dict[str, _Figure] = field(default_factory=dict)
     checks: dict[str, float] = field(default_factory=dict)  # admitted node checks: seconds per sample
+    links: dict[str, float] = field(default_factory=dict)  # ... and their link probes: seconds per MiB
 
     def observe(self, worker_id: str, *, seconds: float, samples: int, node: str = "") -> Straggler | None:
         """A heartbeat's compute figure; returns the worker when this heartbeat makes it a straggler."""
@@ -120,19 +121,29 @@ class StragglerTracker:
         """The worker left: its figures no longer take part in anyone's median."""
         self.figures.pop(worker_id, None)
         self.checks.pop(worker_id, None)
+        self.links.pop(worker_id, None)
 
-    def admit(self, worker_id: str, seconds_per_sample: float) -> str:
-        """Judge a node check; "" admits the worker, otherwise why it is refused."""
-        if seconds_per_sample <= 0:
-            return ""
-        if self.checks:
-            median = statistics.median(self.checks.values())
-            if median > 0 and seconds_per_sample > self.factor * median:
-                return (f"its node check measured {seconds_per_sample * 1e3:.3g} ms of training step per sample, "
-                        f"{seconds_per_sample / median:.1f}x the median {median * 1e3:.3g} ms of the job's "
-                        f"other workers (--node-check, --straggler-factor {self.factor:g})")
-        self.checks[worker_id] = seconds_per_sample
+    def admit(self, worker_id: str, seconds_per_sample: float, link: float = 0.0) -> str:
+        """Judge a node check (``link``: its all-reduce probe in seconds per MiB, 0 none); "" admits the
+        worker, otherwise why it is refused."""
+        for figure, book, what, unit in ((seconds_per_sample, self.checks, "training step", "per sample"),
+                                         (link, self.links, "all-reduce with the master", "per MiB")):
+            if figure > 0 and book and (median := statistics.median(book.values())) > 0 \
+                    and figure > self.factor * median:
+                return (f"its node check measured {figure * 1e3:.3g} ms of {what} {unit}, {figure / median:.1f}x "
+                        f"the median {median * 1e3:.3g} ms of the job's other workers (--node-check, "
+                        f"--straggler-factor {self.factor:g})")
+        if seconds_per_sample > 0:
+            self.checks[worker_id] = seconds_per_sample
+        if link > 0:
+            self.links[worker_id] = link
         return ""
+
+    def node_checks(self) -> dict[str, dict]:
+        """For status.json: the admitted workers' node checks (ms per sample; ms per MiB all-reduced)."""
+        return {w: {"msPerSample": round(s * 1e3, 4),
+                    **({"linkMsPerMiB": round(self.links[w] * 1e3, 4)} if w in self.links else {})}
+                for w, s in sorted(self.checks.items())}
 
     def snapshot(self) -> dict[str, dict]:
         """For status.json: each measured worker's figure and whether it is a straggler."""
@@ -179,12 +190,14 @@ def judge_node_check(job, worker_id: str, check, *, node: str) -> str:
     (noted, queued for replacement)."""
     if check is None:
         return ""
-    why = job.stragglers.admit(worker_id, check.seconds_per_sample)
+    why = job.stragglers.admit(worker_id, check.seconds_per_sample, check.link_seconds_per_mib)
     if not why:
         return ""
     where = f" on node {node}" if node else ""
     if job.replacements_left() <= 0:
         job.stragglers.checks[worker_id] = check.seconds_per_sample
+        if check.link_seconds_per_mib > 0:
+            job.stragglers.links[worker_id] = check.link_seconds_per_mib
         job.note(f"{worker_id}{where} admitted although {why}: as many slow workers were replaced as the "
                  "relaunch budget allows")
         return ""

@@ -31,6 +31,8 @@ from flextrain.master.ledger import TaskKind
 from flextrain.proto import flextrain_pb2 as pb
 from flextrain.protocol.limits import (MAX_AHEAD_COUNT, MAX_ID_CHARS, MAX_METRIC_VALUES, MAX_TEXT_CHARS,
                                        MAX_WORKERS)
+from flextrain.protocol.linkprobe import MAX_BYTES as LINK_PROBE_MAX_BYTES
+from flextrain.protocol.linkprobe import MAX_ROUNDS as LINK_PROBE_MAX_ROUNDS
 
 
 class Refused(ValueError):
@@ -94,6 +96,7 @@ def _register(r: pb.RegisterWorkerRequest, job) -> None:
         _id("probe.device", r.probe.device)
     if r.HasField("node_check"):
         _seconds("node_check.seconds_per_sample", r.node_check.seconds_per_sample)
+        _seconds("node_check.link_seconds_per_mib", r.node_check.link_seconds_per_mib)
         _count("node_check.samples", r.node_check.samples), _count("node_check.steps", r.node_check.steps)
 
 
@@ -171,6 +174,12 @@ def _report_failure(r: pb.ReportFailureRequest, job) -> None:
     _id("worker_id", r.worker_id), _failure("failure", r.failure)
 
 
+def _probe_link(r: pb.ProbeLinkRequest, job) -> None:
+    _id("worker_id", r.worker_id)
+    _count("bytes", r.bytes, low=4, high=LINK_PROBE_MAX_BYTES)
+    _count("rounds", r.rounds, low=1, high=LINK_PROBE_MAX_ROUNDS)
+
+
 CHECKS: dict[str, Callable] = {
     "GetJobSpec": lambda r, job: _id("worker_id", r.worker_id),
     "RegisterWorker": _register,
@@ -184,6 +193,7 @@ CHECKS: dict[str, Callable] = {
     "ReportFailure": _report_failure,
     "Stop": lambda r, job: _text("reason", r.reason),
     "Scale": lambda r, job: _count("workers", r.workers, high=MAX_WORKERS),
+    "ProbeLink": _probe_link,
 }
 
 

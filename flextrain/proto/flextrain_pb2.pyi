@@ -68,14 +68,36 @@ class RegisterWorkerRequest(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., probe: _Optional[_Union[MicroBatchProbe, _Mapping]] = ..., node_check: _Optional[_Union[NodeCheck, _Mapping]] = ..., node: _Optional[str] = ...) -> None: ...
 
 class NodeCheck(_message.Message):
-    __slots__ = ("seconds_per_sample", "samples", "steps")
+    __slots__ = ("seconds_per_sample", "samples", "steps", "link_seconds_per_mib")
     SECONDS_PER_SAMPLE_FIELD_NUMBER: _ClassVar[int]
     SAMPLES_FIELD_NUMBER: _ClassVar[int]
     STEPS_FIELD_NUMBER: _ClassVar[int]
+    LINK_SECONDS_PER_MIB_FIELD_NUMBER: _ClassVar[int]
     seconds_per_sample: float
     samples: int
     steps: int
-    def __init__(self, seconds_per_sample: _Optional[float] = ..., samples: _Optional[int] = ..., steps: _Optional[int] = ...) -> None: ...
+    link_seconds_per_mib: float
+    def __init__(self, seconds_per_sample: _Optional[float] = ..., samples: _Optional[int] = ..., steps: _Optional[int] = ..., link_seconds_per_mib: _Optional[float] = ...) -> None: ...
+
+class ProbeLinkRequest(_message.Message):
+    __slots__ = ("worker_id", "bytes", "rounds")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    ROUNDS_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    bytes: int
+    rounds: int
+    def __init__(self, worker_id: _Optional[str] = ..., bytes: _Optional[int] = ..., rounds: _Optional[int] = ...) -> None: ...
+
+class ProbeLinkResponse(_message.Message):
+    __slots__ = ("store_host", "store_port", "prefix")
+    STORE_HOST_FIELD_NUMBER: _ClassVar[int]
+    STORE_PORT_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_FIELD_NUMBER: _ClassVar[int]
+    store_host: str
+    store_port: int
+    prefix: str
+    def __init__(self, store_host: _Optional[str] = ..., store_port: _Optional[int] = ..., prefix: _Optional[str] = ...) -> None: ...
 
 class MicroBatchProbe(_message.Message):
     __slots__ = ("max_micro_batch", "memory_limit", "peak_bytes", "cached", "device")

@@ -104,6 +104,11 @@ class MasterStub:
                 request_serializer=flextrain_dot_proto_dot_flextrain__pb2.SuspendRequest.SerializeToString,
                 response_deserializer=flextrain_dot_proto_dot_flextrain__pb2.SuspendResponse.FromString,
                 _registered_method=True)
+        self.ProbeLink = channel.unary_unary(
+                '/flextrain.v1.Master/ProbeLink',
+                request_serializer=flextrain_dot_proto_dot_flextrain__pb2.ProbeLinkRequest.SerializeToString,
+                response_deserializer=flextrain_dot_proto_dot_flextrain__pb2.ProbeLinkResponse.FromString,
+                _registered_method=True)
 
 
 class MasterServicer:
@@ -193,6 +198,13 @@ class MasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ProbeLink(self, request, context):
+        """--node-check: the master takes part in a short gloo all-reduce probe of a new worker's link.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MasterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -265,6 +277,11 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.Suspend,
                     request_deserializer=flextrain_dot_proto_dot_flextrain__pb2.SuspendRequest.FromString,
                     response_serializer=flextrain_dot_proto_dot_flextrain__pb2.SuspendResponse.SerializeToString,
+            ),
+            'ProbeLink': grpc.unary_unary_rpc_method_handler(
+                    servicer.ProbeLink,
+                    request_deserializer=flextrain_dot_proto_dot_flextrain__pb2.ProbeLinkRequest.FromString,
+                    response_serializer=flextrain_dot_proto_dot_flextrain__pb2.ProbeLinkResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -645,6 +662,33 @@ class Master:
             '/flextrain.v1.Master/Suspend',
             flextrain_dot_proto_dot_flextrain__pb2.SuspendRequest.SerializeToString,
             flextrain_dot_proto_dot_flextrain__pb2.SuspendResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ProbeLink(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/flextrain.v1.Master/ProbeLink',
+            flextrain_dot_proto_dot_flextrain__pb2.ProbeLinkRequest.SerializeToString,
+            flextrain_dot_proto_dot_flextrain__pb2.ProbeLinkResponse.FromString,
             options,
             channel_credentials,
             insecure,

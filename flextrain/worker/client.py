@@ -72,6 +72,10 @@ class MasterClient:
                                      node_check=node_check, node=node_name()),
         )
 
+    def probe_link(self, *, nbytes: int, rounds: int) -> pb.ProbeLinkResponse:
+        """--node-check: where to meet the master for a link probe (flextrain/protocol/linkprobe.py)."""
+        return self._call("ProbeLink", pb.ProbeLinkRequest(worker_id=self.worker_id, bytes=nbytes, rounds=rounds))
+
     def park(self, *, pid: int) -> pb.ParkResponse:
         """A spare's long poll (flextrain/worker/parked.py): TAKEN, STOP, or WAIT (ask again)."""
         return self._call("Park", pb.ParkRequest(worker_id=self.worker_id, pid=pid), deadline=30.0)

@@ -183,7 +183,7 @@ def _run_worker(client: MasterClient, worker_id: str, doing: _Doing, *, spare: b
         from flextrain.worker.nodecheck import check_node
 
         doing.stage = "checking this node (--node-check)"
-        node_check = check_node(spec, model_def, model, optimizer)
+        node_check = check_node(spec, model_def, model, optimizer, client)
         doing.stage = "starting"
     if spare:  # ready, but a spare: only a scale-up or a replacement lets it in
         doing.stage = "parked as a spare"

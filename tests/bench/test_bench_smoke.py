@@ -14,7 +14,7 @@ import pytest
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 # Each of these has a test of its own that runs its smoke size (tests/bench/test_*.py).
-COVERED_ELSEWHERE = ("ga_wrapper", "infinity_batch", "accelerate", "data_convert", "master_scale", "ps_wal")
+COVERED_ELSEWHERE = ("ga_wrapper", "infinity_batch", "accelerate", "data_convert", "master_scale", "ps_wal", "tls")
 
 
 def smoke_module():

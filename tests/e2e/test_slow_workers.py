@@ -77,6 +77,8 @@ def test_a_failed_node_check_keeps_the_slow_worker_out(digits_data, tmp_path):
         s = wait_for(lambda: (s := running(job_dir)) and {m["id"] for m in s["members"]} == {"worker-0", "worker-2"}
                      and s, timeout=180, what="worker-2 joining in the refused worker-1's place")
         refused = [e for e in s["events"] if "kept out of the job" in e]
+        # The admitted workers' checks: compute and the all-reduce probe with the master (ProbeLink).
+        assert {"worker-0", "worker-2"} <= set(s["nodeChecks"]) and s["nodeChecks"]["worker-0"]["linkMsPerMiB"] > 0
         assert len(refused) == 1 and refused[0].startswith("worker-1 on node ") and "--node-check" in refused[0]
         assert not any("worker-1" in e and "failed" in e for e in s["events"])  # no failure was charged
         log = (job_dir / "logs" / "worker-1.log").read_text()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
 from flextrain.elastic import progress
@@ -55,3 +56,45 @@ def test_the_ga_optimizer_reports_each_real_step(fresh_init, monkeypatch, tmp_pa
     assert len(lines) == 2
     loss, _, step = ProgressReader(path).take()
     assert step == 2 and loss == (1.5 + 3.5) / 2
+
+
+def test_auto_accelerate_reports_each_step_with_its_loss(monkeypatch, tmp_path):
+    from flextrain.accelerate import auto_accelerate
+
+    path = tmp_path / "progress.jsonl"
+    monkeypatch.setenv(ENV_PROGRESS_FILE, str(path))
+    data = [(torch.full((2,), float(i)), torch.tensor([float(i)])) for i in range(8)]
+    ok, result, _ = auto_accelerate(torch.nn.Linear(2, 1), torch.optim.SGD, data,
+                                    lambda batch, out: torch.nn.functional.mse_loss(out, batch[1]),
+                                    optim_args={"lr": 0.01}, dataloader_args={"batch_size": 4},
+                                    load_strategy=[], prepare_input=lambda b, d: b,
+                                    model_input_format=None)
+    assert ok
+    losses = []
+    for batch in result.dataloader:
+        loss = result.loss_func(batch, result.model(batch[0]))
+        losses.append(float(loss.detach()))
+        loss.backward()
+        result.optim.step()
+        result.optim.zero_grad()
+    records = [line for line in path.read_text().splitlines()]
+    assert len(records) == 2  # 8 samples, global batch 4
+    loss, samples, step = ProgressReader(path).take()
+    assert (samples, step) == (8, 2) and loss == pytest.approx(sum(losses) / 2)
+
+
+def test_a_keras_models_fit_reports_each_update(monkeypatch, tmp_path):
+    pytest.importorskip("tensorflow")
+    import numpy as np
+
+    from flextrain.elastic import keras as elastic_keras
+
+    path = tmp_path / "progress.jsonl"
+    monkeypatch.setenv(ENV_PROGRESS_FILE, str(path))
+    keras = elastic_keras.keras
+    inner = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model = elastic_keras.Model(inner, steps=2)
+    model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
+    model.fit(np.ones((8, 2), "float32"), np.ones((8, 1), "float32"), batch_size=2, epochs=1, verbose=0)
+    loss, _, step = ProgressReader(path).take()
+    assert step == 2 and math.isfinite(loss)  # 4 micro-batches of 2: 2 updates

@@ -64,6 +64,15 @@ def test_node_checks_are_judged_against_the_median_of_those_admitted():
     assert "w2" not in tracker.checks  # a refused check is no reference
 
 
+def test_a_slow_link_fails_the_node_check_too():
+    tracker = StragglerTracker(factor=3.0)
+    assert tracker.admit("w0", 0.010, link=0.002) == ""
+    assert tracker.admit("w1", 0.011) == ""  # no link figure (the probe could not run): compute alone
+    why = tracker.admit("w2", 0.010, link=0.009)
+    assert "9 ms of all-reduce with the master per MiB, 4.5x the median 2 ms" in why
+    assert tracker.node_checks() == {"w0": {"msPerSample": 10.0, "linkMsPerMiB": 2.0}, "w1": {"msPerSample": 11.0}}
+
+
 def test_straggler_settings_are_checked_at_submission():
     with pytest.raises(JobSpecError, match="--straggler-policy must be one of off, report, replace"):
         JobSpec.of(name="j", model_def="m.py", training_data="d", job_dir="/tmp/j", straggler_policy="evict").validate()
