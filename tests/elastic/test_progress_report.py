@@ -58,7 +58,7 @@ def test_the_ga_optimizer_reports_each_real_step(fresh_init, monkeypatch, tmp_pa
     assert step == 2 and loss == (1.5 + 3.5) / 2
 
 
-def test_auto_accelerate_reports_each_step_with_its_loss(monkeypatch, tmp_path):
+def test_auto_accelerate_reports_each_step_with_its_loss(fresh_init, monkeypatch, tmp_path):
     from flextrain.accelerate import auto_accelerate
 
     path = tmp_path / "progress.jsonl"
@@ -83,7 +83,7 @@ def test_auto_accelerate_reports_each_step_with_its_loss(monkeypatch, tmp_path):
     assert (samples, step) == (8, 2) and loss == pytest.approx(sum(losses) / 2)
 
 
-def test_a_keras_models_fit_reports_each_update(monkeypatch, tmp_path):
+def test_a_keras_models_fit_reports_each_update(fresh_init, monkeypatch, tmp_path):
     pytest.importorskip("tensorflow")
     import numpy as np
 
