@@ -212,8 +212,8 @@ class _TokenClient(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInter
         self.header = (AUTH_HEADER, f"Bearer {token}")
 
     def _details(self, details):
-        metadata = [*(details.metadata or ()), self.header]
-        return details._replace(metadata=metadata) if hasattr(details, "_replace") else _Details(details, metadata)
+        # grpc hands interceptors its call details as a namedtuple
+        return details._replace(metadata=[*(details.metadata or ()), self.header])
 
     def intercept_unary_unary(self, continuation, details, request):
         return continuation(self._details(details), request)
@@ -226,13 +226,6 @@ class _TokenClient(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInter
 
     def intercept_stream_stream(self, continuation, details, request_iterator):
         return continuation(self._details(details), request_iterator)
-
-
-class _Details(grpc.ClientCallDetails):
-    def __init__(self, base, metadata) -> None:
-        self.method, self.timeout, self.credentials = base.method, base.timeout, base.credentials
-        self.wait_for_ready, self.compression = base.wait_for_ready, base.compression
-        self.metadata = metadata
 
 
 def open_channel(address: str, creds: JobCredentials | None, *, options: Sequence[tuple] = ()) -> grpc.Channel:
