@@ -93,10 +93,9 @@ class StragglerTracker:
         fig.reports += 1
         if fig.reports < self.min_reports:
             return None
-        others = [f.per_sample for w, f in self.figures.items() if w != worker_id and f.reports >= self.min_reports]
-        if not others:
+        median = self._median_of_others(worker_id)
+        if median is None:
             return None
-        median = statistics.median(others)
         ratio = fig.per_sample / median if median > 0 else 1.0
         if ratio > self.factor:
             fig.above, fig.below = fig.above + 1, 0
@@ -114,8 +113,13 @@ class StragglerTracker:
         fig = self.figures.get(worker_id)
         if fig is None or not fig.flagged:
             return None
+        median = self._median_of_others(worker_id)
+        return fig.per_sample / median if median else None
+
+    def _median_of_others(self, worker_id: str) -> float | None:
+        """The median figure of the other measured workers; None: none measured yet."""
         others = [f.per_sample for w, f in self.figures.items() if w != worker_id and f.reports >= self.min_reports]
-        return fig.per_sample / statistics.median(others) if others and statistics.median(others) > 0 else None
+        return statistics.median(others) if others else None
 
     def forget(self, worker_id: str) -> None:
         """The worker left: its figures no longer take part in anyone's median."""
