@@ -51,7 +51,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 from ga_wrapper import bootstrap, paired_ratios  # noqa: E402
 
 from flextrain.accelerate import Inputs, Strategy, apply_strategy, auto_accelerate, conflict  # noqa: E402
-from flextrain.accelerate.search import REJECTED, base_strategy, describe, single_steps  # noqa: E402
+from flextrain.accelerate.results import REJECTED, describe  # noqa: E402
+from flextrain.accelerate.search import base_strategy, single_steps  # noqa: E402
 from flextrain.elastic.world import World, WorldSource  # noqa: E402
 
 TARGET = 0.95

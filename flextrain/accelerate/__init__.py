@@ -21,7 +21,8 @@ from flextrain.accelerate.context import Context, Inputs, Report, Skipped
 from flextrain.accelerate.dryrun import Comparison, DryRunResult, compare, dry_run, plain_strategy, sample_batches
 from flextrain.accelerate.errors import AccelerateError, ConfigError, UnavailableMethodError, UnknownMethodError
 from flextrain.accelerate.methods import Method, Phase, get, names, register, register_replace_pair
-from flextrain.accelerate.search import Candidate, SearchResult, search
+from flextrain.accelerate.results import Candidate, SearchResult
+from flextrain.accelerate.search import search
 from flextrain.accelerate.strategy import Step, Strategy, conflict
 
 __all__ = ["AccelerateError", "Applied", "AutoAccelerateResult", "Candidate", "Comparison", "ConfigError", "Context",

@@ -22,7 +22,8 @@ from flextrain.accelerate.dryrun import DryRunResult, compare, dry_run, missing_
     sample_batches
 from flextrain.accelerate.errors import AccelerateError
 from flextrain.accelerate.methods import canonical_name
-from flextrain.accelerate.search import SEARCH_STEPS, SearchResult, search
+from flextrain.accelerate.results import SearchResult
+from flextrain.accelerate.search import SEARCH_STEPS, search
 from flextrain.accelerate.strategy import Strategy
 from flextrain.elastic.world import World
 

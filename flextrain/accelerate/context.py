@@ -163,7 +163,7 @@ class Report:
     data_plan: str | None = None
     dry_run: Any = None  # flextrain.accelerate.dryrun.DryRunResult of the chosen strategy, if one ran
     tried: tuple[Any, ...] = ()  # finetune and search: every DryRunResult
-    search: Any = None  # fully automatic mode: flextrain.accelerate.search.SearchResult (every candidate)
+    search: Any = None  # fully automatic mode: flextrain.accelerate.results.SearchResult (every candidate)
 
     def replace(self, **changes: Any) -> Report:
         return dataclasses.replace(self, **changes)

@@ -18,8 +18,8 @@ from accel_models import BlockNet, ConvNet, TupleModel, loop_net, mse, regressio
 from flextrain.accelerate import AccelerateError, Method, Phase, Strategy, UnavailableMethodError, auto_accelerate
 from flextrain.accelerate.methods import registry
 from flextrain.accelerate.methods.replace import REPLACEMENT_PAIRS
-from flextrain.accelerate.search import PICKED, REJECTED, TIME_LIMIT, _next_level, base_strategy, describe_step, \
-    single_steps
+from flextrain.accelerate.results import PICKED, REJECTED, TIME_LIMIT, describe_step
+from flextrain.accelerate.search import _next_level, base_strategy, single_steps
 from flextrain.accelerate.strategy import Step
 from flextrain.elastic.world import World, WorldSource
 
