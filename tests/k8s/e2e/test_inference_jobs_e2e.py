@@ -76,6 +76,11 @@ def test_evaluation_and_prediction_elasticjobs_report_their_results(operator, no
     evaluate, predict = example("digits-evaluate.yaml", root), example("digits-predict.yaml", root)
     jobs.create(evaluate)
     jobs.create(predict)  # both at once: two masters, four workers
+    # A checkpoint the master pod cannot find fails the job before any worker pod starts, naming the field.
+    missing = example("digits-evaluate.yaml", root)
+    missing["metadata"]["name"], missing["spec"]["checkpoint"] = "no-checkpoint", str(root / "data" / "jobs" / "nope")
+    missing["spec"]["jobDir"] = str(root / "data" / "jobs" / "no-checkpoint")
+    jobs.create(missing)
 
     sources = sorted((root / "data" / "digits" / "validation").glob("*.rio"))  # as the pods name them
     records = [(str(s), i, r) for s in sources for i, r in enumerate(read_records(s))]
@@ -106,9 +111,46 @@ def test_evaluation_and_prediction_elasticjobs_report_their_results(operator, no
         assert {p["metadata"]["name"] for p in pods_of(jobs, name)} == {
             f"{name}-master-0", f"{name}-worker-0", f"{name}-worker-1"}
         wait_for(lambda: "JobSucceeded" in jobs.reasons(name), timeout=30, what=f"{name}'s JobSucceeded event")
+    status = wait_phase(jobs, node_agent, "no-checkpoint", "Failed", timeout=120)
+    assert status["message"] == f"the master cannot start: spec.checkpoint {root}/data/jobs/nope: no such file or directory"
+    assert pods_of(jobs, "no-checkpoint", "worker") == []
     spec = json.loads((Path(evaluate["spec"]["jobDir"]) / "jobspec.json").read_text())
     assert spec["checkpoint"] == str(final) and spec["job_type"] == "evaluation"
 
     shown = run_cli(k8s_cluster, jobs, "status", "digits-predict")
     assert f"output    {VALIDATION_RECORDS} predictions in {output}" in shown
     assert "accuracy" in run_cli(k8s_cluster, jobs, "status", "digits-evaluate")
+
+
+def test_an_evaluation_job_is_elastic_a_deleted_worker_pod_and_a_scale_up_mid_evaluation(
+        operator, node_agent, jobs, tmp_path):
+    """The stepcount model's metrics are known exactly (tests/evaluation/zoo/stepcount.py): whatever pods come
+    and go, every validation record is evaluated once."""
+    from evaluation.evalcases import STEPCOUNT, stepcount_checkpoint, write_csv
+
+    write_csv(tmp_path / "validation" / "a.csv", range(0, 60))
+    write_csv(tmp_path / "validation" / "b.csv", range(60, 100))
+    gate = tmp_path / "gate"
+    job = {
+        "apiVersion": meta.API_VERSION, "kind": meta.KIND,
+        "metadata": {"name": "steps", "annotations": {meta.ANNOTATION_MASTER_PORT: str(free_port())}},
+        "spec": {
+            "image": "flextrain:test", "jobType": "evaluation", "modelDef": STEPCOUNT,
+            "checkpoint": str(stepcount_checkpoint(tmp_path / "model.ckpt", version=7)),
+            "jobDir": str(tmp_path / "steps"), "data": {"validation": str(tmp_path / "validation")},
+            "training": {"globalBatchSize": 10, "stepsPerTask": 2, "maxMicroBatch": 4},
+            "replicaSpecs": {"worker": {"replicas": 2, "minReplicas": 1, "maxReplicas": 3,
+                                        "env": [{"name": "STEPCOUNT_EVAL_GATE", "value": str(gate)}]}},
+        },
+    }
+    jobs.create(job)
+    wait_for(lambda: len(list(tmp_path.glob("gate.*"))) >= 2, timeout=120, what="both workers evaluating")
+    jobs.kube.core.delete_namespaced_pod("steps-worker-0", jobs.namespace, grace_period_seconds=0)
+    jobs.patch("steps", {"spec": {"replicaSpecs": {"worker": {"replicas": 3}}}})
+    wait_for(lambda: len({p["metadata"]["name"] for p in pods_of(jobs, "steps", "worker")} - {"steps-worker-0"}) >= 3,
+             timeout=120, what="a replacement for the deleted worker and a third worker")
+    gate.with_suffix(".release").touch()
+
+    status = wait_phase(jobs, node_agent, "steps", "Succeeded", timeout=240)
+    assert status["metrics"] == {"step": 7.0, "x": 49.5, "accuracy": 0.8}  # every record once
+    assert status["evaluation"] == {"step": 7, "samples": 100, "metrics": status["metrics"]}
