@@ -137,7 +137,8 @@ def check_inference_job(spec, *, field: str = "--checkpoint") -> list[str]:
     spec.validate()
     model_def = load_model_def(spec.model_def)
     if spec.job_type is JobType.EVALUATION and model_def.eval_metrics_fn is None:
-        raise ModelDefError(f"{model_def.path} defines no `eval_metrics_fn` (required by an evaluation job: "
+        raise ModelDefError(f"{model_def.path} defines no `eval_metrics_fn` (required by an evaluation job, "
+                            "flextrain evaluate or spec.jobType evaluation: "
                             "eval_metrics_fn() -> {name: fn(labels, predictions)})")
     if spec.job_type is JobType.EVALUATION:
         model_def.metric_fns()

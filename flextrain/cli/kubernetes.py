@@ -2,7 +2,7 @@
 
 * ``flextrain train|evaluate|predict --backend kubernetes ... [--image IMG] [--namespace NS] [--dry-run]``
   submits an ElasticJob (``--dry-run`` prints its YAML and submits nothing); evaluate and predict
-  submit one of ``spec.jobType`` evaluation / prediction (flextrain.cli.kubernetes_inference).
+  submit one of ``spec.jobType`` evaluation / prediction (flextrain.cli.kubernetes_inference adds that).
 * ``flextrain status|scale|stop|suspend|resume NAME --namespace NS`` (or ``--backend kubernetes``)
   act on an ElasticJob through the API server, never by dialling the master
   (which is not reachable from outside the cluster): status reads the
@@ -95,10 +95,12 @@ def dispatch(local_fn, kubernetes_fn):
     return run
 
 
-def _train_dispatch(local_fn):
+def _train_dispatch(local_fn, submit_fn=None):
+    """``local_fn``, or with ``--backend kubernetes`` ``submit_fn`` (default: submit the train command's
+    ElasticJob); Kubernetes flags without it are refused."""
     def run(args) -> int:
         if args.backend == "kubernetes":
-            return submit(args)
+            return (submit_fn or submit)(args)
         given = [flag for flag, value in (("--namespace", args.namespace), ("--dry-run", args.dry_run),
                                           ("--pvc", args.pvc), ("--master-port", args.master_port),
                                           *((flag_of(key), getattr(args, key)) for key in CLUSTER_SETTINGS))
@@ -112,10 +114,9 @@ def _train_dispatch(local_fn):
 
 def add_commands(sub) -> None:
     """The Kubernetes flags on train/status/stop/scale (added after those subcommands)."""
-    for name in ("train", "evaluate", "predict"):  # these three submit an ElasticJob with --backend kubernetes
-        p = sub.choices[name]
-        add_train_flags(p)
-        p.set_defaults(fn=_train_dispatch(p.get_default("fn")))
+    train = sub.choices["train"]
+    add_train_flags(train)
+    train.set_defaults(fn=_train_dispatch(train.get_default("fn")))
     for name, fn in (("status", status), ("stop", stop), ("scale", scale), ("suspend", suspend),
                      ("resume", resume)):
         p = sub.choices[name]
@@ -216,17 +217,13 @@ def elasticjob_of(spec, args) -> dict:
     return body
 
 
-def submit(args) -> int:
+def submit(args, body: dict | None = None) -> int:
+    """Submit ``body`` (default: the ElasticJob of ``flextrain train``'s flags), or print it with ``--dry-run``."""
     import yaml
 
     from flextrain.k8s import meta
 
-    if getattr(args, "command", None) in ("evaluate", "predict"):  # an evaluation or prediction job
-        from flextrain.cli.kubernetes_inference import elasticjob_for_inference
-
-        body = elasticjob_for_inference(args)
-    else:
-        body = elasticjob_from_args(args)
+    body = body or elasticjob_from_args(args)
     if args.dry_run:
         sys.stdout.write(yaml.safe_dump(body, sort_keys=False))
         return 0

@@ -12,12 +12,20 @@ worker pod starts (flextrain.cli.cluster).
 from __future__ import annotations
 
 from flextrain.cli.common import CLIError
+from flextrain.cli.kubernetes import _train_dispatch, add_train_flags, cluster_settings, elasticjob_of, submit
+
+
+def add_commands(sub) -> None:
+    """The Kubernetes flags of ``train`` on ``evaluate`` and ``predict`` (added after those subcommands)."""
+    for name in ("evaluate", "predict"):
+        p = sub.choices[name]
+        add_train_flags(p)
+        p.set_defaults(fn=_train_dispatch(p.get_default("fn"), lambda args: submit(args, elasticjob_for_inference(args))))
 
 
 def elasticjob_for_inference(args) -> dict:
     """The ElasticJob ``flextrain evaluate/predict --backend kubernetes`` submits."""
     from flextrain.cli.evaluate import _spec
-    from flextrain.cli.kubernetes import cluster_settings, elasticjob_of
     from flextrain.job import JobSpecError, JobType
 
     if args.overwrite:
@@ -34,4 +42,4 @@ def elasticjob_for_inference(args) -> dict:
     return elasticjob_of(spec, args)
 
 
-__all__ = ["elasticjob_for_inference"]
+__all__ = ["add_commands", "elasticjob_for_inference"]
