@@ -10,6 +10,7 @@ the command (``main``, the ``flextrain`` console script):
 * flextrain.cli.plot -- ``plot``: a job's recorded history (events.jsonl) as a picture
 * flextrain.cli.evaluate -- ``evaluate`` and ``predict``
 * flextrain.cli.kubernetes -- ``--backend kubernetes`` / ``--namespace``: the commands on ElasticJobs
+* flextrain.cli.kubernetes_inference -- ``evaluate|predict --backend kubernetes``: evaluation/prediction ElasticJobs
 * flextrain.cli.cluster -- ``operator`` and ``master``, what runs inside the cluster
 * flextrain.cli.data -- ``data digits|ctr``
 * flextrain.cli.convert -- ``data convert|inspect`` (under ``data``)
@@ -26,7 +27,8 @@ import logging
 import os
 import sys
 
-from flextrain.cli import cluster, data, evaluate, internal, jobs, kubernetes, plot, run, train, validate
+from flextrain.cli import (cluster, data, evaluate, internal, jobs, kubernetes, kubernetes_inference, plot, run, train,
+                           validate)
 from flextrain.cli.common import DEFAULT_JOBS_DIR, CLIError, HelpFormatter, add_data_flags
 from flextrain.cli.train import build_spec, cmd_train, given_flags, resume_spec
 from flextrain.orphans import exit_with_parent
@@ -44,6 +46,7 @@ def make_parser() -> argparse.ArgumentParser:
     evaluate.add_commands(sub)  # evaluate, predict
     cluster.add_commands(sub)  # operator, master
     kubernetes.add_commands(sub)  # Kubernetes flags on train/status/stop/scale/suspend/resume
+    kubernetes_inference.add_commands(sub)  # ... and on evaluate/predict (spec.jobType evaluation/prediction)
     plot.add_commands(sub)  # plot JOB: the job's history as a picture
     data.add_commands(sub)  # data digits|ctr|convert|inspect
     internal.add_commands(sub)  # ps, preflight, worker

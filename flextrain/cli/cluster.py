@@ -92,6 +92,30 @@ def _preflight(spec) -> None:
         raise PreflightError(f"{exc} [checked by preflight in the master pod; {hint}]") from None
 
 
+def _inference_spec(kube, job: dict, spec):
+    """An evaluation or prediction job's spec with its checkpoint file (``spec.checkpoint`` may name a
+    training job's directory), once the module, data and checkpoint passed the checks ``flextrain
+    evaluate/predict`` makes; a failed check fails the job naming it (no relaunch can fix it).
+
+    Its master does not resume: evaluating or predicting again from the start gives the same result
+    (prediction parts are replaced whole, flextrain/worker/prediction.py)."""
+    from flextrain.cli.evaluate import check_inference_job, resolve_checkpoint
+    from flextrain.data import DataError
+    from flextrain.job import JobSpecError
+    from flextrain.job.usermodule import ModelDefError
+    from flextrain.k8s.meta import now_iso
+
+    try:
+        spec = spec.replace(checkpoint=resolve_checkpoint(spec.checkpoint, field="spec.checkpoint"))
+        for warning in check_inference_job(spec, field="spec.checkpoint"):
+            log.warning("%s", warning)
+    except (DataError, JobSpecError, ModelDefError) as exc:
+        message = f"the master cannot start: {exc}"
+        _conclude(kube, job, {"phase": "Failed", "message": message, "completionTime": now_iso()})
+        raise CLIError(message) from None
+    return spec
+
+
 def _conclude(kube, job: dict, status: dict) -> None:
     """Write the job's final status; if the API server refuses it, a Warning Event and a CLIError say so
     (the pod then fails, and the operator's relaunch tries again)."""
@@ -116,7 +140,7 @@ def cmd_master(args) -> int:
     the job naming the problem instead of being relaunched in vain.
     """
     from flextrain.data import DataError
-    from flextrain.job import JobSpecError
+    from flextrain.job import JobSpecError, JobType
     from flextrain.job.usermodule import ModelDefError  # the master imports a module for its custom_data_reader
     from flextrain.k8s import meta
     from flextrain.k8s.resource import ResourceError, jobspec_from_resource
@@ -146,6 +170,8 @@ def cmd_master(args) -> int:
     # A relaunch (told by the operator's count) resumes; a first master starts afresh even if
     # an older job of the same name left a directory behind.
     resume = relaunches > 0 and (Path(spec.job_dir) / "jobspec.json").is_file()
+    if spec.job_type is not JobType.TRAINING:  # evaluation / prediction: checked, then (re)run from the start
+        spec, resume = _inference_spec(kube, job, spec), False
     if resume and (done := _finished_training(spec)) is not None:
         # The previous master was lost after the final checkpoint, before it concluded the job.
         message = (f"training finished (final checkpoint {done}) before master pod {relaunches - 1} was lost; "
@@ -154,7 +180,7 @@ def cmd_master(args) -> int:
         print(message)
         return 0
     # The module's contract, before a single worker pod exists (a script job has no module contract).
-    if spec.training.preflight and not resume and not spec.is_script:
+    if spec.training.preflight and not resume and not spec.is_script and spec.job_type is JobType.TRAINING:
         try:
             _preflight(spec)
         except (DataError, JobSpecError, ModelDefError) as exc:  # the job's input: relaunching cannot help

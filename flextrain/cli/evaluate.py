@@ -71,13 +71,16 @@ def add_commands(sub) -> None:
     p.set_defaults(fn=cmd_predict)
 
 
-def resolve_checkpoint(value: str) -> str:
-    """A checkpoint file from ``--checkpoint``: the file itself, or a job directory's final/latest one."""
+def resolve_checkpoint(value: str, *, field: str = "--checkpoint") -> str:
+    """A checkpoint file from ``--checkpoint`` (``spec.checkpoint`` in a pod, named by ``field``): the file
+    itself, or a job directory's final/latest one. Raises JobSpecError naming ``field``."""
+    from flextrain.job import JobSpecError
+
     path = Path(value)
     if path.is_file():
         return str(path.resolve())
     if not path.is_dir():
-        raise CLIError(f"--checkpoint {value}: no such file or directory")
+        raise JobSpecError(f"{field} {value}: no such file or directory")
     for directory in (path / "checkpoints", path):
         if (directory / "final.ckpt").is_file():
             return str((directory / "final.ckpt").resolve())
@@ -86,23 +89,32 @@ def resolve_checkpoint(value: str) -> str:
 
             newest, damaged = CheckpointStore(directory).newest_model()  # in this directory, checksum checked
             if newest is None:
-                raise CLIError(f"--checkpoint {value}: no usable checkpoint in {directory}: {'; '.join(damaged)}")
+                raise JobSpecError(f"{field} {value}: no usable checkpoint in {directory}: {'; '.join(damaged)}")
             if damaged:
                 print(f"flextrain: warning: damaged checkpoints skipped: {'; '.join(damaged)}", file=sys.stderr)
             return str(newest.resolve())
-    raise CLIError(f"--checkpoint {value}: a directory without a checkpoint "
-                   f"(no checkpoints/final.ckpt or checkpoints/latest.json)")
+    raise JobSpecError(f"{field} {value}: a directory without a checkpoint "
+                       f"(no checkpoints/final.ckpt or checkpoints/latest.json)")
 
 
-def _spec(args, job_type, **fields):
-    from flextrain.job import JobSpec, JobType
+def _spec(args, job_type, *, in_pod: bool = False, **fields):
+    """The job's JobSpec from the flags; ``in_pod``: paths are inside the pods of an ElasticJob, taken as given
+    (the checkpoint is found in the master pod), else resolved here."""
+    from flextrain.job import Backend, JobSpec, JobSpecError, JobType
+    from flextrain.k8s.resource import DEFAULT_JOBS_ROOT
 
     name = job_name(args)
     if not args.job_name and not args.job_dir:  # not the training job's own name and directory
         name = f"{name[:44]}-{'evaluate' if job_type is JobType.EVALUATION else 'predict'}"
+    try:
+        checkpoint = args.checkpoint if in_pod else resolve_checkpoint(args.checkpoint)
+    except JobSpecError as exc:
+        raise CLIError(str(exc)) from None
+    where = ({"model_def": args.model_def, "job_dir": args.job_dir or f"{DEFAULT_JOBS_ROOT}/{name}",
+              "backend": Backend.KUBERNETES} if in_pod else
+             {"model_def": model_def_abs(args.model_def), "job_dir": abs_path(args.job_dir or str(DEFAULT_JOBS_DIR / name))})
     return JobSpec.of(
-        name=name, model_def=model_def_abs(args.model_def), training_data=None, job_type=job_type,
-        job_dir=abs_path(args.job_dir or str(DEFAULT_JOBS_DIR / name)), checkpoint=resolve_checkpoint(args.checkpoint),
+        name=name, training_data=None, job_type=job_type, checkpoint=checkpoint, **where,
         workers=args.workers, global_batch_size=args.global_batch_size, steps_per_task=args.steps_per_task,
         max_micro_batch=args.max_micro_batch, max_task_retries=args.max_task_retries,
         worker_timeout=args.worker_timeout, relaunch_budget=args.relaunch_budget,
@@ -110,34 +122,51 @@ def _spec(args, job_type, **fields):
     )
 
 
-def _check_and_run(spec, data: str, what: str, args) -> int:
-    from flextrain.data import DataError, DataOptions, plan_shards
-    from flextrain.job import JobSpecError, JobType
-    from flextrain.master.jobdir import JobDirError, guard
-    from flextrain.master.main import run_master
+def check_inference_job(spec, *, field: str = "--checkpoint") -> list[str]:
+    """Everything checkable of an evaluation or prediction job before a worker starts: the spec, the
+    module (eval_metrics_fn / PredictionOutputsProcessor), the data, the checkpoint against the model and
+    (prediction) its weights being finite. Raises JobSpecError, ModelDefError or DataError; returns warnings
+    (data files skipped). ``field`` names the checkpoint setting in messages (``spec.checkpoint`` in a pod).
+    Run by ``flextrain evaluate/predict`` and by the master pod of such an ElasticJob."""
+    from flextrain.data import DataOptions, plan_shards
+    from flextrain.job import JobType
     from flextrain.worker.frameworks import make_predictor
     from flextrain.worker.module import ModelDefError, load_model_def
     from flextrain.worker.prediction import load_outputs_processor
 
+    spec.validate()
+    model_def = load_model_def(spec.model_def)
+    if spec.job_type is JobType.EVALUATION and model_def.eval_metrics_fn is None:
+        raise ModelDefError(f"{model_def.path} defines no `eval_metrics_fn` (required by an evaluation job, "
+                            "flextrain evaluate or spec.jobType evaluation: "
+                            "eval_metrics_fn() -> {name: fn(labels, predictions)})")
+    if spec.job_type is JobType.EVALUATION:
+        model_def.metric_fns()
+        data, what = spec.data.validation, "validation data"
+    else:
+        load_outputs_processor(model_def)
+        data, what = spec.data.prediction, "prediction data"
+    skipped: list[str] = []
+    plan_shards(data, what=what, options=DataOptions.of(spec.data), skipped=skipped, reader=model_def.custom_data_reader,
+                records_per_task=spec.training.global_batch_size * spec.training.steps_per_task)
+    make_predictor(model_def, model_def.build_model()).load_checkpoint(spec.checkpoint)
+    if spec.job_type is JobType.PREDICTION:
+        refuse_nonfinite(spec.checkpoint, field=field)
+    return skipped
+
+
+def _check_and_run(spec, args) -> int:
+    from flextrain.data import DataError
+    from flextrain.job import JobSpecError
+    from flextrain.master.jobdir import JobDirError, guard
+    from flextrain.master.main import run_master
+    from flextrain.worker.module import ModelDefError
+
     try:
         spec.validate()
         guard(spec.job_dir, overwrite=args.overwrite, resumable=False)  # before anything is written
-        model_def = load_model_def(spec.model_def)
-        if spec.job_type is JobType.EVALUATION and model_def.eval_metrics_fn is None:
-            raise ModelDefError(f"{model_def.path} defines no `eval_metrics_fn` (required by flextrain evaluate: "
-                                "eval_metrics_fn() -> {name: fn(labels, predictions)})")
-        if spec.job_type is JobType.EVALUATION:
-            model_def.metric_fns()
-        else:
-            load_outputs_processor(model_def)
-        skipped: list[str] = []
-        plan_shards(data, what=what, options=DataOptions.of(spec.data), skipped=skipped, reader=model_def.custom_data_reader,
-                    records_per_task=spec.training.global_batch_size * spec.training.steps_per_task)
-        for warning in skipped:
+        for warning in check_inference_job(spec):
             print(f"flextrain: warning: {warning}", file=sys.stderr)
-        make_predictor(model_def, model_def.build_model()).load_checkpoint(spec.checkpoint)
-        if spec.job_type is JobType.PREDICTION:
-            refuse_nonfinite(spec.checkpoint)
     except (JobSpecError, ModelDefError, DataError, JobDirError) as exc:
         raise CLIError(str(exc)) from exc
     show = sys.stderr.isatty() and not args.no_progress
@@ -147,22 +176,23 @@ def _check_and_run(spec, data: str, what: str, args) -> int:
         raise CLIError(str(exc)) from exc
 
 
-def refuse_nonfinite(checkpoint: str) -> None:
+def refuse_nonfinite(checkpoint: str, *, field: str = "--checkpoint") -> None:
     """Predictions of a model with NaN or infinite weights are NaN: refuse it, naming the weights."""
     from flextrain.elastic.statecodec import decode, nonfinite
+    from flextrain.job import JobSpecError
 
     with open(checkpoint, "rb") as f:
         bad = nonfinite(decode(f.read()).get("model", {}))
     if bad:
-        raise CLIError(f"--checkpoint {checkpoint}: the model has non-finite weights ({'; '.join(bad)}), so every "
-                       "prediction would be NaN; use an earlier checkpoint of the job (checkpoints/ckpt-*.ckpt)")
+        raise JobSpecError(f"{field} {checkpoint}: the model has non-finite weights ({'; '.join(bad)}), so every "
+                           "prediction would be NaN; use an earlier checkpoint of the job (checkpoints/ckpt-*.ckpt)")
 
 
 def cmd_evaluate(args) -> int:
     from flextrain.job import JobType
 
     spec = _spec(args, JobType.EVALUATION, validation_data=data_abs(args.validation_data))
-    return _check_and_run(spec, spec.data.validation, "validation data", args)
+    return _check_and_run(spec, args)
 
 
 def cmd_predict(args) -> int:
@@ -181,7 +211,7 @@ def cmd_predict(args) -> int:
         except DataError as exc:
             raise CLIError(str(exc)) from None
         spec = _spec(args, JobType.PREDICTION, prediction_data=data_abs(args.prediction_data), output=url)
-        return _check_and_run(spec, spec.data.prediction, "prediction data", args)
+        return _check_and_run(spec, args)
     output = Path(args.output)
     if output.exists() and not output.is_dir():
         raise CLIError(f"--output {args.output} exists and is not a directory")
@@ -189,4 +219,4 @@ def cmd_predict(args) -> int:
         raise CLIError(f"--output {args.output} already holds predictions ({MANIFEST} or part-*.jsonl); "
                        "choose an empty or new directory")
     spec = _spec(args, JobType.PREDICTION, prediction_data=data_abs(args.prediction_data), output=abs_path(args.output))
-    return _check_and_run(spec, spec.data.prediction, "prediction data", args)
+    return _check_and_run(spec, args)

@@ -129,13 +129,24 @@ def status_lines(status: dict) -> list[str]:
     lines.append(f"progress  {p['recordsDone']:,}/{p['recordsTotal']:,} records ({p['percent']}%)")
     if accelerate := status.get("accelerate"):  # --accelerate: the training strategy, and how it was chosen
         lines.append(f"strategy  {accelerate.get('strategy') or 'not chosen yet'}  ({accelerate.get('source')})")
-    lines += metric_lines(status.get("metrics", {}))
+    lines += result_lines(status)
     if evaluations := status.get("evaluations"):  # the metrics above are the latest evaluation's
         more = f" (of {len(evaluations)} evaluations)" if len(evaluations) > 1 else ""
         lines.append(f"evaluated at step {evaluations[-1]['step']} on {evaluations[-1]['samples']:,} samples{more}")
     if status.get("metricsUrl") and status["phase"] in ("Pending", "Running", "Suspended"):
         lines.append(f"metrics   {status['metricsUrl']}")
     return lines + failure_lines(status.get("failure"))
+
+
+def result_lines(status: dict) -> list[str]:
+    """The metrics, and a prediction job's output, a line each (of status.json or an ElasticJob's status)."""
+    lines = metric_lines(status.get("metrics") or {})
+    prediction = status.get("prediction") or {}
+    if prediction.get("output"):
+        records = prediction.get("records")
+        lines.append(f"output    {records:,} predictions in {prediction['output']}" if records is not None
+                     else f"output    {prediction['output']} (predictions being written)")
+    return lines
 
 
 def metric_lines(metrics: dict) -> list[str]:

@@ -1,7 +1,8 @@
 """The Kubernetes side of the ``flextrain`` command line, as seen from outside the cluster.
 
-* ``flextrain train --backend kubernetes ... [--image IMG] [--namespace NS] [--dry-run]``
-  submits an ElasticJob (``--dry-run`` prints its YAML and submits nothing).
+* ``flextrain train|evaluate|predict --backend kubernetes ... [--image IMG] [--namespace NS] [--dry-run]``
+  submits an ElasticJob (``--dry-run`` prints its YAML and submits nothing); evaluate and predict
+  submit one of ``spec.jobType`` evaluation / prediction (flextrain.cli.kubernetes_inference adds that).
 * ``flextrain status|scale|stop|suspend|resume NAME --namespace NS`` (or ``--backend kubernetes``)
   act on an ElasticJob through the API server, never by dialling the master
   (which is not reachable from outside the cluster): status reads the
@@ -94,10 +95,12 @@ def dispatch(local_fn, kubernetes_fn):
     return run
 
 
-def _train_dispatch(local_fn):
+def _train_dispatch(local_fn, submit_fn=None):
+    """``local_fn``, or with ``--backend kubernetes`` ``submit_fn`` (default: submit the train command's
+    ElasticJob); Kubernetes flags without it are refused."""
     def run(args) -> int:
         if args.backend == "kubernetes":
-            return submit(args)
+            return (submit_fn or submit)(args)
         given = [flag for flag, value in (("--namespace", args.namespace), ("--dry-run", args.dry_run),
                                           ("--pvc", args.pvc), ("--master-port", args.master_port),
                                           *((flag_of(key), getattr(args, key)) for key in CLUSTER_SETTINGS))
@@ -155,12 +158,7 @@ def _inline_trace(value: str) -> str:
 def elasticjob_from_args(args) -> dict:
     """The ElasticJob ``flextrain train --backend kubernetes`` submits (paths as given: they are in-pod)."""
     from flextrain.job import Backend, JobSpecError
-    from flextrain.k8s import meta
-    from flextrain.k8s.resource import (
-        DEFAULT_JOBS_ROOT,
-        ResourceError,
-        resource_from_jobspec,
-    )
+    from flextrain.k8s.resource import DEFAULT_JOBS_ROOT
 
     if args.resume:
         raise CLIError("--resume is for local jobs; a Kubernetes job's relaunched master resumes by itself")
@@ -180,13 +178,27 @@ def elasticjob_from_args(args) -> dict:
             in_pod["prediction_data"] = args.prediction_data
         if args.batch_schedule is not None:  # a trace on this machine travels inline; else a path in the pods
             in_pod["batch_schedule"] = _inline_trace(args.batch_schedule)
-        cluster = {key: getattr(args, key) for key in CLUSTER_SETTINGS if getattr(args, key) is not None}
-        if args.gang == "kueue":  # created suspended: Kueue admits it by setting spec.suspend to false
-            cluster["suspend"] = True
-        spec = accelerate_in_spec(spec.replace(backend=Backend.KUBERNETES, **in_pod, **cluster).validate())
+        spec = accelerate_in_spec(spec.replace(backend=Backend.KUBERNETES, **in_pod, **cluster_settings(args)).validate())
         check_memory_flag(spec)
     except JobSpecError as exc:
         raise CLIError(str(exc)) from exc
+    return elasticjob_of(spec, args)
+
+
+def cluster_settings(args) -> dict:
+    """The settings only an ElasticJob carries (CLUSTER_SETTINGS) the flags give."""
+    cluster = {key: getattr(args, key) for key in CLUSTER_SETTINGS if getattr(args, key) is not None}
+    if args.gang == "kueue":  # created suspended: Kueue admits it by setting spec.suspend to false
+        cluster["suspend"] = True
+    return cluster
+
+
+def elasticjob_of(spec, args) -> dict:
+    """The ElasticJob of a validated JobSpec whose paths are in the pods, with ``--pvc`` volumes,
+    ``--image``, ``--namespace`` and ``--master-port`` (train, evaluate and predict share it)."""
+    from flextrain.k8s import meta
+    from flextrain.k8s.resource import ResourceError, resource_from_jobspec
+
     volumes = []
     for i, item in enumerate(args.pvc):
         claim, sep, mount = item.partition(":")
@@ -205,12 +217,13 @@ def elasticjob_from_args(args) -> dict:
     return body
 
 
-def submit(args) -> int:
+def submit(args, body: dict | None = None) -> int:
+    """Submit ``body`` (default: the ElasticJob of ``flextrain train``'s flags), or print it with ``--dry-run``."""
     import yaml
 
     from flextrain.k8s import meta
 
-    body = elasticjob_from_args(args)
+    body = body or elasticjob_from_args(args)
     if args.dry_run:
         sys.stdout.write(yaml.safe_dump(body, sort_keys=False))
         return 0
@@ -261,7 +274,7 @@ def status(args) -> int:
 
 def _status_lines(kube, namespace: str, name: str, st: dict) -> list[str]:
     """The readable summary of an ElasticJob's status (and its latest Kubernetes events), a line each."""
-    from flextrain.cli.jobs import metric_lines
+    from flextrain.cli.jobs import result_lines
     from flextrain.master.failures import failure_lines
 
     w, p = st.get("workers") or {}, st.get("progress") or {}
@@ -275,7 +288,7 @@ def _status_lines(kube, namespace: str, name: str, st: dict) -> list[str]:
     if p:
         lines.append(f"progress  {p.get('recordsDone', 0):,}/{p.get('recordsTotal', 0):,} records "
                      f"({p.get('percent', 0)}%)")
-    lines += metric_lines(st.get("metrics") or {})
+    lines += result_lines(st)
     if st.get("masterRelaunches"):
         lines.append(f"master    relaunched {st['masterRelaunches']} time(s)")
     for event in kube.events(namespace, name)[-5:]:
@@ -356,7 +369,9 @@ __all__ = [
     "add_job_flags",
     "add_train_flags",
     "dispatch",
+    "cluster_settings",
     "elasticjob_from_args",
+    "elasticjob_of",
     "resume",
     "scale",
     "status",

@@ -263,14 +263,14 @@ SETTINGS: tuple[Setting, ...] = (
     _s("job_dir", "job_dir", str, "spec.jobDir"),
     _s("strategy", "strategy", Strategy, "spec.strategy", "--distribution-strategy"),
     _s("backend", "backend", Backend),
-    _s("job_type", "job_type", JobType, flag="the command (train, evaluate, predict)"),
-    _s("checkpoint", "checkpoint", str),  # evaluate/predict --checkpoint
+    _s("job_type", "job_type", JobType, "spec.jobType", "the command (train, evaluate, predict)"),
+    _s("checkpoint", "checkpoint", str, "spec.checkpoint"),  # evaluate/predict --checkpoint
     # The master's Prometheus endpoint (docs/observability.md).
     _s("metrics", "metrics", bool, "spec.metrics", "--no-metrics"),
     _s("metrics_port", "metrics_port", int, "spec.metricsPort"),
     # TLS and a per-job token on every channel (docs/security.md); local jobs for now.
     _s("tls", "tls", bool, None, "--tls"),
-    _s("output", "output", str),  # predict --output
+    _s("output", "output", str, "spec.output"),  # predict --output
     _s("training_data", "data.training", str, "spec.data.training"),
     _s("validation_data", "data.validation", str, "spec.data.validation"),
     _s("prediction_data", "data.prediction", str, "spec.data.prediction"),

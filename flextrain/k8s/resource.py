@@ -15,16 +15,17 @@ paths here.
 
 from __future__ import annotations
 
+import enum
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from flextrain.job import (
-    SETTING, SETTINGS, VALUE_RULES, Backend, IntOrStr, JobSpec, JobSpecError, Strategy, check_job_name,
+    SETTING, SETTINGS, VALUE_RULES, Backend, IntOrStr, JobSpec, JobSpecError, JobType, Strategy, check_job_name,
     check_non_negative,
 )
-from flextrain.k8s import kubeschema, meta, template
+from flextrain.k8s import job_types, kubeschema, meta, template
 from flextrain.k8s.gang import job_labels
 from flextrain.k8s.traces import inline_trace_problems
 from flextrain.k8s.template import ROLES
@@ -89,7 +90,7 @@ POD_LEVEL = {
 }
 # Fields that steer a running job rather than describe it: the operator relays them to the master.
 CONTROL = {"suspend"}  # flextrain/operator/suspending.py
-REQUIRED = ("image",)  # and modelDef with data.training, or script (_required_problems)
+REQUIRED = ("image",)  # and modelDef with what its spec.jobType needs, or script (job_types.required_problems)
 
 
 def _get(obj: Mapping[str, Any], dotted: str) -> Any:
@@ -203,11 +204,8 @@ def _check(obj: Mapping[str, Any]) -> tuple[list[str], JobSpec | None]:
     if not isinstance(spec, Mapping):
         return [*out, "spec: is required"], None
     out += _unknown_problems(spec, {f.path for f in FIELDS} | set(NOT_YET) | POD_LEVEL | CONTROL)
-    for path in (*REQUIRED, *(() if _get(spec, "script") not in (None, "") else ("modelDef", "data.training"))):
-        value = _get(spec, path)
-        if value is None or value == "":
-            out.append(f"spec.{path}: is required" if path != "modelDef" else
-                       "spec.modelDef: is required (or spec.script, for a script job)")
+    out += [f"spec.{path}: is required" for path in REQUIRED if _get(spec, path) in (None, "")]
+    out += job_types.required_problems(spec, _get)  # modelDef and data.training, or what spec.jobType needs
     if spec.get("image") not in (None, ""):
         out += _value_problems("spec.image", spec["image"], str)
     budget = _get(spec, "replicaSpecs.master.relaunchBudget")
@@ -221,7 +219,7 @@ def _check(obj: Mapping[str, Any]) -> tuple[list[str], JobSpec | None]:
     values: dict[str, Any] = {}  # only values that pass their own rules: the cross-field checks see no junk
     for f in FIELDS:
         value = _get(spec, f.path)
-        if value is None or f.key == "strategy":
+        if value is None or f.key in ("strategy", "job_type"):
             continue
         bad = _value_problems(f.full_path, value, f.kind, VALUE_RULES.get(f.key))
         if not bad and f.key == "memory_limit":  # read as the workers read it
@@ -235,6 +233,10 @@ def _check(obj: Mapping[str, Any]) -> tuple[list[str], JobSpec | None]:
         values["strategy"] = Strategy(strategy if strategy is not None else Strategy.ALLREDUCE.value)
     except ValueError:
         out.append(f"spec.strategy: must be {' | '.join(s.value for s in Strategy)}, got {strategy!r}")
+    values["job_type"], bad = job_types.parse(_get(spec, "jobType"))
+    if bad:
+        out.append(bad)
+        del values["job_type"]
     out += _replica_problems(values)
     values.setdefault("job_dir", f"{DEFAULT_JOBS_ROOT}/{name}")
     checkpoint_dir = _get(spec, "training.checkpointDir")
@@ -252,7 +254,8 @@ def _check(obj: Mapping[str, Any]) -> tuple[list[str], JobSpec | None]:
     values.setdefault("model_def", "")  # missing: reported above
     job = JobSpec.of(name=name if isinstance(name, str) else "", backend=Backend.KUBERNETES, **values)
     blamed = {path_of(p) for p in out}
-    for problem in map(_translate, job.cross_field_problems()):
+    # Without a valid jobType, JobSpec would judge the fields as a training job's: noise.
+    for problem in map(_translate, job.cross_field_problems() if "job_type" in values else ()):
         if path_of(problem) not in blamed:  # one message per field: a bad bound is not blamed twice
             out.append(problem)
             blamed.add(path_of(problem))
@@ -398,9 +401,11 @@ def resource_from_jobspec(
         if value is None or (value == defaults[f.key]
                              and f.key not in ("workers", "epochs", "global_batch_size", "strategy", "model_def")):
             continue
+        if f.key == "epochs" and value == defaults[f.key] and spec.job_type is not JobType.TRAINING:
+            continue  # an evaluation or prediction job reads its data once
         if f.key in ("script_args", "model_def") and not value:  # a script job has no module, maybe no args
             continue
-        _set(body, f.path, value.value if isinstance(value, Strategy) else list(value) if f.key == "script_args"
+        _set(body, f.path, value.value if isinstance(value, enum.Enum) else list(value) if f.key == "script_args"
              else value)
     for path, value in (pod_fields or {}).items():
         if path not in POD_LEVEL:

@@ -6,7 +6,8 @@ patches the ElasticJob's status subresource with the CRD's status fields
 (``phase``, ``message``, ``workers`` {desired, active, summary, pending, preempted, reason}, ``selector``,
 ``epoch``, ``step``, ``progress`` {recordsDone, recordsTotal, percent,
 summary}, ``metrics``, ``samplesPerSecond``, ``globalBatchSize``, ``maxMicroBatch``, ``accelerate``,
-``lrRule``, ``lrFactor``, ``learningRate``, ``gradientNoiseScale``, ``startTime``, ``completionTime``,
+``lrRule``, ``lrFactor``, ``learningRate``, ``gradientNoiseScale``, ``evaluation``, ``prediction``,
+``startTime``, ``completionTime``,
 ``conditions``).
 
 Contract: offering a snapshot never blocks the master and never raises. A
@@ -32,7 +33,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from flextrain.k8s import meta
+from flextrain.k8s import job_types, meta
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +70,7 @@ def cr_status(snap: Mapping[str, Any], *, job_name: str) -> dict[str, Any]:
         status["accelerate"] = snap["accelerate"]["strategy"]
     if isinstance(snap.get("gradientNoiseScale"), (int, float)):  # not "inf": the CRD field is a number
         status["gradientNoiseScale"] = snap["gradientNoiseScale"]
+    status.update(job_types.result_status(snap))  # the latest evaluation; a prediction job's output
     for key in ("startTime", "completionTime", "failure", "metricsUrl"):
         if snap.get(key):
             status[key] = snap[key]

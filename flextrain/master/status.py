@@ -233,6 +233,10 @@ class StatusReporter:
                     "percent": round(100.0 * done / total, 1) if total else 0.0,
                 },
                 "metrics": metrics,
+                # a prediction job's output, and once it succeeded the predictions written (checked: one per record)
+                **({"prediction": {"output": job.spec.output,
+                                   "records": done if job.phase is Phase.SUCCEEDED else None}}
+                   if job.spec.job_type is JobType.PREDICTION else {}),
                 # every finished evaluation, oldest first: {step, metrics, samples, time}
                 "evaluations": [{**e, "metrics": {k: shown(v) for k, v in e["metrics"].items()}}
                                 for e in job.evaluations.history[-100:]],

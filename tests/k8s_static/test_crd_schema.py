@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import enum
 import re
 
 import kubernetes_validate
@@ -22,12 +23,8 @@ from flextrain.job import SECTIONS, SETTING, SETTINGS, JobSpec, Strategy
 from flextrain.k8s import meta
 
 # The settings JobSpec has that an ElasticJob does not (the table's CRD column is None), and why.
-_LOCAL_JOB_KINDS = "an ElasticJob is a training job; evaluation/prediction jobs (flextrain evaluate/predict) run locally"
 NOT_IN_CRD = {
     "backend": "an ElasticJob is the kubernetes backend by definition",
-    "job_type": _LOCAL_JOB_KINDS,
-    "checkpoint": _LOCAL_JOB_KINDS,
-    "output": _LOCAL_JOB_KINDS,
     "tls": "local jobs only until the operator makes the per-job Secret (docs/security.md)",
     "worker_memory_limit": "a pod's memory limit is its resources.limits.memory (and replicaSpecs.worker.memoryLadder)",
 }
@@ -71,7 +68,8 @@ def test_schema_is_structural(crd):
             assert [alt["type"] for alt in node["anyOf"]] == ["integer", "string"], path
             continue
         if node.get("x-kubernetes-preserve-unknown-fields") and "type" not in node:
-            assert path == ".status.metrics.*", f"{path}: only a metric may be untyped (a number or \"nan\")"
+            assert path in (".status.metrics.*", ".status.evaluation.metrics.*"), \
+                f"{path}: only a metric may be untyped (a number or \"nan\")"
             continue  # the one other exception Kubernetes makes to "every node is typed"
         assert "type" in node, f"schema node {path or '<root>'} has no type"
         if node["type"] == "object" and path != ".metadata":
@@ -163,7 +161,7 @@ def test_crd_field_is_where_the_table_says_and_defaulted_like_the_jobspec(crd, s
     if default == ():  # no script arguments: the field absent (a CRD default would put [] on every job)
         default = None
     if default is not dataclasses.MISSING and default is not None:
-        default = default.value if isinstance(default, Strategy) else default
+        default = default.value if isinstance(default, enum.Enum) else default
         assert node.get("default") == default, f"{setting.crd}: CRD default {node.get('default')!r} != JobSpec {default!r}"
         assert type(node["default"]) is type(default), f"{setting.crd}: default of the wrong type"
     else:
@@ -173,6 +171,12 @@ def test_crd_field_is_where_the_table_says_and_defaulted_like_the_jobspec(crd, s
 def test_strategy_enum_is_the_jobspec_strategies(crd):
     node = resolve(crd_schema(crd), ".spec.strategy")
     assert node["enum"] == [s.value for s in Strategy]
+
+
+def test_job_type_enum_is_the_jobspec_job_types(crd):
+    from flextrain.job import JobType
+
+    assert resolve(crd_schema(crd), ".spec.jobType")["enum"] == [t.value for t in JobType]
 
 
 def test_the_packaged_schema_reads_openapi_bounds_and_refuses_unknown_fields():
@@ -185,5 +189,5 @@ def test_the_packaged_schema_reads_openapi_bounds_and_refuses_unknown_fields():
     job["spec"]["training"] = {"learningRate": 0.1, "epoch": 2}
     assert crdschema.problems(job) == ["spec.training.epoch: unknown field"]
     job["spec"]["training"] = {"learningRate": 0}
-    del job["spec"]["data"]["training"]
-    assert [p.split(":")[0] for p in crdschema.problems(job)] == ["spec.data.training", "spec.training.learningRate"]
+    job["spec"]["jobType"] = "inference"
+    assert [p.split(":")[0] for p in crdschema.problems(job)] == ["spec.jobType", "spec.training.learningRate"]

@@ -13,7 +13,7 @@ import kubernetes_validate
 import pytest
 from k8s_static_support import EXAMPLES, load_docs
 
-EXAMPLE_FILES = ("digits-allreduce.yaml", "ctr-ps.yaml")
+EXAMPLE_FILES = ("digits-allreduce.yaml", "ctr-ps.yaml", "digits-evaluate.yaml", "digits-predict.yaml")
 
 
 def example(name: str = "digits-allreduce.yaml") -> dict:
@@ -59,10 +59,10 @@ _DELETE = object()
 # (what is wrong, field to change, bad value, path the error must name)
 BAD_SPECS = [
     # "modelDef or script, exactly one" is a CEL rule (no evaluator here): the operator's own check is
-    # tested in tests/scriptjobs/test_script_spec.py.
+    # tested in tests/scriptjobs/test_script_spec.py. So is "data.training unless spec.jobType is evaluation or
+    # prediction" (what each job type needs: tests/k8s/operator/test_inference_resource.py).
     ("missing image", "spec.image", _DELETE, "spec"),
     ("empty image", "spec.image", "", "spec.image"),
-    ("missing training data", "spec.data.training", _DELETE, "spec.data"),
     ("missing worker replicas", "spec.replicaSpecs.worker.replicas", _DELETE, "spec.replicaSpecs.worker"),
     ("batch size as a string", "spec.training.globalBatchSize", "64", "spec.training.globalBatchSize"),
     ("fractional epochs", "spec.training.epochs", 1.5, "spec.training.epochs"),

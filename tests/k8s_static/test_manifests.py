@@ -20,7 +20,7 @@ from k8s_static_support import CHART_DIR, EXAMPLES, REPO, kube_versions, load_do
 MANIFESTS = REPO / "manifests"
 ALL_FILES = sorted(MANIFESTS.glob("*.yaml")) + sorted(EXAMPLES.glob("*.yaml"))
 IMAGE_MODEL_ZOO = PurePosixPath("/opt/flextrain/model_zoo")  # where the Dockerfile copies model_zoo/
-JOB_EXAMPLES = ("digits-allreduce.yaml", "ctr-ps.yaml", "digits-gpu.yaml")
+JOB_EXAMPLES = ("digits-allreduce.yaml", "ctr-ps.yaml", "digits-gpu.yaml", "digits-evaluate.yaml", "digits-predict.yaml")
 
 
 def generator():
@@ -113,7 +113,7 @@ def test_example_paths_live_on_mounted_volumes(name):
     """Data and the job directory must be on a volume of the job (or they vanish with the pod)."""
     spec = elasticjob(name)["spec"]
     mounts = [PurePosixPath(v["mountPath"]) for v in spec["volumes"]]
-    for path in [*spec["data"].values(), spec["jobDir"]]:
+    for path in [*spec["data"].values(), spec["jobDir"], *(spec[k] for k in ("checkpoint", "output") if k in spec)]:
         assert any(PurePosixPath(path).is_relative_to(m) for m in mounts), f"{name}: {path} is on no volume"
     (pvc,) = [d for d in load_docs(EXAMPLES / "data.yaml") if d["kind"] == "PersistentVolumeClaim"]
     assert {v["persistentVolumeClaim"]["claimName"] for v in spec["volumes"]} == {pvc["metadata"]["name"]}

@@ -190,11 +190,9 @@ def test_the_input_object_is_not_modified():
 
 
 def test_a_setting_without_an_elasticjob_field_is_not_dropped():
-    from flextrain.job import JobType
-
     spec = JobSpec.of(name="ev", model_def="/zoo/m.py:Model", training_data="/d", job_dir="/j",
-                   job_type=JobType.EVALUATION, checkpoint="/j/final.ckpt")
-    with pytest.raises(ResourceError, match=r"^JobSpec.job_type: .*'evaluation'.* has no ElasticJob field yet"):
+                      worker_memory_limit="2Gi")
+    with pytest.raises(ResourceError, match=r"^JobSpec.worker.memory_limit: '2Gi' has no ElasticJob field yet"):
         resource_from_jobspec(spec, image="img")
 
 
