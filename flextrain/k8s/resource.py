@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from flextrain.job import (
-    SETTING, SETTINGS, VALUE_RULES, Backend, IntOrStr, JobSpec, JobSpecError, Strategy, check_job_name,
-    check_non_negative,
+    KUBERNETES_DEFAULTS, SETTING, SETTINGS, VALUE_RULES, Backend, IntOrStr, JobSpec, JobSpecError, Strategy,
+    check_job_name, check_non_negative,
 )
 from flextrain.k8s import kubeschema, meta, template
 from flextrain.k8s.gang import job_labels
@@ -250,6 +250,7 @@ def _check(obj: Mapping[str, Any]) -> tuple[list[str], JobSpec | None]:
             out += template.problems(spec, role)
 
     values.setdefault("model_def", "")  # missing: reported above
+    values = {**KUBERNETES_DEFAULTS, **values}  # a field left out means the CRD's default, not the local one
     job = JobSpec.of(name=name if isinstance(name, str) else "", backend=Backend.KUBERNETES, **values)
     blamed = {path_of(p) for p in out}
     for problem in map(_translate, job.cross_field_problems()):
@@ -383,7 +384,7 @@ def resource_from_jobspec(
     what was chosen. ``pod_fields`` are extra spec entries (``volumes``,
     ``replicaSpecs.worker.resources``, ...) given by dotted path.
     """
-    defaults = JobSpec.of(name=spec.name, model_def="", job_dir="").settings()
+    defaults = {**JobSpec.of(name=spec.name, model_def="", job_dir="").settings(), **KUBERNETES_DEFAULTS}
     mapped = {f.key for f in FIELDS} | {"name", "backend"}
     for key, value in spec.settings().items():
         # A setting the ElasticJob cannot carry yet must not vanish on the way to the cluster.

@@ -6,7 +6,7 @@ patches the ElasticJob's status subresource with the CRD's status fields
 (``phase``, ``message``, ``workers`` {desired, active, summary, pending, preempted, reason}, ``selector``,
 ``epoch``, ``step``, ``progress`` {recordsDone, recordsTotal, percent,
 summary}, ``metrics``, ``samplesPerSecond``, ``globalBatchSize``, ``maxMicroBatch``, ``accelerate``,
-``lrRule``, ``lrFactor``, ``learningRate``, ``gradientNoiseScale``, ``startTime``, ``completionTime``,
+``lrRule``, ``lrFactor``, ``learningRate``, ``gradientNoiseScale``, ``unauthenticatedCalls``, ``startTime``, ``completionTime``,
 ``conditions``).
 
 Contract: offering a snapshot never blocks the master and never raises. A
@@ -69,6 +69,8 @@ def cr_status(snap: Mapping[str, Any], *, job_name: str) -> dict[str, Any]:
         status["accelerate"] = snap["accelerate"]["strategy"]
     if isinstance(snap.get("gradientNoiseScale"), (int, float)):  # not "inf": the CRD field is a number
         status["gradientNoiseScale"] = snap["gradientNoiseScale"]
+    if snap.get("unauthenticatedCalls"):  # spec.tls: calls refused for lacking the job's token
+        status["unauthenticatedCalls"] = int(snap["unauthenticatedCalls"])
     for key in ("startTime", "completionTime", "failure", "metricsUrl"):
         if snap.get(key):
             status[key] = snap[key]
