@@ -104,3 +104,22 @@ def test_the_relay_dials_the_master_over_tls_with_the_jobs_token(operator, jobs)
         assert err.value.code() is grpc.StatusCode.UNAUTHENTICATED and master.scales == [3]
     finally:
         server.stop(grace=None)
+
+
+@pytest.mark.parametrize("flags, written", [((), None), (("--tls",), None), (("--no-tls",), False)],
+                         ids=["default", "tls", "no-tls"])
+def test_train_on_kubernetes_submits_tls_unless_no_tls(flags, written):
+    """On by default for Kubernetes (the CRD's default, so left out of the ElasticJob); off by default locally."""
+    from test_cli_k8s import TRAIN
+
+    from flextrain.cli import make_parser
+    from flextrain.cli.kubernetes import elasticjob_from_args
+    from flextrain.cli.train import tls_of
+    from flextrain.k8s.resource import jobspec_from_resource
+
+    parser = make_parser()
+    body = elasticjob_from_args(parser.parse_args([*TRAIN, *flags, "--namespace", "team-a"]))
+    assert body["spec"].get("tls") == written
+    assert jobspec_from_resource(body).tls is (written is None) is tls_secret.enabled(body)
+    local = [a for a in TRAIN if a not in ("--backend", "kubernetes", "--image", "flextrain:test")]
+    assert tls_of(parser.parse_args([*local, *flags])) is (flags == ("--tls",))
