@@ -84,10 +84,15 @@ class Kube:
         return out
 
     def get_service(self, namespace: str, name: str) -> dict | None:
+        return self._read(lambda: self.core.read_namespaced_service(name, namespace, _preload_content=False))
+
+    @staticmethod
+    def _read(call) -> dict | None:
+        """The object an un-preloaded read returns; None when there is none (404)."""
         from kubernetes.client.exceptions import ApiException
 
         try:
-            return _raw(self.core.read_namespaced_service(name, namespace, _preload_content=False))
+            return _raw(call())
         except ApiException as exc:
             if exc.status == 404:
                 return None
@@ -114,14 +119,7 @@ class Kube:
 
     # ---- the job's TLS Secret (flextrain/operator/credentials.py): never logged ----------------
     def get_secret(self, namespace: str, name: str) -> dict | None:
-        from kubernetes.client.exceptions import ApiException
-
-        try:
-            return _raw(self.core.read_namespaced_secret(name, namespace, _preload_content=False))
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
+        return self._read(lambda: self.core.read_namespaced_secret(name, namespace, _preload_content=False))
 
     def create_secret(self, secret: dict) -> bool:
         """Create ``secret``; False if one of that name exists already."""
