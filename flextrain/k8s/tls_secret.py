@@ -66,6 +66,23 @@ def credentials_of(body: Mapping[str, Any]) -> JobCredentials:
     return JobCredentials(token=raw.pop("token").decode().strip(), **raw)
 
 
+def problems(spec: Mapping[str, Any]) -> list[str]:
+    """``spec.volumes`` entries that would collide with the job's Secret volume (TLS on), naming the field."""
+    if not enabled({"spec": spec}) or not isinstance(spec.get("volumes"), list):
+        return []
+    out = []
+    for i, volume in enumerate(spec["volumes"]):
+        if not isinstance(volume, Mapping):
+            continue  # reported by the volume checks
+        if volume.get("name") == VOLUME:
+            out.append(f"spec.volumes[{i}].name: {VOLUME!r} is the name of the job's TLS Secret volume (spec.tls); "
+                       "choose another")
+        if isinstance(volume.get("mountPath"), str) and volume["mountPath"].rstrip("/") == MOUNT_PATH:
+            out.append(f"spec.volumes[{i}].mountPath: {MOUNT_PATH} is where the job's TLS Secret is mounted "
+                       "(spec.tls); choose another")
+    return out
+
+
 def mount(job: Mapping[str, Any], pod: dict[str, Any]) -> dict[str, Any]:
     """``pod`` (of ``job``) with the job's Secret mounted and ``FLEXTRAIN_TLS_DIR`` set, when TLS is on."""
     if not enabled(job):
@@ -81,4 +98,4 @@ def mount(job: Mapping[str, Any], pod: dict[str, Any]) -> dict[str, Any]:
     return pod
 
 
-__all__ = ["MOUNT_PATH", "VOLUME", "credentials_of", "enabled", "mount", "secret", "secret_name"]
+__all__ = ["MOUNT_PATH", "VOLUME", "credentials_of", "enabled", "mount", "problems", "secret", "secret_name"]

@@ -123,3 +123,17 @@ def test_train_on_kubernetes_submits_tls_unless_no_tls(flags, written):
     assert jobspec_from_resource(body).tls is (written is None) is tls_secret.enabled(body)
     local = [a for a in TRAIN if a not in ("--backend", "kubernetes", "--image", "flextrain:test")]
     assert tls_of(parser.parse_args([*local, *flags])) is (flags == ("--tls",))
+
+
+def test_a_volume_in_the_secrets_place_is_refused_naming_the_field():
+    from flextrain.k8s.resource import problems
+
+    body = elasticjob()
+    body["spec"]["volumes"] = [{"name": "flextrain-tls", "mountPath": "/data", "emptyDir": {}},
+                               {"name": "mine", "mountPath": tls_secret.MOUNT_PATH + "/", "emptyDir": {}}]
+    assert problems(body) == [
+        "spec.volumes[0].name: 'flextrain-tls' is the name of the job's TLS Secret volume (spec.tls); choose another",
+        f"spec.volumes[1].mountPath: {tls_secret.MOUNT_PATH} is where the job's TLS Secret is mounted (spec.tls); "
+        "choose another"]
+    body["spec"]["tls"] = False
+    assert problems(body) == []
