@@ -10,7 +10,8 @@ job's image, the role's ``resources``, ``priorityClassName`` and ``env`` from
 ``spec.replicaSpecs.<role>``, every ``spec.volumes`` entry (see
 :func:`pod_settings`), the role's pod template
 (``spec.replicaSpecs.<role>.template``: placement, security, pull Secrets,
-labels; :mod:`flextrain.k8s.template`) and the job's labels. Without a
+labels; :mod:`flextrain.k8s.template`), the job's labels and, with ``spec.tls`` on, the job's TLS
+Secret (:mod:`flextrain.k8s.tls_secret`). Without a
 template it passes a PodSecurity ``restricted`` namespace. Its container runs
 ``flextrain <args>`` with the instance's arguments and environment plus the
 identity variables of ``meta`` (namespace, job, role, instance id, master
@@ -24,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from flextrain.k8s import gang, meta
+from flextrain.k8s import gang, meta, tls_secret
 from flextrain.k8s.resource import MOUNT_KEYS
 from flextrain.k8s.template import RESTRICTED_CONTAINER, RESTRICTED_POD, pod_labels, security_context, template_of
 
@@ -203,7 +204,8 @@ def job_pod(
     }
     if tpl.annotations:
         metadata["annotations"] = dict(tpl.annotations)
-    return gang.apply_to_pod(job, {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}, role=role)
+    pod = gang.apply_to_pod(job, {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}, role=role)
+    return tls_secret.mount(job, pod)  # spec.tls: the job's Secret and FLEXTRAIN_TLS_DIR
 
 
 def avoid_nodes(pod: dict[str, Any], nodes: Sequence[str]) -> None:

@@ -141,9 +141,13 @@ def test_rbac_is_least_privilege(values):
             assert "*" not in rule["apiGroups"] and "*" not in rule["resources"], where
             assert not FORBIDDEN_VERBS & set(rule["verbs"]), where
             assert "nonResourceURLs" not in rule and "resourceNames" not in rule, where
-            # Nothing flextrain does needs secrets, RBAC objects, or other workloads.
-            assert not {"secrets", "roles", "rolebindings", "clusterroles", "serviceaccounts",
+            # Nothing flextrain does needs RBAC objects or other workloads; secrets only the operator's
+            # own (spec.tls: each job's <job>-tls), by name, never listed or watched.
+            assert not {"roles", "rolebindings", "clusterroles", "serviceaccounts",
                         "deployments", "nodes", "customresourcedefinitions"} & set(rule["resources"]), where
+            if "secrets" in rule["resources"]:
+                assert role["metadata"]["name"] != "flextrain-job", where
+                assert rule["resources"] == ["secrets"] and set(rule["verbs"]) <= {"get", "create", "delete"}, where
             if rule["apiGroups"] == ["scheduling.volcano.sh"]:  # gang volcano: the job's PodGroup, nothing else
                 assert rule["resources"] == ["podgroups"], where
                 continue
@@ -181,13 +185,14 @@ def test_job_pods_may_manage_pods_create_services_and_only_patch_job_status(valu
 
 def test_operator_rights_are_what_it_calls_and_no_more():
     """flextrain/operator deletes only what a job's lifecycle says (activeDeadlineSeconds: its pods;
-    ttlSecondsAfterFinished: its pods, Services and PodGroup); relaunched masters are new pods."""
+    ttlSecondsAfterFinished: its pods, Services, TLS Secret and PodGroup); relaunched masters are new pods."""
     (role,) = [r for r in objects_of("Role", rendered_objects({})) if r["metadata"]["name"] != "flextrain-job"]
     assert rights(role) == {
         "flextrain.dev/elasticjobs": {"get", "list", "watch", "patch"},
         "flextrain.dev/elasticjobs/status": {"patch"},
         "pods": {"get", "list", "watch", "create", "delete"},
         "services": {"get", "list", "create", "delete"},
+        "secrets": {"get", "create", "delete"},  # spec.tls: each job's <job>-tls
         "scheduling.volcano.sh/podgroups": {"get", "create", "delete"},
         "events": {"create"},
     }
@@ -376,11 +381,11 @@ def test_job_service_account_is_the_one_flextrain_puts_into_pods():
 
 
 # ---- RBAC versus the code: every kubernetes-client call flextrain makes must be granted ----------------------
-_CALL = re.compile(r"\.(create|delete|list|read|get|patch|replace)_(namespaced|cluster)_(pod|service|event|custom_object)"
+_CALL = re.compile(r"\.(create|delete|list|read|get|patch|replace)_(namespaced|cluster)_(pod|service|secret|event|custom_object)"
                    r"(_status)?\(")
 _VERB = {"create": "create", "delete": "delete", "list": "list", "read": "get", "get": "get", "patch": "patch",
          "replace": "update"}
-_RESOURCE = {"pod": "pods", "service": "services", "event": "events", "custom_object": "flextrain.dev/elasticjobs"}
+_RESOURCE = {"pod": "pods", "service": "services", "secret": "secrets", "event": "events", "custom_object": "flextrain.dev/elasticjobs"}
 # Calls that need no grant in a cluster, with the reason.
 _NOT_IN_PRODUCTION = {("flextrain/operator/kube.py", "list", "events"): "Kube.events() serves the tests only"}
 
