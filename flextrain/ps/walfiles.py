@@ -38,10 +38,7 @@ Contract:
 from __future__ import annotations
 
 import json
-import errno
-import fcntl
 import logging
-import mmap
 import os
 import re
 import struct
@@ -58,8 +55,6 @@ _STAMP = struct.Struct("<QI")
 HEAD = struct.Struct("<BI")
 SEGMENT_BYTES = 128 << 20  # 3 of the bench's 32 MB dense pushes
 SPARES = 4   # future segments kept at most (recycled ones first)
-_ALIGN = 4096  # O_DIRECT writes: sizes and offsets in whole blocks
-_O_DIRECT = getattr(os, "O_DIRECT", 0)
 AHEAD = 2    # future segments the helper thread allocates when none are recycled
 
 
@@ -292,35 +287,12 @@ class SegmentPool:
 
 def _write_once(path: Path, size: int) -> None:
     """Create ``path`` with ``size`` zero bytes written and flushed: its blocks allocated and initialised,
-    so later writes are plain overwrites (no allocation, no unwritten-extent conversion).
-
-    Written with O_DIRECT where the file system allows it: the zeros go from one page-aligned buffer
-    straight to the device, so preparing a segment costs the PS almost no CPU (buffered, the kernel
-    copies every zero into the page cache and writes it back: 128 MB took 24-234 ms of CPU here, against
-    8-9 ms direct; that ran beside the pulls and pushes it should stay out of the way of) and leaves the
-    page cache to the log's real records."""
+    so later writes are plain overwrites (no allocation, no unwritten-extent conversion)."""
+    zeros = bytes(min(size, 4 << 20))
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | _O_DIRECT, 0o644)
-    except OSError:  # no O_DIRECT on this file system (tmpfs...): through the page cache
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        zeros = memoryview(mmap.mmap(-1, 4 << 20))  # anonymous memory: zeros, page-aligned
         for at in range(0, size, len(zeros)):
-            piece = zeros[: size - at]
-            if len(piece) % _ALIGN:  # a tail O_DIRECT cannot write
-                _buffered(fd)
-            try:
-                os.pwrite(fd, piece, at)
-            except OSError as exc:  # O_DIRECT refused at write time: through the page cache then
-                if exc.errno != errno.EINVAL:
-                    raise
-                _buffered(fd)
-                os.pwrite(fd, piece, at)
+            os.pwrite(fd, zeros[: size - at], at)
         (getattr(os, "fdatasync", None) or os.fsync)(fd)
     finally:
         os.close(fd)
-
-
-def _buffered(fd: int) -> None:
-    """Drop O_DIRECT from an open file's flags."""
-    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~_O_DIRECT)

@@ -195,8 +195,8 @@ def test_a_segment_the_writer_just_left_is_never_recycled_while_its_batch_is_bei
     assert len(scan_segment(memoryview((tmp_path / "wal-0.log").read_bytes()), 0)[0]) == 2  # record 2 kept
 
 
-def test_a_segment_prepared_ahead_is_written_whole_with_zeros_even_where_o_direct_is_refused(tmp_path):
-    # Sizes off the O_DIRECT block size and over one 4 MiB write; /dev/shm (tmpfs) refuses O_DIRECT.
+def test_a_segment_prepared_ahead_is_written_whole_with_zeros_over_a_previous_life(tmp_path):
+    # Sizes off the 4 KiB block size and over one 4 MiB write, on the test's disk and on tmpfs.
     places = [tmp_path] + ([Path("/dev/shm")] if Path("/dev/shm").is_dir() else [])
     for place in places:
         for size in (4096, 4096 * 3 + 100, (4 << 20) + 8192 + 1):
