@@ -31,7 +31,8 @@ group of pushes), as ``flextrain train --ps-wal-fsync`` does.
 ``ratio = PS / raw`` from the median of the repeats; target >= 0.70. ``cpu_ms`` is the CPU time
 per operation (mean over the repeats), of the servers (the two PS, or the two echo servers) and of
 the client (this process), read from /proc: unlike the wall-clock ratios it hardly moves with the
-load other processes put on the machine, so it tells a change in the PS's own work from noise.
+load other processes put on the machine, so it tells a change in the PS's own work from noise
+(the servers' figure counts 10 ms clock ticks: at the smoke size it says little).
 Work a PS does in the background (the log's helper thread, checkpoint writes) is counted in
 whichever PS operation it overlaps.
 """
