@@ -28,7 +28,13 @@ is written every 20 versions), which this measures too; ``--wal-fsync`` also
 has the PS flush the log to the device before answering (one fdatasync per
 group of pushes), as ``flextrain train --ps-wal-fsync`` does.
 
-``ratio = PS / raw`` from the median of the repeats; target >= 0.70.
+``ratio = PS / raw`` from the median of the repeats; target >= 0.70. ``cpu_ms`` is the CPU time
+per operation (mean over the repeats), of the servers (the two PS, or the two echo servers) and of
+the client (this process), read from /proc: unlike the wall-clock ratios it hardly moves with the
+load other processes put on the machine, so it tells a change in the PS's own work from noise
+(the servers' figure counts 10 ms clock ticks: at the smoke size it says little).
+Work a PS does in the background (the log's helper thread, checkpoint writes) is counted in
+whichever PS operation it overlaps.
 """
 
 from __future__ import annotations
@@ -137,6 +143,15 @@ def launch(tmp: Path, args) -> tuple[list[subprocess.Popen], list[str], list[str
 
 # ---------------------------------------------------------------- measurements
 
+def proc_cpu(pids: list[int]) -> float:
+    """CPU seconds (user + system, all threads) the processes ``pids`` have used so far (Linux /proc)."""
+    total = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--mb", type=float, default=64, help="dense model size in MiB (float32)")
@@ -202,6 +217,18 @@ def main() -> None:
             src = memoryview(bytearray(os.urandom(1 << 20)) * (size // (1 << 20) + 1))
             sinks = [memoryview(bytearray(len(src))) for _ in range(2)]  # reused, like the model's tensors
 
+            ps_pids, echo_pids = [p.pid for p in procs[:2]], [p.pid for p in procs[2:]]
+            cpu = {k: [0.0, 0.0] for k in ("raw_dense", "ps_dense", "raw_emb_pull", "raw_emb_push", "ps_emb_pull",
+                                           "ps_emb_push")}  # kind -> [server, client] CPU seconds, summed
+
+            def charged(kind, fn):
+                pids = ps_pids if kind.startswith("ps") else echo_pids
+                s0, c0 = proc_cpu(pids), time.process_time()
+                out = fn()
+                cpu[kind][0] += proc_cpu(pids) - s0
+                cpu[kind][1] += time.process_time() - c0
+                return out
+
             def raw(ups, downs):
                 t = time.perf_counter()
                 list(pool.map(lambda i: echoes[i].roundtrip(src, sinks[i], ups[i], downs[i], chunk), range(2)))
@@ -216,24 +243,28 @@ def main() -> None:
                 assert res.accepted and changed is not None and len(changed) == len(params)
                 return elapsed
 
-            def ps_emb():
+            def ps_pull():
                 t = time.perf_counter()
                 client.pull_embedding("emb", ids)
-                t_pull = time.perf_counter() - t
-                client.push(sparse_grads={"emb": (ids, emb_grad)})
-                return t_pull, time.perf_counter() - t - t_pull
+                return time.perf_counter() - t
 
-            raw(per_ps, per_ps), ps_dense(), ps_emb()  # warm-up: connections, allocator, caches
+            def ps_push():
+                t = time.perf_counter()
+                client.push(sparse_grads={"emb": (ids, emb_grad)})
+                return time.perf_counter() - t
+
+            raw(per_ps, per_ps), ps_dense(), ps_pull(), ps_push()  # warm-up: connections, allocator, caches
             runs = {"raw_dense_s": [], "ps_dense_s": [], "raw_emb_pull_s": [], "raw_emb_push_s": [],
                     "ps_emb_pull_s": [], "ps_emb_push_s": []}
             for r in range(args.repeats):
-                runs["raw_dense_s"].append(raw(per_ps, per_ps))
-                runs["ps_dense_s"].append(ps_dense())
-                runs["raw_emb_pull_s"].append(raw([n * 8 for n in emb_ps], [n * row_bytes for n in emb_ps]))
-                runs["raw_emb_push_s"].append(raw([n * (8 + row_bytes) for n in emb_ps], [64, 64]))
-                pull_s, push_s = ps_emb()
-                runs["ps_emb_pull_s"].append(pull_s)
-                runs["ps_emb_push_s"].append(push_s)
+                runs["raw_dense_s"].append(charged("raw_dense", lambda: raw(per_ps, per_ps)))
+                runs["ps_dense_s"].append(charged("ps_dense", ps_dense))
+                runs["raw_emb_pull_s"].append(charged("raw_emb_pull", lambda: raw(
+                    [n * 8 for n in emb_ps], [n * row_bytes for n in emb_ps])))
+                runs["raw_emb_push_s"].append(charged("raw_emb_push", lambda: raw(
+                    [n * (8 + row_bytes) for n in emb_ps], [64, 64])))
+                runs["ps_emb_pull_s"].append(charged("ps_emb_pull", ps_pull))
+                runs["ps_emb_push_s"].append(charged("ps_emb_push", ps_push))
                 log(f"repeat {r + 1}/{args.repeats}: " + ", ".join(f"{k}={v[-1]:.3f}" for k, v in runs.items()))
             client.close()
         finally:
@@ -261,6 +292,8 @@ def main() -> None:
                       "ps_push_rows_per_s": round(n / med["ps_emb_push_s"]),
                       "raw_push_rows_per_s": round(n / med["raw_emb_push_s"]),
                       "push_ratio": round(med["raw_emb_push_s"] / med["ps_emb_push_s"], 3)},
+        "cpu_ms": {k: {"server": round(1e3 * v[0] / args.repeats, 1), "client": round(1e3 * v[1] / args.repeats, 1)}
+                   for k, v in cpu.items()},
         "target_ratio": 0.70,
         "load_average": [round(x, 2) for x in os.getloadavg()],
         "runs": {k: [round(x, 4) for x in v] for k, v in runs.items()},

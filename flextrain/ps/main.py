@@ -14,6 +14,7 @@ set) and stop the server.
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import os
 import signal
@@ -107,6 +108,9 @@ def _write_atomic(path: Path, text: str) -> None:
 def run_ps(*, address_file: str | os.PathLike | None = None, **kwargs) -> int:
     """Run a PS until SIGTERM/SIGINT (see :func:`start_ps` for the settings); returns the bound port."""
     handle = start_ps(**kwargs)
+    # Everything built so far (modules, torch, the restored state) lives as long as the process: out of
+    # the collector's sight, full collections no longer walk it (8% of a PS's CPU during row pulls).
+    gc.freeze()
     print(f"flextrain-ps {handle.shard.shard_index} listening on {handle.address}", flush=True)
     if address_file:
         _write_atomic(Path(address_file), handle.address + "\n")

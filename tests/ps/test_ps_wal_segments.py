@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import threading
+from pathlib import Path
 
 import torch
 
@@ -16,7 +17,7 @@ from flextrain.ps.optimizers import make_optimizer
 from flextrain.ps.settings import SyncSettings
 from flextrain.ps.state import ShardState
 from flextrain.ps.wal import WriteAheadLog
-from flextrain.ps.walfiles import FRAME, SegmentFile, scan_segment, segments
+from flextrain.ps.walfiles import FRAME, SegmentFile, _write_once, scan_segment, segments
 
 SEGMENT = 4096  # the smallest segment: a few pushes each, so a short test crosses many segments
 N = 200         # float32 parameters: one push record is ~0.9 KB, 4 to a segment
@@ -192,3 +193,19 @@ def test_a_segment_the_writer_just_left_is_never_recycled_while_its_batch_is_bei
     wal.wait(last, WAIT)
     wal.close()
     assert len(scan_segment(memoryview((tmp_path / "wal-0.log").read_bytes()), 0)[0]) == 2  # record 2 kept
+
+
+def test_a_segment_prepared_ahead_is_written_whole_with_zeros_over_a_previous_life(tmp_path):
+    # Sizes off the 4 KiB block size and over one 4 MiB write, on the test's disk and on tmpfs.
+    places = [tmp_path] + ([Path("/dev/shm")] if Path("/dev/shm").is_dir() else [])
+    for place in places:
+        for size in (4096, 4096 * 3 + 100, (4 << 20) + 8192 + 1):
+            path = place / f"flextrain-spare-{os.getpid()}-{size}"
+            try:
+                path.write_bytes(b"\xff" * (size + 4096))  # a previous life: must not show through
+                _write_once(path, size)
+                data = path.read_bytes()
+                assert data == bytes(size), (place, size)  # truncated to the size, every byte zero
+                assert os.stat(path).st_blocks * 512 >= size  # allocated, not a hole
+            finally:
+                path.unlink(missing_ok=True)
