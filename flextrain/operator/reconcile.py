@@ -50,6 +50,7 @@ from flextrain.k8s.resource import (
     master_relaunch_budget,
 )
 from flextrain.operator import admission
+from flextrain.operator.access import JobAccess
 from flextrain.operator.metrics import OperatorMetrics
 from flextrain.operator.jobview import TERMINAL, ident, phase_of, spec_problems
 from flextrain.k8s.refusals import Refusal, Refused, refusal_of
@@ -97,8 +98,10 @@ class _Backoff:
 
 class Reconciler:
     def __init__(self, kube: Kube, *, default_scheduling: dict | None = None,
-                 metrics: OperatorMetrics | None = None) -> None:
+                 metrics: OperatorMetrics | None = None, network_policies_from: str | None = None) -> None:
         self.kube = kube
+        # the master's ServiceAccount/Role/RoleBinding; NetworkPolicies admitting the operator's namespace
+        self.access = JobAccess(kube, operator_namespace=network_policies_from)
         self.default_scheduling = default_scheduling  # for jobs without spec.scheduling (the chart's value)
         self.metrics = metrics or OperatorMetrics()
         self.replicas = ReplicaSettler(kube, target=self._target)
@@ -170,6 +173,7 @@ class Reconciler:
         namespace, name = ident(job)
         pod, service = master_pod_name(name, 0), meta.master_service_name(name)
         self._create_object(f'service "{service}"', lambda: self.kube.create_service(master_service(job)))
+        self.access.ensure(job, self._create_object)
         created = self._create_object(f'pod "{pod}"', lambda: self.kube.create_pod(master_pod(job, index=0)))
         self._backoff.pop(job["metadata"].get("uid"), None)
         if created:  # before the status: a refused status patch must not hide that the pod exists
@@ -247,6 +251,7 @@ class Reconciler:
                       message=f"master pod {old} {why}; relaunch budget ({field} = {budget}) used up")
             return Outcome.FAILED
         new = master_pod_name(name, current + 1)
+        self.access.ensure(job, self._create_object)  # heals what was deleted since
         created = self._create_object(f'pod "{new}"', lambda: self.kube.create_pod(master_pod(job, index=current + 1)))
         self._backoff.pop(job["metadata"].get("uid"), None)
         message = (f"master pod {old} {why}: relaunched as {new} ({current + 1}/{budget}); "
