@@ -21,6 +21,7 @@ from k8s_static_support import (
     kube_versions,
     render_chart,
     rendered_objects,
+    rights,
 )
 
 # The shared value sets, plus a list of watched namespaces (not the release namespace) and a private registry.
@@ -152,15 +153,6 @@ def test_rbac_is_least_privilege(values):
                 continue
             assert set(rule["apiGroups"]) <= {"", "flextrain.dev", "rbac.authorization.k8s.io",
                                               "networking.k8s.io"}, where
-
-
-def rights(role: dict) -> dict[str, set[str]]:
-    out: dict[str, set[str]] = {}
-    for rule in role["rules"]:
-        for group in rule["apiGroups"]:
-            for resource in rule["resources"]:
-                out.setdefault(f"{group}/{resource}".lstrip("/"), set()).update(rule["verbs"])
-    return out
 
 
 @VALUE_SETS
