@@ -7,10 +7,10 @@ template (:mod:`flextrain.k8s.template`) has been laid in, so what the user wrot
   ``securityContext`` sets ``readOnlyRootFilesystem`` itself (``false`` turns it off).
 * What flextrain's processes write goes to volumes, never to the image's filesystem:
 
-  - ``flextrain-scratch``, an ``emptyDir`` at ``/tmp`` (unless a volume is mounted there already),
-    with ``HOME``, ``TMPDIR``, ``XDG_CACHE_HOME``, ``TORCH_HOME`` and ``MPLCONFIGDIR`` pointing into
-    it (torch, matplotlib and Keras write caches and temporary files under them); a variable the
-    user's ``env`` sets is left as the user set it.
+  - ``flextrain-scratch``, an ``emptyDir`` at ``/tmp`` (unless a volume is mounted there already,
+    which then serves instead), with ``HOME``, ``TMPDIR``, ``XDG_CACHE_HOME``, ``TORCH_HOME`` and
+    ``MPLCONFIGDIR`` pointing into ``/tmp`` (torch, matplotlib and Keras write caches and temporary
+    files under them); a variable the user's ``env`` sets is left as the user set it.
   - ``flextrain-job-dir``, an ``emptyDir`` at the job directory (``spec.jobDir``, default
     ``/flextrain-jobs/<job>``: logs, ledger, checkpoints, status, WAL) unless a volume of the job
     (``spec.volumes``, the template's ``volumeMounts``) is mounted at it or above it. An emptyDir lives
@@ -71,10 +71,10 @@ def harden(pod: dict[str, Any], *, role: str, job_dir: str) -> dict[str, Any]:
             continue
         volumes.append({"name": name, "emptyDir": {}})
         mounts.append({"name": name, "mountPath": path})
-    if any(m["name"] == SCRATCH_VOLUME for m in mounts):
-        env = container.setdefault("env", [])
-        taken = {e.get("name") for e in env}
-        env += [{"name": k, "value": v} for k, v in SCRATCH_ENV.items() if k not in taken]
+    # /tmp is a volume now (ours, or the user's own): what libraries write goes there
+    env = container.setdefault("env", [])
+    taken = {e.get("name") for e in env}
+    env += [{"name": k, "value": v} for k, v in SCRATCH_ENV.items() if k not in taken]
     for key, owner in (("volumeMounts", container), ("volumes", spec)):
         if not owner[key]:  # a pod whose every path is mounted by the user: no empty lists
             del owner[key]
