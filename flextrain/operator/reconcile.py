@@ -108,7 +108,6 @@ class Reconciler:
         self._backoff: dict[str, _Backoff] = {}  # job uid -> its refused master objects' next try
         self._stops_sent: set[tuple[Any, ...]] = set()  # (job uid, master relaunches, reason) sent
         self._lock = threading.Lock()
-        self._job_locks: dict[str, threading.Lock] = {}  # job uid -> held while ensure() works on it
 
     # ---- lifecycle -----------------------------------------------------------------
     def fail(self, job: dict, *, reason: str, message: str) -> None:
@@ -129,18 +128,13 @@ class Reconciler:
         backoff = self._backoff.get(job["metadata"].get("uid"))
         if backoff is not None and time.monotonic() < backoff.next_try:
             return Outcome.WAITING
-        # One at a time per job: the create handler and the sweep must not both create a master's objects
-        # and then both write its first status (the later write could land after the master's own).
-        with self._lock:
-            job_lock = self._job_locks.setdefault(job["metadata"].get("uid"), threading.Lock())
-        with job_lock:
+        try:
+            outcome = self._ensure(job)
+        except Refused as refused:
             try:
-                outcome = self._ensure(job)
-            except Refused as refused:
-                try:
-                    return self._on_refusal(job, refused.refusal)
-                except Refused as again:  # the status that would have said so was refused too
-                    return self._on_refusal(job, again.refusal)
+                return self._on_refusal(job, refused.refusal)
+            except Refused as again:  # the status that would have said so was refused too
+                return self._on_refusal(job, again.refusal)
         self._backoff.pop(job["metadata"].get("uid"), None)
         return outcome
 
