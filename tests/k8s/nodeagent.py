@@ -22,12 +22,10 @@ Contract:
   ``metadata.annotations['k']``, ``spec.nodeName``, ``spec.serviceAccountName``
   and ``status.podIP|hostIP`` (``127.0.0.1``). Other ``valueFrom`` sources fail
   the Pod with reason ``CreateContainerConfigError`` naming the variable.
-* Volumes: an ``emptyDir`` the container mounts is a directory of the pod's
-  (``<log_dir>/<namespace>/<pod>/volumes/<name>``), and an environment
-  variable naming a path under its ``mountPath`` is rewritten to it (the
-  process sees no mounts: paths it derives otherwise stay as they are). The
-  root filesystem is not made read-only (the processes run as this test's
-  user): tests assert ``readOnlyRootFilesystem`` on the pod specs.
+* Volumes are not mounted: every path a pod names is this host's (an
+  ``emptyDir`` at ``/tmp`` is the host's ``/tmp``, so ``HOME=/tmp/home`` is
+  shared by the pods of a test), and the root filesystem is not made
+  read-only: tests assert ``readOnlyRootFilesystem`` on the pod specs.
 * Networking: every Pod's IP is ``127.0.0.1`` and every Service's clusterIP is
   ``127.0.0.1`` (the emulator assigns it); there is no kube-proxy, so a
   Service's port must be the port its backing process listens on, and the
@@ -234,22 +232,6 @@ class NodeAgent:
                 raise PodConfigError(f"env {name}: only valueFrom.fieldRef is supported by the test node agent, "
                                      f"got {sorted(var['valueFrom'])}")
             env[name] = _field(pod, ref["fieldPath"], var=name)
-        return self._empty_dirs(pod, container, env)
-
-    def _empty_dirs(self, pod: dict, container: dict, env: dict[str, str]) -> dict[str, str]:
-        """Each emptyDir the container mounts is a fresh directory of the pod's; a variable naming a path at or
-        below its mountPath (HOME=/tmp/home) names the same path in that directory."""
-        md = pod["metadata"]
-        empty = {v["name"] for v in pod["spec"].get("volumes") or () if "emptyDir" in v}
-        for mount in container.get("volumeMounts") or ():
-            if mount["name"] not in empty:
-                continue
-            local = self.log_dir / md.get("namespace", "default") / md["name"] / "volumes" / mount["name"]
-            local.mkdir(parents=True, exist_ok=True)
-            at = mount["mountPath"].rstrip("/")
-            for key, value in env.items():
-                if value == at or value.startswith(f"{at}/"):
-                    env[key] = f"{local}{value[len(at):]}"
         return env
 
     def _wait(self, run: _Run, pod: dict, container: dict) -> None:
