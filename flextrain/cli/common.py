@@ -43,9 +43,11 @@ def add_metrics_flags(g) -> None:
                    help="serve the job's Prometheus metrics at http://HOST:PORT/metrics from the master (default 0: "
                         "a free port locally, 9464 on Kubernetes; the URL is in status.json as metricsUrl)")
     g.add_argument("--no-metrics", action="store_true", help="serve no Prometheus metrics")
-    g.add_argument("--tls", action="store_true",
-                   help="run every channel of the job (workers, parameter servers, flextrain commands to the "
-                        "master) over TLS with a token of its own, made in JOBDIR/tls/ (docs/security.md)")
+    g.add_argument("--tls", action=argparse.BooleanOptionalAction, default=None,
+                   help="run every channel of the job (workers, parameter servers, flextrain commands and the "
+                        "operator to the master) over TLS with a token of its own: locally made in JOBDIR/tls/, "
+                        "on Kubernetes in the Secret NAME-tls the operator makes (default: off locally, on with "
+                        "--backend kubernetes; --no-tls turns it off there; docs/security.md)")
 
 
 def add_data_flags(g) -> None:

@@ -82,7 +82,7 @@ def build_spec(args):
         name=name, model_def="", job_dir=abs_path(job_dir), script=str(script.resolve()),
         script_args=tuple(args.script_args), workers=1 if args.workers is None else args.workers,
         min_workers=args.min_workers, max_workers=args.max_workers,
-        metrics=not args.no_metrics, metrics_port=args.metrics_port, tls=args.tls,
+        metrics=not args.no_metrics, metrics_port=args.metrics_port, tls=bool(args.tls),
         tensorboard=not args.no_tensorboard,
         **{flag[2:].replace("-", "_"): getattr(args, flag[2:].replace("-", "_")) for flag, *_ in _WORKER_FLAGS},
     ).validate()

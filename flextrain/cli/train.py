@@ -203,10 +203,19 @@ def build_spec(args):
         strategy=Strategy(args.distribution_strategy), ps=args.ps, ps_mode=args.ps_mode,
         grads_to_wait=args.grads_to_wait, ps_checkpoint_steps=args.ps_checkpoint_steps,
         ps_wal=args.ps_wal, ps_wal_fsync=args.ps_wal_fsync, nan_policy=args.nan_policy, preflight=not getattr(args, "no_preflight", False),
-        metrics=not args.no_metrics, metrics_port=args.metrics_port, tls=args.tls,
+        metrics=not args.no_metrics, metrics_port=args.metrics_port, tls=tls_of(args),
         tensorboard=not args.no_tensorboard,
         skip_unknown_files=args.skip_unknown_files, csv_header=args.csv_header, data_secret=args.data_secret,
     )
+
+
+def tls_of(args) -> bool:
+    """``--tls``/``--no-tls`` as given, else the backend's default (on for Kubernetes jobs)."""
+    from flextrain.job import KUBERNETES_DEFAULTS
+
+    if args.tls is not None:
+        return args.tls
+    return bool(KUBERNETES_DEFAULTS["tls"]) if getattr(args, "backend", "local") == "kubernetes" else False
 
 
 def int_or_text(value: str) -> int | str:

@@ -16,6 +16,7 @@ CLI, operator, resume and tests read it instead of keeping their own lists.
 
 from flextrain.job.settings import (
     AUTO,
+    KUBERNETES_DEFAULTS,
     NAN_POLICIES,
     SETTING,
     SETTINGS,
@@ -35,6 +36,6 @@ from flextrain.job.settings import (
 )
 from flextrain.job.spec import SECTIONS, DataSpec, JobSpec, PSSpec, SchedulingSpec, TrainingSpec, WorkerSpec
 
-__all__ = ["AUTO", "IntOrStr", "NAN_POLICIES", "SECTIONS", "SETTING", "SETTINGS", "VALUE_RULES", "Backend", "DataSpec", "JobSpec", "SchedulingSpec",
+__all__ = ["AUTO", "IntOrStr", "KUBERNETES_DEFAULTS", "NAN_POLICIES", "SECTIONS", "SETTING", "SETTINGS", "VALUE_RULES", "Backend", "DataSpec", "JobSpec", "SchedulingSpec",
            "JobSpecError", "JobType", "PSSpec", "Setting", "Strategy", "TrainingSpec", "WorkerSpec", "check_count",
            "check_job_name", "check_non_negative", "check_port", "check_positive_finite", "flag_of"]

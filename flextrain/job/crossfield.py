@@ -160,13 +160,6 @@ def check_node_check(spec: JobSpec) -> None:
         raise JobSpecError(f"--node-check needs --distribution-strategy AllReduce; got {spec.strategy.value}")
 
 
-def check_tls(spec: JobSpec) -> None:
-    """--tls: local jobs (a Kubernetes job's material comes from the per-job Secret, not built yet)."""
-    if spec.tls and spec.backend is Backend.KUBERNETES:
-        raise JobSpecError("--tls runs local jobs for now: a Kubernetes job's certificates and token come from a "
-                           "per-job Secret, which the operator does not make yet (docs/security.md)")
-
-
 def check_scheduling(spec: JobSpec) -> None:
     """A queue belongs to a gang scheduler, and Kueue admits only jobs that name their LocalQueue."""
     gang, queue = spec.scheduling.gang, spec.scheduling.queue
@@ -194,7 +187,7 @@ def check_data_urls(spec: JobSpec) -> None:
 
 
 CROSS_FIELD = (check_script, check_worker_range, check_job_type, check_ps, check_schedule, check_micro_batch,
-               check_accelerate, check_spares, check_node_check, check_tls, check_data_urls, check_scheduling)
+               check_accelerate, check_spares, check_node_check, check_data_urls, check_scheduling)
 
 __all__ = ["CROSS_FIELD", "check_accelerate", "check_data_urls", "check_job_type", "check_micro_batch", "check_ps", "check_schedule", "check_scheduling", "check_script",
            "check_worker_range"]

@@ -268,8 +268,9 @@ SETTINGS: tuple[Setting, ...] = (
     # The master's Prometheus endpoint (docs/observability.md).
     _s("metrics", "metrics", bool, "spec.metrics", "--no-metrics"),
     _s("metrics_port", "metrics_port", int, "spec.metricsPort"),
-    # TLS and a per-job token on every channel (docs/security.md); local jobs for now.
-    _s("tls", "tls", bool, None, "--tls"),
+    # TLS and a per-job token on every channel (docs/security.md): off locally unless --tls, on for Kubernetes
+    # jobs unless --no-tls / spec.tls: false (KUBERNETES_DEFAULTS).
+    _s("tls", "tls", bool, "spec.tls", "--tls"),
     _s("output", "output", str, "spec.output"),  # predict --output
     _s("training_data", "data.training", str, "spec.data.training"),
     _s("validation_data", "data.validation", str, "spec.data.validation"),
@@ -350,6 +351,10 @@ SETTINGS: tuple[Setting, ...] = (
 )
 SETTING = {s.key: s for s in SETTINGS}
 SETTING_AT = {s.path: s for s in SETTINGS}
+# Settings whose default differs for Kubernetes jobs: JobSpec's field default is the local one; this is what
+# `flextrain train --backend kubernetes` uses unless told otherwise, what an ElasticJob without the field
+# means, and the CRD's default.
+KUBERNETES_DEFAULTS: dict[str, object] = {"tls": True}
 
 
 def flag_of(key: str) -> str:

@@ -246,8 +246,9 @@ class JobSpec:
     # free port locally, and the ElasticJob default (flextrain.k8s.meta.METRICS_PORT) on Kubernetes.
     metrics: bool = True
     metrics_port: int = 0
-    # Every gRPC channel of the job over TLS with a per-job token (flextrain/protocol/security.py): the
-    # master makes the job's CA, certificate and token in <job dir>/tls/ (local jobs; docs/security.md).
+    # Every gRPC channel of the job over TLS with a per-job token (flextrain/protocol/security.py): a local
+    # job's master makes the CA, certificate and token in <job dir>/tls/; a Kubernetes job's come from the
+    # Secret <job>-tls the operator makes (docs/security.md). Off here, on for Kubernetes (KUBERNETES_DEFAULTS).
     tls: bool = False
     data: DataSpec = DataSpec()
     training: TrainingSpec = TrainingSpec()

@@ -12,7 +12,8 @@ job's image, the role's ``resources``, ``priorityClassName`` and ``env`` from
 ``spec.replicaSpecs.<role>``, every ``spec.volumes`` entry (see
 :func:`pod_settings`), the role's pod template
 (``spec.replicaSpecs.<role>.template``: placement, security, pull Secrets,
-labels; :mod:`flextrain.k8s.template`) and the job's labels. Without a
+labels; :mod:`flextrain.k8s.template`), the job's labels and, with ``spec.tls`` on, the job's TLS
+Secret (:mod:`flextrain.k8s.tls_secret`). Without a
 template it passes a PodSecurity ``restricted`` namespace. Its container runs
 ``flextrain <args>`` with the instance's arguments and environment plus the
 identity variables of ``meta`` (namespace, job, role, instance id, master
@@ -26,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from flextrain.k8s import gang, hardening, meta
+from flextrain.k8s import gang, hardening, meta, tls_secret
 from flextrain.k8s.resource import DEFAULT_JOBS_ROOT, MOUNT_KEYS
 from flextrain.k8s.template import RESTRICTED_CONTAINER, RESTRICTED_POD, pod_labels, security_context, template_of
 
@@ -208,7 +209,8 @@ def job_pod(
         metadata["annotations"] = dict(tpl.annotations)
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
     hardening.harden(pod, role=role, job_dir=(job.get("spec") or {}).get("jobDir") or f"{DEFAULT_JOBS_ROOT}/{name}")
-    return gang.apply_to_pod(job, pod, role=role)
+    pod = gang.apply_to_pod(job, pod, role=role)
+    return tls_secret.mount(job, pod)  # spec.tls: the job's Secret and FLEXTRAIN_TLS_DIR
 
 
 def avoid_nodes(pod: dict[str, Any], nodes: Sequence[str]) -> None:

@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from flextrain.job import (
-    SETTING, SETTINGS, VALUE_RULES, Backend, IntOrStr, JobSpec, JobSpecError, JobType, Strategy, check_job_name,
-    check_non_negative,
+    KUBERNETES_DEFAULTS, SETTING, SETTINGS, VALUE_RULES, Backend, IntOrStr, JobSpec, JobSpecError, JobType,
+    Strategy, check_job_name, check_non_negative,
 )
-from flextrain.k8s import hardening, job_types, kubeschema, meta, template
+from flextrain.k8s import hardening, job_types, kubeschema, meta, template, tls_secret
 from flextrain.k8s.gang import job_labels
 from flextrain.k8s.traces import inline_trace_problems
 from flextrain.k8s.template import ROLES
@@ -211,7 +211,7 @@ def _check(obj: Mapping[str, Any]) -> tuple[list[str], JobSpec | None]:
     budget = _get(spec, "replicaSpecs.master.relaunchBudget")
     if budget is not None:
         out += _value_problems("spec.replicaSpecs.master.relaunchBudget", budget, int, check_non_negative)
-    out += _volume_problems(spec.get("volumes"))
+    out += _volume_problems(spec.get("volumes")) + tls_secret.problems(spec)
     out += hardening.volume_problems(spec)
     out += inline_trace_problems(_get(spec, "training.batchSchedule"), path="spec.training.batchSchedule")
     out += [f"spec.{path}: is not supported yet: flextrain does not act on it, so the job would run as if it "
@@ -253,6 +253,7 @@ def _check(obj: Mapping[str, Any]) -> tuple[list[str], JobSpec | None]:
             out += template.problems(spec, role)
 
     values.setdefault("model_def", "")  # missing: reported above
+    values = {**KUBERNETES_DEFAULTS, **values}  # a field left out means the CRD's default, not the local one
     job = JobSpec.of(name=name if isinstance(name, str) else "", backend=Backend.KUBERNETES, **values)
     blamed = {path_of(p) for p in out}
     # Without a valid jobType, JobSpec would judge the fields as a training job's: noise.
@@ -387,7 +388,7 @@ def resource_from_jobspec(
     what was chosen. ``pod_fields`` are extra spec entries (``volumes``,
     ``replicaSpecs.worker.resources``, ...) given by dotted path.
     """
-    defaults = JobSpec.of(name=spec.name, model_def="", job_dir="").settings()
+    defaults = {**JobSpec.of(name=spec.name, model_def="", job_dir="").settings(), **KUBERNETES_DEFAULTS}
     mapped = {f.key for f in FIELDS} | {"name", "backend"}
     for key, value in spec.settings().items():
         # A setting the ElasticJob cannot carry yet must not vanish on the way to the cluster.

@@ -7,7 +7,7 @@ patches the ElasticJob's status subresource with the CRD's status fields
 ``epoch``, ``step``, ``progress`` {recordsDone, recordsTotal, percent,
 summary}, ``metrics``, ``samplesPerSecond``, ``globalBatchSize``, ``maxMicroBatch``, ``accelerate``,
 ``lrRule``, ``lrFactor``, ``learningRate``, ``gradientNoiseScale``, ``evaluation``, ``prediction``,
-``startTime``, ``completionTime``,
+``unauthenticatedCalls``, ``startTime``, ``completionTime``,
 ``conditions``).
 
 Contract: offering a snapshot never blocks the master and never raises. A
@@ -71,6 +71,8 @@ def cr_status(snap: Mapping[str, Any], *, job_name: str) -> dict[str, Any]:
     if isinstance(snap.get("gradientNoiseScale"), (int, float)):  # not "inf": the CRD field is a number
         status["gradientNoiseScale"] = snap["gradientNoiseScale"]
     status.update(job_types.result_status(snap))  # the latest evaluation; a prediction job's output
+    if snap.get("unauthenticatedCalls"):  # spec.tls: calls refused for lacking the job's token
+        status["unauthenticatedCalls"] = int(snap["unauthenticatedCalls"])
     for key in ("startTime", "completionTime", "failure", "metricsUrl"):
         if snap.get(key):
             status[key] = snap[key]

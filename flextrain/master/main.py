@@ -26,6 +26,7 @@ from flextrain.master.batches import job_schedule
 from flextrain.master.checkpoints import CheckpointStore, StateWriteError, write_bytes_atomic
 from flextrain.failures import EXIT_CODE_OF_KIND, ExitCode
 from flextrain.master.coordinator import JobMaster, Phase
+from flextrain.master.credentials import job_credentials
 from flextrain.master.failures import FailureTracker, failure_lines
 from flextrain.master.history import job_history
 from flextrain.master.instances import InstanceManager
@@ -39,7 +40,6 @@ from flextrain.master.resume import HISTORY_FILE, record_run, restore
 from flextrain.master.servicer import MasterServicer, start_server
 from flextrain.master.spares import SparePool
 from flextrain.master.status import StatusReporter, metric_text
-from flextrain.protocol.security import ENV_DIR, make_credentials, write_credentials
 from flextrain.master.suspension import Suspension
 
 log = logging.getLogger(__name__)
@@ -58,7 +58,6 @@ HEARTBEATS_PER_SECOND = 500
 def heartbeat_interval(max_workers: int) -> float:
     """The heartbeat period of a job of at most ``max_workers`` workers."""
     return max(HEARTBEAT_INTERVAL, max_workers / HEARTBEATS_PER_SECOND)
-TLS_DIR = "tls"  # --tls: the job's CA, certificate and token, under the job directory
 STATUS_INTERVAL = 1.0  # status.json and the progress bar
 EXIT_GRACE = 15.0
 STOP_GRACE = 30.0  # how long a stop waits for the workers' stop checkpoint
@@ -258,11 +257,7 @@ def _run_master(
         heartbeat_interval=heartbeat_interval(spec.worker.effective_max_replicas), spares=spares,
         suspend=suspension.request,
     )
-    creds = None
-    if spec.tls:  # a CA, certificate and token of this run's own; every process of the job gets the directory
-        creds = make_credentials(spec.name)
-        write_credentials(job_dir / TLS_DIR, creds)
-    tls_env = {ENV_DIR: str(job_dir / TLS_DIR)} if creds else {}
+    creds, tls_env = job_credentials(spec, job_dir, kubernetes=k8s is not None)
     server, bound = start_server(servicer, host=host, port=port, threads=16, creds=creds)  # the calls that may block
     address = f"{host}:{bound}"
     def membership(active: int, desired: int) -> dict:  # pending and preempted workers, and why

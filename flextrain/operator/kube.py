@@ -1,4 +1,4 @@
-"""The operator's access to the Kubernetes API: ElasticJobs, master pods, Services, Events.
+"""The operator's access to the Kubernetes API: ElasticJobs, master pods, Services, TLS Secrets, Events.
 
 Everything goes through one ``kubernetes.client.ApiClient`` (the same
 credentials kopf logs in with) and returns plain dicts, so unknown fields of a
@@ -84,10 +84,15 @@ class Kube:
         return out
 
     def get_service(self, namespace: str, name: str) -> dict | None:
+        return self._read(lambda: self.core.read_namespaced_service(name, namespace, _preload_content=False))
+
+    @staticmethod
+    def _read(call) -> dict | None:
+        """The object an un-preloaded read returns; None when there is none (404)."""
         from kubernetes.client.exceptions import ApiException
 
         try:
-            return _raw(self.core.read_namespaced_service(name, namespace, _preload_content=False))
+            return _raw(call())
         except ApiException as exc:
             if exc.status == 404:
                 return None
@@ -111,6 +116,17 @@ class Kube:
             if exc.status == 409:
                 return False
             raise
+
+    # ---- the job's TLS Secret (flextrain/operator/credentials.py): never logged ----------------
+    def get_secret(self, namespace: str, name: str) -> dict | None:
+        return self._read(lambda: self.core.read_namespaced_secret(name, namespace, _preload_content=False))
+
+    def create_secret(self, secret: dict) -> bool:
+        """Create ``secret``; False if one of that name exists already."""
+        return self._create(lambda: self.core.create_namespaced_secret(secret["metadata"]["namespace"], secret))
+
+    def delete_secret(self, namespace: str, name: str) -> None:
+        self._delete(lambda: self.core.delete_namespaced_secret(name, namespace))
 
     def job_objects(self, namespace: str, job: str) -> tuple[list[dict], list[dict]]:
         """Every pod (master, workers, PS) and Service of ``job``, by its label (filtered here too)."""

@@ -12,7 +12,7 @@ restart, and doing one twice changes nothing.
   Event, the message) and all its pods are deleted, the master first and at
   once, so it cannot write a phase of its own after the operator's.
 * ``spec.ttlSecondsAfterFinished``: this long after ``status.completionTime``
-  of a Succeeded or Failed job, its pods, Services and PodGroup are deleted;
+  of a Succeeded or Failed job, its pods, Services, TLS Secret and PodGroup are deleted;
   the ElasticJob and its status stay (``kubectl get ej`` still shows how it
   ended). Unlike a Kubernetes Job, the ElasticJob itself is not deleted.
 """
@@ -23,6 +23,7 @@ import datetime
 import logging
 
 from flextrain.k8s import gang, meta
+from flextrain.operator.credentials import delete_secret
 from flextrain.operator.jobview import TERMINAL, ident, phase_of
 from flextrain.operator.kube import Kube
 
@@ -70,8 +71,8 @@ def enforce_deadline(kube: Kube, job: dict) -> bool:
 
 
 def collect_finished(kube: Kube, job: dict) -> list[str]:
-    """Delete a finished job's pods, Services and PodGroup once ``ttlSecondsAfterFinished`` has passed;
-    what was deleted (``pod/NAME``, ``service/NAME``)."""
+    """Delete a finished job's pods, Services, TLS Secret and PodGroup once ``ttlSecondsAfterFinished`` has
+    passed; what was deleted (``pod/NAME``, ``service/NAME``, ``secret/NAME``)."""
     ttl = (job.get("spec") or {}).get("ttlSecondsAfterFinished")
     if ttl is None or phase_of(job) not in TERMINAL:
         return []
@@ -85,6 +86,8 @@ def collect_finished(kube: Kube, job: dict) -> list[str]:
     for service in services:
         kube.delete_service(namespace, service["metadata"]["name"])
     deleted = [f"pod/{p['metadata']['name']}" for p in pods] + [f"service/{s['metadata']['name']}" for s in services]
+    if secret := delete_secret(kube, job):  # the job's token outlives none of its pods
+        deleted.append(secret)
     if gang.scheduling(job)[0] == gang.VOLCANO:
         kube.delete_pod_group(namespace, gang.pod_group_name(name))
     if deleted:

@@ -38,7 +38,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from flextrain.k8s import meta
+from flextrain.k8s import meta, tls_secret
 from flextrain.k8s.meta import now_iso
 from flextrain.k8s.master_pod import (
     master_pod,
@@ -51,6 +51,7 @@ from flextrain.k8s.resource import (
 )
 from flextrain.operator import admission
 from flextrain.operator.access import JobAccess
+from flextrain.operator.credentials import ensure_secret, master_credentials
 from flextrain.operator.metrics import OperatorMetrics
 from flextrain.operator.jobview import TERMINAL, ident, phase_of, spec_problems
 from flextrain.k8s.refusals import Refusal, Refused, refusal_of
@@ -59,6 +60,7 @@ from flextrain.operator.phases import phases_entered
 from flextrain.operator.relay import (
     MasterUnreachable,
     Reply,
+    Target,
     master_target,
     relay_stop,
 )
@@ -172,6 +174,7 @@ class Reconciler:
             return Outcome.INVALID
         namespace, name = ident(job)
         pod, service = master_pod_name(name, 0), meta.master_service_name(name)
+        self._ensure_secret(job)  # before any pod that mounts it
         self._create_object(f'service "{service}"', lambda: self.kube.create_service(master_service(job)))
         self.access.ensure(job, self._create_object)
         created = self._create_object(f'pod "{pod}"', lambda: self.kube.create_pod(master_pod(job, index=0)))
@@ -195,6 +198,11 @@ class Reconciler:
             if (job.get("status") or {}).get("conditions"):  # it waited for admission (flextrain.operator.admission)
                 status["conditions"] = [admission.admitted_condition(True, reason="Admitted")]
         self.kube.patch_status(job, status)
+
+    def _ensure_secret(self, job: dict) -> None:
+        """spec.tls: the job's TLS Secret (flextrain/operator/credentials.py); a refusal as for the pod."""
+        self._create_object(f'secret "{tls_secret.secret_name(job["metadata"]["name"])}"',
+                            lambda: ensure_secret(self.kube, job))
 
     def _create_object(self, what: str, create) -> bool:
         """``create()``; the API server's refusal (or silence) becomes :class:`Refused` naming ``what``."""
@@ -251,6 +259,7 @@ class Reconciler:
                       message=f"master pod {old} {why}; relaunch budget ({field} = {budget}) used up")
             return Outcome.FAILED
         new = master_pod_name(name, current + 1)
+        self._ensure_secret(job)  # kept as it is when it exists (the running pods hold its token)
         self.access.ensure(job, self._create_object)  # heals what was deleted since
         created = self._create_object(f'pod "{new}"', lambda: self.kube.create_pod(master_pod(job, index=current + 1)))
         self._backoff.pop(job["metadata"].get("uid"), None)
@@ -263,14 +272,15 @@ class Reconciler:
         return Outcome.RELAUNCHED
 
     # ---- relays to the master ------------------------------------------------------
-    def master_address(self, job: dict) -> str:
-        """The gRPC address of ``job``'s master (through its Service)."""
+    def master_address(self, job: dict) -> Target:
+        """The gRPC address of ``job``'s master (through its Service), with the job's TLS material."""
         return self._target(job)
 
-    def _target(self, job: dict) -> str:
+    def _target(self, job: dict) -> Target:
         namespace, name = ident(job)
-        return master_target(self.kube.get_service(namespace, meta.master_service_name(name)),
-                             job=name, namespace=namespace)
+        address = master_target(self.kube.get_service(namespace, meta.master_service_name(name)),
+                                job=name, namespace=namespace)
+        return Target(address, master_credentials(self.kube, job))
 
     def scale(self, job: dict, *, old: Any, new: Any) -> Reply | None:
         """Edge-triggered: ``spec.replicaSpecs.worker.replicas`` went ``old`` -> ``new`` (see

@@ -21,13 +21,13 @@ from typing import Any
 from flextrain.k8s.refusals import Refused
 from flextrain.operator.jobview import TERMINAL, ident, phase_of, spec_problems
 from flextrain.operator.kube import Kube
-from flextrain.operator.relay import Reply, relay_scale
+from flextrain.operator.relay import Reply, Target, relay_scale
 
 
 class ReplicaSettler:
-    def __init__(self, kube: Kube, *, target: Callable[[dict], str]) -> None:
+    def __init__(self, kube: Kube, *, target: Callable[[dict], Target]) -> None:
         self.kube = kube
-        self._target = target  # the master's gRPC address for a job
+        self._target = target  # the master's gRPC address for a job, with its TLS material
         # By job uid: a lock each, the (have, want) relayed or reported last, and the
         # (refused, restored) pair of the revert the field handler is yet to see.
         self._scaling: dict[str, threading.Lock] = {}

@@ -13,10 +13,10 @@ from __future__ import annotations
 from typing import Any
 
 from flextrain.operator.jobview import phase_of
-from flextrain.operator.relay import Reply, relay_suspend
+from flextrain.operator.relay import Reply, Target, relay_suspend
 
 
-def relay_suspend_change(kube, job: dict, *, target: str, old: Any, new: Any) -> Reply | None:
+def relay_suspend_change(kube, job: dict, *, target: Target | str, old: Any, new: Any) -> Reply | None:
     """Relay ``spec.suspend`` going ``old`` -> ``new`` to the master at ``target``; None: nothing to relay.
     Raises MasterUnreachable when the master does not answer (the kopf handler retries)."""
     suspend = bool(new)

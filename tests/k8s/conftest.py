@@ -12,7 +12,7 @@ Fixtures (function scope: every test gets a fresh, empty cluster):
     ``emulator`` (the kmock object; read its ``objects`` only through
     ``cluster.call(fn)``, which runs ``fn()`` on the emulator's loop).
     Declared resources: ``v1/namespaces``, ``v1/pods`` (+status),
-    ``v1/services``, ``v1/events``, ``events.k8s.io/v1/events``, Volcano's
+    ``v1/services``, ``v1/secrets``, ``v1/events``, ``events.k8s.io/v1/events``, Volcano's
     ``scheduling.volcano.sh/v1beta1/podgroups`` (+status), ``v1/serviceaccounts``,
     RBAC ``roles``/``rolebindings``, ``networking.k8s.io/v1/networkpolicies`` and the
     ElasticJob (from ``manifests/crd.yaml`` when it exists, else
@@ -81,6 +81,7 @@ _CORE = {  # resource -> (kind, namespaced, subresources)
     "v1/namespaces": ("Namespace", False, set()),
     "v1/pods": ("Pod", True, {"status"}),
     "v1/services": ("Service", True, {"status"}),
+    "v1/secrets": ("Secret", True, set()),  # spec.tls: a job's <job>-tls
     "v1/events": ("Event", True, set()),
     "events.k8s.io/v1/events": ("Event", True, set()),
     # Volcano's PodGroup (spec.scheduling.gang volcano): Volcano itself cannot run here; a test writes its phase.

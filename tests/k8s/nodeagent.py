@@ -22,10 +22,14 @@ Contract:
   ``metadata.annotations['k']``, ``spec.nodeName``, ``spec.serviceAccountName``
   and ``status.podIP|hostIP`` (``127.0.0.1``). Other ``valueFrom`` sources fail
   the Pod with reason ``CreateContainerConfigError`` naming the variable.
-* Volumes are not mounted: every path a pod names is this host's (an
-  ``emptyDir`` at ``/tmp`` is the host's ``/tmp``, so ``HOME=/tmp/home`` is
-  shared by the pods of a test), and the root filesystem is not made
-  read-only: tests assert ``readOnlyRootFilesystem`` on the pod specs.
+* Volumes: a ``secret`` volume is read from the API when the Pod starts and its keys written as files
+  (mode ``defaultMode``, else 0644) to ``<log_dir>/<namespace>/<pod>/volumes/<volume>/``; a missing Secret
+  or key fails the Pod (``CreateContainerConfigError``). The process cannot see the container's
+  ``mountPath``, so an env value naming a mounted path (or a file under it) is rewritten to the local
+  directory. Other volumes are not mounted (paths in tests are host paths already; an
+  ``emptyDir`` at ``/tmp`` is the host's ``/tmp``, so ``HOME=/tmp/home`` is shared by
+  the pods of a test), and the root filesystem is not made read-only: tests assert
+  ``readOnlyRootFilesystem`` on the pod specs.
 * Networking: every Pod's IP is ``127.0.0.1`` and every Service's clusterIP is
   ``127.0.0.1`` (the emulator assigns it); there is no kube-proxy, so a
   Service's port must be the port its backing process listens on, and the
@@ -47,6 +51,7 @@ Contract:
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import os
@@ -178,6 +183,7 @@ class NodeAgent:
                 raise PodConfigError("spec.containers is empty")
             argv = self._argv(container)
             env = self._env(pod, container)
+            env = self._mount_secrets(pod, container, env)
         except PodConfigError as exc:
             self._refused.add(uid)
             self._patch_status(pod, {"phase": "Failed", "reason": "CreateContainerConfigError",
@@ -232,6 +238,34 @@ class NodeAgent:
                 raise PodConfigError(f"env {name}: only valueFrom.fieldRef is supported by the test node agent, "
                                      f"got {sorted(var['valueFrom'])}")
             env[name] = _field(pod, ref["fieldPath"], var=name)
+        return env
+
+    def _mount_secrets(self, pod: dict, container: dict, env: dict[str, str]) -> dict[str, str]:
+        """Write the Pod's secret volumes as files; env values naming their mount paths point at them."""
+        md = pod["metadata"]
+        ns = md.get("namespace", "default")
+        secrets = {v["name"]: v["secret"] for v in pod.get("spec", {}).get("volumes") or () if "secret" in v}
+        mounted: dict[str, Path] = {}
+        for mount in container.get("volumeMounts") or ():
+            source = secrets.get(mount["name"])
+            if source is None:
+                continue
+            try:
+                secret = json.loads(self.core.read_namespaced_secret(source["secretName"], ns,
+                                                                     _preload_content=False).data)
+            except Exception as exc:  # noqa: BLE001 - a kubelet waits; the test agent says why and gives up
+                raise PodConfigError(f"volume {mount['name']}: secret {source['secretName']!r}: {exc}") from exc
+            local = self.log_dir / ns / md["name"] / "volumes" / mount["name"]
+            local.mkdir(parents=True, exist_ok=True)
+            for key, value in (secret.get("data") or {}).items():
+                path = local / key
+                path.write_bytes(base64.b64decode(value))
+                path.chmod(source.get("defaultMode", 0o644))
+            mounted[mount["mountPath"].rstrip("/")] = local
+        for name, value in env.items():
+            for where, local in mounted.items():
+                if value == where or value.startswith(where + "/"):
+                    env[name] = str(local) + value[len(where):]
         return env
 
     def _wait(self, run: _Run, pod: dict, container: dict) -> None:

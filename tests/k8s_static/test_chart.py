@@ -141,9 +141,13 @@ def test_rbac_is_least_privilege(values):
             assert "*" not in rule["apiGroups"] and "*" not in rule["resources"], where
             assert not FORBIDDEN_VERBS & set(rule["verbs"]), where
             assert "nonResourceURLs" not in rule and "resourceNames" not in rule, where
-            # Nothing flextrain does needs secrets, cluster-wide RBAC, or other workloads.
-            assert not {"secrets", "clusterroles", "clusterrolebindings", "deployments", "nodes",
+            # Nothing flextrain does needs cluster-wide RBAC or other workloads; secrets only the operator's
+            # own (spec.tls: each job's <job>-tls), by name, never listed or watched.
+            assert not {"clusterroles", "clusterrolebindings", "deployments", "nodes",
                         "customresourcedefinitions"} & set(rule["resources"]), where
+            if "secrets" in rule["resources"]:
+                assert role["metadata"]["name"] != "flextrain-job", where
+                assert rule["resources"] == ["secrets"] and set(rule["verbs"]) <= {"get", "create", "delete"}, where
             # A job master's identity (flextrain.k8s.access) and NetworkPolicies: made, never changed.
             if {"serviceaccounts", "roles", "rolebindings", "networkpolicies"} & set(rule["resources"]):
                 assert set(rule["verbs"]) <= {"create", "get"}, where
@@ -167,14 +171,15 @@ def test_job_service_account_mounts_no_token_and_has_no_rights(values):
 
 def test_operator_rights_are_what_it_calls_and_no_more():
     """flextrain/operator deletes only what a job's lifecycle says (activeDeadlineSeconds: its pods;
-    ttlSecondsAfterFinished: its pods, Services and PodGroup); relaunched masters are new pods; each job's
-    master identity and NetworkPolicies are created once and collected with the job."""
+    ttlSecondsAfterFinished: its pods, Services, TLS Secret and PodGroup); relaunched masters are new pods; each
+    job's master identity and NetworkPolicies are created once and collected with the job."""
     (role,) = [r for r in objects_of("Role", rendered_objects({})) if r["metadata"]["name"] != "flextrain-job"]
     assert rights(role) == {
         "flextrain.dev/elasticjobs": {"get", "list", "watch", "patch"},
         "flextrain.dev/elasticjobs/status": {"patch"},
         "pods": {"get", "list", "watch", "create", "delete", "patch"},  # patch: held to grant it (access.py)
         "services": {"get", "list", "create", "delete"},
+        "secrets": {"get", "create", "delete"},  # spec.tls: each job's <job>-tls
         "scheduling.volcano.sh/podgroups": {"get", "create", "delete"},
         "events": {"create"},
         "serviceaccounts": {"get", "create"},  # get: flextrain-job's imagePullSecrets
@@ -366,13 +371,13 @@ def test_job_service_account_is_the_one_flextrain_puts_into_pods():
 
 
 # ---- RBAC versus the code: every kubernetes-client call flextrain makes must be granted ----------------------
-_CALL = re.compile(r"\.(create|delete|list|read|get|patch|replace)_(namespaced|cluster)_(pod|service_account|service|event"
-                   r"|custom_object|role_binding|role|network_policy)(_status)?\(")
+_CALL = re.compile(r"\.(create|delete|list|read|get|patch|replace)_(namespaced|cluster)_(pod|service_account|service"
+                   r"|secret|event|custom_object|role_binding|role|network_policy)(_status)?\(")
 _VERB = {"create": "create", "delete": "delete", "list": "list", "read": "get", "get": "get", "patch": "patch",
          "replace": "update"}
-_RESOURCE = {"pod": "pods", "service": "services", "event": "events", "custom_object": "flextrain.dev/elasticjobs",
-             "service_account": "serviceaccounts", "role": "rbac.authorization.k8s.io/roles",
-             "role_binding": "rbac.authorization.k8s.io/rolebindings",
+_RESOURCE = {"pod": "pods", "service": "services", "secret": "secrets", "event": "events",
+             "custom_object": "flextrain.dev/elasticjobs", "service_account": "serviceaccounts",
+             "role": "rbac.authorization.k8s.io/roles", "role_binding": "rbac.authorization.k8s.io/rolebindings",
              "network_policy": "networking.k8s.io/networkpolicies"}
 # Calls that need no grant in a cluster, with the reason.
 _NOT_IN_PRODUCTION = {("flextrain/operator/kube.py", "list", "events"): "Kube.events() serves the tests only"}

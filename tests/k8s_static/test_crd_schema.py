@@ -19,13 +19,12 @@ from k8s_static_support import (
     schema_nodes,
 )
 
-from flextrain.job import SECTIONS, SETTING, SETTINGS, JobSpec, Strategy
+from flextrain.job import KUBERNETES_DEFAULTS, SECTIONS, SETTING, SETTINGS, JobSpec, Strategy
 from flextrain.k8s import meta
 
 # The settings JobSpec has that an ElasticJob does not (the table's CRD column is None), and why.
 NOT_IN_CRD = {
     "backend": "an ElasticJob is the kubernetes backend by definition",
-    "tls": "local jobs only until the operator makes the per-job Secret (docs/security.md)",
     "worker_memory_limit": "a pod's memory limit is its resources.limits.memory (and replicaSpecs.worker.memoryLadder)",
 }
 
@@ -141,7 +140,10 @@ def test_every_setting_has_a_place_in_the_crd_or_a_reason():
 
 
 def _default(setting):
-    """The JobSpec default of a setting: its section dataclass's field default."""
+    """The default of a setting for a Kubernetes job: KUBERNETES_DEFAULTS', else its section dataclass's field
+    default (the local one)."""
+    if setting.key in KUBERNETES_DEFAULTS:
+        return KUBERNETES_DEFAULTS[setting.key]
     section, _, leaf = setting.path.rpartition(".")
     owner = SECTIONS[section] if section else JobSpec
     field = next(f for f in dataclasses.fields(owner) if f.name == leaf)

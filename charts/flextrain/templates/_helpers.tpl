@@ -116,6 +116,11 @@ it has. Pods' `patch` is here for that reason only (a master relabels a spare wo
 - apiGroups: [""]
   resources: [services]
   verbs: [get, list, create, delete]
+# spec.tls: each job's Secret <job>-tls (its CA, certificate and token): created before its master pod,
+# read to dial its master, deleted after ttlSecondsAfterFinished. Never listed or watched.
+- apiGroups: [""]
+  resources: [secrets]
+  verbs: [get, create, delete]
 # spec.scheduling.gang volcano: the job's PodGroup (harmless where Volcano is not installed).
 - apiGroups: [scheduling.volcano.sh]
   resources: [podgroups]

@@ -20,7 +20,8 @@ UNREACHABLE = ("worker", "--master", "127.0.0.1:1", "--worker-id", "worker-0")  
 @pytest.fixture
 def elasticjob(k8s_api):
     body = {"apiVersion": meta.API_VERSION, "kind": meta.KIND, "metadata": {"name": "tiny", "namespace": NS},
-            "spec": {"image": "flextrain:test", "modelDef": "m.py:M", "data": {"training": "/d"}}}
+            # tls off: no operator here makes the job's Secret, which pods with TLS on would mount
+            "spec": {"image": "flextrain:test", "modelDef": "m.py:M", "data": {"training": "/d"}, "tls": False}}
     return client.CustomObjectsApi(k8s_api).create_namespaced_custom_object(meta.GROUP, meta.VERSION, NS,
                                                                             meta.PLURAL, body)
 

@@ -29,6 +29,13 @@ def job(annotations=None, **spec) -> dict:
     return {"apiVersion": meta.API_VERSION, "kind": meta.KIND, "metadata": md, "spec": body}
 
 
+TLS_MOUNT = {"name": "flextrain-tls", "mountPath": "/var/run/secrets/flextrain.dev/tls", "readOnly": True}
+
+
+def tls_volume(job: str = "digits") -> dict:
+    return {"name": "flextrain-tls", "secret": {"secretName": f"{job}-tls", "defaultMode": 0o444}}
+
+
 def env_of(pod) -> dict:
     return {e["name"]: e.get("value", e.get("valueFrom")) for e in pod["spec"]["containers"][0]["env"]}
 
@@ -44,13 +51,14 @@ def test_master_pod_runs_flextrain_master_for_its_job():
     assert pod["spec"]["serviceAccountName"] == "digits-master"  # its job's own (flextrain.k8s.access)
     assert pod["spec"]["priorityClassName"] == "high"
     assert c["resources"] == {"requests": {"cpu": "250m"}}
-    # the job's volume, then the read-only root filesystem's scratch and job directory (flextrain.k8s.hardening)
+    # the job's volume, the read-only root filesystem's scratch and job directory (flextrain.k8s.hardening),
+    # then the job's TLS Secret (spec.tls, on by default: flextrain/k8s/tls_secret.py)
     assert c["volumeMounts"] == [{"name": "data", "mountPath": "/data"},
                                  {"name": "flextrain-scratch", "mountPath": "/tmp"},
-                                 {"name": "flextrain-job-dir", "mountPath": "/flextrain-jobs/digits"}]
+                                 {"name": "flextrain-job-dir", "mountPath": "/flextrain-jobs/digits"}, TLS_MOUNT]
     assert pod["spec"]["volumes"] == [{"name": "data", "persistentVolumeClaim": {"claimName": "pvc"}},
                                       {"name": "flextrain-scratch", "emptyDir": {}},
-                                      {"name": "flextrain-job-dir", "emptyDir": {}}]
+                                      {"name": "flextrain-job-dir", "emptyDir": {}}, tls_volume()]
 
 
 def test_master_pod_identity_env_cannot_be_overridden():

@@ -43,6 +43,8 @@ def test_ttl_deletes_pods_and_services_of_a_finished_job_and_keeps_it(operator, 
     event = wait_for(lambda: [e for e in jobs.events("done") if e["reason"] == "Cleaned"], timeout=30,
                      what="the Cleaned event")[0]
     assert "deleted pod/done-master-0, pod/done-worker-0, service/done-master" in event["message"]
+    assert "secret/done-tls" in event["message"] and jobs.kube.get_secret(jobs.namespace, "done-tls") is None
+    assert jobs.kube.get_secret(jobs.namespace, "kept-tls") is not None  # spec.tls (on by default) made both
     assert list(jobs.master_pods("kept")) == [0] and jobs.service("kept")  # without a TTL they stay
 
 

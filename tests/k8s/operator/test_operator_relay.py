@@ -2,7 +2,9 @@
 
 The master here is a gRPC ``Master`` service on loopback that records what it
 is asked (the real master's Scale/Stop are covered by the local e2e tests and
-by tests/k8s/e2e); the operator, its Service lookup and its gRPC client are real.
+by tests/k8s/e2e); the operator, its Service lookup and its gRPC client are real. These jobs turn
+``spec.tls`` off (the recording master serves plaintext); the relay over TLS with the job's Secret is
+tests/k8s/operator/test_operator_tls.py's.
 """
 
 from __future__ import annotations
@@ -61,9 +63,14 @@ def master():
     server.stop(grace=None)
 
 
+def plaintext(body: dict) -> dict:
+    body["spec"]["tls"] = False
+    return body
+
+
 def started_job(jobs, master, name="digits", **worker):
     """A job whose creation the operator has fully handled (kopf recorded its configuration)."""
-    body = elasticjob(name, **worker)
+    body = plaintext(elasticjob(name, **worker))
     body["metadata"]["annotations"] = {meta.ANNOTATION_MASTER_PORT: str(master.port)}
     jobs.create(body)
     wait_for(lambda: jobs.service(name), timeout=30, what="the master service")
@@ -89,7 +96,7 @@ def test_replica_change_is_relayed_to_the_master(operator, jobs, master):
 
 def test_running_master_behind_the_spec_is_brought_in_line(operator, jobs, master):
     """A change the edge-triggered handler cannot see (made while the job was being created)."""
-    body = elasticjob("quick")
+    body = plaintext(elasticjob("quick"))
     body["metadata"]["annotations"] = {meta.ANNOTATION_MASTER_PORT: str(master.port)}
     jobs.create(body)
     jobs.patch("quick", {"spec": {"replicaSpecs": {"worker": {"replicas": 3}}}})

@@ -7,6 +7,7 @@ import copy
 
 import pytest
 from podsecurity import restricted_violations
+from test_master_pod import TLS_MOUNT
 
 from flextrain.k8s import meta
 from flextrain.k8s.master_pod import master_pod
@@ -78,9 +79,11 @@ def test_a_worker_pod_carries_its_template_under_flextrains_own_fields():
                                             "readOnlyRootFilesystem": True}
     assert restricted_violations(pod) == []
     # Volumes: the job's and the template's, each mounted where it was asked for.
-    assert [v["name"] for v in spec["volumes"]] == ["data", "shm", "flextrain-scratch", "flextrain-job-dir"]
+    assert [v["name"] for v in spec["volumes"]] == ["data", "shm", "flextrain-scratch", "flextrain-job-dir",
+                                                    "flextrain-tls"]  # + hardening's, + spec.tls's Secret
     assert container["volumeMounts"][:2] == [{"name": "data", "mountPath": "/data"},
                                              {"name": "shm", "mountPath": "/dev/shm"}]
+    assert container["volumeMounts"][-1] == TLS_MOUNT
     assert container["resources"] == {"limits": {"nvidia.com/gpu": "1"}}
     assert container["envFrom"] == [{"secretRef": {"name": "wandb"}}]
     names = [e["name"] for e in container["env"]]
