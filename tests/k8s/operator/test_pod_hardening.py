@@ -27,7 +27,8 @@ def worker(job: dict) -> dict:
 def test_a_job_dir_on_a_volume_gets_no_empty_dir_and_the_users_env_stays():
     pod = worker(JOB)
     (container,) = pod["spec"]["containers"]
-    assert [v["name"] for v in pod["spec"]["volumes"]] == ["data", "flextrain-scratch"]  # /data holds the job dir
+    # /data holds the job dir (flextrain-tls: spec.tls's Secret, flextrain/k8s/tls_secret.py)
+    assert [v["name"] for v in pod["spec"]["volumes"]] == ["data", "flextrain-scratch", "flextrain-tls"]
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["HOME"] == "/data/home" and [e["name"] for e in container["env"]].count("HOME") == 1
     assert env["TMPDIR"] == "/tmp" and env["TORCH_HOME"] == "/tmp/home/.cache/torch"
@@ -48,7 +49,7 @@ def test_a_template_turns_read_only_root_and_the_missing_token_off_and_its_tmp_m
     (container,) = pod["spec"]["containers"]
     assert container["securityContext"]["readOnlyRootFilesystem"] is False
     assert pod["spec"]["automountServiceAccountToken"] is True and pod["spec"]["serviceAccountName"] == "reader"
-    assert [v["name"] for v in pod["spec"]["volumes"]] == ["data", "scratch"]
+    assert [v["name"] for v in pod["spec"]["volumes"]] == ["data", "scratch", "flextrain-tls"]
     assert {"name": "TMPDIR", "value": "/tmp"} in container["env"]  # the user's /tmp serves as the scratch
 
 
