@@ -38,6 +38,9 @@ def add_commands(sub) -> None:
     p.add_argument("--default-gang", choices=("volcano", "kueue"),
                    help="spec.scheduling.gang of jobs that set no spec.scheduling (the chart's scheduling.gang)")
     p.add_argument("--default-queue", metavar="NAME", help="spec.scheduling.queue of those jobs")
+    p.add_argument("--network-policies", action="store_true",
+                   help="give every job NetworkPolicies that admit only its own pods (and this operator, from its "
+                        "namespace) to its master and parameter-server ports (the chart's networkPolicies.enabled)")
     p.set_defaults(fn=cmd_operator)
     p = sub.add_parser("master", help="(internal) run the master of an ElasticJob (what the master pod runs)")
     p.add_argument("--job", required=True, metavar="NAME", help="the ElasticJob")
@@ -68,7 +71,8 @@ def cmd_operator(args) -> int:
     namespaces = args.namespace or ([] if args.all_namespaces else [meta.current_namespace()])
     run_operator(api, namespaces=namespaces, clusterwide=args.all_namespaces, sweep_interval=args.sweep_interval,
                  metrics_port=None if args.no_metrics else args.metrics_port,
-                 default_scheduling=default or None)
+                 default_scheduling=default or None,
+                 network_policies_from=meta.current_namespace() if args.network_policies else None)
     return 0
 
 

@@ -7,6 +7,8 @@ relaunches: a failed master's pod is kept (``kubectl logs`` still works) and
 its successor never races it for a name. ``restartPolicy: Never``: the
 operator, not the kubelet, relaunches a master, so relaunches are counted
 against ``spec.replicaSpecs.master.relaunchBudget`` and recorded as Events.
+A master pod runs as its job's own ServiceAccount ``<job>-master``
+(:mod:`flextrain.k8s.access`), the one pod of the job with an API token.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from flextrain.k8s import meta
+from flextrain.k8s import access, meta
 from flextrain.k8s.meta import master_port  # here too: the operator's name for it
 from flextrain.k8s.pods import job_pod, job_service
 
@@ -44,7 +46,7 @@ def master_pod(job: Mapping[str, Any], *, index: int) -> dict[str, Any]:
     body = job_pod(job, role=ROLE, index=index, pod_name=pod, instance_id=pod,
                    args=[ROLE, "--job", name, "--namespace", namespace, "--port", str(port)],
                    env={"PYTHONUNBUFFERED": "1"}, master_address=meta.master_address(name, namespace, port),
-                   port=port)
+                   port=port, service_account=access.master_account_name(name))
     if (metrics := meta.metrics_port(job)) is not None:
         # (the scrape annotations are on the Service only: on both, Prometheus would scrape the job twice)
         body["spec"]["containers"][0]["ports"].append({"name": "metrics", "containerPort": metrics, "protocol": "TCP"})

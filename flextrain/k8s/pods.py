@@ -5,7 +5,9 @@ instance. A Pod is named ``<job>-<instance id>`` (instance ids are
 ``worker-<i>`` / ``ps-<i>``, so this is ``meta.pod_name(job, role, i)``),
 labelled job/role/index, owned by the ElasticJob (deleting the job removes
 it), runs as ServiceAccount ``flextrain-job`` with ``restartPolicy: Never``
-(the master, not the kubelet, decides about relaunches), and gets the
+(the master, not the kubelet, decides about relaunches; the master's own pod runs as
+its job's ServiceAccount, :mod:`flextrain.k8s.access`), with a read-only root
+filesystem and, but for the master, no API token (:mod:`flextrain.k8s.hardening`), and gets the
 job's image, the role's ``resources``, ``priorityClassName`` and ``env`` from
 ``spec.replicaSpecs.<role>``, every ``spec.volumes`` entry (see
 :func:`pod_settings`), the role's pod template
@@ -25,8 +27,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from flextrain.k8s import gang, meta, tls_secret
-from flextrain.k8s.resource import MOUNT_KEYS
+from flextrain.k8s import gang, hardening, meta, tls_secret
+from flextrain.k8s.resource import DEFAULT_JOBS_ROOT, MOUNT_KEYS
 from flextrain.k8s.template import RESTRICTED_CONTAINER, RESTRICTED_POD, pod_labels, security_context, template_of
 
 
@@ -136,9 +138,10 @@ def job_pod(
     env: Mapping[str, str],
     master_address: str,
     port: int | None = None,
+    service_account: str = meta.JOB_SERVICE_ACCOUNT,
 ) -> dict[str, Any]:
     """Any Pod of ``job`` (master, worker or PS): identity env, the role's settings and template,
-    owner and labels.
+    owner and labels; it runs as ``service_account`` unless the template names another.
 
     The role's template (:mod:`flextrain.k8s.template`) is laid under flextrain's own fields;
     admission (:func:`flextrain.k8s.template.problems`) has already refused a template that sets
@@ -187,7 +190,7 @@ def job_pod(
     spec: dict[str, Any] = {
         **tpl.pod,
         "restartPolicy": "Never",
-        "serviceAccountName": tpl.pod.get("serviceAccountName") or meta.JOB_SERVICE_ACCOUNT,
+        "serviceAccountName": tpl.pod.get("serviceAccountName") or service_account,
         "securityContext": security_context(RESTRICTED_POD, tpl.pod.get("securityContext")),
         "containers": [container],
     }
@@ -204,7 +207,9 @@ def job_pod(
     }
     if tpl.annotations:
         metadata["annotations"] = dict(tpl.annotations)
-    pod = gang.apply_to_pod(job, {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}, role=role)
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
+    hardening.harden(pod, role=role, job_dir=(job.get("spec") or {}).get("jobDir") or f"{DEFAULT_JOBS_ROOT}/{name}")
+    pod = gang.apply_to_pod(job, pod, role=role)
     return tls_secret.mount(job, pod)  # spec.tls: the job's Secret and FLEXTRAIN_TLS_DIR
 
 

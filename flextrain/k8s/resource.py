@@ -25,7 +25,7 @@ from flextrain.job import (
     KUBERNETES_DEFAULTS, SETTING, SETTINGS, VALUE_RULES, Backend, IntOrStr, JobSpec, JobSpecError, JobType,
     Strategy, check_job_name, check_non_negative,
 )
-from flextrain.k8s import job_types, kubeschema, meta, template, tls_secret
+from flextrain.k8s import hardening, job_types, kubeschema, meta, template, tls_secret
 from flextrain.k8s.gang import job_labels
 from flextrain.k8s.traces import inline_trace_problems
 from flextrain.k8s.template import ROLES
@@ -212,6 +212,7 @@ def _check(obj: Mapping[str, Any]) -> tuple[list[str], JobSpec | None]:
     if budget is not None:
         out += _value_problems("spec.replicaSpecs.master.relaunchBudget", budget, int, check_non_negative)
     out += _volume_problems(spec.get("volumes")) + tls_secret.problems(spec)
+    out += hardening.volume_problems(spec)
     out += inline_trace_problems(_get(spec, "training.batchSchedule"), path="spec.training.batchSchedule")
     out += [f"spec.{path}: is not supported yet: flextrain does not act on it, so the job would run as if it "
             "were not there; remove it" for path in NOT_YET if _get(spec, path) is not None]

@@ -8,7 +8,7 @@ needs to place and harden a job's pods::
       spec:
         nodeSelector / tolerations / affinity / topologySpreadConstraints / schedulerName
         securityContext / serviceAccountName / imagePullSecrets / priorityClassName
-        runtimeClassName / volumes
+        runtimeClassName / volumes / automountServiceAccountToken
         containers:            # at most one: flextrain's own container of the role
         - name: worker         # optional; if given, the role's name
           image / imagePullPolicy / resources / env / envFrom / volumeMounts / securityContext
@@ -29,6 +29,10 @@ Contract:
   non-root (uid/gid 10001, the image's user), no privilege escalation, every
   capability dropped, seccomp ``RuntimeDefault``. A template's
   ``securityContext`` entries override these defaults key by key.
+* Least privilege (:mod:`flextrain.k8s.hardening`): a read-only root
+  filesystem (the container's ``securityContext.readOnlyRootFilesystem:
+  false`` turns it off) and, for workers and parameter servers, no
+  ServiceAccount token (``automountServiceAccountToken: true`` mounts one).
 * The ElasticJob's ``metadata.labels`` reach every pod (before the
   template's labels, which win; flextrain's own labels win over both).
 """
@@ -45,7 +49,7 @@ from flextrain.k8s import kubeschema, meta
 ROLES = ("master", "worker", "ps")
 POD_FIELDS = ("nodeSelector", "tolerations", "affinity", "topologySpreadConstraints", "schedulerName",
               "securityContext", "serviceAccountName", "imagePullSecrets", "priorityClassName",
-              "runtimeClassName", "volumes", "containers")
+              "runtimeClassName", "volumes", "containers", "automountServiceAccountToken")
 CONTAINER_FIELDS = ("name", "image", "imagePullPolicy", "resources", "env", "envFrom", "volumeMounts",
                     "securityContext")
 # Set by flextrain on every pod: a template may not change them.

@@ -119,9 +119,10 @@ class Sweeper:
                 log.warning("operator sweep failed: %s", exc)
 
 
-def build(api_client, *, default_scheduling: dict | None = None, metrics: OperatorMetrics | None = None
-          ) -> tuple[kopf.OperatorRegistry, Reconciler]:
-    reconciler = Reconciler(Kube(api_client), default_scheduling=default_scheduling, metrics=metrics)
+def build(api_client, *, default_scheduling: dict | None = None, metrics: OperatorMetrics | None = None,
+          network_policies_from: str | None = None) -> tuple[kopf.OperatorRegistry, Reconciler]:
+    reconciler = Reconciler(Kube(api_client), default_scheduling=default_scheduling, metrics=metrics,
+                            network_policies_from=network_policies_from)
     registry = build_registry(reconciler)
 
     @kopf.on.login(registry=registry)
@@ -134,16 +135,20 @@ def build(api_client, *, default_scheduling: dict | None = None, metrics: Operat
 def run_operator(api_client, *, namespaces: Collection[str] = (), clusterwide: bool = False,
                  stop_flag: threading.Event | None = None, ready_flag: threading.Event | None = None,
                  sweep_interval: float = 15.0, default_scheduling: dict | None = None,
-                 metrics_port: int | None = None, metrics: OperatorMetrics | None = None) -> None:
+                 metrics_port: int | None = None, metrics: OperatorMetrics | None = None,
+                 network_policies_from: str | None = None) -> None:
     """Run the operator until ``stop_flag`` is set (or a signal, when in the main thread).
 
     ``default_scheduling`` (``{"gang": ..., "queue": ...}``) is written into every job that sets no
     ``spec.scheduling`` before it starts (:func:`flextrain.operator.admission.with_default_scheduling`).
     With ``metrics_port`` (0: a free one) it serves its Prometheus metrics (``metrics``, else its own) there.
+    With ``network_policies_from`` (the namespace the operator's pod runs in) every job gets NetworkPolicies
+    (:mod:`flextrain.k8s.netpol`) admitting that namespace's operator pod to its master.
     """
     if clusterwide == bool(namespaces):
         raise ValueError("give either namespaces or clusterwide=True")
-    registry, reconciler = build(api_client, default_scheduling=default_scheduling, metrics=metrics)
+    registry, reconciler = build(api_client, default_scheduling=default_scheduling, metrics=metrics,
+                                 network_policies_from=network_policies_from)
     if metrics_port is not None:
         log.info("operator metrics at http://0.0.0.0:%d/metrics", reconciler.metrics.serve(port=metrics_port))
     log.info("flextrain operator watching %s", "all namespaces" if clusterwide else ", ".join(namespaces))

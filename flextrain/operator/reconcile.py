@@ -50,6 +50,7 @@ from flextrain.k8s.resource import (
     master_relaunch_budget,
 )
 from flextrain.operator import admission
+from flextrain.operator.access import JobAccess
 from flextrain.operator.credentials import ensure_secret, master_credentials
 from flextrain.operator.metrics import OperatorMetrics
 from flextrain.operator.jobview import TERMINAL, ident, phase_of, spec_problems
@@ -99,8 +100,10 @@ class _Backoff:
 
 class Reconciler:
     def __init__(self, kube: Kube, *, default_scheduling: dict | None = None,
-                 metrics: OperatorMetrics | None = None) -> None:
+                 metrics: OperatorMetrics | None = None, network_policies_from: str | None = None) -> None:
         self.kube = kube
+        # the master's ServiceAccount/Role/RoleBinding; NetworkPolicies admitting the operator's namespace
+        self.access = JobAccess(kube, operator_namespace=network_policies_from)
         self.default_scheduling = default_scheduling  # for jobs without spec.scheduling (the chart's value)
         self.metrics = metrics or OperatorMetrics()
         self.replicas = ReplicaSettler(kube, target=self._target)
@@ -173,6 +176,7 @@ class Reconciler:
         pod, service = master_pod_name(name, 0), meta.master_service_name(name)
         self._ensure_secret(job)  # before any pod that mounts it
         self._create_object(f'service "{service}"', lambda: self.kube.create_service(master_service(job)))
+        self.access.ensure(job, self._create_object)
         created = self._create_object(f'pod "{pod}"', lambda: self.kube.create_pod(master_pod(job, index=0)))
         self._backoff.pop(job["metadata"].get("uid"), None)
         if created:  # before the status: a refused status patch must not hide that the pod exists
@@ -256,6 +260,7 @@ class Reconciler:
             return Outcome.FAILED
         new = master_pod_name(name, current + 1)
         self._ensure_secret(job)  # kept as it is when it exists (the running pods hold its token)
+        self.access.ensure(job, self._create_object)  # heals what was deleted since
         created = self._create_object(f'pod "{new}"', lambda: self.kube.create_pod(master_pod(job, index=current + 1)))
         self._backoff.pop(job["metadata"].get("uid"), None)
         message = (f"master pod {old} {why}: relaunched as {new} ({current + 1}/{budget}); "

@@ -13,7 +13,8 @@ Fixtures (function scope: every test gets a fresh, empty cluster):
     ``cluster.call(fn)``, which runs ``fn()`` on the emulator's loop).
     Declared resources: ``v1/namespaces``, ``v1/pods`` (+status),
     ``v1/services``, ``v1/secrets``, ``v1/events``, ``events.k8s.io/v1/events``, Volcano's
-    ``scheduling.volcano.sh/v1beta1/podgroups`` (+status) and the
+    ``scheduling.volcano.sh/v1beta1/podgroups`` (+status), ``v1/serviceaccounts``,
+    RBAC ``roles``/``rolebindings``, ``networking.k8s.io/v1/networkpolicies`` and the
     ElasticJob (from ``manifests/crd.yaml`` when it exists, else
     ``flextrain.k8s.meta``; +status, +scale).
 
@@ -85,6 +86,11 @@ _CORE = {  # resource -> (kind, namespaced, subresources)
     "events.k8s.io/v1/events": ("Event", True, set()),
     # Volcano's PodGroup (spec.scheduling.gang volcano): Volcano itself cannot run here; a test writes its phase.
     "scheduling.volcano.sh/v1beta1/podgroups": ("PodGroup", True, {"status"}),
+    # A job's least privilege (flextrain.operator.access): its master's identity and NetworkPolicies.
+    "v1/serviceaccounts": ("ServiceAccount", True, set()),
+    "rbac.authorization.k8s.io/v1/roles": ("Role", True, set()),
+    "rbac.authorization.k8s.io/v1/rolebindings": ("RoleBinding", True, set()),
+    "networking.k8s.io/v1/networkpolicies": ("NetworkPolicy", True, set()),
 }
 _VERBS = {"create", "delete", "get", "list", "patch", "update", "watch"}
 

@@ -26,7 +26,10 @@ Contract:
   (mode ``defaultMode``, else 0644) to ``<log_dir>/<namespace>/<pod>/volumes/<volume>/``; a missing Secret
   or key fails the Pod (``CreateContainerConfigError``). The process cannot see the container's
   ``mountPath``, so an env value naming a mounted path (or a file under it) is rewritten to the local
-  directory. Other volumes are not mounted (paths in tests are host paths already).
+  directory. Other volumes are not mounted (paths in tests are host paths already; an
+  ``emptyDir`` at ``/tmp`` is the host's ``/tmp``, so ``HOME=/tmp/home`` is shared by
+  the pods of a test), and the root filesystem is not made read-only: tests assert
+  ``readOnlyRootFilesystem`` on the pod specs.
 * Networking: every Pod's IP is ``127.0.0.1`` and every Service's clusterIP is
   ``127.0.0.1`` (the emulator assigns it); there is no kube-proxy, so a
   Service's port must be the port its backing process listens on, and the

@@ -97,6 +97,16 @@ def rendered_objects(values: dict[str, Any] | None = None, **kw) -> list[dict]:
     return out
 
 
+def rights(role: dict) -> dict[str, set[str]]:
+    """A Role's rules as ``{"group/resource": verbs}`` (core resources without the group)."""
+    out: dict[str, set[str]] = {}
+    for rule in role["rules"]:
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                out.setdefault(f"{group}/{resource}".lstrip("/"), set()).update(rule["verbs"])
+    return out
+
+
 # The two value sets every chart check runs with.
 CHART_VALUE_SETS = {
     "namespaced": {},

@@ -21,6 +21,7 @@ from k8s_static_support import (
     kube_versions,
     render_chart,
     rendered_objects,
+    rights,
 )
 
 # The shared value sets, plus a list of watched namespaces (not the release namespace) and a private registry.
@@ -113,15 +114,14 @@ def test_namespaced_objects_go_to_their_namespace(values):
 
 def test_operator_watches_only_its_namespace_by_default():
     objs = rendered_objects({}, namespace=NAMESPACE)
-    assert operator_container(objs)["args"][:-2] == ["operator", "--namespace", NAMESPACE]
+    assert operator_container(objs)["args"][:-3] == ["operator", "--namespace", NAMESPACE]
     assert objects_of("ClusterRole", objs) == [] and objects_of("ClusterRoleBinding", objs) == []
-    operator_roles = [r for r in objects_of("Role", objs) if r["metadata"]["name"] != "flextrain-job"]
-    assert len(operator_roles) == 1
+    assert len(objects_of("Role", objs)) == 1  # the operator's (job pods have none: flextrain.k8s.access)
 
 
 def test_operator_watches_all_namespaces_with_a_cluster_role():
     objs = rendered_objects(CHART_VALUE_SETS["all-namespaces"], namespace=NAMESPACE)
-    assert operator_container(objs)["args"][:-2] == ["operator", "--all-namespaces"]
+    assert operator_container(objs)["args"][:-3] == ["operator", "--all-namespaces"]
     (cluster_role,) = objects_of("ClusterRole", objs)
     (binding,) = objects_of("ClusterRoleBinding", objs)
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
@@ -130,7 +130,7 @@ def test_operator_watches_all_namespaces_with_a_cluster_role():
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa["metadata"]["name"],
                                     "namespace": NAMESPACE}]
     # The operator's rights are granted once, cluster-wide; no namespaced copy lingers.
-    assert [r["metadata"]["name"] for r in objects_of("Role", objs)] == ["flextrain-job"] * 3
+    assert objects_of("Role", objs) == []
 
 
 @VALUE_SETS
@@ -141,60 +141,51 @@ def test_rbac_is_least_privilege(values):
             assert "*" not in rule["apiGroups"] and "*" not in rule["resources"], where
             assert not FORBIDDEN_VERBS & set(rule["verbs"]), where
             assert "nonResourceURLs" not in rule and "resourceNames" not in rule, where
-            # Nothing flextrain does needs RBAC objects or other workloads; secrets only the operator's
+            # Nothing flextrain does needs cluster-wide RBAC or other workloads; secrets only the operator's
             # own (spec.tls: each job's <job>-tls), by name, never listed or watched.
-            assert not {"roles", "rolebindings", "clusterroles", "serviceaccounts",
-                        "deployments", "nodes", "customresourcedefinitions"} & set(rule["resources"]), where
+            assert not {"clusterroles", "clusterrolebindings", "deployments", "nodes",
+                        "customresourcedefinitions"} & set(rule["resources"]), where
             if "secrets" in rule["resources"]:
                 assert role["metadata"]["name"] != "flextrain-job", where
                 assert rule["resources"] == ["secrets"] and set(rule["verbs"]) <= {"get", "create", "delete"}, where
+            # A job master's identity (flextrain.k8s.access) and NetworkPolicies: made, never changed.
+            if {"serviceaccounts", "roles", "rolebindings", "networkpolicies"} & set(rule["resources"]):
+                assert set(rule["verbs"]) <= {"create", "get"}, where
+                assert set(rule["verbs"]) == {"create"} or rule["resources"] == ["serviceaccounts"], where
             if rule["apiGroups"] == ["scheduling.volcano.sh"]:  # gang volcano: the job's PodGroup, nothing else
                 assert rule["resources"] == ["podgroups"], where
                 continue
-            assert set(rule["apiGroups"]) <= {"", "flextrain.dev"}, where
-
-
-def rights(role: dict) -> dict[str, set[str]]:
-    out: dict[str, set[str]] = {}
-    for rule in role["rules"]:
-        for group in rule["apiGroups"]:
-            for resource in rule["resources"]:
-                out.setdefault(f"{group}/{resource}".lstrip("/"), set()).update(rule["verbs"])
-    return out
+            assert set(rule["apiGroups"]) <= {"", "flextrain.dev", "rbac.authorization.k8s.io",
+                                              "networking.k8s.io"}, where
 
 
 @VALUE_SETS
-def test_job_pods_may_manage_pods_create_services_and_only_patch_job_status(values):
+def test_job_service_account_mounts_no_token_and_has_no_rights(values):
+    """Workers and PS run as flextrain-job and never call the API; each master runs as its job's own account."""
     objs = rendered_objects(values, namespace=NAMESPACE)
-    roles = [r for r in objects_of("Role", objs) if r["metadata"]["name"] == "flextrain-job"]
-    assert {r["metadata"]["namespace"] for r in roles} == job_namespaces(values)
-    for role in roles:
-        assert rights(role) == {
-            "pods": {"get", "list", "watch", "create", "delete", "patch"},  # patch: a spare pod taken is relabelled
-            "services": {"get", "create"},
-            "flextrain.dev/elasticjobs": {"get"},
-            "flextrain.dev/elasticjobs/status": {"patch"},
-            "events": {"create"},
-        }
-        ns = role["metadata"]["namespace"]
-        (binding,) = [b for b in objects_of("RoleBinding", objs)
-                      if b["metadata"]["name"] == "flextrain-job" and b["metadata"]["namespace"] == ns]
-        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "flextrain-job", "namespace": ns}]
-        assert binding["roleRef"]["kind"] == "Role" and binding["roleRef"]["name"] == "flextrain-job"
+    accounts = job_service_accounts(objs)
+    assert {a["metadata"]["namespace"] for a in accounts} == job_namespaces(values)
+    assert all(a["automountServiceAccountToken"] is False for a in accounts)
+    assert not [o for o in objs if o["kind"] in ("Role", "RoleBinding") and o["metadata"]["name"] == "flextrain-job"]
 
 
 def test_operator_rights_are_what_it_calls_and_no_more():
     """flextrain/operator deletes only what a job's lifecycle says (activeDeadlineSeconds: its pods;
-    ttlSecondsAfterFinished: its pods, Services, TLS Secret and PodGroup); relaunched masters are new pods."""
+    ttlSecondsAfterFinished: its pods, Services, TLS Secret and PodGroup); relaunched masters are new pods; each
+    job's master identity and NetworkPolicies are created once and collected with the job."""
     (role,) = [r for r in objects_of("Role", rendered_objects({})) if r["metadata"]["name"] != "flextrain-job"]
     assert rights(role) == {
         "flextrain.dev/elasticjobs": {"get", "list", "watch", "patch"},
         "flextrain.dev/elasticjobs/status": {"patch"},
-        "pods": {"get", "list", "watch", "create", "delete"},
+        "pods": {"get", "list", "watch", "create", "delete", "patch"},  # patch: held to grant it (access.py)
         "services": {"get", "list", "create", "delete"},
         "secrets": {"get", "create", "delete"},  # spec.tls: each job's <job>-tls
         "scheduling.volcano.sh/podgroups": {"get", "create", "delete"},
         "events": {"create"},
+        "serviceaccounts": {"get", "create"},  # get: flextrain-job's imagePullSecrets
+        "rbac.authorization.k8s.io/roles": {"create"},
+        "rbac.authorization.k8s.io/rolebindings": {"create"},
+        "networking.k8s.io/networkpolicies": {"create"},  # networkPolicies.enabled (default)
     }
 
 
@@ -261,7 +252,7 @@ def test_notes_tell_how_to_submit_and_watch_a_job(values):
 # ---- watch scope and private registries: issue 20 -----------------------------------------------------------
 def test_operator_watches_the_listed_namespaces_with_a_role_in_each():
     objs = rendered_objects({"watchNamespaces": ["team-a", "team-b"]}, namespace=NAMESPACE)
-    assert operator_container(objs)["args"][:-2] == ["operator", "--namespace", "team-a", "--namespace", "team-b"]
+    assert operator_container(objs)["args"][:-3] == ["operator", "--namespace", "team-a", "--namespace", "team-b"]
     assert objects_of("ClusterRole", objs) == [] and objects_of("ClusterRoleBinding", objs) == []
     (default_role,) = [r for r in objects_of("Role", rendered_objects({})) if r["metadata"]["name"] == OPERATOR]
     roles = {r["metadata"]["namespace"]: r for r in objects_of("Role", objs) if r["metadata"]["name"] == OPERATOR}
@@ -292,9 +283,8 @@ def test_repeated_watch_namespaces_are_refused_by_the_schema():
 ], ids=["release-namespace", "watch-list", "watched-extra", "all-namespaces"])
 def test_job_service_accounts_only_where_the_operator_watches(values, expected):
     objs = rendered_objects(values, namespace=NAMESPACE)
-    for kind in ("ServiceAccount", "Role", "RoleBinding"):
-        found = [o["metadata"]["namespace"] for o in objects_of(kind, objs) if o["metadata"]["name"] == "flextrain-job"]
-        assert sorted(found) == sorted(expected), kind
+    found = [o["metadata"]["namespace"] for o in job_service_accounts(objs)]
+    assert sorted(found) == sorted(expected)
 
 
 @pytest.mark.parametrize("values, watched", [
@@ -381,11 +371,14 @@ def test_job_service_account_is_the_one_flextrain_puts_into_pods():
 
 
 # ---- RBAC versus the code: every kubernetes-client call flextrain makes must be granted ----------------------
-_CALL = re.compile(r"\.(create|delete|list|read|get|patch|replace)_(namespaced|cluster)_(pod|service|secret|event|custom_object)"
-                   r"(_status)?\(")
+_CALL = re.compile(r"\.(create|delete|list|read|get|patch|replace)_(namespaced|cluster)_(pod|service_account|service"
+                   r"|secret|event|custom_object|role_binding|role|network_policy)(_status)?\(")
 _VERB = {"create": "create", "delete": "delete", "list": "list", "read": "get", "get": "get", "patch": "patch",
          "replace": "update"}
-_RESOURCE = {"pod": "pods", "service": "services", "secret": "secrets", "event": "events", "custom_object": "flextrain.dev/elasticjobs"}
+_RESOURCE = {"pod": "pods", "service": "services", "secret": "secrets", "event": "events",
+             "custom_object": "flextrain.dev/elasticjobs", "service_account": "serviceaccounts",
+             "role": "rbac.authorization.k8s.io/roles", "role_binding": "rbac.authorization.k8s.io/rolebindings",
+             "network_policy": "networking.k8s.io/networkpolicies"}
 # Calls that need no grant in a cluster, with the reason.
 _NOT_IN_PRODUCTION = {("flextrain/operator/kube.py", "list", "events"): "Kube.events() serves the tests only"}
 
@@ -409,11 +402,13 @@ def calls_in(*globs: str) -> set[tuple[str, str, str]]:
 
 @pytest.mark.parametrize("who, globs", [
     ("operator", ("flextrain/operator/*.py",)),
-    ("flextrain-job", ("flextrain/master/k8s_*.py",)),
+    ("master", ("flextrain/master/k8s_*.py",)),
 ])
 def test_rbac_grants_every_call_the_code_makes(who, globs):
-    objs = rendered_objects({})
-    (role,) = [r for r in objects_of("Role", objs) if (r["metadata"]["name"] == "flextrain-job") == (who != "operator")]
+    """The operator's Role from the chart; the master's, the Role the operator makes for each job."""
+    from flextrain.k8s.access import master_rules
+
+    (role,) = objects_of("Role", rendered_objects({})) if who == "operator" else [{"rules": master_rules("j")}]
     granted = rights(role)
     calls = calls_in(*globs)
     assert calls, f"no kubernetes-client calls found in {globs}: the scan is broken"
@@ -426,7 +421,7 @@ def test_rbac_grants_every_call_the_code_makes(who, globs):
 def test_metrics_the_operator_port_and_optional_service_monitors():
     objs = rendered_objects({}, namespace=NAMESPACE)
     container = operator_container(objs)
-    assert container["args"][-2:] == ["--metrics-port", "8080"]
+    assert container["args"][-3:-1] == ["--metrics-port", "8080"]
     assert container["ports"] == [{"name": "metrics", "containerPort": 8080, "protocol": "TCP"}]
     (svc,) = [s for s in objects_of("Service", objs) if s["metadata"]["name"].endswith("-operator-metrics")]
     assert svc["metadata"]["annotations"]["prometheus.io/scrape"] == "true"
@@ -452,5 +447,5 @@ def test_metrics_the_operator_port_and_optional_service_monitors():
 def test_scheduling_value_becomes_the_operators_default_gang():
     objs = rendered_objects({"scheduling": {"gang": "volcano", "queue": "research"}})
     args = operator_container(objs)["args"]
-    assert args[-4:] == ["--default-gang", "volcano", "--default-queue", "research"]
+    assert args[-5:-1] == ["--default-gang", "volcano", "--default-queue", "research"]
     assert "--default-gang" not in operator_container(rendered_objects({}))["args"]

@@ -91,6 +91,11 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 What the operator does (flextrain/operator): the same rules in a Role or a ClusterRole. It never
 deletes anything: a relaunched master is a new pod (<job>-master-<n>), and everything it creates is
 owned by the ElasticJob, so the garbage collector removes it with the job.
+It creates each job's master a ServiceAccount, Role and RoleBinding (flextrain/k8s/access.py). RBAC
+lets it create that Role and bind it only because it holds every right the Role grants itself
+(pods create/delete/list/patch/watch, services create/get, events create, elasticjobs get,
+elasticjobs/status patch): it has neither `escalate` nor `bind`, so it can never hand out more than
+it has. Pods' `patch` is here for that reason only (a master relabels a spare worker's pod).
 */}}
 {{- define "flextrain.operatorRules" -}}
 # Watch ElasticJobs; patch them (kopf's progress annotations, the stop annotation).
@@ -105,7 +110,7 @@ owned by the ElasticJob, so the garbage collector removes it with the job.
 # deleted at its activeDeadlineSeconds or ttlSecondsAfterFinished.
 - apiGroups: [""]
   resources: [pods]
-  verbs: [get, list, watch, create, delete]
+  verbs: [get, list, watch, create, delete, patch]
 # The master's Service: created, and read to heal a deleted one; a finished job's Services deleted
 # after ttlSecondsAfterFinished.
 - apiGroups: [""]
@@ -124,4 +129,18 @@ owned by the ElasticJob, so the garbage collector removes it with the job.
 - apiGroups: [""]
   resources: [events]
   verbs: [create]
+# Each job's master identity: its ServiceAccount (and the flextrain-job ServiceAccount, read for its
+# imagePullSecrets), Role and RoleBinding.
+- apiGroups: [""]
+  resources: [serviceaccounts]
+  verbs: [get, create]
+- apiGroups: [rbac.authorization.k8s.io]
+  resources: [roles, rolebindings]
+  verbs: [create]
+{{- if .Values.networkPolicies.enabled }}
+# networkPolicies.enabled: each job's NetworkPolicies.
+- apiGroups: [networking.k8s.io]
+  resources: [networkpolicies]
+  verbs: [create]
+{{- end }}
 {{- end -}}

@@ -42,12 +42,12 @@ def test_worker_pod_carries_identity_settings_and_owner():
     assert md["ownerReferences"][0]["uid"] == "1234-uid" and md["ownerReferences"][0]["controller"] is True
     assert spec["restartPolicy"] == "Never" and spec["serviceAccountName"] == meta.JOB_SERVICE_ACCOUNT
     assert spec["priorityClassName"] == "low"
-    # the job's volume, then its TLS Secret (spec.tls, on by default: flextrain/k8s/tls_secret.py)
-    assert spec["volumes"] == [{"name": "data", "persistentVolumeClaim": {"claimName": "pvc"}},
-                               {"name": "flextrain-tls", "secret": {"secretName": "digits-tls", "defaultMode": 0o444}}]
-    assert c["volumeMounts"] == [{"name": "data", "mountPath": "/data", "readOnly": True},
-                                 {"name": "flextrain-tls", "mountPath": "/var/run/secrets/flextrain.dev/tls",
-                                  "readOnly": True}]
+    # the job's volume first (then hardening's scratch and job directory, and spec.tls's Secret)
+    assert spec["volumes"][0] == {"name": "data", "persistentVolumeClaim": {"claimName": "pvc"}}
+    assert c["volumeMounts"][0] == {"name": "data", "mountPath": "/data", "readOnly": True}
+    assert spec["volumes"][-1] == {"name": "flextrain-tls", "secret": {"secretName": "digits-tls", "defaultMode": 0o444}}
+    assert c["volumeMounts"][-1] == {"name": "flextrain-tls", "mountPath": "/var/run/secrets/flextrain.dev/tls",
+                                     "readOnly": True}
     assert c["resources"] == {"limits": {"memory": "4Gi"}} and c["imagePullPolicy"] == "IfNotPresent"
     assert c["command"] == ["flextrain"] and c["args"][0] == "worker"
     env = {e["name"]: e.get("value", e.get("valueFrom")) for e in c["env"]}

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from ft_helpers import MODEL_ZOO, read_status, run_flextrain, wait_for
+from least_privilege_checks import assert_pod_least_privileged
 
 from flextrain.job import Strategy
 from flextrain.k8s import meta
@@ -77,6 +78,9 @@ def test_ps_pods_and_services_are_created_and_workers_train_through_the_services
     job.start()
     # the backend deletes its pods when the job ends: look at them while it runs
     pods = wait_for(lambda: len(p := job.raw_pods("ps")) == 2 and p, timeout=120, what="two PS pods")
+    workers = wait_for(lambda: job.raw_pods("worker"), timeout=120, what="worker pods")
+    for pod in [*pods, *workers]:  # the master's pods are least-privileged, and train so (flextrain.k8s.hardening)
+        assert_pod_least_privileged(pod, token=False, job_dir=job.spec.job_dir)
     assert job.wait(timeout=300) == 0
     assert job.status()["phase"] == "Succeeded", job.status()
     status = read_status(Path(job.spec.job_dir))

@@ -48,12 +48,17 @@ def test_master_pod_runs_flextrain_master_for_its_job():
     assert c["args"] == ["master", "--job", "digits", "--namespace", "team-a", "--port", "50051"]
     assert c["image"] == "flextrain:test" and c["imagePullPolicy"] == "IfNotPresent"
     assert pod["spec"]["restartPolicy"] == "Never"  # the operator relaunches, counting a budget
-    assert pod["spec"]["serviceAccountName"] == "flextrain-job"
+    assert pod["spec"]["serviceAccountName"] == "digits-master"  # its job's own (flextrain.k8s.access)
     assert pod["spec"]["priorityClassName"] == "high"
     assert c["resources"] == {"requests": {"cpu": "250m"}}
-    # the job's volume, then the job's TLS Secret (spec.tls, on by default: flextrain/k8s/tls_secret.py)
-    assert c["volumeMounts"] == [{"name": "data", "mountPath": "/data"}, TLS_MOUNT]
-    assert pod["spec"]["volumes"] == [{"name": "data", "persistentVolumeClaim": {"claimName": "pvc"}}, tls_volume()]
+    # the job's volume, the read-only root filesystem's scratch and job directory (flextrain.k8s.hardening),
+    # then the job's TLS Secret (spec.tls, on by default: flextrain/k8s/tls_secret.py)
+    assert c["volumeMounts"] == [{"name": "data", "mountPath": "/data"},
+                                 {"name": "flextrain-scratch", "mountPath": "/tmp"},
+                                 {"name": "flextrain-job-dir", "mountPath": "/flextrain-jobs/digits"}, TLS_MOUNT]
+    assert pod["spec"]["volumes"] == [{"name": "data", "persistentVolumeClaim": {"claimName": "pvc"}},
+                                      {"name": "flextrain-scratch", "emptyDir": {}},
+                                      {"name": "flextrain-job-dir", "emptyDir": {}}, tls_volume()]
 
 
 def test_master_pod_identity_env_cannot_be_overridden():

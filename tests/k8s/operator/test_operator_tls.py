@@ -59,7 +59,7 @@ def test_tls_false_makes_no_secret_and_mounts_nothing(operator, jobs):
     jobs.create(body)
     pod = wait_for(lambda: jobs.master_pods("plain").get(0), timeout=30, what="the master pod")
     assert secret_of(jobs, "plain") is None
-    assert "volumes" not in pod["spec"]
+    assert tls_secret.VOLUME not in {v["name"] for v in pod["spec"].get("volumes") or ()}
     assert ENV_DIR not in {e["name"] for e in pod["spec"]["containers"][0]["env"]}
 
 
@@ -73,7 +73,8 @@ def test_worker_and_ps_pods_mount_the_secret_and_user_env_cannot_redirect_it(rol
     pod = instance_pod(body, role=role, index=0, instance_id=f"{role}-0", args=[role], env={},
                        master_address="m:1")
     assert_mounts_the_secret(pod, "digits")
-    assert [v["name"] for v in pod["spec"]["volumes"]] == ["data", tls_secret.VOLUME]  # the user's kept
+    assert [v["name"] for v in pod["spec"]["volumes"]] == ["data", "flextrain-scratch", "flextrain-job-dir",
+                                                          tls_secret.VOLUME]  # the user's kept (+ flextrain.k8s.hardening's)
 
 
 def test_the_relay_dials_the_master_over_tls_with_the_jobs_token(operator, jobs):

@@ -60,8 +60,9 @@ def test_pods_without_a_template_pass_the_restricted_profile(role):
     assert restricted_violations(pod) == []
     assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
     (container,) = pod["spec"]["containers"]
-    assert container["securityContext"] == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
-    assert pod["spec"]["serviceAccountName"] == meta.JOB_SERVICE_ACCOUNT
+    assert container["securityContext"] == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+                                            "readOnlyRootFilesystem": True}
+    assert pod["spec"]["serviceAccountName"] == ("digits-master" if role == "master" else meta.JOB_SERVICE_ACCOUNT)
 
 
 def test_a_worker_pod_carries_its_template_under_flextrains_own_fields():
@@ -78,9 +79,11 @@ def test_a_worker_pod_carries_its_template_under_flextrains_own_fields():
                                             "readOnlyRootFilesystem": True}
     assert restricted_violations(pod) == []
     # Volumes: the job's and the template's, each mounted where it was asked for.
-    assert [v["name"] for v in spec["volumes"]] == ["data", "shm", "flextrain-tls"]  # + spec.tls's Secret
-    assert container["volumeMounts"] == [{"name": "data", "mountPath": "/data"},
-                                         {"name": "shm", "mountPath": "/dev/shm"}, TLS_MOUNT]
+    assert [v["name"] for v in spec["volumes"]] == ["data", "shm", "flextrain-scratch", "flextrain-job-dir",
+                                                    "flextrain-tls"]  # + hardening's, + spec.tls's Secret
+    assert container["volumeMounts"][:2] == [{"name": "data", "mountPath": "/data"},
+                                             {"name": "shm", "mountPath": "/dev/shm"}]
+    assert container["volumeMounts"][-1] == TLS_MOUNT
     assert container["resources"] == {"limits": {"nvidia.com/gpu": "1"}}
     assert container["envFrom"] == [{"secretRef": {"name": "wandb"}}]
     names = [e["name"] for e in container["env"]]
@@ -104,7 +107,7 @@ def test_job_labels_reach_every_pod_and_flextrains_own_win():
 def test_a_template_applies_to_its_role_only():
     job = with_template("worker", GPU_TEMPLATE)
     master = master_pod(job, index=0)
-    assert "nodeSelector" not in master["spec"] and master["spec"]["serviceAccountName"] == meta.JOB_SERVICE_ACCOUNT
+    assert "nodeSelector" not in master["spec"] and master["spec"]["serviceAccountName"] == "digits-master"
     ps = instance_pod(job, role="ps", index=0, instance_id="ps-0", args=["ps"], env={}, master_address="m:1")
     assert "tolerations" not in ps["spec"]
 
