@@ -193,7 +193,7 @@ class AllReduceTrainer:
             try:
                 began = time.monotonic()
                 batch = self.loader.get(task, start, end) if end > start else None
-                if j + 1 < steps:  # read the next step's records while this one computes
+                if j + 1 < steps and self.loader.background:  # read the next step while this one computes
                     self.loader.prefetch(task, *self._plan(task, j + 1)[:2])
                 loss_sum, n = self._compute(batch, plan, arm=overlap)
                 self.state.add_compute(time.monotonic() - began, end - start)
@@ -240,7 +240,6 @@ class AllReduceTrainer:
                     self.state.version += 1
                     self.state.steps_done = j + 1
             self.state.mark_progress()
-            self.state.sample_memory()
             every = self.spec.training.checkpoint_steps
             if control[STOP] > 0:
                 return pb.GetTaskResponse.STOP  # the caller writes the stop checkpoint
@@ -271,7 +270,8 @@ class AllReduceTrainer:
         if self.adascale is not None:  # its statistic, set by adascale.reduced()
             start(self.adascale.stats)
         self.collective.wait_all()
-        if self.control[REDO] > 0:  # the same on every rank: all sum again, flat, and stay flat
+        # the same on every rank: all sum again, flat, and stay flat (read as a list: cheaper than a tensor's item)
+        if self.control.tolist()[REDO] > 0:
             self.collective.all_reduce_sum(self.backend.redo_flat())
             self.overlap = False
             log.warning("a gradient was accumulated after its bucket was reduced (a parameter used inside and "
