@@ -23,6 +23,7 @@ from __future__ import annotations
 import glob
 import logging
 import os
+import stat
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -135,7 +136,7 @@ def _open(path: str, kind: str | None) -> Reader:
         st = os.stat(path)
     except FileNotFoundError:
         raise DataError(f"data file not found: {path}") from None
-    if os.path.isdir(path):
+    if stat.S_ISDIR(st.st_mode):  # (the stat above, not a second one: a worker opens its file every step)
         raise DataError(f"expected a data file but found a directory: {path}")
     key = (os.path.abspath(path), st.st_size, st.st_mtime_ns)
     with _cache_lock:
