@@ -40,6 +40,10 @@ class CollectiveError(RuntimeError):
 
 
 FORM_TIMEOUT = timedelta(seconds=15)
+# broadcast_bytes: the bytes that travel with the length in its first collective (every member of a
+# round runs the same code, so the same size). A task answer with a batch of tasks ahead fits.
+BROADCAST_FRAME = 8192
+_LENGTH = 8  # the length: one int64 (native byte order: the members share a machine type), as bytes
 
 
 class Collective:
@@ -144,18 +148,29 @@ class Collective:
         self._failed(error)  # leave() takes what is left of works (the failed one too) to the teardown
 
     def broadcast_bytes(self, data: bytes | None, *, src: int = 0) -> bytes:
-        """Rank ``src`` sends ``data``; every rank returns it."""
+        """Rank ``src`` sends ``data``; every rank returns it. Up to :data:`BROADCAST_FRAME` bytes
+        travel in one collective with their length (a round's task answer, at a task boundary: a
+        second, for the length alone, would be another sync point of every member); the rest of a
+        larger ``data`` (a state blob) in a second one."""
         if self.world_size == 1:
             return data or b""
         try:
-            size = torch.tensor([len(data) if self.rank == src else 0], dtype=torch.int64)
-            dist.broadcast(size, src=src)
+            head = torch.zeros(_LENGTH + BROADCAST_FRAME, dtype=torch.uint8)
             if self.rank == src:
-                buf = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+                head[:_LENGTH] = torch.tensor([len(data)], dtype=torch.int64).view(torch.uint8)
+                first = data[:BROADCAST_FRAME]
+                if first:
+                    head[_LENGTH:_LENGTH + len(first)] = torch.frombuffer(bytearray(first), dtype=torch.uint8)
+            dist.broadcast(head, src=src)
+            size = int(head[:_LENGTH].view(torch.int64).item())
+            if size <= BROADCAST_FRAME:
+                return data if self.rank == src else head[_LENGTH:_LENGTH + size].numpy().tobytes()
+            if self.rank == src:
+                rest = torch.frombuffer(bytearray(data[BROADCAST_FRAME:]), dtype=torch.uint8)
             else:
-                buf = torch.empty(int(size.item()), dtype=torch.uint8)
-            dist.broadcast(buf, src=src)
-            return data if self.rank == src else buf.numpy().tobytes()
+                rest = torch.empty(size - BROADCAST_FRAME, dtype=torch.uint8)
+            dist.broadcast(rest, src=src)
+            return data if self.rank == src else head[_LENGTH:].numpy().tobytes() + rest.numpy().tobytes()
         except Exception as exc:
             error = f"broadcast in round {self.round_id} failed: {exc}"
         self._failed(error)
