@@ -214,8 +214,8 @@ def _run_worker(client: MasterClient, worker_id: str, doing: _Doing, *, spare: b
         traffic = state.traffic.take()
         if samples or state.skipped_steps or traffic:  # since the last heartbeat: the final loss, skipped steps
             client.heartbeat(state.position(), loss, samples, skipped_steps=state.skipped_steps,
-                             lr_gain=state.lr_factor, gradient_noise_scale=state.noise_scale, memory=state.sample_memory(),
-                             ps_traffic=traffic)
+                             lr_gain=state.lr_factor, gradient_noise_scale=state.noise_scale,
+                             memory=state.sample_memory(), ps_traffic=traffic)
         if finished:
             doing.stage = "evaluating"
             _evaluate(spec, client, model_def, make_predictor(model_def, model, forward), state, state.version,
