@@ -28,6 +28,7 @@ from flextrain.data.sources import (
     make_shards,
     open_reader,
     read_shard_range,
+    shard_reader,
 )
 
 __all__ = [
@@ -55,6 +56,7 @@ __all__ = [
     "list_data_files",
     "make_shards",
     "read_shard_range",
+    "shard_reader",
     "RecordBatch",
     "records_array",
     "clear_reader_cache",

@@ -23,9 +23,10 @@ from __future__ import annotations
 import glob
 import logging
 import os
+import stat
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -135,7 +136,7 @@ def _open(path: str, kind: str | None) -> Reader:
         st = os.stat(path)
     except FileNotFoundError:
         raise DataError(f"data file not found: {path}") from None
-    if os.path.isdir(path):
+    if stat.S_ISDIR(st.st_mode):  # (the stat above, not a second one: a worker opens its file every step)
         raise DataError(f"expected a data file but found a directory: {path}")
     key = (os.path.abspath(path), st.st_size, st.st_mtime_ns)
     with _cache_lock:
@@ -315,14 +316,25 @@ def read_shard_range(source: str | os.PathLike[str], start: int, end: int, *,
     :class:`RecordBatch` (no object per record; RecordIO's viewed in place), row dicts
     as the list still.
     """
+    return shard_reader(source, columns=columns, as_batch=as_batch)(start, end)
+
+
+def shard_reader(source: str | os.PathLike[str], *, columns: Sequence[str] | None = None,
+                 as_batch: bool = False) -> Callable[[int, int], Any]:
+    """``read(start, end)``: :func:`read_shard_range` of ``source`` with the source's reader found
+    once (its format, the cache lookup and the file's ``stat``), for a caller that reads many
+    ranges of one file in a row, e.g. a worker's steps of one task."""
     if is_sql_url(source):
         from flextrain.data.sql import read_sql_range
 
-        return read_sql_range(source, start, end, columns=None if columns is None else _column_names(columns))
+        names = None if columns is None else _column_names(columns)
+        return lambda start, end: read_sql_range(source, start, end, columns=names)
     reader = open_reader(source)
     if isinstance(reader, ParquetReader):
-        return reader.records(start, end, columns=None if columns is None else _column_names(columns))
+        names = None if columns is None else _column_names(columns)
+        return lambda start, end: reader.records(start, end, columns=names)
     if as_batch:
-        return reader.batch(start, end) if isinstance(reader, RecordIOReader) else \
-            RecordBatch.of(reader.records(start, end))
-    return reader.records(start, end)
+        if isinstance(reader, RecordIOReader):
+            return reader.batch
+        return lambda start, end: RecordBatch.of(reader.records(start, end))
+    return reader.records

@@ -219,7 +219,7 @@ class StatusReporter:
                    else {}),
                 # --accelerate: the training strategy the workers apply, and how it was chosen
                 **({"accelerate": job.accelerating.status()} if job.spec.training.accelerate else {}),
-                # the highest memory peak a worker reported (once per step: flextrain.elastic.memory.MemoryMonitor)
+                # the highest memory peak a worker reported (sampled per heartbeat: elastic.memory.MemoryMonitor)
                 "memoryPeak": job.memory.peak,
                 # each worker's compute per sample and whether it is a straggler (master/stragglers.py)
                 **({"computePerSample": figures} if (figures := job.stragglers.snapshot()) else {}),

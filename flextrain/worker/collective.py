@@ -40,6 +40,10 @@ class CollectiveError(RuntimeError):
 
 
 FORM_TIMEOUT = timedelta(seconds=15)
+# broadcast_bytes: the bytes that travel with the length in its first collective (every member of a
+# round runs the same code, so the same size). A task answer with a batch of tasks ahead fits.
+BROADCAST_FRAME = 8192
+_LENGTH = 8  # the length: one int64 (native byte order: the members share a machine type), as bytes
 
 
 class Collective:
@@ -52,6 +56,9 @@ class Collective:
         self.world_size = 1
         self.backend = "nccl" if torch.cuda.is_available() else "gloo"
         self._inflight: list = []  # works of start_sum not waited for yet (the only references to them)
+        self._group = None  # the round's process group (start_sum calls it directly)
+        self._sum = dist.AllreduceOptions()
+        self._sum.reduceOp = dist.ReduceOp.SUM
 
     def join_round(self, *, host: str, port: int, round_id: int, rank: int, world_size: int) -> None:
         self.leave()
@@ -69,6 +76,7 @@ class Collective:
             dist.init_process_group(self.backend, store=prefix, rank=rank, world_size=world_size,
                                     timeout=min(self.timeout, FORM_TIMEOUT))
             _set_pg_timeout(self.timeout, None)  # a step may legitimately wait on a slow peer that long
+            self._group = dist.distributed_c10d._get_default_group()
             return
         except Exception as exc:  # a member died while the group formed
             error = f"forming round {round_id} failed: {exc}"
@@ -78,6 +86,7 @@ class Collective:
         """Leave the round's group (if any); its teardown finishes in the background, with the works
         of :meth:`start_sum` still in flight (the group's connections close once none is left)."""
         works, self._inflight = self._inflight, []
+        self._group = None
         if dist.is_initialized():
             # the only references left once destroyed: the group and its works
             box = [dist.distributed_c10d._get_default_group(), *works]
@@ -115,9 +124,11 @@ class Collective:
 
     def start_sum(self, tensor: torch.Tensor) -> None:
         """Start summing ``tensor`` across the round, in place, asynchronously; :meth:`wait_all`
-        waits for it. Every rank must start the same sums in the same order."""
+        waits for it. Every rank must start the same sums in the same order. (The group's own
+        ``allreduce``, as DDP's reducer calls it: ``dist.all_reduce``'s Python checks and logging
+        wrapper cost a few microseconds of every step's.)"""
         try:
-            self._inflight.append(dist.all_reduce(tensor, op=dist.ReduceOp.SUM, async_op=True))
+            self._inflight.append(self._group.allreduce([tensor], self._sum))
             return
         except Exception as exc:
             error = f"all_reduce in round {self.round_id} failed: {exc}"
@@ -137,18 +148,29 @@ class Collective:
         self._failed(error)  # leave() takes what is left of works (the failed one too) to the teardown
 
     def broadcast_bytes(self, data: bytes | None, *, src: int = 0) -> bytes:
-        """Rank ``src`` sends ``data``; every rank returns it."""
+        """Rank ``src`` sends ``data``; every rank returns it. Up to :data:`BROADCAST_FRAME` bytes
+        travel in one collective with their length (a round's task answer, at a task boundary: a
+        second, for the length alone, would be another sync point of every member); the rest of a
+        larger ``data`` (a state blob) in a second one."""
         if self.world_size == 1:
             return data or b""
         try:
-            size = torch.tensor([len(data) if self.rank == src else 0], dtype=torch.int64)
-            dist.broadcast(size, src=src)
+            head = torch.zeros(_LENGTH + BROADCAST_FRAME, dtype=torch.uint8)
             if self.rank == src:
-                buf = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+                head[:_LENGTH] = torch.tensor([len(data)], dtype=torch.int64).view(torch.uint8)
+                first = data[:BROADCAST_FRAME]
+                if first:
+                    head[_LENGTH:_LENGTH + len(first)] = torch.frombuffer(bytearray(first), dtype=torch.uint8)
+            dist.broadcast(head, src=src)
+            size = int(head[:_LENGTH].view(torch.int64).item())
+            if size <= BROADCAST_FRAME:
+                return data if self.rank == src else head[_LENGTH:_LENGTH + size].numpy().tobytes()
+            if self.rank == src:
+                rest = torch.frombuffer(bytearray(data[BROADCAST_FRAME:]), dtype=torch.uint8)
             else:
-                buf = torch.empty(int(size.item()), dtype=torch.uint8)
-            dist.broadcast(buf, src=src)
-            return data if self.rank == src else buf.numpy().tobytes()
+                rest = torch.empty(size - BROADCAST_FRAME, dtype=torch.uint8)
+            dist.broadcast(rest, src=src)
+            return data if self.rank == src else head[_LENGTH:].numpy().tobytes() + rest.numpy().tobytes()
         except Exception as exc:
             error = f"broadcast in round {self.round_id} failed: {exc}"
         self._failed(error)

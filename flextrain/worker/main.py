@@ -51,7 +51,7 @@ def _heartbeat_loop(client: MasterClient, state: WorkerState, interval: float, d
             resp = client.heartbeat(state.position(), loss, samples, waiting_for_peers=state.waiting,
                                     stalled_seconds=time.monotonic() - state.progressed,
                                     skipped_steps=state.skipped_steps, lr_gain=state.lr_factor,
-                                    gradient_noise_scale=state.noise_scale, memory=state.memory,
+                                    gradient_noise_scale=state.noise_scale, memory=state.sample_memory(),
                                     compute=state.take_compute(), ps_traffic=state.traffic.take())
         except MasterUnreachable as exc:
             log.error("%s", exc)
@@ -148,7 +148,7 @@ def _run_worker(client: MasterClient, worker_id: str, doing: _Doing, *, spare: b
         doing.stage = "starting"
     optimizer = model_def.build_optimizer(model, spec.training.learning_rate)
     state = doing.state = WorkerState()
-    if model_def.framework is Framework.PYTORCH:  # sampled once per step, sent with each heartbeat
+    if model_def.framework is Framework.PYTORCH:  # sampled for each heartbeat
         state.monitor = MemoryMonitor(device=next((p.device for p in model.parameters()), None), keep=100)
     probe = None
     if spec.training.auto_micro_batch and spec.strategy is Strategy.ALLREDUCE:
@@ -214,8 +214,8 @@ def _run_worker(client: MasterClient, worker_id: str, doing: _Doing, *, spare: b
         traffic = state.traffic.take()
         if samples or state.skipped_steps or traffic:  # since the last heartbeat: the final loss, skipped steps
             client.heartbeat(state.position(), loss, samples, skipped_steps=state.skipped_steps,
-                             lr_gain=state.lr_factor, gradient_noise_scale=state.noise_scale, memory=state.memory,
-                             ps_traffic=traffic)
+                             lr_gain=state.lr_factor, gradient_noise_scale=state.noise_scale,
+                             memory=state.sample_memory(), ps_traffic=traffic)
         if finished:
             doing.stage = "evaluating"
             _evaluate(spec, client, model_def, make_predictor(model_def, model, forward), state, state.version,

@@ -251,7 +251,6 @@ class PSTrainer:
             if math.isfinite(loss_sum):  # NaN: a minibatch skipped as non-finite
                 self.state.add_loss(loss_sum, end - start)
             self.state.mark_progress()
-            self.state.sample_memory()
             self.evaluate_if_due()
         self.client.report_task(task.task_id, ok=True)
 

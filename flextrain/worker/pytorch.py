@@ -108,6 +108,10 @@ class TorchBackend(ModelBackend):
         self._extra = extra
         self.reducer: BucketReducer | None = None  # set by overlap(): buckets reduced during backward
         self._gathered = False  # the step's gradients are in the buffers (not only in p.grad)
+        # The model was put in training mode (recursively) and nothing of ours changed it since: a
+        # Predictor restores the mode it found, load_state() clears this (as before, every training
+        # micro-batch runs in training mode; a module's own forward may still switch submodules).
+        self._train_mode = False
         # As built: what --lr-rule scales (none without an optimizer: evaluation, prediction).
         self._base_lrs = [group["lr"] for group in optimizer.param_groups] if optimizer is not None else []
 
@@ -177,7 +181,9 @@ class TorchBackend(ModelBackend):
             self._norms.clear()  # a backward that raised may have left some
 
     def accumulate(self, features, labels, index: slice, *, scale: float) -> float:
-        self.model.train()
+        if not self._train_mode:  # module.train() walks every submodule: once, not per micro-batch
+            self.model.train()
+            self._train_mode = True
         forward, loss_fn = (self.model, self.model_def.loss) if self.compute is None else \
             (self.compute.forward, self.compute.loss)
         loss = check_loss(self.model_def, loss_fn(take(labels, index), forward(take(features, index))),
@@ -223,6 +229,7 @@ class TorchBackend(ModelBackend):
 
     def load_state(self, tree: dict) -> None:
         self.model.load_state_dict(tree["model"])
+        self._train_mode = False
         built = [group["lr"] for group in self.optimizer.param_groups]  # per group, as the module set them
         self.optimizer.load_state_dict(tree["optimizer"])
         if self.keep_lr:

@@ -9,11 +9,11 @@ Parquet, SQL), projected to the module's ``columns``.
 
 from __future__ import annotations
 
-from flextrain.data import DataOptions, Shard, custom_source, plan_shards, read_shard_range
+from flextrain.data import DataOptions, Shard, custom_source, plan_shards, shard_reader
 from flextrain.job import JobSpec
 from flextrain.worker.contract import Mode
 
-__all__ = ["data_origin", "read_task_records", "job_shards"]
+__all__ = ["data_origin", "read_task_records", "task_reader", "job_shards"]
 
 _WHAT = {Mode.TRAINING: "training data", Mode.EVALUATION: "validation data", Mode.PREDICTION: "prediction data"}
 
@@ -33,13 +33,20 @@ def read_task_records(model_def, source: str, start: int, end: int, *, mode: Mod
     With the module's ``custom_data_reader``, ``data_origin`` (the data string of ``mode``'s data) names
     the reader; its errors are CustomReaderError (a DataError) naming the module, the shard and the range.
     """
+    return task_reader(model_def, source, mode=mode, data_origin=data_origin)(start, end)
+
+
+def task_reader(model_def, source: str, *, mode: Mode | str, data_origin: str | None = None):
+    """``read(start, end)``: :func:`read_task_records` of one shard with its reader found once (a
+    trainer reads a task's steps through one: the lookups are not repeated every step)."""
     mode = Mode(mode)
     reader = getattr(model_def, "custom_data_reader", None)
     if reader is None:
-        return read_shard_range(source, start, end, columns=model_def.columns, as_batch=model_def.record_batch)
+        return shard_reader(source, columns=model_def.columns, as_batch=model_def.record_batch)
     if not data_origin:
         raise ValueError(f"reading {source!r} through custom_data_reader needs the {_WHAT[mode]}'s data origin")
-    return custom_source(reader, data_origin, what=_WHAT[mode]).read(source, start, end, mode=mode.value)
+    custom = custom_source(reader, data_origin, what=_WHAT[mode])
+    return lambda start, end: custom.read(source, start, end, mode=mode.value)
 
 
 def job_shards(spec: JobSpec, mode: Mode | str, *, reader=None, skipped: list[str] | None = None) -> list[Shard]:

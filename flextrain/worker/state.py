@@ -53,9 +53,8 @@ class WorkerState:
     skipped_steps: int = 0  # steps dropped for a non-finite loss or gradient (--nan-policy skip-step)
     lr_factor: float = 0.0  # --lr-rule adascale: the last step's gain (0: none measured yet)
     noise_scale: float | None = None  # ... and the gradient noise scale (None: no estimate yet)
-    # Samples this process's memory once per optimizer step (sample_memory); None: not sampled.
+    # Samples this process's memory for each heartbeat (sample_memory); None: not sampled.
     monitor: MemoryMonitor | None = None
-    memory: pb.MemorySample | None = None  # the latest sample, sent with every heartbeat
     traffic: Traffic = field(default_factory=Traffic)  # ParameterServer: pushes and pulls since the last heartbeat
     end_round: threading.Event = field(default_factory=threading.Event)
     stop: threading.Event = field(default_factory=threading.Event)
@@ -95,10 +94,14 @@ class WorkerState:
             self.compute_seconds, self.compute_samples = 0.0, 0
         return taken
 
-    def sample_memory(self) -> None:
-        """After each optimizer step: the monitor's sample of this process's memory, for the heartbeat."""
-        if self.monitor is not None:
-            self.memory = memory_sample(self.monitor.record(self.version), self.monitor.device)
+    def sample_memory(self) -> pb.MemorySample | None:
+        """The monitor's sample of this process's memory now, for a heartbeat (None: no monitor, or no
+        step trained yet). Taken when a heartbeat is sent, not after every step (a /proc read is tens of
+        microseconds, a per-step cost the sample does not need): the peaks it reports (VmHWM; CUDA's
+        peak since the previous sample) already cover every step in between."""
+        if self.monitor is None or self.version == 0:
+            return None
+        return memory_sample(self.monitor.record(self.version), self.monitor.device)
 
 
 def memory_sample(entry: dict, device) -> pb.MemorySample:

@@ -61,7 +61,7 @@ from flextrain.worker.failure import NonFiniteError, failure_of, log_failure, on
 from flextrain.worker.flash import FlashCheckpointer
 from flextrain.worker.module import FeedMetadata, Mode, ModelDef
 from flextrain.worker.prefetch import StepLoader, read_ahead_wanted
-from flextrain.worker.reading import read_task_records
+from flextrain.worker.reading import task_reader
 from flextrain.worker.round_tasks import RoundTasks
 from flextrain.worker.state import WorkerState
 
@@ -95,6 +95,7 @@ class AllReduceTrainer:
         cap = bucket_bytes(spec.training.bucket_mb)  # 0: one flat reduction after backward
         self.overlap = cap > 0 and self.backend.overlap(cap)  # buckets reduced during backward
         self.loader = StepLoader(self._load_span, background=read_ahead_wanted())
+        self._reader = None  # ((task id, source), read(start, end)): the current task's (_load_span)
         # The round's task answers: rank 0 asks the master (ahead, too), the others get them from it.
         self.tasks = RoundTasks(client=client, collective=collective, state=state)
         self._lr_factor: float | None = None  # --lr-rule's factor now set on the optimizer (None: not set)
@@ -193,7 +194,7 @@ class AllReduceTrainer:
             try:
                 began = time.monotonic()
                 batch = self.loader.get(task, start, end) if end > start else None
-                if j + 1 < steps:  # read the next step's records while this one computes
+                if j + 1 < steps and self.loader.background:  # read the next step while this one computes
                     self.loader.prefetch(task, *self._plan(task, j + 1)[:2])
                 loss_sum, n = self._compute(batch, plan, arm=overlap)
                 self.state.add_compute(time.monotonic() - began, end - start)
@@ -240,7 +241,6 @@ class AllReduceTrainer:
                     self.state.version += 1
                     self.state.steps_done = j + 1
             self.state.mark_progress()
-            self.state.sample_memory()
             every = self.spec.training.checkpoint_steps
             if control[STOP] > 0:
                 return pb.GetTaskResponse.STOP  # the caller writes the stop checkpoint
@@ -271,7 +271,8 @@ class AllReduceTrainer:
         if self.adascale is not None:  # its statistic, set by adascale.reduced()
             start(self.adascale.stats)
         self.collective.wait_all()
-        if self.control[REDO] > 0:  # the same on every rank: all sum again, flat, and stay flat
+        # the same on every rank: all sum again, flat, and stay flat (read as a list: cheaper than a tensor's item)
+        if self.control.tolist()[REDO] > 0:
             self.collective.all_reduce_sum(self.backend.redo_flat())
             self.overlap = False
             log.warning("a gradient was accumulated after its bucket was reduced (a parameter used inside and "
@@ -337,8 +338,11 @@ class AllReduceTrainer:
         return step_start + lo, step_start + hi, plan
 
     def _load_span(self, task: pb.Task, start: int, end: int):
-        records = read_task_records(self.model_def, task.source, start, end, mode=Mode.TRAINING,
-                                    data_origin=self.spec.data.training)
+        key = (task.task_id, task.source)
+        if self._reader is None or self._reader[0] != key:  # a task's reader is found once, not every step
+            self._reader = key, task_reader(self.model_def, task.source, mode=Mode.TRAINING,
+                                            data_origin=self.spec.data.training)
+        records = self._reader[1](start, end)
         meta = FeedMetadata(task.source, start, end, task.epoch)
         return self.backend.feed(records, Mode.TRAINING, meta)
 

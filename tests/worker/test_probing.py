@@ -57,3 +57,15 @@ def test_a_memory_sample_travels_as_the_heartbeat_carries_it():
     assert (cpu.step, cpu.device, cpu.used_bytes, cpu.peak_bytes, cpu.reserved_bytes) == (3, "cpu", 100, 150, 0)
     gpu = memory_sample({"step": 4, "allocated": 10, "peak": 20, "reserved": 30}, torch.device("cuda", 0))
     assert (gpu.device, gpu.used_bytes, gpu.peak_bytes, gpu.reserved_bytes) == ("cuda:0", 10, 20, 30)
+
+
+def test_memory_is_sampled_when_a_heartbeat_asks_once_a_step_was_trained():
+    from flextrain.elastic.memory import MemoryMonitor
+    from flextrain.worker.state import WorkerState
+
+    state = WorkerState(monitor=MemoryMonitor(device=torch.device("cpu"), keep=10))
+    assert state.sample_memory() is None and not state.monitor.history  # nothing trained yet: no sample
+    state.version = 7
+    sample = state.sample_memory()  # sampled now, at the heartbeat, with the version trained so far
+    assert (sample.step, sample.device) == (7, "cpu") and 0 < sample.used_bytes <= sample.peak_bytes
+    assert [e["step"] for e in state.monitor.history] == [7]
