@@ -3,9 +3,10 @@
 Each event waits for the one before to have taken effect (a newcomer training), observing the
 job's status.json, its processes and the marks its workers leave (FT_FEED_MARKS); nothing waits
 for a duration. The counting models' FT_FEED_DELAY (a stand-in for compute) makes a job outlast
-its chaos (about 20 s of 35-50 s on the 2-core development machine); a job that ends before its
-chaos is over fails the test, with its output. Once the chaos is over (:meth:`ChaosJob.finish`) the
-delay is lifted (FT_FEED_DELAY_UNTIL): the rest of the job trains at full speed.
+its chaos (about 20 s on the 2-core development machine, much more when it is loaded); a job that
+ends before its chaos is over fails the test, with its output. Once the chaos is over
+(:meth:`ChaosJob.finish`) the delay is lifted (FT_FEED_DELAY_UNTIL): the rest of the job trains at
+full speed, so a generous delay costs little.
 """
 
 from __future__ import annotations
