@@ -1,4 +1,5 @@
-"""Shared fixtures: the digits demo data, written once per session.
+"""Shared fixtures: the digits demo data, written once per session; a digits job and a script job
+that tests of several areas read.
 
 Also ends the test process with ``os._exit`` once pytest is done (see
 :func:`pytest_unconfigure`).
@@ -24,6 +25,32 @@ def digits_data(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("digits")
     write_digits(out)
     return out
+
+
+@pytest.fixture(scope="session")
+def digits_fixed_g(digits_data, tmp_path_factory):
+    """The digits model trained by two workers at a fixed G = 64 for 6 epochs: (job dir, process).
+
+    The bar of tests/e2e/test_training_job.py, the fixed-G accuracy an adaptive G must reach, and the
+    trained checkpoint tests/evaluation predicts with."""
+    from ft_helpers import DIGITS_MODEL, run_flextrain
+
+    job_dir: Path = tmp_path_factory.mktemp("digits-fixed-g") / "job"
+    proc = run_flextrain(
+        "train", "--model-def", DIGITS_MODEL, "--training-data", str(digits_data / "train"),
+        "--validation-data", str(digits_data / "validation"), "--workers", "2", "--epochs", "6",
+        "--global-batch-size", "64", "--max-micro-batch", "32", "--lr", "0.1", "--job-dir", str(job_dir),
+    )
+    return job_dir, proc
+
+
+@pytest.fixture(scope="session")
+def script_scaled_and_killed(tmp_path_factory):
+    """The script job of :func:`script_jobs_support.scale_up_and_kill`, run once: tests/scriptjobs checks
+    the script's state through it, tests/observability the history it left."""
+    from script_jobs_support import scale_up_and_kill
+
+    return scale_up_and_kill(tmp_path_factory.mktemp("script-scaled-killed") / "job")
 
 
 @pytest.fixture(scope="session")

@@ -28,6 +28,12 @@ def run_flextrain(*args: str, timeout: float = 240, cwd: Path | None = None,
                           cwd=cwd, env=env)
 
 
+def without_feed_delay(env: dict[str, str]) -> dict[str, str]:
+    """``env`` less the counting models' FT_FEED_DELAY: for the run of a job (a resume) that need not
+    outlast a test's events, at full speed."""
+    return {k: v for k, v in env.items() if k != "FT_FEED_DELAY"}
+
+
 def read_status(job_dir: Path) -> dict:
     return json.loads((job_dir / "status.json").read_text())
 
@@ -211,7 +217,8 @@ def counted_exactly_once_through_a_kill(model: str, data: str, job_dir: Path, *,
     """Train the counting model (or a module re-exporting it) on ``data`` with 3 workers, SIGKILL the one
     of ``victim_rank`` once all three train, and check the job goes on without it, succeeds, and applied
     every record exactly ``epochs`` times (the data sources' exactly-once tests share this). Returns the
-    final status."""
+    final status. A stand-in compute (FT_FEED_DELAY, 0.05 s a feed) keeps the job from ending before the
+    survivors re-form; it is lifted then (FT_FEED_DELAY_UNTIL): the rest trains at full speed."""
     import signal
 
     def status_of():
@@ -227,8 +234,10 @@ def counted_exactly_once_through_a_kill(model: str, data: str, job_dir: Path, *,
     cmd = flextrain_cmd("train", "--model-def", model, "--training-data", data, "--global-batch-size", str(G),
                         "--max-micro-batch", "8", "--lr", "0.05", "--job-dir", str(job_dir), "--workers", "3",
                         "--min-workers", "1", "--max-workers", "3", "--epochs", str(epochs))
+    calm = job_dir.with_name(f"{job_dir.name}.calm")
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "FT_COUNT_G": str(G), "FT_COUNT_RECORDS": str(records)})
+                            env={**os.environ, "FT_COUNT_G": str(G), "FT_COUNT_RECORDS": str(records),
+                                 "FT_FEED_DELAY": "0.05", "FT_FEED_DELAY_UNTIL": str(calm)})
     try:
         first = wait_for(lambda: (r := last_round()) and len(r["members"]) == 3 and
                          status_of()["step"] > r["version"] + 10 and r, timeout=120, what="3 workers training")
@@ -236,6 +245,7 @@ def counted_exactly_once_through_a_kill(model: str, data: str, job_dir: Path, *,
         os.kill(first["members"][victim_rank]["pid"], signal.SIGKILL)
         wait_for(lambda: (s := status_of()) and (s["phase"] != "Running" or without(victim, first["round"], s)),
                  timeout=60, what="a round without the killed worker")
+        calm.touch()
         _, err = proc.communicate(timeout=240)
     finally:
         proc.kill()

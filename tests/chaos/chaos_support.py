@@ -3,8 +3,10 @@
 Each event waits for the one before to have taken effect (a newcomer training), observing the
 job's status.json, its processes and the marks its workers leave (FT_FEED_MARKS); nothing waits
 for a duration. The counting models' FT_FEED_DELAY (a stand-in for compute) makes a job outlast
-its chaos (about 20 s of 35-50 s on the 2-core development machine); a job that ends before its
-chaos is over fails the test, with its output.
+its chaos (about 20 s on the 2-core development machine, much more when it is loaded); a job that
+ends before its chaos is over fails the test, with its output. Once the chaos is over
+(:meth:`ChaosJob.finish`) the delay is lifted (FT_FEED_DELAY_UNTIL): the rest of the job trains at
+full speed, so a generous delay costs little.
 """
 
 from __future__ import annotations
@@ -45,7 +47,8 @@ class ChaosJob:
         self.log = job_dir.with_name(f"{job_dir.name}.out")  # a file, not a pipe nobody drains while it runs
         self.marks = job_dir.with_name(f"{job_dir.name}.marks")  # FT_FEED_MARKS: who has trained
         self.marks.mkdir()
-        env = {"FT_FEED_MARKS": str(self.marks), **env}
+        self.calm = job_dir.with_name(f"{job_dir.name}.calm")  # FT_FEED_DELAY_UNTIL: the chaos is over
+        env = {"FT_FEED_MARKS": str(self.marks), "FT_FEED_DELAY_UNTIL": str(self.calm), **env}
         with open(self.log, "w") as out:
             self.proc = subprocess.Popen(flextrain_cmd("train", *args, "--job-dir", str(job_dir)),
                                          stdout=out, stderr=subprocess.STDOUT, text=True,
@@ -166,7 +169,9 @@ class ChaosJob:
         return self.log.read_text()
 
     def finish(self, timeout: float = 300) -> tuple[int, str]:
-        """Wait for the job to end: (exit code, its output). Killed if it outlives ``timeout``."""
+        """The chaos is over: lift the feed delay, wait for the job to end: (exit code, its output).
+        Killed if it outlives ``timeout``."""
+        self.calm.touch()
         try:
             self.proc.wait(timeout=timeout)
         finally:

@@ -22,7 +22,7 @@ def test_every_record_once_per_epoch_under_kills_and_scale_ups(counting_records,
                      "--global-batch-size", str(G), "--max-micro-batch", "8", "--lr", "0.05",
                      "--epochs", str(EPOCHS), "--workers", "2", "--min-workers", "1", "--max-workers", "4",
                      "--steps-per-task", "4", "--relaunch-budget", "20"],
-                    env={"FT_COUNT_G": str(G), "FT_COUNT_DTYPE": dtype, "FT_FEED_DELAY": "0.04"},
+                    env={"FT_COUNT_G": str(G), "FT_COUNT_DTYPE": dtype, "FT_FEED_DELAY": "0.1"},
                     seed=sum(dtype.encode()))
     # each event waits for the one before to have taken effect: a newcomer training in a round
     job.kill_member()

@@ -23,7 +23,7 @@ def test_every_record_once_per_epoch_under_kills_and_scale_ups(counting_records,
                      "--global-batch-size", str(G), "--lr", str(G), "--epochs", str(EPOCHS),
                      "--workers", "2", "--min-workers", "1", "--max-workers", "4", "--steps-per-task", "4",
                      "--relaunch-budget", "20"],
-                    env={"FT_COUNT_DTYPE": dtype, "FT_FEED_DELAY": "0.08"}, seed=sum(dtype.encode()))
+                    env={"FT_COUNT_DTYPE": dtype, "FT_FEED_DELAY": "0.2"}, seed=sum(dtype.encode()))
     # each event waits for the one before to have taken effect: a new worker (or PS) running
     job.kill_worker()
     job.scale_workers(3)

@@ -13,7 +13,7 @@ import re
 import pytest
 
 from ft_helpers import COUNTING_MODEL, DIGITS_MODEL, counting_data, read_status, run_flextrain, seen_counts, wait_for
-from test_batch_schedule import finish, train
+from test_batch_schedule import finish, resume, train
 
 pytestmark = pytest.mark.e2e
 
@@ -50,7 +50,7 @@ def test_adaptive_g_grows_within_bounds_through_stop_and_resume(digits_data, tmp
     before = read_status(job_dir)
     stopped = before["step"]
 
-    code, err = finish(train("--resume", str(job_dir), "--no-progress", env=env))
+    code, err = finish(resume(job_dir, env))
     assert code == 0, err
     final = read_status(job_dir)
     history = [tuple(d) for d in final["batchHistory"]]

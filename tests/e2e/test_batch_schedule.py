@@ -16,7 +16,8 @@ from flextrain.elastic.noise import GradientNoise
 from flextrain.elastic.schedule import BatchSchedule
 from flextrain.elastic.statecodec import decode
 from flextrain.master.ledger import TaskLedger
-from ft_helpers import COUNTING_MODEL, counting_data, flextrain_cmd, read_status, run_flextrain, seen_counts, wait_for
+from ft_helpers import (COUNTING_MODEL, counting_data, flextrain_cmd, read_status, run_flextrain, seen_counts, wait_for,
+                        without_feed_delay)
 
 pytestmark = pytest.mark.e2e
 
@@ -33,6 +34,12 @@ def trace_file(path):
 def train(*args, env):
     return subprocess.Popen(flextrain_cmd("train", *args), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=env)
+
+
+def resume(job_dir, env):
+    """``flextrain train --resume`` of a stopped job, without FT_FEED_DELAY: that stand-in compute only
+    kept the first run from ending before the test's events; the resumed run trains at full speed."""
+    return train("--resume", str(job_dir), "--no-progress", env=without_feed_delay(env))
 
 
 def finish(proc, timeout=300):
@@ -78,8 +85,7 @@ def test_a_trace_with_the_linear_rule_through_kill_scale_stop_and_resume(digits_
     stopped = read_status(job_dir)["step"]
     assert stopped < 100, "the job must stop mid-trace, before its end"
 
-    resumed = train("--resume", str(job_dir), "--no-progress", env=env)
-    code, err = finish(resumed)
+    code, err = finish(resume(job_dir, env))
     assert code == 0, err
     final = read_status(job_dir)
     seen, version = seen_counts(job_dir)
@@ -143,7 +149,7 @@ def test_adascale_measures_its_gain_through_scale_stop_and_resume(digits_data, t
     stopped = read_status(job_dir)["step"]
     assert stopped < 80, "the job must stop while G > ref, so the resumed workers load a gain above 1"
 
-    code, err = finish(train("--resume", str(job_dir), "--no-progress", env=env))
+    code, err = finish(resume(job_dir, env))
     assert code == 0, err
     final = read_status(job_dir)
     seen, version = seen_counts(job_dir)

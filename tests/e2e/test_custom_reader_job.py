@@ -52,7 +52,7 @@ def test_custom_reader_training_and_evaluation(digits_data, tmp_path):
 def test_custom_reader_exactly_once_when_a_worker_is_killed(digits_data, tmp_path):
     records = 1408  # the counting model's RECORDS: 11 shards of 4 G
     data = write_npz(digits_data, "train", tmp_path / "count.npz", limit=records)
-    counted_exactly_once_through_a_kill(COUNTING_READER_MODEL, str(data), tmp_path / "job", epochs=8, records=records,
+    counted_exactly_once_through_a_kill(COUNTING_READER_MODEL, str(data), tmp_path / "job", epochs=3, records=records,
                                         G=G)
 
 

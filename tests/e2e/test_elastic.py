@@ -179,11 +179,14 @@ def test_exactly_once_across_many_kills_joins_and_scaling(digits_data, tmp_path)
     assert_exactly_once_at_latest_checkpoint(job_dir)
 
 
-def finish_after_trigger(proc, job_dir, trigger):
-    """Touch ``trigger`` once the job has trained a little; the job must then succeed: its final status."""
+def finish_after_trigger(proc, job_dir, trigger, *, then=None):
+    """Touch ``trigger`` once the job has trained a little (then call ``then``); the job must then
+    succeed: its final status."""
     try:
         wait_for(lambda: (s := status(job_dir)) and s["step"] > 20, timeout=120, what="training progress")
         trigger.touch()
+        if then is not None:
+            then()
         code, err = finish(proc)
     finally:
         proc.kill()
@@ -194,12 +197,22 @@ def finish_after_trigger(proc, job_dir, trigger):
 def test_hung_worker_is_replaced_and_its_task_recovered(digits_data, tmp_path):
     data = counting_data(digits_data, tmp_path / "data")
     job_dir = tmp_path / "job"
-    trigger = tmp_path / "hang-now"
-    epochs = 60
+    trigger, calm = tmp_path / "hang-now", tmp_path / "replaced"
+    epochs = 10
+    # The stand-in compute (0.05 s a feed: >= 0.1 s a step) keeps the job from ending before the hung
+    # worker is replaced; it is lifted then (FT_FEED_DELAY_UNTIL), and the rest trains at full speed.
     proc = start_job(data, digits_data, job_dir, "--workers", "3", "--epochs", str(epochs),
                      "--worker-timeout", "3", "--min-workers", "2", "--max-workers", "3",
-                     env={"FT_HANG_WORKER": "worker-1", "FT_HANG_FILE": str(trigger)})
-    final = finish_after_trigger(proc, job_dir, trigger)  # worker-1 then blocks inside feed, heartbeats alive
+                     env={"FT_HANG_WORKER": "worker-1", "FT_HANG_FILE": str(trigger), "FT_FEED_DELAY": "0.05",
+                          "FT_FEED_DELAY_UNTIL": str(calm)})
+
+    def replaced():
+        wait_for(lambda: any(m["id"] == "worker-3" for r in status(job_dir)["roundHistory"] for m in r["members"]),
+                 timeout=120, what="worker-1's replacement in a round")
+        calm.touch()
+
+    # worker-1 then blocks inside feed, heartbeats alive
+    final = finish_after_trigger(proc, job_dir, trigger, then=replaced)
     assert any("worker-1 hangs" in e for e in final["events"]), final["events"]
     assert any(m["id"] == "worker-3" for r in final["roundHistory"] for m in r["members"])  # its replacement
     seen, _ = seen_counts(job_dir)
@@ -226,20 +239,12 @@ def test_a_peer_lost_with_buckets_in_flight_replays_the_step_exactly_once(digits
     assert seen.min().item() == seen.max().item() == epochs
 
 
-def test_resume_after_stop_trains_each_remaining_record_once(digits_data, tmp_path):
-    data = counting_data(digits_data, tmp_path / "data")
-    job_dir = tmp_path / "job"
-    epochs = 40
-    proc = start_job(data, digits_data, job_dir, "--workers", "2", "--epochs", str(epochs), "--checkpoint-steps", "10")
-    try:
-        wait_for(lambda: (s := status(job_dir)) and s["progress"]["percent"] > 10, timeout=120, what="10% progress")
-        stop = run_flextrain("stop", str(job_dir))
-        assert stop.returncode == 0, stop.stderr
-        code, err = finish(proc)
-    finally:
-        proc.kill()
-    assert code == 1
-    stopped = read_status(job_dir)
+def test_resume_after_stop_trains_each_remaining_record_once(stopped_counting_job):
+    job = stopped_counting_job  # 2 workers, 10 epochs, stopped at 10% or more (tests/e2e/conftest.py)
+    job_dir, epochs = job.job_dir, job.epochs
+    assert job.stop.returncode == 0, job.stop.stderr
+    assert job.code == 1
+    stopped = job.stopped
     assert stopped["phase"] == "Failed" and "resume with" in stopped["message"]
     ckpt = (job_dir / "checkpoints" / "latest.json")
     assert ckpt.exists()

@@ -66,4 +66,4 @@ def test_parquet_exactly_once_when_a_worker_is_killed(digits_data, tmp_path):
     records = 1408  # the counting model's RECORDS; row groups of 4 G each, so every step is a full G
     data = write_parquet(tmp_path / "data", pixels[:records], labels[:records], files=3, row_group=4 * G, ids=True)
     assert [s.size for s in make_shards(data)] == [4 * G] * 11
-    counted_exactly_once_through_a_kill(COUNTING_MODEL, str(data), tmp_path / "job", epochs=12, records=records, G=G)
+    counted_exactly_once_through_a_kill(COUNTING_MODEL, str(data), tmp_path / "job", epochs=3, records=records, G=G)

@@ -17,4 +17,4 @@ BATCH_MODEL = f"{Path(__file__).resolve().parent / 'zoo' / 'counting_batch.py'}:
 
 def test_record_batches_are_applied_exactly_once_through_a_kill(digits_data, tmp_path):
     data = counting_data(digits_data, tmp_path / "data")  # 64 KiB chunks: some steps span two chunks
-    counted_exactly_once_through_a_kill(BATCH_MODEL, str(data), tmp_path / "job", epochs=8)
+    counted_exactly_once_through_a_kill(BATCH_MODEL, str(data), tmp_path / "job", epochs=3)

@@ -46,7 +46,7 @@ def test_only_rank0_of_a_round_asks_for_training_tasks(digits_data, tmp_path):
 
 def test_rank0_killed_mid_task_the_round_reforms_and_every_record_is_applied_once(digits_data, tmp_path):
     data = counting_data(digits_data, tmp_path / "data")
-    final = counted_exactly_once_through_a_kill(COUNTING_MODEL, str(data), tmp_path / "job", epochs=8, victim_rank=0)
+    final = counted_exactly_once_through_a_kill(COUNTING_MODEL, str(data), tmp_path / "job", epochs=3, victim_rank=0)
     first = next(r for r in final["roundHistory"] if len(r["members"]) == 3)
     victim = first["members"][0]["id"]
     after = [r for r in final["roundHistory"] if r["round"] > first["round"]]

@@ -20,12 +20,15 @@ G = 32
 def test_suspend_releases_every_worker_and_resume_finishes_exactly_once(digits_data, tmp_path):
     data = counting_data(digits_data, tmp_path / "data")
     job_dir = tmp_path / "job"
-    epochs = 80
+    # The stand-in compute (0.05 s a feed: >= 0.1 s a step) keeps the job from ending before the suspend
+    # lands; it is lifted once the suspend is checked (FT_FEED_DELAY_UNTIL): the resumed job trains at full speed.
+    epochs, calm = 10, tmp_path / "suspended"
     proc = subprocess.Popen(
         flextrain_cmd("train", "--model-def", COUNTING_MODEL, "--training-data", str(data), "--workers", "2",
                       "--epochs", str(epochs), "--global-batch-size", str(G), "--max-micro-batch", "8", "--lr", "0.05",
                       "--job-dir", str(job_dir)),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "FT_COUNT_G": str(G)})
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "FT_COUNT_G": str(G), "FT_FEED_DELAY": "0.05", "FT_FEED_DELAY_UNTIL": str(calm)})
     try:
         wait_for(lambda: (job_dir / "status.json").exists() and read_status(job_dir)["step"] > 5, timeout=180,
                  what="training progress")
@@ -39,6 +42,7 @@ def test_suspend_releases_every_worker_and_resume_finishes_exactly_once(digits_d
         step = status["step"]
         assert 0 < step < epochs * 1408 // G
         assert proc.poll() is None  # the master waits for the resume
+        calm.touch()
 
         again = run_flextrain("suspend", str(job_dir))
         assert again.returncode != 0 and "already Suspended" in again.stderr

@@ -16,10 +16,8 @@ from flextrain.elastic.statecodec import decode
 pytestmark = pytest.mark.e2e
 
 
-def test_predictions_of_a_trained_digits_model_match_a_local_forward_pass(digits_data, tmp_path):
-    trained = tmp_path / "trained"
-    proc = run_flextrain("train", "--model-def", DIGITS_MODEL, "--training-data", str(digits_data / "train"),
-                         "--epochs", "1", "--global-batch-size", "64", "--job-dir", str(trained))
+def test_predictions_of_a_trained_digits_model_match_a_local_forward_pass(digits_data, digits_fixed_g, tmp_path):
+    trained, proc = digits_fixed_g  # the session's trained digits job (tests/conftest.py)
     assert proc.returncode == 0, proc.stderr
     out = tmp_path / "predictions"
     proc = run_flextrain(

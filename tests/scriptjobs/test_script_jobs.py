@@ -3,93 +3,33 @@
 The example script (examples/elastic_script_torch.py) appends a line to
 JOB_DIR/script-log.jsonl each time it starts (round, world size, rank, the
 step it restored, its micro-batch and accumulation steps, G) and each time
-rank 0 commits, so these tests see what every incarnation of the script did.
+rank 0 commits, so these tests see what every incarnation of the script did
+(tests/script_jobs_support.py).
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
-import signal
-import subprocess
 
 import pytest
 
-from ft_helpers import REPO, flextrain_cmd, read_status, run_flextrain, wait_for
+from ft_helpers import read_status, run_flextrain, wait_for
+from script_jobs_support import G, M, committed_after, finish, records, start
 
 pytestmark = pytest.mark.e2e
 
-SCRIPT = str(REPO / "examples" / "elastic_script_torch.py")
-G, M = 64, 16
 
-
-def start(job_dir, *flags, script_args=()):
-    cmd = flextrain_cmd("run", "--job-dir", str(job_dir), "--no-progress", *flags, SCRIPT,
-                        "--global-batch-size", str(G), "--max-micro-batch", str(M), *script_args)
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
-
-
-def records(job_dir, event=None):
-    path = job_dir / "script-log.jsonl"
-    lines = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-    return [r for r in lines if event is None or r["event"] == event]
-
-
-def running_round(job_dir, members):
-    """The latest round, once it has ``members`` members and every one's script has started in it."""
-    if not (job_dir / "status.json").exists():
-        return None
-    history = read_status(job_dir)["roundHistory"]
-    if not history or len(history[-1]["members"]) != members:
-        return None
-    rnd = history[-1]
-    started = [r for r in records(job_dir, "start") if r["round"] == rnd["round"]]
-    return rnd if len(started) == members else None
-
-
-def committed_after(job_dir, step, world):
-    return [c for c in records(job_dir, "commit") if c["step"] > step and c["world_size"] == world]
-
-
-def finish(proc, timeout=240):
-    try:
-        _, err = proc.communicate(timeout=timeout)
-    finally:
-        proc.kill()
-    return proc.returncode, err
-
-
-def test_a_script_job_scales_up_and_survives_a_killed_worker_with_g_fixed_and_its_state_restored(tmp_path):
-    job_dir = tmp_path / "job"
-    proc = start(job_dir, "--workers", "1", "--min-workers", "1", "--max-workers", "2",
-                 script_args=("--steps", "150", "--commit-every", "5", "--step-seconds", "0.1"))
-    try:
-        first = wait_for(lambda: running_round(job_dir, 1), timeout=120, what="the script running on 1 worker")
-        wait_for(lambda: committed_after(job_dir, 0, 1), timeout=60, what="a commit in a world of 1")
-
-        scaled = run_flextrain("scale", str(job_dir), "2")
-        assert scaled.returncode == 0, scaled.stderr
-        pair = wait_for(lambda: (r := running_round(job_dir, 2)) and r["round"] > first["round"] and r,
-                        timeout=120, what="the script re-formed on 2 workers")
-        in_pair = [r for r in records(job_dir, "start") if r["round"] == pair["round"]]
-        assert all(r["restored"] and r["step"] >= 5 for r in in_pair), in_pair  # from the commit, not step 0
-        restored = in_pair[0]["step"]
-        wait_for(lambda: committed_after(job_dir, restored, 2), timeout=60, what="a commit in a world of 2")
-
-        shown = run_flextrain("status", str(job_dir), "--json")
-        assert shown.returncode == 0 and json.loads(shown.stdout)["phase"] == "Running", shown.stderr
-
-        victim = pair["members"][1]
-        os.kill(victim["pid"], signal.SIGKILL)
-        again = wait_for(lambda: (r := running_round(job_dir, 2)) and r["round"] > pair["round"] and r,
-                         timeout=120, what="the script re-formed after a killed worker")
-        assert victim["id"] not in [m["id"] for m in again["members"]]  # its slot was relaunched
-        code, err = finish(proc)
-    finally:
-        proc.kill()
-    assert code == 0, err
+def test_a_script_job_scales_up_and_survives_a_killed_worker_with_g_fixed_and_its_state_restored(
+        script_scaled_and_killed):
+    job = script_scaled_and_killed  # 1 worker, scaled to 2, one of the pair killed (tests/conftest.py)
+    job_dir, first, pair, again, restored = job.job_dir, job.first, job.pair, job.again, job.restored
+    assert job.scaled.returncode == 0, job.scaled.stderr
+    in_pair = [r for r in records(job_dir, "start") if r["round"] == pair["round"]]
+    assert all(r["restored"] and r["step"] >= 5 for r in in_pair), in_pair  # from the commit, not step 0
+    assert job.shown.returncode == 0 and json.loads(job.shown.stdout)["phase"] == "Running", job.shown.stderr
+    assert job.victim["id"] not in [m["id"] for m in again["members"]]  # its slot was relaunched
+    assert job.code == 0, job.err
     status = read_status(job_dir)
     assert status["phase"] == "Succeeded", status["message"]
 

@@ -30,7 +30,8 @@ with FT_SLOW_GATE, it builds its optimizer only once that file exists (so that i
 FT_BYTES_PER_SAMPLE: the model holds this many bytes (resident) per sample of its largest micro-batch so far,
 standing in for activations that grow with the micro-batch (the out-of-memory tests, --worker-memory-limit).
 FT_FEED_DELAY: seconds per `feed` call, standing in for a bigger model's compute (the
-chaos suite uses it so that a job outlasts the workers it starts and kills).
+chaos suite uses it so that a job outlasts the workers it starts and kills); none once the file
+FT_FEED_DELAY_UNTIL names exists (a test lifts it when its events are over: the rest trains at full speed).
 FT_CHECKSUM_DIR: after every committed step, each worker appends ``"<samples applied> <sha1> <time>"`` to
 ``<dir>/<worker id>.txt``: the total of the counters (the same on every member of a round at the
 same step) and a digest of every parameter and momentum buffer, so tests can compare the members' states.
@@ -164,11 +165,17 @@ def _maybe_hang():
         threading.Event().wait()  # alive (heartbeats go on) but never progressing
 
 
-def feed(records, mode, metadata):
-    _maybe_hang()
-    delay = float(os.environ.get("FT_FEED_DELAY", "0"))
+def delay_feed():
+    """FT_FEED_DELAY seconds (a bigger model's compute), unless the file FT_FEED_DELAY_UNTIL names exists."""
+    until = os.environ.get("FT_FEED_DELAY_UNTIL")
+    delay = 0.0 if until and Path(until).exists() else float(os.environ.get("FT_FEED_DELAY", "0"))
     if delay:
         time.sleep(delay)
+
+
+def feed(records, mode, metadata):
+    _maybe_hang()
+    delay_feed()
     if records and isinstance(records[0], dict):  # a table source: rows with id, pixels or p0..p63, label
         pixels, labels, ids = _rows(records)
     else:

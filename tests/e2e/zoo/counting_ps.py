@@ -11,8 +11,8 @@ full) the PS adds exactly 1 per application. A SYNC PS averaging
 Env: FT_COUNT_RECORDS (training records), FT_COUNT_DTYPE (both counters' dtype:
 float32 by default, float64, bfloat16 or float16; counts of at most 256 / 2048
 are exact in bfloat16 / float16, and so is the update ``lr * 1/G``),
-FT_FEED_DELAY (seconds per feed), FT_FEED_MARKS (a directory where each worker
-leaves a file named by its id once it trains: its first ``feed``),
+FT_FEED_DELAY (seconds per feed; none once the file FT_FEED_DELAY_UNTIL names exists),
+FT_FEED_MARKS (a directory where each worker leaves a file named by its id once it trains: its first ``feed``),
 FT_DIE_WORKER / FT_DIE_AFTER: that worker SIGKILLs itself in its
 FT_DIE_AFTER-th call of ``feed`` (right after pushing the minibatch before).
 """
@@ -62,7 +62,8 @@ def feed(records, mode, metadata):
     if os.environ.get("FLEXTRAIN_WORKER_ID") == os.environ.get("FT_DIE_WORKER") \
             and _feeds == int(os.environ.get("FT_DIE_AFTER", "0")):
         os.kill(os.getpid(), signal.SIGKILL)
-    delay = float(os.environ.get("FT_FEED_DELAY", "0"))
+    until = os.environ.get("FT_FEED_DELAY_UNTIL")  # a test lifts the stand-in compute once its events are over
+    delay = 0.0 if until and Path(until).exists() else float(os.environ.get("FT_FEED_DELAY", "0"))
     if delay:
         time.sleep(delay)  # stands in for a bigger model's compute
     _, labels = decode_digits(records)
