@@ -204,12 +204,15 @@ class FailureHandling:
 
     def _out_of_memory(self, failure: WorkerFailure) -> None:
         """An OOMKilled worker: a higher rung of the memory ladder, or half the micro-batch, or (at 1) the
-        job fails (flextrain/master/oom.py). Its M is the one of the round it was last in, else (killed before
-        its first round) the one it would have planned with."""
+        job fails (flextrain/master/oom.py). Its M is the largest of the rounds this process (id and pid) was
+        in: memory a bigger micro-batch took stays with the process (allocator caches, the peak), so a worker
+        killed just after a re-plan to a smaller M was killed for the bigger one. Killed before its first
+        round: the M it would have planned with."""
         info = self.workers.get(failure.worker_id)
-        rid = info.position.round_id if info is not None else -1
-        m = next((r["maxMicroBatch"] for r in reversed(self.round_history) if r["round"] == rid),
-                 self.micro_batches.oom.limit(self.micro_batches.current))
+        pid = info.pid if info is not None else None
+        ms = [r["maxMicroBatch"] for r in self.round_history
+              if any(m["id"] == failure.worker_id and m["pid"] == pid for m in r["members"])]
+        m = max(ms) if ms else self.micro_batches.oom.limit(self.micro_batches.current)
         action, fatal = self.micro_batches.oom.killed(failure.worker_id, round_m=m)
         self.note(action)
         if fatal:
