@@ -8,13 +8,14 @@ import json
 import os
 import subprocess
 import sys
-import time
+from types import SimpleNamespace
 
 import pytest
 import torch
 from torch import nn
 
 from flextrain.elastic.memory import format_bytes, static_bytes, step_peak
+import flextrain.elastic.probe as probe_module
 from flextrain.elastic.probe import ProbeError, probe_key, probe_micro_batch, training_step
 
 N = 96  # samples the batch maker can give
@@ -186,19 +187,23 @@ def test_another_error_is_raised_and_still_undone():
     assert_same(before, snapshot(model, opt))
 
 
-def test_time_budget_truncates_to_the_best_size_so_far():
+def test_time_budget_truncates_to_the_best_size_so_far(monkeypatch):
     model, opt, x, y = make()
     counting = Counting(step_for(model, opt, x, y))
     result = probe_micro_batch(counting, limit="1GiB", upper=N, lower=2, time_budget=0)
     assert result.truncated and result.size == 2 and counting.calls == 1
 
+    # The probe's clock advances 0.05 s per step and nothing else: a loaded machine cannot move the cut.
+    clock = [0.0]
+    monkeypatch.setattr(probe_module, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+
     def slow(m):
-        time.sleep(0.05)
+        clock[0] += 0.05
         counting(m)
 
     slow.device, slow.baseline_bytes = counting.device, counting.baseline_bytes
     result = probe_micro_batch(slow, limit="1GiB", upper=N, lower=2, time_budget=0.12)
-    assert result.truncated and result.size in (4, 8, 16) and result.size == result.tried[-1][0]
+    assert result.truncated and [m for m, _ in result.tried] == [2, 4, 8] and result.size == 8  # 8 ended at 0.15 s
 
 
 def test_cache_is_read_without_running_the_step(tmp_path, measured):
