@@ -49,7 +49,7 @@ SMOKE: dict[str, list[str]] = {
 # ~4 min the whole smoke run may take.
 SLOW: dict[str, list[str]] = {
     "ddp_steady": ["ddp_steady.py", "--workers", "2", "--epochs", "4"],
-    "flash_checkpoint": ["flash_checkpoint.py", "--epochs", "4"],
+    "flash_checkpoint": ["flash_checkpoint.py", "--epochs", "4", "--every", "10,50"],
     "rescale": ["rescale.py", "--kills", "1", "--torchrun-kills", "1", "--skip-lost-node"],
     "spares": ["spares.py", "--rounds", "1", "--cycles", "1"],
 }

@@ -137,13 +137,14 @@ class MasterClient:
             worker_id=self.worker_id, path=path, position=position, final=final, stop=stop,
             ledger_json=ledger_json), give_up=give_up)
 
-    def mark_snapshot(self, position: pb.Position) -> "grpc.Future":
-        """A flash snapshot was taken at ``position``: the answer (a future; the flash writer thread waits
-        for it, training goes on meanwhile) carries the ledger state of exactly that model, or "" when
-        the round has gone past it. One try, no retries: an unanswered mark only drops that snapshot."""
-        return self.stub.ReportCheckpoint.future(
+    def mark_snapshot(self, position: pb.Position) -> str:
+        """A flash snapshot was taken at ``position``: the ledger state (JSON) of exactly that model, or
+        "" when the round has gone past it. Called by the flash writer thread (training goes on
+        meanwhile); a blocking call because a future costs twice the CPU here (grpc's channel-spin
+        thread). One try, no retries: an unanswered mark (``grpc.RpcError``) only drops that snapshot."""
+        return self.stub.ReportCheckpoint(
             pb.ReportCheckpointRequest(worker_id=self.worker_id, position=position, memory=True),
-            timeout=self.deadline)
+            timeout=self.deadline).ledger_json
 
     def heartbeat(self, position: pb.Position, loss: float, samples: int, *, waiting_for_peers: bool = False,
                   stalled_seconds: float = 0.0, skipped_steps: int = 0, lr_gain: float = 0.0,
