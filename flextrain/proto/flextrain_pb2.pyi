@@ -170,16 +170,18 @@ class AccelerateResponse(_message.Message):
     def __init__(self, action: _Optional[_Union[AccelerateResponse.Action, str]] = ..., strategy_json: _Optional[str] = ..., source: _Optional[str] = ...) -> None: ...
 
 class JoinRendezvousRequest(_message.Message):
-    __slots__ = ("worker_id", "position", "reason", "detail")
+    __slots__ = ("worker_id", "position", "reason", "detail", "exited_peers")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     POSITION_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     DETAIL_FIELD_NUMBER: _ClassVar[int]
+    EXITED_PEERS_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     position: Position
     reason: str
     detail: str
-    def __init__(self, worker_id: _Optional[str] = ..., position: _Optional[_Union[Position, _Mapping]] = ..., reason: _Optional[str] = ..., detail: _Optional[str] = ...) -> None: ...
+    exited_peers: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, worker_id: _Optional[str] = ..., position: _Optional[_Union[Position, _Mapping]] = ..., reason: _Optional[str] = ..., detail: _Optional[str] = ..., exited_peers: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class JoinRendezvousResponse(_message.Message):
     __slots__ = ("action", "round_id", "rank", "world_size", "store_host", "store_port", "version", "restore_checkpoint", "message", "max_micro_batch", "members_in_sync")

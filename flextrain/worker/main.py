@@ -31,6 +31,7 @@ from flextrain.worker.frameworks import make_predictor
 from flextrain.worker.failure import failure_of, log_failure, one_line
 from flextrain.worker.module import Framework, load_model_def
 from flextrain.worker.parked import park
+from flextrain.worker.peerwatch import PeerWatch, alive_mark
 from flextrain.worker.prediction import load_outputs_processor, predict_task
 from flextrain.worker.ps_trainer import PSTrainer
 from flextrain.worker.script_agent import run_agent
@@ -172,6 +173,8 @@ def _run_worker(client: MasterClient, worker_id: str, doing: _Doing, *, spare: b
                                                                position=state.position(), batch=eval_batch))
     else:
         collective = Collective(timeout=spec.worker.worker_timeout)
+        if (mark := alive_mark()) is not None:  # peers see our exit at once, and we theirs (peerwatch.py)
+            collective.watch = PeerWatch(mark, worker_id=worker_id, on_exit=collective.peer_exited)
         predictor = make_predictor(model_def, model, forward)
         trainer = AllReduceTrainer(
             spec=spec, model_def=model_def, model=model, optimizer=optimizer, client=client,
@@ -237,7 +240,7 @@ def _train(spec, client, collective, trainer, state) -> bool:
     while True:
         state.waiting = state.in_rendezvous = True
         try:
-            resp = client.join(state.position(), reason, detail)
+            resp = client.join(state.position(), reason, detail, exited_peers=collective.take_exited())
         finally:
             state.waiting = state.in_rendezvous = False
             state.mark_progress()
