@@ -93,6 +93,7 @@ class RoundKeeping:
                 restore_checkpoint=rnd.restore_checkpoint,
                 max_micro_batch=rnd.max_micro_batch,
                 members_in_sync=rnd.members_in_sync,
+                first_task=rnd.first_task,
             )
 
     def joins_answered(self, worker_ids) -> list[str]:

@@ -212,7 +212,8 @@ def _run_worker(client: MasterClient, worker_id: str, doing: _Doing, *, spare: b
                      trainer.loader.ahead, trainer.loader.now, "on" if trainer.loader.background else "off")
             tasks = trainer.tasks
             log.info("training tasks: %d answered ahead (in %d asks), %d by a plain ask, %d handed over by "
-                     "rank 0", tasks.tasks_ahead, tasks.ahead_asks, tasks.tasks_asked, tasks.handed)
+                     "rank 0, %d with the rendezvous answer", tasks.tasks_ahead, tasks.ahead_asks, tasks.tasks_asked,
+                     tasks.handed, tasks.given)
         loss, samples = state.take_loss()
         traffic = state.traffic.take()
         if samples or state.skipped_steps or traffic:  # since the last heartbeat: the final loss, skipped steps
@@ -254,7 +255,7 @@ def _train(spec, client, collective, trainer, state) -> bool:
             state.round_id, state.task_index, state.steps_done, state.synced = resp.round_id, 0, 0, False
         # Every member plans with the round's M (under auto: the smallest its members probed).
         trainer.max_micro_batch = resp.max_micro_batch or spec.training.effective_max_micro_batch
-        trainer.ask_first_task(rank=resp.rank)
+        trainer.ask_first_task(rank=resp.rank, given=resp.first_task if resp.HasField("first_task") else None)
         try:
             state.waiting = True  # forming the group and the broadcast wait on every member
             try:
