@@ -191,7 +191,11 @@ class PeerWatch:
 
 def alive_mark() -> AliveMark | None:
     """This process's mark, or None where robust process-shared mutexes are not available (the
-    watch is then off: deaths are seen when sockets close)."""
+    watch is then off: deaths are seen when sockets close). Linux only: the collective finds its
+    group's sockets in ``/proc/self/fd``."""
+    if not os.path.isdir("/proc/self/fd"):
+        log.info("peer exit watch off: no /proc/self/fd")
+        return None
     try:
         return AliveMark()
     except (OSError, AttributeError, RuntimeError) as exc:
