@@ -128,6 +128,14 @@ class AllReduceStrategy(TrainingStrategy):
     def evaluation_task(self, job, req: pb.GetTaskRequest) -> pb.GetTaskResponse:
         return evaluation_task(job, req)
 
+    def round_formed(self, job, rnd: Round, previous: Round | None, waiters: list) -> None:
+        """Settle the last round, then decide the new round's first task as an ahead ask would
+        (a RUN of a free task, or nothing): it goes out with every member's rendezvous answer."""
+        super().round_formed(job, rnd, previous, waiters)
+        _decide_early(job, rnd, upto=1)
+        if rnd.answers:
+            rnd.first_task = task_message(job.ledger.doing[rnd.answers[0][1]])
+
     def worker_left(self, job, worker_id: str) -> None:
         job.ledger.release_owner(worker_id)
 

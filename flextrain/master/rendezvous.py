@@ -51,6 +51,7 @@ class Round:
     store_port: int = 0  # the round's own TCPStore (script jobs); 0: the job's store, under a round prefix
     max_micro_batch: int = 0  # M every member plans with (flextrain.master.memory.MicroBatchChoice)
     members_in_sync: bool = False  # every member holds the round's starting state: no broadcast
+    first_task: pb.Task | None = None  # answer 0, decided as the round formed: in every member's join answer
     state: RoundState = RoundState.ACTIVE
     # Memoized GetTask answers, by task index: (action, task id or -1).
     answers: list[tuple[int, int]] = field(default_factory=list)

@@ -21,11 +21,12 @@ from flextrain.proto import flextrain_pb2 as pb
 
 
 class RoundKeeping:
-    def join(self, worker_id: str, position: pb.Position, *, wait: float) -> pb.JoinRendezvousResponse:
+    def join(self, worker_id: str, position: pb.Position, *, wait: float,
+             exited=()) -> pb.JoinRendezvousResponse:
         """A worker joins the rendezvous and waits up to ``wait`` seconds for its round (a thread
         blocks on the condition; the asyncio server uses :meth:`join_enter` and :meth:`join_poll`)."""
         with self.cond:
-            self.join_enter(worker_id, position)
+            self.join_enter(worker_id, position, exited=exited)
             deadline = self.clock() + wait
             while True:
                 resp = self.join_poll(worker_id)
@@ -36,11 +37,14 @@ class RoundKeeping:
                     return pb.JoinRendezvousResponse(action=pb.JoinRendezvousResponse.WAIT)
                 self.cond.wait(min(left, 0.05))  # time-based readiness (straggler timeout)
 
-    def join_enter(self, worker_id: str, position: pb.Position) -> None:
+    def join_enter(self, worker_id: str, position: pb.Position, *, exited=()) -> None:
         """The first half of a join: the worker is waiting for a round (unless the round formed while
-        it re-asked after a WAIT is already its own)."""
+        it re-asked after a WAIT is already its own). ``exited``: peers it saw exiting
+        (``JoinRendezvousRequest.exited_peers``)."""
         with self.cond:
             self._touch(worker_id, position)
+            for peer in exited:
+                self._peer_exited(peer, seen_by=worker_id)
             rnd = self.rendezvous.current
             placed = self.assigned.get(worker_id)
             if placed is not None and placed is rnd and rnd.state is not RoundState.CLOSED \
@@ -52,6 +56,21 @@ class RoundKeeping:
             self.rendezvous.join(worker_id, position, self.clock())
             if rnd is not None and rnd.state is RoundState.ACTIVE and worker_id not in rnd.members:
                 self.rendezvous.request_end()  # a straggler: let it in at the next step boundary
+
+    def _peer_exited(self, worker_id: str, *, seen_by: str) -> None:
+        """A member saw ``worker_id``, a peer of its current round, exiting (its main thread is gone:
+        flextrain/worker/peerwatch.py). It leaves the rendezvous now, so the round of the survivors
+        forms as soon as they have joined; the launcher's report of the exit (``worker_exited``:
+        relaunch, failure accounting) comes when the kernel has torn the process down."""
+        rnd = self.rendezvous.current
+        if worker_id not in self.alive or rnd is None or worker_id not in rnd.members or seen_by not in rnd.members:
+            return  # gone already, or not a peer the reporter shares a round with
+        if rnd.state is not RoundState.CLOSED and worker_id not in self.retiring:
+            self.lost_at = self.lost_at or self.clock()
+        self.alive.discard(worker_id)
+        self.rendezvous.drop(worker_id)
+        self.assigned.pop(worker_id, None)
+        self.cond.notify_all()
 
     def join_poll(self, worker_id: str) -> pb.JoinRendezvousResponse | None:
         """The answer for a joined worker now (TRAIN or STOP), forming a round if one is due; None:
@@ -74,6 +93,7 @@ class RoundKeeping:
                 restore_checkpoint=rnd.restore_checkpoint,
                 max_micro_batch=rnd.max_micro_batch,
                 members_in_sync=rnd.members_in_sync,
+                first_task=rnd.first_task,
             )
 
     def joins_answered(self, worker_ids) -> list[str]:

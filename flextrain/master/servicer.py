@@ -158,7 +158,7 @@ class MasterServicer(pb_grpc.MasterServicer):
 
     async def JoinRendezvous(self, request, context):
         job, loop, wid = self.job, asyncio.get_running_loop(), request.worker_id
-        job.join_enter(wid, request.position)
+        job.join_enter(wid, request.position, exited=request.exited_peers)
         deadline = loop.time() + JOIN_LONG_POLL
         while True:
             woken = loop.create_future()

@@ -113,6 +113,10 @@ def _accelerate(r: pb.AccelerateRequest, job) -> None:
 def _join(r: pb.JoinRendezvousRequest, job) -> None:
     _id("worker_id", r.worker_id), _position("position", r.position)
     _text("reason", r.reason), _text("detail", r.detail)
+    if len(r.exited_peers) > MAX_WORKERS:
+        raise Refused(f"exited_peers: {len(r.exited_peers)} names, at most {MAX_WORKERS}")
+    for peer in r.exited_peers:
+        _id("exited_peers", peer)
 
 
 def _get_task(r: pb.GetTaskRequest, job) -> None:

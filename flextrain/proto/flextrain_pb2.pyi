@@ -170,19 +170,21 @@ class AccelerateResponse(_message.Message):
     def __init__(self, action: _Optional[_Union[AccelerateResponse.Action, str]] = ..., strategy_json: _Optional[str] = ..., source: _Optional[str] = ...) -> None: ...
 
 class JoinRendezvousRequest(_message.Message):
-    __slots__ = ("worker_id", "position", "reason", "detail")
+    __slots__ = ("worker_id", "position", "reason", "detail", "exited_peers")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     POSITION_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     DETAIL_FIELD_NUMBER: _ClassVar[int]
+    EXITED_PEERS_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     position: Position
     reason: str
     detail: str
-    def __init__(self, worker_id: _Optional[str] = ..., position: _Optional[_Union[Position, _Mapping]] = ..., reason: _Optional[str] = ..., detail: _Optional[str] = ...) -> None: ...
+    exited_peers: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, worker_id: _Optional[str] = ..., position: _Optional[_Union[Position, _Mapping]] = ..., reason: _Optional[str] = ..., detail: _Optional[str] = ..., exited_peers: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class JoinRendezvousResponse(_message.Message):
-    __slots__ = ("action", "round_id", "rank", "world_size", "store_host", "store_port", "version", "restore_checkpoint", "message", "max_micro_batch", "members_in_sync")
+    __slots__ = ("action", "round_id", "rank", "world_size", "store_host", "store_port", "version", "restore_checkpoint", "message", "max_micro_batch", "members_in_sync", "first_task")
     class Action(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         WAIT: _ClassVar[JoinRendezvousResponse.Action]
@@ -202,6 +204,7 @@ class JoinRendezvousResponse(_message.Message):
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     MAX_MICRO_BATCH_FIELD_NUMBER: _ClassVar[int]
     MEMBERS_IN_SYNC_FIELD_NUMBER: _ClassVar[int]
+    FIRST_TASK_FIELD_NUMBER: _ClassVar[int]
     action: JoinRendezvousResponse.Action
     round_id: int
     rank: int
@@ -213,7 +216,8 @@ class JoinRendezvousResponse(_message.Message):
     message: str
     max_micro_batch: int
     members_in_sync: bool
-    def __init__(self, action: _Optional[_Union[JoinRendezvousResponse.Action, str]] = ..., round_id: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., store_host: _Optional[str] = ..., store_port: _Optional[int] = ..., version: _Optional[int] = ..., restore_checkpoint: _Optional[str] = ..., message: _Optional[str] = ..., max_micro_batch: _Optional[int] = ..., members_in_sync: _Optional[bool] = ...) -> None: ...
+    first_task: Task
+    def __init__(self, action: _Optional[_Union[JoinRendezvousResponse.Action, str]] = ..., round_id: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., store_host: _Optional[str] = ..., store_port: _Optional[int] = ..., version: _Optional[int] = ..., restore_checkpoint: _Optional[str] = ..., message: _Optional[str] = ..., max_micro_batch: _Optional[int] = ..., members_in_sync: _Optional[bool] = ..., first_task: _Optional[_Union[Task, _Mapping]] = ...) -> None: ...
 
 class Task(_message.Message):
     __slots__ = ("task_id", "kind", "source", "start", "end", "epoch", "global_batch_size", "model_version")

@@ -85,10 +85,12 @@ class MasterClient:
         return self._call("Accelerate", pb.AccelerateRequest(worker_id=self.worker_id, strategy_json=strategy_json,
                                                              search_json=search_json))
 
-    def join(self, position: pb.Position, reason: str, detail: str = "") -> pb.JoinRendezvousResponse:
+    def join(self, position: pb.Position, reason: str, detail: str = "", *,
+             exited_peers=()) -> pb.JoinRendezvousResponse:
         return self._call(
             "JoinRendezvous",
-            pb.JoinRendezvousRequest(worker_id=self.worker_id, position=position, reason=reason, detail=detail),
+            pb.JoinRendezvousRequest(worker_id=self.worker_id, position=position, reason=reason, detail=detail,
+                                     exited_peers=exited_peers),
             deadline=30.0,
         )
 

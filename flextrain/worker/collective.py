@@ -22,10 +22,18 @@ object is gone (``destroy_process_group`` and ``ProcessGroup.abort`` leave them
 open while a work lives), so a work kept anywhere after a failure would leave a
 surviving peer blocked on us until its timeout or a later round. Leaving hands
 the works still in flight to the teardown thread with the group.
+
+With a :class:`~flextrain.worker.peerwatch.PeerWatch` (``watch``), a peer whose process exits is
+seen before its sockets close (robust futexes): :meth:`peer_exited` then shuts down the current
+group's connections (the sockets gloo opened while the group formed; never its listener, whose
+shutdown aborts gloo), so the collective in flight fails at once, on every survivor, the usual
+way. Peers seen exiting are reported to the master with the next join (:meth:`take_exited`).
 """
 
 from __future__ import annotations
 
+import os
+import socket
 import threading
 from datetime import timedelta
 from typing import Sequence
@@ -47,7 +55,9 @@ _LENGTH = 8  # the length: one int64 (native byte order: the members share a mac
 
 
 class Collective:
-    def __init__(self, *, timeout: float = 60.0) -> None:
+    def __init__(self, *, timeout: float = 60.0, watch=None) -> None:
+        """``watch``: a :class:`~flextrain.worker.peerwatch.PeerWatch` whose ``on_exit`` is
+        :meth:`peer_exited` (None: deaths are seen when sockets close)."""
         self.timeout = timedelta(seconds=timeout)
         self._store: dist.TCPStore | None = None
         self._address: tuple[str, int] | None = None
@@ -59,6 +69,11 @@ class Collective:
         self._group = None  # the round's process group (start_sum calls it directly)
         self._sum = dist.AllreduceOptions()
         self._sum.reduceOp = dist.ReduceOp.SUM
+        self.watch = watch
+        self._lock = threading.Lock()  # the round's sockets vs a peer's exit seen on a watch thread
+        self._sockets: dict[int, str] = {}  # the current group's sockets: fd -> "socket:[inode]"
+        self._exited: list[str] = []  # peers of our rounds seen exiting, not reported to the master yet
+        self.broken_by: str | None = None  # the peer whose exit broke the current group (in errors)
 
     def join_round(self, *, host: str, port: int, round_id: int, rank: int, world_size: int) -> None:
         self.leave()
@@ -69,6 +84,7 @@ class Collective:
         if world_size == 1:
             return  # a world of one needs no group: reductions are identities
         prefix = dist.PrefixStore(f"round-{round_id}/", self._store)
+        before = set(_sockets().values()) if self.watch is not None else None
         try:
             # Every member got its TRAIN answer within milliseconds of the others: a member that has
             # not arrived within FORM_TIMEOUT died in between, and waiting the full timeout for it
@@ -77,6 +93,10 @@ class Collective:
                                     timeout=min(self.timeout, FORM_TIMEOUT))
             _set_pg_timeout(self.timeout, None)  # a step may legitimately wait on a slow peer that long
             self._group = dist.distributed_c10d._get_default_group()
+            if before is not None:
+                with self._lock:
+                    self._sockets = {fd: link for fd, link in _sockets().items() if link not in before}
+                self.watch.round(host=host, port=port, round_id=round_id, rank=rank, world_size=world_size)
             return
         except Exception as exc:  # a member died while the group formed
             error = f"forming round {round_id} failed: {exc}"
@@ -87,6 +107,9 @@ class Collective:
         of :meth:`start_sum` still in flight (the group's connections close once none is left)."""
         works, self._inflight = self._inflight, []
         self._group = None
+        with self._lock:  # from here a peer's exit no longer touches these sockets (closed by the teardown)
+            self._sockets = {}
+            self.broken_by = None
         if dist.is_initialized():
             # the only references left once destroyed: the group and its works
             box = [dist.distributed_c10d._get_default_group(), *works]
@@ -97,9 +120,28 @@ class Collective:
                 pass
             _drop_in_background(box)
 
+    def peer_exited(self, worker_id: str, rounds: frozenset) -> None:
+        """A watched peer's process is exiting (called on a watch thread); ``rounds``: those it was
+        a member of. If the current round is one, break its group now."""
+        with self._lock:
+            self._exited.append(worker_id)
+            if self.round_id not in rounds or not self._sockets:
+                return
+            self.broken_by = worker_id
+            for fd, link in self._sockets.items():
+                _shut_down(fd, link)
+
+    def take_exited(self) -> list[str]:
+        """The peers seen exiting since the last call (for the master: JoinRendezvousRequest.exited_peers)."""
+        with self._lock:
+            out, self._exited = self._exited, []
+        return out
+
     def _failed(self, what: str) -> None:
         """Leave the broken round and raise :class:`CollectiveError` (called outside the ``except``
         block that caught the failure, so the failed call's frames are already freed)."""
+        if self.broken_by is not None:
+            what += f" ({self.broken_by}'s process exited: connections shut down)"
         self.leave()
         raise CollectiveError(what)
 
@@ -174,6 +216,38 @@ class Collective:
         except Exception as exc:
             error = f"broadcast in round {self.round_id} failed: {exc}"
         self._failed(error)
+
+
+def _sockets() -> dict[int, str]:
+    """This process's open sockets: fd -> ``socket:[inode]`` (~50 us for a worker's few dozen fds)."""
+    out = {}
+    with os.scandir("/proc/self/fd") as fds:
+        for entry in fds:
+            try:
+                link = os.readlink(entry.path)
+            except OSError:
+                continue
+            if link.startswith("socket:"):
+                out[int(entry.name)] = link
+    return out
+
+
+def _shut_down(fd: int, link: str) -> None:
+    """Shut down the connection on ``fd`` if it is still the socket ``link`` and connected (a
+    listener has no peer: shutting it down aborts gloo)."""
+    try:
+        if os.readlink(f"/proc/self/fd/{fd}") != link:
+            return
+        sock = socket.socket(fileno=os.dup(fd))
+    except OSError:
+        return
+    try:
+        sock.getpeername()
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    finally:
+        sock.close()  # the duplicate; gloo's own descriptor stays until its teardown
 
 
 def _drop_in_background(box: list) -> None:

@@ -31,6 +31,7 @@ from flextrain.worker.frameworks import make_predictor
 from flextrain.worker.failure import failure_of, log_failure, one_line
 from flextrain.worker.module import Framework, load_model_def
 from flextrain.worker.parked import park
+from flextrain.worker.peerwatch import PeerWatch, alive_mark
 from flextrain.worker.prediction import load_outputs_processor, predict_task
 from flextrain.worker.ps_trainer import PSTrainer
 from flextrain.worker.script_agent import run_agent
@@ -172,6 +173,8 @@ def _run_worker(client: MasterClient, worker_id: str, doing: _Doing, *, spare: b
                                                                position=state.position(), batch=eval_batch))
     else:
         collective = Collective(timeout=spec.worker.worker_timeout)
+        if (mark := alive_mark()) is not None:  # peers see our exit at once, and we theirs (peerwatch.py)
+            collective.watch = PeerWatch(mark, worker_id=worker_id, on_exit=collective.peer_exited)
         predictor = make_predictor(model_def, model, forward)
         trainer = AllReduceTrainer(
             spec=spec, model_def=model_def, model=model, optimizer=optimizer, client=client,
@@ -209,7 +212,8 @@ def _run_worker(client: MasterClient, worker_id: str, doing: _Doing, *, spare: b
                      trainer.loader.ahead, trainer.loader.now, "on" if trainer.loader.background else "off")
             tasks = trainer.tasks
             log.info("training tasks: %d answered ahead (in %d asks), %d by a plain ask, %d handed over by "
-                     "rank 0", tasks.tasks_ahead, tasks.ahead_asks, tasks.tasks_asked, tasks.handed)
+                     "rank 0, %d with the rendezvous answer", tasks.tasks_ahead, tasks.ahead_asks, tasks.tasks_asked,
+                     tasks.handed, tasks.given)
         loss, samples = state.take_loss()
         traffic = state.traffic.take()
         if samples or state.skipped_steps or traffic:  # since the last heartbeat: the final loss, skipped steps
@@ -237,7 +241,7 @@ def _train(spec, client, collective, trainer, state) -> bool:
     while True:
         state.waiting = state.in_rendezvous = True
         try:
-            resp = client.join(state.position(), reason, detail)
+            resp = client.join(state.position(), reason, detail, exited_peers=collective.take_exited())
         finally:
             state.waiting = state.in_rendezvous = False
             state.mark_progress()
@@ -251,7 +255,7 @@ def _train(spec, client, collective, trainer, state) -> bool:
             state.round_id, state.task_index, state.steps_done, state.synced = resp.round_id, 0, 0, False
         # Every member plans with the round's M (under auto: the smallest its members probed).
         trainer.max_micro_batch = resp.max_micro_batch or spec.training.effective_max_micro_batch
-        trainer.ask_first_task(rank=resp.rank)
+        trainer.ask_first_task(rank=resp.rank, given=resp.first_task if resp.HasField("first_task") else None)
         try:
             state.waiting = True  # forming the group and the broadcast wait on every member
             try:

@@ -13,6 +13,10 @@ decodes the same one. Tasks an answer brought along (``more``) are queued on
 every member alike, so the members agree, without a word, on which boundaries
 carry a broadcast.
 
+A round's first task usually comes with the rendezvous answer itself
+(``JoinRendezvousResponse.first_task``, the same in every member's): no ask,
+no broadcast, on a recovery's path.
+
 Failure semantics are those of any collective of the round: a member (rank 0
 too) that dies before or during the broadcast makes it fail on the others
 (:class:`~flextrain.worker.collective.CollectiveError`), and they re-join; the
@@ -56,6 +60,8 @@ class RoundTasks:
         self.ahead_asks = 0  # GetTask calls made ahead (rank 0)
         self.handed = 0  # answers received from rank 0 (the other members)
         self._first_round = -1  # the round whose first task ask_first asked for
+        self._given: tuple[int, pb.Task] | None = None  # (round, its first task) from the rendezvous answer
+        self.given = 0  # first tasks that came with the rendezvous answer (no ask, no broadcast)
 
     def reset(self, *, keep_first: bool = False) -> None:
         """A round begins or ends: tasks handed out but not started are settled with the round
@@ -65,11 +71,14 @@ class RoundTasks:
             self._ahead[1].cancel()  # an answer already given is settled with the round
             self._ahead = None
 
-    def ask_first(self, *, rank: int) -> None:
-        """The rendezvous answered with ``rank`` in the new round: rank 0 asks for the round's first task
-        now, ahead, so that the answer travels while the round's group forms and its state syncs."""
+    def ask_first(self, *, rank: int, given: pb.Task | None = None) -> None:
+        """The rendezvous answered with ``rank`` in the new round, and ``given``, the round's first task
+        when the master decided it as the round formed (every member has it then: nobody asks, nothing
+        is broadcast). Otherwise rank 0 asks for it now, ahead, so that the answer travels while the
+        round's group forms and its state syncs."""
         self.reset()
-        if rank != 0:
+        self._given = (self.state.round_id, given) if given is not None else None
+        if rank != 0 or given is not None:
             return
         self.ahead_asks += 1
         self._first_round = self.state.round_id
@@ -116,6 +125,10 @@ class RoundTasks:
     # ---- every member -------------------------------------------------------------------
     def answer(self, index: int) -> pb.GetTaskResponse:
         """The round's answer for task ``index``: queued, or asked by rank 0 and broadcast to the round."""
+        if index == 0 and self._given is not None and self._given[0] == self.state.round_id:
+            task, self._given = self._given[1], None
+            self.given += 1
+            return pb.GetTaskResponse(action=RUN, task=task)
         if (task := self._queued.pop(index, None)) is not None:
             self.tasks_ahead += self.collective.rank == 0
             return pb.GetTaskResponse(action=RUN, task=task)

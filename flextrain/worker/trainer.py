@@ -156,11 +156,12 @@ class AllReduceTrainer:
             self.load_blob(blob)
 
     # ---- training -------------------------------------------------------------
-    def ask_first_task(self, *, rank: int) -> None:
+    def ask_first_task(self, *, rank: int, given: pb.Task | None = None) -> None:
         """As soon as the rendezvous answers, rank ``rank`` of the new round asks for its first task (rank 0
         does, :meth:`RoundTasks.ask_first`): the answer travels while the round's group forms and its state
-        syncs (a plain ask after them is a round trip more on a recovery's path)."""
-        self.tasks.ask_first(rank=rank)
+        syncs (a plain ask after them is a round trip more on a recovery's path). ``given``: the first task
+        came with the rendezvous answer: nobody asks."""
+        self.tasks.ask_first(rank=rank, given=given)
 
     def run_round(self) -> int:
         """Train until the round ends; returns the GetTask action that ended it."""

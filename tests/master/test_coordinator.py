@@ -223,11 +223,12 @@ def test_member_exit_closes_round_and_next_round_settles_by_most_advanced(tmp_pa
     assert resp.action == JOIN.TRAIN
     assert (resp.rank, resp.world_size, resp.version) == (0, 2, 2)  # B is the most advanced
     assert master.rendezvous.current.members == ["B", "A"]
-    # settled by B: 2 steps (20 records) applied, [20, 30) requeued at the front
+    # settled by B: 2 steps (20 records) applied, [20, 30) requeued at the front: the new round's first
+    # task (decided as the round formed: it comes with the join answer)
     assert master.ledger.records_done == 20
     assert t0.task_id not in master.ledger.doing
-    assert (master.ledger.todo[0].start, master.ledger.todo[0].end) == (20, 30)
-    assert master.ledger.todo[0].task_id != t0.task_id  # a new id: reports naming t0 no longer count
+    assert (resp.first_task.start, resp.first_task.end) == (20, 30)
+    assert resp.first_task.task_id != t0.task_id  # a new id: reports naming t0 no longer count
     r2 = resp.round_id
     nxt = get(master, "B", r2, 0, pos(r2, 0, 0, 2))
     assert nxt.action == TASK.RUN and (nxt.task.start, nxt.task.end) == (20, 30)

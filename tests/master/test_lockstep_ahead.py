@@ -95,12 +95,13 @@ def test_round_ending_after_an_ahead_answer_requeues_that_task_whole(tmp_path):
     clock.now += 1
     resp = join(master, "A", pos(r, 0, 2, 2))
     assert resp.action == JOIN.TRAIN
-    # settled by A: task 0 done (both steps), task 1 back at the front of todo, whole
+    # settled by A: task 0 done (both steps), task 1 back whole: the new round's first task (decided as
+    # the round formed, in the join answer), the only task taken
     assert master.ledger.records_done == 20
-    assert not master.ledger.doing
-    assert (master.ledger.todo[0].start, master.ledger.todo[0].end) == (t1.start, t1.end) == (20, 40)
     r2 = resp.round_id
-    assert get(master, "A", r2, 0, pos(r2, 0, 0, 2)).task.start == 20
+    assert (resp.first_task.start, resp.first_task.end) == (t1.start, t1.end) == (20, 40)
+    assert [t.owner for t in master.ledger.doing.values()] == [f"round-{r2}"]
+    assert get(master, "A", r2, 0, pos(r2, 0, 0, 2)).task == resp.first_task
 
 
 def test_an_ahead_ask_takes_several_tasks_and_every_member_gets_the_same(tmp_path):
@@ -139,9 +140,12 @@ def test_round_ending_settles_the_tasks_taken_ahead_and_not_started(tmp_path):
     resp = join(master, "A", pos(r, 1, 1, 3))
     assert resp.action == JOIN.TRAIN
     # settled by A: task 1's first step counts, its second step and tasks 2-4 go back whole
-    assert master.ledger.records_done == 30 and not master.ledger.doing
-    assert sorted((t.start, t.end) for t in master.ledger.todo) == [(30, 40), (40, 60), (60, 80), (80, 100),
-                                                                   (100, 120)]
+    assert master.ledger.records_done == 30
+    (given,) = master.ledger.doing.values()  # the new round's first task, decided as it formed
+    assert given.owner == f"round-{resp.round_id}" and (given.start, given.end) == (resp.first_task.start,
+                                                                                   resp.first_task.end)
+    assert sorted((t.start, t.end) for t in [given, *master.ledger.todo]) == [(30, 40), (40, 60), (60, 80),
+                                                                             (80, 100), (100, 120)]
     # the next round trains exactly the rest, taking it ahead in one ask
     r2 = resp.round_id
     first = get(master, "A", r2, 0, pos(r2, 0, 0, 3))

@@ -83,16 +83,20 @@ def test_next_task_arrives_ahead_and_every_record_is_trained_once(job):
     assert master.phase is Phase.RUNNING  # until the final checkpoint is reported
 
 
-def test_a_rounds_first_task_is_asked_ahead_while_the_round_forms(job):
-    """``ask_first_task`` (what a worker calls before forming the round's group and syncing state):
-    the first task's answer travels meanwhile, so the round's first step starts without a plain ask."""
+@pytest.mark.parametrize("given", [False, True], ids=["asked-ahead", "with-the-join-answer"])
+def test_a_rounds_first_task_is_there_without_a_plain_ask(job, given):
+    """``ask_first_task`` (what a worker calls before forming the round's group and syncing state): the
+    first task either came with the rendezvous answer (``first_task``, decided as the round formed: nobody
+    asks, rank 0 broadcasts nothing) or, without it, rank 0's ahead ask travels meanwhile; either way the
+    round's first step starts without a plain ask, and every record is trained once."""
     spec, master, client = job
     state = WorkerState()
     trainer = make_trainer(spec, client, state)
     client.register(pid=0)
     joined = client.join(state.position(), "start")
+    assert joined.HasField("first_task") and joined.first_task.start == 0
     state.round_id = joined.round_id
-    trainer.ask_first_task(rank=joined.rank)
+    trainer.ask_first_task(rank=joined.rank, given=joined.first_task if given else None)
     try:
         assert trainer.run_round() == pb.GetTaskResponse.NO_MORE
     finally:
@@ -101,6 +105,6 @@ def test_a_rounds_first_task_is_asked_ahead_while_the_round_forms(job):
     assert master.ledger.records_done == 2 * sum(sh.size for sh in make_shards(spec.data.training))
     per_task = spec.training.global_batch_size * spec.training.steps_per_task
     tasks = 2 * sum(-(-sh.size // per_task) for sh in make_shards(spec.data.training))
-    # only the second epoch's first task (it exists once the first epoch is done) and the NO_MORE are
-    # asked plainly: the first epoch's first came with the round's first ask
-    assert (trainer.tasks.tasks_ahead, trainer.tasks.tasks_asked) == (tasks - 1, 2)
+    # asked plainly: only the second epoch's first task (it exists once the first epoch is done) and the NO_MORE
+    counts = (trainer.tasks.given, trainer.tasks.tasks_ahead, trainer.tasks.tasks_asked)
+    assert counts == ((1, tasks - 2, 2) if given else (0, tasks - 1, 2))
