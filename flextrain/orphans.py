@@ -6,6 +6,10 @@ without cleaning up (SIGKILL, an OOM kill, a crashed test run). An orphan
 would hold ports and CPU forever, so each child polls its parent pid and exits
 when it changes. On Kubernetes the master deletes its pods instead, and the
 variable is not set.
+
+A worker's alive mark (flextrain/worker/peerwatch.py: a small file in /dev/shm named for its pid) is
+removed by the process itself, or by a peer that saw it die; a killed worker no peer watched (a
+lone worker) leaves it behind, so the local launcher removes the marks of every child it reaps.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import os
 import threading
 
 ENV_PARENT_PID = "FLEXTRAIN_PARENT_PID"
+ALIVE_MARK_PREFIX = "flextrain-alive-"  # + "<pid>-<token>": one name for writer (peerwatch) and reaper
 POLL_SECONDS = 1.0
 
 
@@ -37,3 +42,17 @@ def exit_with_parent() -> None:
                 os._exit(1)  # nothing here is worth keeping without a master; PS state is on disk
 
     threading.Thread(target=watch, name="exit-with-parent", daemon=True).start()
+
+
+def remove_alive_marks(pid: int, *, directory: str = "/dev/shm") -> None:
+    """Remove what a reaped process ``pid`` may have left of its alive marks."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return
+    for name in names:
+        if name.startswith(f"{ALIVE_MARK_PREFIX}{pid}-"):
+            try:
+                os.unlink(os.path.join(directory, name))
+            except OSError:
+                pass  # its peer removed it first

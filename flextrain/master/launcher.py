@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping
 
-from flextrain.orphans import ENV_PARENT_PID
+from flextrain.orphans import ENV_PARENT_PID, remove_alive_marks
 
 
 class Role(str, enum.Enum):
@@ -168,6 +168,7 @@ class LocalProcessBackend(LaunchBackend):
 
     def _wait(self, instance_id: str, proc: subprocess.Popen) -> None:
         code = proc.wait()
+        remove_alive_marks(proc.pid)  # a killed worker no peer watched leaves its mark behind
         with self._lock:
             self._procs.pop(instance_id, None)
         self._on_exit(instance_id, 128 - code if code < 0 else code)

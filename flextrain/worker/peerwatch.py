@@ -41,6 +41,8 @@ import threading
 from datetime import timedelta
 from typing import Callable
 
+from flextrain.orphans import ALIVE_MARK_PREFIX
+
 log = logging.getLogger("flextrain.worker")
 
 _MUTEX_BYTES = 64  # pthread_mutex_t is 40 bytes on glibc x86-64 / aarch64; the token follows it
@@ -84,7 +86,7 @@ class AliveMark:
         self._libc = _libc()
         directory = directory or ("/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir())
         self.token = secrets.token_hex(_TOKEN_BYTES // 2)
-        self.path = os.path.join(directory, f"flextrain-alive-{os.getpid()}-{self.token[:8]}")
+        self.path = os.path.join(directory, f"{ALIVE_MARK_PREFIX}{os.getpid()}-{self.token[:8]}")
         self._map = _map(self.path, create=True)
         self._mutex = (ctypes.c_char * _MUTEX_BYTES).from_buffer(self._map)
         attr = ctypes.create_string_buffer(16)

@@ -56,3 +56,7 @@ def test_out_of_memory_at_micro_batch_one_fails_the_job_with_that_reason(digits_
     assert "OOMKilled (out of memory) at the smallest micro-batch 1" in status["message"]
     assert status["failure"]["reason"] == "OOMKilled"
     assert "OOMKilled" in done.stderr
+    # The killed lone worker had no peer to remove its alive mark (flextrain/worker/peerwatch.py): the
+    # launcher that reaped it did.
+    pids = {m["pid"] for r in status["roundHistory"] for m in r["members"]}
+    assert pids and not [p for p in os.listdir("/dev/shm") if any(p.startswith(f"flextrain-alive-{pid}-") for pid in pids)]
