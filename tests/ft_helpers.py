@@ -38,6 +38,15 @@ def read_status(job_dir: Path) -> dict:
     return json.loads((job_dir / "status.json").read_text())
 
 
+def finish(proc, timeout=300):
+    """Wait for a job's CLI process to exit (killed past ``timeout`` or on an error): ``(exit code, stderr)``."""
+    try:
+        _, err = proc.communicate(timeout=timeout)
+    finally:
+        proc.kill()
+    return proc.returncode, err
+
+
 def processes_with_args(*args: str) -> list[int]:
     """Pids of live processes whose command line holds ``args`` in a row (e.g. a job's workers)."""
     wanted = "\0".join(args).encode()
