@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -36,6 +37,44 @@ def without_feed_delay(env: dict[str, str]) -> dict[str, str]:
 
 def read_status(job_dir: Path) -> dict:
     return json.loads((job_dir / "status.json").read_text())
+
+
+def free_port() -> int:
+    """A TCP port that is free on 127.0.0.1 now (for a server a test starts next)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_two_ranks(tmp_path: Path, script: str, *args: str, timeout: float = 240) -> list[dict]:
+    """Run ``script`` (a path below tests/) as two real gloo ranks (WORLD_SIZE/RANK/MASTER_ADDR/MASTER_PORT,
+    as torchrun sets them; its directory on their PYTHONPATH) and read the JSON each writes to the file
+    named by its first argument."""
+    path = REPO / "tests" / script
+    base = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
+    base.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE="2", OMP_NUM_THREADS="1",
+                PYTHONPATH=os.pathsep.join([str(path.parent), *(p for p in sys.path if p)]))
+    procs = [subprocess.Popen([sys.executable, str(path), str(tmp_path / f"rank{r}.json"), *args],
+                              env={**base, "RANK": str(r)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for r in range(2)]
+    try:
+        outputs = [p.communicate(timeout=timeout)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for r, (p, out) in enumerate(zip(procs, outputs)):
+        assert p.returncode == 0, f"rank {r} failed:\n{out[-6000:]}"
+    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+
+
+def finish(proc, timeout=300):
+    """Wait for a job's CLI process to exit (killed past ``timeout`` or on an error): ``(exit code, stderr)``."""
+    try:
+        _, err = proc.communicate(timeout=timeout)
+    finally:
+        proc.kill()
+    return proc.returncode, err
 
 
 def processes_with_args(*args: str) -> list[int]:

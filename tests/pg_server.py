@@ -13,9 +13,10 @@ import glob
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 from pathlib import Path
+
+from ft_helpers import free_port
 
 PASSWORD = "s3cr3t-Pg-pass"  # the tests assert it is printed nowhere
 USER = "flextrain"
@@ -43,19 +44,13 @@ def unavailable() -> str | None:
     return None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class PgServer:
     def __init__(self, root: Path) -> None:
         self.bindir = _bindir()
         self.root = root
         self.data = root / "data"
         self.sockets = root / "run"
-        self.port = _free_port()
+        self.port = free_port()
         self._as_postgres: list[str] = []
         if os.geteuid() == 0:
             self._as_postgres = ["setpriv", "--reuid=postgres", "--regid=postgres", "--init-groups"]

@@ -15,7 +15,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from ft_helpers import REPO, flextrain_cmd, read_status, run_flextrain, wait_for
+from ft_helpers import REPO, finish, flextrain_cmd, read_status, run_flextrain, wait_for
 
 SCRIPT = str(REPO / "examples" / "elastic_script_torch.py")
 G, M = 64, 16
@@ -48,14 +48,6 @@ def running_round(job_dir, members):
 
 def committed_after(job_dir, step, world):
     return [c for c in records(job_dir, "commit") if c["step"] > step and c["world_size"] == world]
-
-
-def finish(proc, timeout=240):
-    try:
-        _, err = proc.communicate(timeout=timeout)
-    finally:
-        proc.kill()
-    return proc.returncode, err
 
 
 def reported_losses(job_dir, after: float = 0.0) -> list[dict]:

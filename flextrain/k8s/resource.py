@@ -10,23 +10,27 @@ the CRD field path (``spec.replicaSpecs.worker.minReplicas (5) > replicas (3)``)
 so ``kubectl describe ej/NAME`` tells the user exactly what to fix, all in one
 go. ``jobspec_from_resource`` raises them as one :class:`ResourceError`.
 JobSpec's own checks speak in CLI flags; their messages are translated to field
-paths here.
+paths here (``resource_checks.py``, per-field checks; ``resource_fields.py``, the
+spec's fields and :class:`ResourceError`).
 """
 
 from __future__ import annotations
 
 import enum
-import re
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
 
 from flextrain.job import (
-    KUBERNETES_DEFAULTS, SETTING, SETTINGS, VALUE_RULES, Backend, IntOrStr, JobSpec, JobSpecError, JobType,
-    Strategy, check_job_name, check_non_negative,
+    KUBERNETES_DEFAULTS, SETTING, VALUE_RULES, Backend, JobSpec, JobSpecError, JobType, Strategy, check_job_name,
+    check_non_negative,
 )
-from flextrain.k8s import hardening, job_types, kubeschema, meta, template, tls_secret
+from flextrain.k8s import hardening, job_types, meta, template, tls_secret
 from flextrain.k8s.gang import job_labels
+from flextrain.k8s.resource_checks import (MOUNT_KEYS, _check_memory_size, _checkpoint_dir_problems,
+                                           _replica_problems, _translate, _unknown_problems, _value_problems,
+                                           _volume_problems)
+from flextrain.k8s.resource_fields import (CONTROL, FIELDS, NOT_YET, POD_LEVEL, REQUIRED, ResourceError, _get, _set,
+                                           path_of)
 from flextrain.k8s.traces import inline_trace_problems
 from flextrain.k8s.template import ROLES
 
@@ -35,129 +39,6 @@ from flextrain.k8s.template import ROLES
 # checkpoint it finds in the job directory.
 DEFAULT_JOBS_ROOT = "/flextrain-jobs"
 DEFAULT_MASTER_RELAUNCH_BUDGET = 3
-
-
-class ResourceError(ValueError):
-    """An ElasticJob that cannot run; the message starts with the offending field path.
-
-    ``problems`` holds every problem found (one message each, each starting with its
-    path); the message is them one per line, and ``path`` is the first one's.
-    """
-
-    def __init__(self, path: str, problem: str) -> None:
-        super().__init__(f"{path}: {problem}" if not problem.startswith(path) else problem)
-        self.path = path
-        self.problems = [str(self)]
-
-    @classmethod
-    def of(cls, problems: Sequence[str]) -> "ResourceError":
-        err = cls(path_of(problems[0]), "\n".join(problems))
-        err.problems = list(problems)
-        return err
-
-
-def path_of(problem: str) -> str:
-    """The field path a problem message starts with (``spec.training.epochs: ...`` -> ``spec.training.epochs``)."""
-    return re.match(r"[^\s:]*", problem).group(0)
-
-
-@dataclass(frozen=True)
-class Field:
-    """One CRD field that maps to one JobSpec setting (a row of ``flextrain.job.SETTINGS``)."""
-
-    path: str  # dotted, below ``spec`` (e.g. "training.globalBatchSize")
-    key: str  # the setting's key (flextrain.job.SETTING)
-    kind: type  # int, float, str, bool, list (of strings) or IntOrStr (x-kubernetes-int-or-string)
-
-    @property
-    def full_path(self) -> str:
-        return f"spec.{self.path}"
-
-
-# The mapping, in the order ``resource_from_jobspec`` writes it: the settings table's CRD column.
-FIELDS: tuple[Field, ...] = tuple(
-    Field(s.crd.removeprefix("spec."), s.key, s.kind if s.kind in (int, float, str, bool, list, IntOrStr) else str)
-    for s in SETTINGS if s.crd and s.crd.startswith("spec."))
-# In the CRD with no behaviour yet: refused (never silently dropped) until an issue implements them.
-NOT_YET: tuple[str, ...] = ()
-
-# Fields of the spec that describe pods rather than the job: known, not JobSpec.
-_POD_FIELDS = {"resources", "priorityClassName", "env", "template"}  # template: see flextrain.k8s.template
-POD_LEVEL = {
-    "image", "volumes", "imagePullPolicy", "replicaSpecs.master.relaunchBudget", "training.checkpointDir",
-    "replicaSpecs.worker.memoryLadder",  # the memory of worker pods after OOM kills (flextrain/master/oom.py)
-    *(f"replicaSpecs.{role}.{f}" for role in ROLES for f in _POD_FIELDS),
-}
-# Fields that steer a running job rather than describe it: the operator relays them to the master.
-CONTROL = {"suspend"}  # flextrain/operator/suspending.py
-REQUIRED = ("image",)  # and modelDef with what its spec.jobType needs, or script (job_types.required_problems)
-
-
-def _get(obj: Mapping[str, Any], dotted: str) -> Any:
-    cur: Any = obj
-    for part in dotted.split("."):
-        if not isinstance(cur, Mapping) or part not in cur:
-            return None
-        cur = cur[part]
-    return cur
-
-
-def _set(obj: dict[str, Any], dotted: str, value: Any) -> None:
-    *parents, last = dotted.split(".")
-    for part in parents:
-        obj = obj.setdefault(part, {})
-    obj[last] = value
-
-
-_KIND_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string",
-               list: "a list of strings", IntOrStr: "an integer or a string"}
-
-
-def _type_problem(field_path: str, value: Any, kind: type) -> str | None:
-    ok = {
-        int: isinstance(value, int) and not isinstance(value, bool),
-        float: isinstance(value, (int, float)) and not isinstance(value, bool),
-        bool: isinstance(value, bool),
-        str: isinstance(value, str),
-        list: isinstance(value, list) and all(isinstance(item, str) for item in value),
-        IntOrStr: isinstance(value, (int, str)) and not isinstance(value, bool),
-    }[kind]
-    return None if ok else f"{field_path}: must be {_KIND_NAMES[kind]}, got {value!r}"
-
-
-def _unknown_problems(spec: Mapping[str, Any], known: set[str]) -> list[str]:
-    """Keys no field uses (a typo would otherwise be silently ignored)."""
-    prefixes = {k.rsplit(".", i)[0] for k in known for i in range(k.count(".") + 1)}
-    out: list[str] = []
-
-    def walk(node: Mapping[str, Any], prefix: str) -> None:
-        for key, value in node.items():
-            path = f"{prefix}{key}"
-            if path in known:
-                continue
-            if path not in prefixes:
-                out.append(f"spec.{path}: unknown field")
-            elif not isinstance(value, Mapping):
-                out.append(f"spec.{path}: must be an object, got {value!r}")
-            else:
-                walk(value, f"{path}.")
-
-    walk(spec, "")
-    return out
-
-
-def _flag_map() -> dict[str, str]:
-    out: dict[str, str] = {}
-    for f in FIELDS:
-        out["--" + f.key.replace("_", "-")] = out[SETTING[f.key].option] = f.full_path
-    return out
-
-
-def _translate(message: str) -> str:
-    """Rewrite JobSpec's ``--flag`` names into CRD field paths."""
-    flags = _flag_map()
-    message = re.sub(r"--[a-z][a-z-]*", lambda m: flags.get(m.group(0), m.group(0)), message)
-    return message.replace("job name", "metadata.name", 1)
 
 
 def problems(obj: Mapping[str, Any]) -> list[str]:
@@ -270,59 +151,6 @@ def _check(obj: Mapping[str, Any]) -> tuple[list[str], JobSpec | None]:
         return [message if message.startswith(("spec.", "metadata.")) else f"spec: {message}"], None
 
 
-def _value_problems(field_path: str, value: Any, kind: type, rule=None) -> list[str]:
-    """The type, then the value rule of flextrain.job (``rule(flag, value)`` raising JobSpecError)."""
-    bad = _type_problem(field_path, value, kind)
-    if bad or rule is None:
-        return [bad] if bad else []
-    try:
-        rule(f"{field_path}:", value)
-    except JobSpecError as exc:
-        message = _translate(str(exc))
-        return [message if message.startswith(field_path) else f"{field_path}: {message}"]
-    return []
-
-
-def _check_memory_size(flag: str, value: Any) -> None:
-    from flextrain.elastic.memory import parse_memory  # imports torch: only for a job that sets it
-
-    try:
-        parse_memory(value, what=flag.rstrip(":"))
-    except ValueError as exc:
-        raise JobSpecError(str(exc)) from None
-
-
-def _checkpoint_dir_problems(checkpoint_dir: Any, job_dir: str) -> list[str]:
-    where = "spec.training.checkpointDir"
-    if bad := _value_problems(where, checkpoint_dir, str):
-        return bad
-    if checkpoint_dir.rstrip("/") != f"{job_dir.rstrip('/')}/checkpoints":
-        # The ledger snapshot and the model checkpoint must stay together for an exact resume.
-        return [f"{where}: {checkpoint_dir!r} is not supported yet: checkpoints go to <jobDir>/checkpoints "
-                f"({job_dir}/checkpoints); set spec.jobDir instead"]
-    return []
-
-
-def _replica_problems(values: dict[str, Any]) -> list[str]:
-    """``minReplicas <= replicas <= maxReplicas``, stated in the CRD's words.
-
-    Drops a bound it blames from ``values``, so JobSpec's own range check does not blame it again.
-    """
-    base = "spec.replicaSpecs.worker"
-    out = []
-    replicas = values.get("workers", 1)  # counts < 1 were refused by their own rule
-    lo, hi = values.get("min_workers"), values.get("max_workers")
-    # minReplicas > maxReplicas always breaks one of these two, so it needs no message of its own.
-    if lo is not None and lo > replicas:
-        out.append(f"{base}.minReplicas ({lo}) > replicas ({replicas})")
-    if hi is not None and hi < replicas:
-        out.append(f"{base}.maxReplicas ({hi}) < replicas ({replicas})")
-    if out:
-        values.pop("min_workers", None)
-        values.pop("max_workers", None)
-    return out
-
-
 def replica_range(spec: JobSpec) -> tuple[int, int]:
     """The worker counts a running job may be scaled to."""
     return spec.worker.effective_min_replicas, spec.worker.effective_max_replicas
@@ -337,42 +165,6 @@ def master_relaunch_budget(obj: Mapping[str, Any]) -> tuple[int, str]:
         if value is not None:
             return int(value), path
     return DEFAULT_MASTER_RELAUNCH_BUDGET, "spec.replicaSpecs.master.relaunchBudget"
-
-
-# An ElasticJob volume is a core/v1 Volume plus these keys of the container's VolumeMount.
-MOUNT_KEYS = ("mountPath", "readOnly", "subPath")
-
-
-def _volume_problems(volumes: Any) -> list[str]:
-    """``spec.volumes[]``: name and an absolute mountPath, and the rest a core/v1 Volume by Kubernetes' schema.
-
-    The CRD keeps unknown fields of a volume (any volume source may appear), so without the
-    schema a ``persistentVolumeClam`` would pass admission and fail only at pod creation.
-    """
-    if volumes is None:
-        return []
-    if not isinstance(volumes, list):
-        return [f"spec.volumes: must be a list, got {volumes!r}"]
-    out = []
-    for i, volume in enumerate(volumes):
-        where = f"spec.volumes[{i}]"
-        if not isinstance(volume, Mapping):
-            out.append(f"{where}: must be an object, got {volume!r}")
-            continue
-        for key in ("name", "mountPath"):
-            if not isinstance(volume.get(key), str) or not volume[key]:
-                out.append(f"{where}.{key}: is required")
-        mount = volume.get("mountPath")
-        if isinstance(mount, str) and mount and not mount.startswith("/"):
-            out.append(f"{where}.mountPath: must be an absolute path, got {mount!r}")
-        for key, kind in (("readOnly", bool), ("subPath", str)):
-            if key in volume:
-                out += _value_problems(f"{where}.{key}", volume[key], kind)
-        source = {k: v for k, v in volume.items() if k not in MOUNT_KEYS}
-        source.setdefault("name", "volume")  # already reported when missing
-        out += [p for p in kubeschema.problems(source, "io.k8s.api.core.v1.Volume", path=where)
-                if not p.startswith(f"{where}.name:")]
-    return out
 
 
 def resource_from_jobspec(

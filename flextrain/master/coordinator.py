@@ -9,24 +9,26 @@ Stages: TRAINING (rounds of lockstep AllReduce workers, pausing for an
 evaluation every ``--evaluation-steps``) -> EVALUATING (the final evaluation,
 independent tasks over the validation data) -> done. Evaluation-only and
 prediction jobs have no training stage (``evaluation.py``).
+
+JobMaster's parts live in mixins, one job each: the worker table and its
+heartbeats (``worker_table.py``), rendezvous rounds (``rounds.py``), worker
+failures (``failures.py``) and reported checkpoints (``checkpoint_reports.py``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import threading
 import time
-from dataclasses import dataclass
 
 from flextrain.elastic.flash import FlashStore, flash_dir
 from flextrain.job import Backend, JobSpec, JobType, Strategy
 from flextrain.master.accelerating import StrategyChoice
-from flextrain.master.accounting import commit_passed, ledger_at, moved_past, task_failed
-from flextrain.master.checkpoints import CheckpointStore, StateWriteError
+from flextrain.master.accounting import task_failed
+from flextrain.master.checkpoint_reports import CheckpointReports
+from flextrain.master.checkpoints import CheckpointStore
 from flextrain.master.evaluation import Evaluations, outcome, prediction_task, record_task, task_message
-from flextrain.master.failures import FailureHandling, FailureTracker, WorkerFailure, failed_message, in_spec_words
-from flextrain.master.health import Liveness, find_hung
+from flextrain.master.failures import FailureHandling, FailureTracker, WorkerFailure, in_spec_words
 from flextrain.master.ledger import TaskKind, TaskLedger
 from flextrain.master.lockstep import AllReduceStrategy
 from flextrain.master.memory import MemoryBook, MicroBatchChoice
@@ -35,33 +37,12 @@ from flextrain.master.ps_tasks import ParameterServerStrategy
 from flextrain.master.rendezvous import Rendezvous, Round, RoundState
 from flextrain.master.rounds import RoundKeeping
 from flextrain.master.script_strategy import ScriptStrategy
-from flextrain.master.stragglers import SlowWorker, StragglerTracker, judge_node_check, note_compute
+from flextrain.master.stragglers import SlowWorker, StragglerTracker
 from flextrain.master.strategy import TrainingStrategy
+from flextrain.master.worker_table import WorkerInfo, WorkerTable, add_traffic
 from flextrain.proto import flextrain_pb2 as pb
 
-
-@dataclass
-class WorkerInfo:
-    worker_id: str
-    registered: float
-    last_seen: float
-    position: pb.Position
-    loss: float | None = None  # latest reported training loss (NaN when it was NaN)
-    samples: int = 0
-    waiting_for_peers: bool = False
-    stalled_seconds: float = 0.0
-    pid: int = 0
-    skipped_steps: int = 0  # steps it dropped as non-finite (--nan-policy skip-step)
-    node: str = ""  # where it runs (the Kubernetes node, else the host), as it registered
-
-
 __all__ = ["JobMaster", "Phase", "WorkerInfo", "add_traffic", "strategy_for", "task_message"]
-
-
-def add_traffic(total: pb.PSTraffic, more: pb.PSTraffic) -> None:
-    """Add a heartbeat's parameter-server calls to the job's sums (MergeFrom would replace, not add)."""
-    for field in pb.PSTraffic.DESCRIPTOR.fields:
-        setattr(total, field.name, getattr(total, field.name) + getattr(more, field.name))
 
 
 class ChangeCondition(threading.Condition):
@@ -86,7 +67,7 @@ def strategy_for(spec: JobSpec) -> TrainingStrategy:
     return ParameterServerStrategy() if spec.strategy is Strategy.PARAMETER_SERVER else AllReduceStrategy()
 
 
-class JobMaster(FailureHandling, RoundKeeping):
+class JobMaster(FailureHandling, RoundKeeping, WorkerTable, CheckpointReports):
     def __init__(self, spec: JobSpec, ledger: TaskLedger, *, checkpoints: CheckpointStore | None = None,
                  failures: FailureTracker | None = None, clock=time.monotonic) -> None:
         self.spec = spec
@@ -160,12 +141,6 @@ class JobMaster(FailureHandling, RoundKeeping):
         # What the user reads names settings as the user wrote them: flags, or ElasticJob fields.
         self.words = in_spec_words if spec.backend is Backend.KUBERNETES else str
 
-    def kept_checkpoint(self) -> str:
-        """``"; the last good checkpoint is kept: PATH (step N)"``, or "" without one: how a message
-        about a failed write says what a resume continues from."""
-        latest = self.checkpoints.latest() if self.checkpoints else None
-        return f"; the last good checkpoint is kept: {latest['checkpoint']} (step {latest['version']})" if latest else ""
-
     def training_finished(self) -> bool:
         """Whether the training part of the job is done (the ledger's, or a script job's own)."""
         return self.strategy.training_finished(self)
@@ -215,62 +190,6 @@ class JobMaster(FailureHandling, RoundKeeping):
         ):
             self.finish(Phase.SUCCEEDED, "training finished")
 
-    # ---- membership (launch backend side) --------------------------------------
-    def worker_launched(self, worker_id: str) -> None:
-        with self.cond:
-            self.launched.add(worker_id)
-            self.launched_at[worker_id] = self.clock()
-            self.cond.notify_all()
-
-    def worker_exited(self, worker_id: str) -> None:
-        with self.cond:
-            rnd = self.rendezvous.current
-            if (rnd is not None and rnd.state is not RoundState.CLOSED and worker_id in rnd.members
-                    and worker_id not in self.retiring):
-                self.lost_at = self.lost_at or self.clock()  # a recovery starts (metrics: recoverySeconds)
-            if (self.final_checkpoint is None and self.training_finished() and rnd is not None
-                    and rnd.members[0] == worker_id):
-                self.finish(Phase.FAILED, f"{worker_id} (rank 0 of the last round) exited before "
-                            "saving the final checkpoint")
-            self.alive.discard(worker_id)
-            self.launched.discard(worker_id)
-            self.retiring.discard(worker_id)
-            self.stragglers.forget(worker_id)
-            self.accelerating.worker_left(worker_id)  # a searcher that left: the next to ask searches
-            self.strategy.worker_left(self, worker_id)
-            self.rendezvous.drop(worker_id)
-            self.assigned.pop(worker_id, None)
-            self.cond.notify_all()
-
-    def retire(self, worker_id: str) -> None:
-        """Scale-down: the worker leaves at the next step boundary and is told to exit."""
-        with self.cond:
-            self.retiring.add(worker_id)
-            self.departed[worker_id] = "scaled"
-            self.alive.discard(worker_id)
-            self.rendezvous.drop_waiter(worker_id)
-            rnd = self.rendezvous.current
-            if rnd is not None and worker_id in rnd.members:
-                self.rendezvous.request_end()
-            self.cond.notify_all()
-
-    def flush_flash(self, *, why: str = "every worker of the last round was lost") -> int | None:
-        """Persist the newest in-memory snapshot when it is newer than the newest checkpoint (``why``:
-        every worker lost, a resume, the job's end); the snapshots are cleared after, as the model goes
-        back to that checkpoint. Returns the version persisted, or None."""
-        if self.flash is None:
-            return None
-        try:
-            version = self.checkpoints.adopt_flash(self.flash, note=self.note)
-        except OSError as exc:  # StateWriteError (a full disk) names the file; the older checkpoint stays
-            self.note(f"the newest in-memory checkpoint could not be persisted: {exc}")
-            version = None
-        if version is not None:
-            self.recorded_version = max(self.recorded_version, version)
-            self.note(f"in-memory checkpoint of step {version} persisted ({why})")
-        self.flash.clear()
-        return version
-
     def note(self, message: str) -> None:
         """An event worth showing the user (status message, log)."""
         message = self.words(message)
@@ -296,38 +215,6 @@ class JobMaster(FailureHandling, RoundKeeping):
             return True, self.message if self.over else "stopping at the next step boundary"
 
     # ---- RPC logic -------------------------------------------------------------
-    def register(self, worker_id: str, *, pid: int = 0, probe: pb.MicroBatchProbe | None = None,
-                 node_check: pb.NodeCheck | None = None, node: str = "") -> str:
-        """A worker is ready to train; ``probe``: what its --max-micro-batch auto probe found. Returns why it
-        is refused (a failed ``--node-check``: it leaves and is replaced), "" when it is in."""
-        with self.cond:
-            if refused := judge_node_check(self, worker_id, node_check, node=node):
-                self.dismissed.add(worker_id)  # its exit is no failure
-                self.launched.discard(worker_id)  # no round waits for it
-                self.cond.notify_all()
-                return refused
-            now = self.clock()
-            self.workers[worker_id] = WorkerInfo(worker_id, now, now, pb.Position(round_id=-1), pid=pid, node=node)
-            self.micro_batches.report(worker_id, probe)
-            self.launched.discard(worker_id)
-            self.alive.add(worker_id)
-            if self.rendezvous.current is not None:
-                self.rendezvous.request_end()  # a newcomer: re-form at the next step boundary
-            self.cond.notify_all()
-            return ""
-
-    def replacements_left(self) -> int:
-        """How many more slow workers may be replaced: the relaunch budget's worth (at least one per worker),
-        never charged to it."""
-        return max(1, self.spec.worker.relaunch_budget) * max(1, self.spec.worker.replicas) - self.slow_replaced
-
-    def take_slow_workers(self) -> list[SlowWorker]:
-        """Stragglers found and node checks refused since the last call (the main loop acts on them)."""
-        with self.cond:
-            taken, self.slow_workers = self.slow_workers, []
-            self.slow_replaced += sum(1 for s in taken if s.replace)
-            return taken
-
     def accelerate(self, req: pb.AccelerateRequest) -> pb.AccelerateResponse:
         """--accelerate auto: the job's strategy, or SEARCH / WAIT (flextrain/master/accelerating.py)."""
         with self.cond:
@@ -377,189 +264,3 @@ class JobMaster(FailureHandling, RoundKeeping):
                 self.ledger.complete(req.task_id)
             self.check_outcome()
             self.cond.notify_all()
-
-    def report_checkpoint(self, req: pb.ReportCheckpointRequest) -> pb.ReportCheckpointResponse:
-        if req.memory:
-            return pb.ReportCheckpointResponse(ledger_json=self.mark_snapshot(req))
-        if not (req.final or req.stop):
-            return self._record_periodic(req)
-        with self.cond:
-            self._touch(req.worker_id, req.position)
-            if req.ledger_json and (self.checkpoints is None or self.over
-                                    or req.position.version <= self.recorded_version):
-                return pb.ReportCheckpointResponse()  # a persisted snapshot overtaken by a newer checkpoint
-            if self.checkpoints is not None:
-                try:
-                    ledger = (json.loads(req.ledger_json) if req.ledger_json
-                              else ledger_at(self.ledger, self.rendezvous.current, req.position))
-                    self.checkpoints.record(checkpoint=req.path, version=req.position.version,
-                                            ledger=ledger, final=req.final)
-                    self.recorded_version = max(self.recorded_version, req.position.version)
-                except StateWriteError as exc:  # e.g. a full disk: the previous checkpoint stays the latest
-                    self._checkpoint_not_recorded(req, exc)
-                    return pb.ReportCheckpointResponse()
-            if req.final:
-                self.final_checkpoint = req.path
-            if req.stop and self.suspension is not None:
-                self.note(f"suspend checkpoint at step {req.position.version}: {req.path}")
-            elif req.stop and self.stopping:
-                self.finish(Phase.FAILED, f"stopped: {self.stopping}; checkpoint at step "
-                            f"{req.position.version}: resume with `flextrain train --resume {self.spec.job_dir}`")
-            self.check_outcome()
-            self.cond.notify_all()
-        return pb.ReportCheckpointResponse()
-
-    def _record_periodic(self, req: pb.ReportCheckpointRequest) -> pb.ReportCheckpointResponse:
-        """A periodic checkpoint (``--checkpoint-steps``, a persisted in-memory snapshot). Its ledger is
-        taken under the job's lock, at the reported position; its two fsync'd files are written outside
-        it: every worker's heartbeats and task calls would otherwise wait on the disk (the asyncio
-        server serves them inline). The store keeps writers in order; a persisted snapshot (it carries
-        its ledger) older than a recorded checkpoint is not recorded."""
-        snapshot = bool(req.ledger_json)
-        with self.cond:
-            self._touch(req.worker_id, req.position)
-            if self.checkpoints is None or (snapshot and (self.over or req.position.version <= self.recorded_version)):
-                return pb.ReportCheckpointResponse()
-            ledger = (json.loads(req.ledger_json) if snapshot
-                      else ledger_at(self.ledger, self.rendezvous.current, req.position))
-        try:
-            recorded = self.checkpoints.record(checkpoint=req.path, version=req.position.version, ledger=ledger,
-                                               final=False, newer_only=snapshot)
-        except StateWriteError as exc:  # e.g. a full disk: the previous checkpoint stays the latest
-            with self.cond:
-                self._checkpoint_not_recorded(req, exc)
-            return pb.ReportCheckpointResponse()
-        with self.cond:
-            if recorded:
-                self.recorded_version = max(self.recorded_version, req.position.version)
-            self.check_outcome()
-            self.cond.notify_all()
-        return pb.ReportCheckpointResponse()
-
-    def _checkpoint_not_recorded(self, req: pb.ReportCheckpointRequest, exc: StateWriteError) -> None:
-        """A checkpoint's files could not be written: the job fails naming the file and the reason, and
-        the last good checkpoint (caller holds the lock)."""
-        self.finish(Phase.FAILED, f"cannot record the checkpoint of step {req.position.version}: "
-                    f"{exc}{self.kept_checkpoint()}")
-        self.cond.notify_all()
-
-    def mark_snapshot(self, req: pb.ReportCheckpointRequest) -> str:
-        """The ledger state (JSON) of a model that committed exactly up to ``req.position``: what an
-        in-memory snapshot taken there is persisted with; "" when the master can no longer tell.
-
-        Rank 0 does not wait for this answer (worker/flash.py: its writer thread does), so the round
-        may have gone on meanwhile. Inside the snapshot's round the answer is exact while the ledger
-        holds no outcome the snapshot's model lacks (``moved_past``: its task completed or failed at
-        another step, a later task done or failed with steps applied). After a round change it is exact
-        while nothing beyond the snapshot's step was committed (the new round starts at its version)."""
-        with self.cond:
-            pos = req.position
-            info = self.workers.get(req.worker_id)
-            if info is not None and (info.position.round_id, info.position.version) > (pos.round_id, pos.version):
-                info.last_seen = self.clock()  # a late mark: the worker's newer position stays
-            else:
-                self._touch(req.worker_id, pos)
-            rnd = self.rendezvous.current
-            if self.checkpoints is None or self.over or rnd is None:
-                return ""
-            if rnd.round_id == pos.round_id:
-                if moved_past(self.ledger, rnd, pos):
-                    return ""
-            elif rnd.version != pos.version or any(
-                    w.position.round_id == rnd.round_id and w.position.version > pos.version
-                    for w in self.workers.values()):
-                return ""
-            return json.dumps(ledger_at(self.ledger, rnd, pos))
-
-    def heartbeat(self, req: pb.HeartbeatRequest) -> pb.HeartbeatResponse:
-        with self.cond:
-            info = self._touch(req.worker_id, req.position)
-            if info is not None:
-                info.waiting_for_peers, info.stalled_seconds = req.waiting_for_peers, req.stalled_seconds
-                if req.skipped_steps > info.skipped_steps:
-                    self.note(f"{req.worker_id} skipped {req.skipped_steps - info.skipped_steps} step(s) whose loss "
-                              "or gradient was not finite (--nan-policy skip-step)")
-                    info.skipped_steps = req.skipped_steps
-                    self.skipped_steps = max(self.skipped_steps, req.skipped_steps)
-                if req.lr_gain:
-                    self.adascale = (req.lr_gain, req.gradient_noise_scale
-                                     if req.HasField("gradient_noise_scale") else None)
-                if req.HasField("memory"):
-                    self.memory.record(req.worker_id, req.memory)
-                if req.compute_samples:
-                    note_compute(self, req.worker_id, seconds=req.compute_seconds, samples=req.compute_samples)
-                if req.HasField("ps_traffic"):
-                    add_traffic(self.ps_traffic, req.ps_traffic)
-                if req.samples:
-                    info.loss, info.samples = req.loss, info.samples + req.samples
-                    self.last_loss = req.loss
-                elif req.step and req.loss == req.loss:  # a script's loss without a sample count (not NaN)
-                    info.loss = self.last_loss = req.loss
-                self.script_step = max(self.script_step, req.step)
-            rnd = self.rendezvous.current
-            # Only the round the worker is in can be ended; a worker still adopting a
-            # newer round reports its previous round id and is left alone.
-            end = rnd is not None and rnd.round_id == req.position.round_id and rnd.state is not RoundState.ACTIVE
-            # A script agent adopts its round before its first heartbeat in it: one behind is over for it.
-            end = end or (self.spec.is_script and rnd is not None and 0 <= req.position.round_id < rnd.round_id)
-            return pb.HeartbeatResponse(end_round=end, stop=self.over or bool(self.stopping), job_over=self.over)
-
-    def _touch(self, worker_id: str, position: pb.Position) -> WorkerInfo | None:
-        info = self.workers.get(worker_id)
-        if info is None:
-            now = self.clock()
-            info = self.workers[worker_id] = WorkerInfo(worker_id, now, now, position)
-            self.alive.add(worker_id)
-        info.last_seen = self.clock()
-        if position.round_id >= 0:  # evaluation calls carry no training position
-            info.position.CopyFrom(position)
-            self.step = max(self.step, position.version)
-            commit_passed(self.ledger, self.assigned.get(worker_id), position)
-            if position.lr_gain:  # adascale's latest estimate (what an adaptive schedule decides from)
-                self.adascale = (position.lr_gain, position.gradient_noise_scale
-                                 if position.HasField("gradient_noise_scale") else None)
-        return info
-
-    # ---- time-driven checks (the master's main loop calls this) ---------------
-    def tick(self, *, unscheduled: set[str] = frozenset()) -> list[tuple[str, str]]:
-        """Check deadlines; returns ``(worker_id, why)`` for workers that hang (running but silent or
-        stalled, or started and never registered; ``unscheduled`` pods have not started at all)."""
-        with self.cond:
-            now = self.clock()
-            self.strategy.tick(self)
-            if self.over or self.phase is Phase.SUSPENDED or self.suspension is not None:
-                return []  # suspended (or suspending): no worker is wanted, none is missing
-            rnd = self.rendezvous.current
-            training = not self.training_finished()
-            if training and (rnd is None or rnd.state is RoundState.CLOSED):
-                present = len(self.alive | self.launched)
-                if present < self.spec.worker.effective_min_replicas:
-                    self.short_since = self.short_since or now
-                    latest = self.checkpoints.latest() if self.checkpoints else None
-                    kept = f"; latest checkpoint kept: {latest['checkpoint']}" if latest else ""
-                    if not self.relaunching and (root := self.failures.root_cause()) is not None:
-                        self.fail(root, failed_message(root, (
-                            f"only {present} worker(s) left, fewer than the minimum of "
-                            f"{self.spec.worker.effective_min_replicas} (--min-workers), and the relaunch budget is "
-                            f"spent (--relaunch-budget){kept}")))
-                    elif now - self.short_since > self.spec.worker.min_workers_timeout:
-                        self.finish(Phase.FAILED, (
-                            f"only {present} worker(s) alive, fewer than the minimum of "
-                            f"{self.spec.worker.effective_min_replicas} (--min-workers), for "
-                            f"{self.spec.worker.min_workers_timeout:.0f}s (--min-workers-timeout){kept}"))
-                else:
-                    self.short_since = None
-            hung = find_hung(
-                [Liveness(w.worker_id, now - w.last_seen, w.stalled_seconds, w.waiting_for_peers)
-                 for wid in sorted(self.alive) if (w := self.workers.get(wid)) is not None],
-                limit=self.spec.worker.worker_timeout,
-            )
-            limit = self.spec.worker.start_timeout
-            hung += [(w, f"started {now - self.launched_at[w]:.0f}s ago and still not ready: importing the "
-                         f"module or building the model and optimizer (--start-timeout {limit:g}s)")
-                     for w in sorted(self.launched - unscheduled)
-                     if w in self.launched_at and now - self.launched_at[w] > limit]
-            for worker_id, why in hung:
-                self.failures.killing(worker_id, f"hangs ({why})")
-            return hung
-

@@ -91,6 +91,7 @@ class HistoryRecorder:
         self._replacing: list[str] = []  # failed workers a launch replaces next (a relaunch)
         self._last_metrics = -math.inf
         self._final_metrics = False  # the job's last metrics recorded (once it is over)
+        self._held = False  # a metrics record waited for a loss (_loss_pending): the job ran
         self._whys: dict[str, str] = {}  # failed workers: why they left
         self._file = self._open()
         self.write({"type": "start", "resume": resume, "pid": os.getpid()})
@@ -138,10 +139,18 @@ class HistoryRecorder:
                             "samples": entry.get("samples", 0),
                             "metrics": {k: _number(v) for k, v in entry["metrics"].items()}})
         due = snap["phase"] == "Running" and now - self._last_metrics >= self.interval
-        last = snap["phase"] in OVER and self._last_metrics > -math.inf and not self._final_metrics
+        if due and self._loss_pending(snap):
+            due, self._held = False, True
+        last = snap["phase"] in OVER and (self._last_metrics > -math.inf or self._held) and not self._final_metrics
         if due or last:
             self._last_metrics, self._final_metrics = now, last
             self._metrics(snap)
+
+    def _loss_pending(self, snap: dict) -> bool:
+        """Whether a trained step's loss is still on its way: a module's workers report it with the
+        heartbeat after their steps, which may come after the steps are known (a task call, a resumed
+        master's checkpoint). The record waits for it; a script may never report a loss."""
+        return snap["step"] > 0 and "loss" not in snap["metrics"] and not self.job.spec.is_script
 
     def _metrics(self, snap: dict) -> None:
         self.write({"type": "metrics", "step": snap["step"], "loss": _number(snap["metrics"].get("loss")),

@@ -2,44 +2,40 @@
 
 ``run_master`` is what ``flextrain train`` (local backend, in-process) and
 ``flextrain master`` (in a pod) run. It returns the process exit code: 0 only
-when the job succeeded.
+when the job succeeded. The job's ledger is built in ``job_ledger.py``; what the
+process needs from its host (signals, addresses, exit code, summary) is ``process.py``.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import signal
-import threading
 import time
 from datetime import timedelta
 from pathlib import Path
 
 from rich.console import Console
-from rich.markup import escape
 
-from flextrain.data import DataOptions, plan_shards
 from flextrain.job import Backend, JobSpec, JobType, Strategy
-from flextrain.job.usermodule import module_attribute
 from flextrain.master.adaptive_batches import AdaptiveSchedule
-from flextrain.master.batches import job_schedule
 from flextrain.master.checkpoints import CheckpointStore, StateWriteError, write_bytes_atomic
-from flextrain.failures import EXIT_CODE_OF_KIND, ExitCode
 from flextrain.master.coordinator import JobMaster, Phase
 from flextrain.master.credentials import job_credentials
-from flextrain.master.failures import FailureTracker, failure_lines
+from flextrain.master.failures import FailureTracker
 from flextrain.master.history import job_history
 from flextrain.master.instances import InstanceManager
+from flextrain.master.job_ledger import build_ledger, custom_reader_of
 from flextrain.master.jobdir import JobDirError
 from flextrain.master.k8s_priority import membership as worker_membership
 from flextrain.master.launcher import LaunchBackend, LocalProcessBackend
-from flextrain.master.ledger import TaskLedger
 from flextrain.master.metrics import start_metrics
+from flextrain.master.process import (_bytes, _install_signal_handlers, _print_summary, _reachable_host,
+                                      _restore_signal_handlers, _status_json, exit_code, read_ahead_env)
 from flextrain.master.ps_fleet import PSFleet, PSStartError, is_ps
 from flextrain.master.resume import HISTORY_FILE, record_run, restore
 from flextrain.master.servicer import MasterServicer, start_server
 from flextrain.master.spares import SparePool
-from flextrain.master.status import StatusReporter, metric_text
+from flextrain.master.status import StatusReporter
 from flextrain.master.suspension import Suspension
 
 log = logging.getLogger(__name__)
@@ -65,50 +61,6 @@ STOP_GRACE = 30.0  # how long a stop waits for the workers' stop checkpoint
 
 class ResumeError(RuntimeError):
     pass
-
-
-def build_ledger(spec: JobSpec, skipped: list[str] | None = None) -> TaskLedger:
-    """The job's tasks: training epochs, evaluations of the validation data, or prediction tasks.
-
-    Warnings about data files skipped under --skip-unknown-files go to ``skipped`` (else the log).
-    A module that defines ``custom_data_reader`` plans its own shards (flextrain.data.custom): the master
-    imports it for that name only."""
-    if spec.is_script:  # a script reads its own data: no tasks
-        return TaskLedger(shards=[], epochs=0, global_batch_size=spec.training.global_batch_size,
-                          steps_per_task=spec.training.steps_per_task)
-    opts = {"options": DataOptions.of(spec.data), "skipped": skipped, "reader": custom_reader_of(spec),
-            "records_per_task": spec.training.global_batch_size * spec.training.steps_per_task}
-    training = spec.job_type is JobType.TRAINING
-    shards = plan_shards(spec.data.training, what="training data", **opts) if training else []
-    evaluate = spec.data.validation and spec.job_type is not JobType.PREDICTION
-    eval_shards = plan_shards(spec.data.validation, what="validation data", **opts) if evaluate else []
-    predict = spec.job_type is JobType.PREDICTION
-    pred_shards = plan_shards(spec.data.prediction, what="prediction data", **opts) if predict else []
-    return TaskLedger(
-        shards=shards, epochs=spec.training.epochs if training else 0, global_batch_size=spec.training.global_batch_size,
-        steps_per_task=spec.training.steps_per_task, shuffle=spec.training.shuffle, seed=spec.training.seed,
-        max_retries=spec.training.max_task_retries, evaluation_shards=eval_shards, prediction_shards=pred_shards,
-        renew_ids=spec.strategy is not Strategy.PARAMETER_SERVER,
-        # The trace read (and checked, naming its line) here too: in a pod, the operator could not read a path.
-        schedule=job_schedule(spec) if training else None,
-    )
-
-
-def custom_reader_of(spec: JobSpec):
-    """The module's ``custom_data_reader`` (None if it defines none, or the job runs a script)."""
-    return None if spec.is_script else module_attribute(spec.model_def, "custom_data_reader")
-
-
-def read_ahead_env(*, cores: int, threads: int, workers: int, gpu: bool) -> dict[str, str]:
-    """Environment for local workers about their read-ahead thread.
-
-    They share this machine's cores, which their torch threads claim: a read-ahead thread would
-    only preempt those (flextrain/worker/prefetch.py) unless a GPU computes or a core is left
-    over for each worker. A user's own ``FLEXTRAIN_READ_AHEAD`` is left alone.
-    """
-    if gpu or "FLEXTRAIN_READ_AHEAD" in os.environ or cores - threads * workers >= workers:
-        return {}
-    return {"FLEXTRAIN_READ_AHEAD": "0"}
 
 
 def run_master(spec: JobSpec, *, resume: bool = False, console: Console | None = None, **kwargs) -> int:
@@ -367,58 +319,5 @@ def _run_master(
     return exit_code(job)
 
 
-def exit_code(job: JobMaster) -> int:
-    """0 when the job succeeded; else the code of its failure's kind (docs/troubleshooting.md)."""
-    if job.phase is Phase.SUCCEEDED:
-        return ExitCode.OK
-    return int(EXIT_CODE_OF_KIND.get(job.failure.kind, ExitCode.INTERNAL)) if job.failure else ExitCode.INTERNAL
-
-
-def _bytes(size) -> int | None:
-    """A memory size of the spec in bytes (the CLI checked it: flextrain.cli.train.check_memory_flag)."""
-    from flextrain.elastic.memory import parse_memory
-
-    return parse_memory(size, what="--worker-memory-limit")
-
-
-def _reachable_host(host: str) -> str:
-    """The address workers dial for a server bound to ``host`` (a wildcard means this pod's IP)."""
-    if host not in ("0.0.0.0", "::", ""):
-        return host
-    import socket
-
-    from flextrain.k8s.meta import ENV_POD_IP
-
-    return os.environ.get(ENV_POD_IP) or socket.gethostbyname(socket.gethostname())
-
-
-def _status_json(reporter) -> str:
-    import json
-
-    return json.dumps(reporter.snapshot())
-
-
-def _print_summary(console: Console, snap: dict) -> None:
-    style = "green" if snap["phase"] == Phase.SUCCEEDED.value else "red"
-    console.print(f"[{style}]job {snap['name']} {snap['phase']}[/]: {escape(snap['message'])}", highlight=False,
-                  soft_wrap=True)
-    for line in failure_lines(snap.get("failure")):
-        console.print(line, markup=False, highlight=False, soft_wrap=True)
-    for name, value in sorted(snap["metrics"].items()):
-        console.print(f"  {name}: {metric_text(value)}")
-    console.print(f"  status: {Path(snap['jobDir']) / 'status.json'}")
-
-
-def _install_signal_handlers(callback):
-    if threading.current_thread() is not threading.main_thread():
-        return None
-    handler = lambda signum, frame: callback()  # noqa: E731
-    return {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
-
-
-def _restore_signal_handlers(previous) -> None:
-    for sig, handler in (previous or {}).items():
-        signal.signal(sig, handler)
-
-
-__all__ = ["run_master", "build_ledger", "custom_reader_of", "heartbeat_interval", "ResumeError"]
+__all__ = ["run_master", "build_ledger", "custom_reader_of", "exit_code", "heartbeat_interval", "read_ahead_env",
+           "ResumeError"]

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from accel_ranks import run_two_ranks
+from ft_helpers import run_two_ranks
 
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
-    return run_two_ranks(tmp_path_factory.mktemp("ranks"), "accel_two_ranks.py")
+    return run_two_ranks(tmp_path_factory.mktemp("ranks"), "accelerate/accel_two_ranks.py")
 
 
 def test_parallel_mode_wraps_in_ddp_and_splits_the_global_batch(ranks):

@@ -12,8 +12,9 @@ import re
 
 import pytest
 
-from ft_helpers import COUNTING_MODEL, DIGITS_MODEL, counting_data, read_status, run_flextrain, seen_counts, wait_for
-from test_batch_schedule import finish, resume, train
+from ft_helpers import (COUNTING_MODEL, DIGITS_MODEL, counting_data, finish, read_status, run_flextrain, seen_counts,
+                        wait_for)
+from test_batch_schedule import resume, train
 
 pytestmark = pytest.mark.e2e
 

@@ -16,8 +16,8 @@ from flextrain.elastic.noise import GradientNoise
 from flextrain.elastic.schedule import BatchSchedule
 from flextrain.elastic.statecodec import decode
 from flextrain.master.ledger import TaskLedger
-from ft_helpers import (COUNTING_MODEL, counting_data, flextrain_cmd, read_status, run_flextrain, seen_counts, wait_for,
-                        without_feed_delay)
+from ft_helpers import (COUNTING_MODEL, counting_data, finish, flextrain_cmd, read_status, run_flextrain, seen_counts,
+                        wait_for, without_feed_delay)
 
 pytestmark = pytest.mark.e2e
 
@@ -41,14 +41,6 @@ def resume(job_dir, env):
     """``flextrain train --resume`` of a stopped job, without FT_FEED_DELAY: that stand-in compute only
     kept the first run from ending before the test's events; the resumed run trains at full speed."""
     return train("--resume", str(job_dir), "--no-progress", env=without_feed_delay(env))
-
-
-def finish(proc, timeout=300):
-    try:
-        _, err = proc.communicate(timeout=timeout)
-    finally:
-        proc.kill()
-    return proc.returncode, err
 
 
 def test_a_trace_with_the_linear_rule_through_kill_scale_stop_and_resume(digits_data, tmp_path):

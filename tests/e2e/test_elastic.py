@@ -19,7 +19,7 @@ import torch
 from flextrain.elastic.statecodec import decode
 from flextrain.worker.module import FeedMetadata
 from ft_helpers import (COUNTING_MODEL, alive, assert_exactly_once_at_latest_checkpoint, assert_members_identical,
-                        counting_data, flextrain_cmd, last_step_before, member_checksums, read_status,
+                        counting_data, finish, flextrain_cmd, last_step_before, member_checksums, read_status,
                         round_started_in_sync, run_flextrain, seen_counts, steps_shared_by, wait_for)
 
 pytestmark = pytest.mark.e2e
@@ -43,14 +43,6 @@ def status(job_dir):
 def last_round(job_dir):
     s = status(job_dir)
     return s["roundHistory"][-1] if s and s["roundHistory"] and s["phase"] == "Running" else None
-
-
-def finish(proc, timeout=300):
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    finally:
-        proc.kill()
-    return proc.returncode, err
 
 
 def validation_accuracy(job_dir, digits_data):

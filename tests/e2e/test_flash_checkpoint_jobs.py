@@ -12,7 +12,8 @@ import signal
 import subprocess
 
 from flextrain.elastic.flash import ENV_ROOT, FlashStore, flash_dir
-from ft_helpers import COUNTING_MODEL, counting_data, flextrain_cmd, read_status, run_flextrain, seen_counts, wait_for
+from ft_helpers import (COUNTING_MODEL, counting_data, finish, flextrain_cmd, read_status, run_flextrain, seen_counts,
+                        wait_for)
 
 G = 32
 EVERY = 5
@@ -51,14 +52,6 @@ def _newest(flash: FlashStore) -> int:
 def _members(job_dir):
     s = read_status(job_dir) if (job_dir / "status.json").exists() else None
     return s["roundHistory"][-1]["members"] if s and s["roundHistory"] and s["phase"] == "Running" else None
-
-
-def _finish(proc, timeout=300):
-    try:
-        _, err = proc.communicate(timeout=timeout)
-    finally:
-        proc.kill()
-    return proc.returncode, err
 
 
 def test_job_killed_with_its_master_resumes_from_the_memory_snapshot_exactly_once(digits_data, tmp_path):
@@ -100,7 +93,7 @@ def test_every_worker_killed_relaunched_workers_continue_from_the_snapshot(digit
         before = _newest(flash)
         for m in _members(job_dir):
             os.kill(m["pid"], signal.SIGKILL)
-        code, err = _finish(proc)
+        code, err = finish(proc)
     finally:
         proc.kill()
     assert code == 0, err
@@ -124,7 +117,7 @@ def test_stop_leaves_its_checkpoint_at_once_and_no_shared_memory(digits_data, tm
         wait_for(lambda: _newest(flash) >= 2 * EVERY, timeout=180, what="a snapshot")
         stop = run_flextrain("stop", str(job_dir))
         assert stop.returncode == 0, stop.stderr
-        code, err = _finish(proc)
+        code, err = finish(proc)
     finally:
         proc.kill()
     assert code == 1, err

@@ -14,9 +14,9 @@ import signal
 import pytest
 
 from ft_helpers import (assert_exactly_once_at_latest_checkpoint, assert_members_identical, counting_data,
-                        last_step_before, member_checksums, read_status, round_started_in_sync, run_flextrain,
+                        finish, last_step_before, member_checksums, read_status, round_started_in_sync, run_flextrain,
                         steps_shared_by, wait_for)
-from test_elastic import finish, last_round, start_job, status, survivors_then_replacement
+from test_elastic import last_round, start_job, status, survivors_then_replacement
 
 pytestmark = pytest.mark.e2e
 

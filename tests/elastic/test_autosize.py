@@ -12,7 +12,7 @@ import flextrain.elastic.torch as elastic
 from flextrain.elastic.memory import step_peak
 from flextrain.elastic.probe import training_step
 from flextrain.elastic.session import ElasticInitError
-from two_ranks import run_two_ranks
+from ft_helpers import run_two_ranks
 
 
 def model() -> torch.nn.Module:
@@ -65,6 +65,6 @@ def test_auto_names_what_it_needs():
 
 def test_two_ranks_agree_on_the_smallest_probe(tmp_path):
     small, large = peak_at(100), peak_at(400)
-    ranks = run_two_ranks(tmp_path, "autosize_rank.py", str(small), str(large))
+    ranks = run_two_ranks(tmp_path, "elastic/autosize_rank.py", str(small), str(large))
     assert ranks[0]["max_micro_batch"] == ranks[1]["max_micro_batch"] <= 100
     assert ranks[0]["probed_alone"] <= 100 < ranks[1]["probed_alone"]

@@ -7,13 +7,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from ft_helpers import run_two_ranks
 from ga_model import full_batch_reference
-from two_ranks import run_two_ranks
 
 
 
 def run_ddp_ranks(tmp_path: Path, G: int, M: int, real_steps: int, weigh: str = "grads") -> list[dict]:
-    return run_two_ranks(tmp_path, "ddp_ga_worker.py", str(G), str(M), str(real_steps), weigh)
+    return run_two_ranks(tmp_path, "elastic/ddp_ga_worker.py", str(G), str(M), str(real_steps), weigh)
 
 
 def sgd(params):

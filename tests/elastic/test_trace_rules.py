@@ -11,7 +11,7 @@ import torch
 
 import trace_train as tt
 from flextrain.elastic.torch import AdaScaleOptimizer, LinearRuleOptimizer, TraceBatchSampler
-from two_ranks import run_two_ranks
+from ft_helpers import run_two_ranks
 
 
 
@@ -33,7 +33,7 @@ def test_one_process_equals_full_batch_steps_with_the_rules_lr(rule):
 
 
 def run_rule_ranks(tmp_path: Path, rule: str) -> list[dict]:
-    return run_two_ranks(tmp_path, "trace_train.py", rule)
+    return run_two_ranks(tmp_path, "elastic/trace_train.py", rule)
 
 
 @pytest.mark.parametrize("rule", ["linear", "sqrt", "adascale"])

@@ -90,9 +90,8 @@ def test_the_history_records_the_scale_up_the_kill_and_its_relaunch(scaled_and_k
     rounds = _by_type(records, "round")
     assert len({len(r["members"]) for r in rounds}) >= 2 and all(r["members"] for r in rounds)
     metrics = _by_type(records, "metrics")
-    # A record written before any worker's first loss report carries loss None; from then on every one has it.
-    reported = [r["loss"] is not None for r in metrics]
-    assert len(metrics) >= 3 and sum(reported) >= 2 and reported == sorted(reported), metrics
+    # A record of a trained step waits for its loss (also a resumed master's first ones, at the checkpoint's step).
+    assert len(metrics) >= 3 and all(r["loss"] is not None for r in metrics if r["step"] > 0), metrics
     assert {r["workers"] for r in metrics} >= {2, 3} and {r["globalBatch"] for r in metrics} == {G}
     steps = [r["step"] for r in metrics]
     assert steps[-1] > steps[0]

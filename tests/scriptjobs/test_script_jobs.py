@@ -14,8 +14,8 @@ import math
 
 import pytest
 
-from ft_helpers import read_status, run_flextrain, wait_for
-from script_jobs_support import G, M, committed_after, finish, records, start
+from ft_helpers import finish, read_status, run_flextrain, wait_for
+from script_jobs_support import G, M, committed_after, records, start
 
 pytestmark = pytest.mark.e2e
 

@@ -10,11 +10,10 @@ exit code. Helpers read the job's pods and the ElasticJob's status.
 
 from __future__ import annotations
 
-import socket
 import threading
 
 import pytest
-from ft_helpers import DIGITS_MODEL
+from ft_helpers import DIGITS_MODEL, free_port
 from kubernetes import client
 
 from flextrain.job import Backend, JobSpec
@@ -22,12 +21,6 @@ from flextrain.k8s import meta
 from flextrain.k8s.resource import resource_from_jobspec
 
 NS = "default"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class KubeJob:

@@ -10,11 +10,10 @@ free port (annotation ``flextrain.dev/master-port``): every "pod" shares this ho
 from __future__ import annotations
 
 import json
-import socket
 from pathlib import Path
 
 import pytest
-from ft_helpers import DIGITS_MODEL, read_status, wait_for
+from ft_helpers import DIGITS_MODEL, free_port, read_status, wait_for
 
 from flextrain.k8s import meta
 
@@ -23,12 +22,6 @@ pytestmark = pytest.mark.e2e
 RECORDS = 1438  # digits training records
 # Digits with a fixed cost per step: long enough for pods to come and go during training.
 SLOW_MODEL = f"{Path(__file__).resolve().parent / 'zoo' / 'slow_digits.py'}:Model"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def elasticjob(name, digits_data, job_dir, *, epochs, replicas=2, min_replicas=1, max_replicas=3,

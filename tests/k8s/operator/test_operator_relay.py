@@ -10,13 +10,12 @@ tests/k8s/operator/test_operator_tls.py's.
 from __future__ import annotations
 
 import logging
-import socket
 import threading
 from concurrent import futures
 
 import grpc
 import pytest
-from ft_helpers import wait_for
+from ft_helpers import free_port, wait_for
 from test_operator_create import elasticjob
 
 from flextrain.k8s import meta
@@ -42,12 +41,6 @@ class RecordingMaster(pb_grpc.MasterServicer):
         with self.lock:
             self.stops.append(request.reason)
         return pb.StopResponse(accepted=True, message="stopping at the next step boundary")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture
