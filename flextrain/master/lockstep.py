@@ -26,7 +26,10 @@ the round ends before the early task starts, settlement puts it back whole.
 
 An ahead ask may take several tasks (``ahead_count``): the answers for
 indices ``i, i+1, ...`` are decided at once, RUNs only, and come back as
-``task`` and ``more``. Each is memoized by its index like any other, so every
+``task`` and ``more``. A plain ask may too (rank 0 asks so at an epoch's
+first task, which no ahead ask can take: the epoch's tasks exist only once
+the last one is done): its own answer is decided as always, and only when
+it is a RUN are free tasks after it decided early, as an ahead ask would. Each is memoized by its index like any other, so every
 member still gets the same tasks in the same order; settlement treats those
 not yet started like any early task. This is what keeps fast steps from
 paying a GetTask every fraction of a second.
@@ -64,7 +67,7 @@ def lockstep_task(job, req: pb.GetTaskRequest) -> pb.GetTaskResponse:
         return pb.GetTaskResponse(action=END_ROUND)
     if index > len(rnd.answers):
         raise ValueError(f"{req.worker_id} asked for task {index} of round {rnd.round_id} out of order")
-    count = max(1, req.ahead_count) if req.ahead else 1
+    count = max(1, req.ahead_count)
     if req.ahead:
         _decide_early(job, rnd, upto=index + count)
         if index == len(rnd.answers):
@@ -73,6 +76,8 @@ def lockstep_task(job, req: pb.GetTaskRequest) -> pb.GetTaskResponse:
         commit_passed(job.ledger, rnd, pb.Position(round_id=rnd.round_id, task_index=index))
         rnd.answers.append(_decide(job, rnd))
         job.check_outcome()
+    if not req.ahead and rnd.answers[index][0] == RUN:  # the tasks after it too, as an ahead ask takes them
+        _decide_early(job, rnd, upto=index + count)  # (also after an answer decided as the round formed)
     action, task_id = rnd.answers[index]
     if action == RUN:
         task = job.ledger.doing.get(task_id)

@@ -95,11 +95,14 @@ class MasterClient:
         )
 
     def get_task(self, *, round_id: int, task_index: int, position: pb.Position,
-                 kind: int = pb.Task.TRAINING, model_version: int = 0) -> pb.GetTaskResponse:
+                 kind: int = pb.Task.TRAINING, model_version: int = 0, count: int = 1) -> pb.GetTaskResponse:
+        """``count``: a training task and up to ``count - 1`` more after it (``more``), when its
+        answer is a RUN."""
         return self._call(
             "GetTask",
             pb.GetTaskRequest(worker_id=self.worker_id, round_id=round_id, task_index=task_index,
-                              position=position, kind=kind, model_version=model_version),
+                              position=position, kind=kind, model_version=model_version,
+                              ahead_count=count if count > 1 else 0),
         )
 
     def get_task_ahead(self, *, round_id: int, task_index: int, position: pb.Position,

@@ -17,6 +17,13 @@ A round's first task usually comes with the rendezvous answer itself
 (``JoinRendezvousResponse.first_task``, the same in every member's): no ask,
 no broadcast, on a recovery's path.
 
+Asks per epoch: a plain ask takes tasks ahead too (``count``), and an answer
+that brought fewer tasks than asked means the master had no more free ones
+(the next epoch's exist only once this one's last task is done): rank 0 then
+makes no ahead ask when they run out, whose answer would be a WAIT, and asks
+plainly at the boundary instead. A job whose epoch is a few tasks makes one
+GetTask an epoch, not three (two ahead, one plain).
+
 Failure semantics are those of any collective of the round: a member (rank 0
 too) that dies before or during the broadcast makes it fail on the others
 (:class:`~flextrain.worker.collective.CollectiveError`), and they re-join; the
@@ -62,11 +69,14 @@ class RoundTasks:
         self._first_round = -1  # the round whose first task ask_first asked for
         self._given: tuple[int, pb.Task] | None = None  # (round, its first task) from the rendezvous answer
         self.given = 0  # first tasks that came with the rendezvous answer (no ask, no broadcast)
+        self._count = 1  # how many tasks rank 0's latest ask asked for
+        self._short = False  # the last answer brought fewer tasks than asked: the master had no more free
 
     def reset(self, *, keep_first: bool = False) -> None:
         """A round begins or ends: tasks handed out but not started are settled with the round
         (``keep_first``: but not the new round's first task, asked by :meth:`ask_first`)."""
         self._queued.clear()
+        self._short = False
         if self._ahead is not None and not (keep_first and self._ahead[0] == 0 and self._first_round == self.state.round_id):
             self._ahead[1].cancel()  # an answer already given is settled with the round
             self._ahead = None
@@ -82,8 +92,9 @@ class RoundTasks:
             return
         self.ahead_asks += 1
         self._first_round = self.state.round_id
+        self._count = self._ahead_count()
         self._ahead = (0, self.client.get_task_ahead(round_id=self.state.round_id, task_index=0,
-                                                     position=self.state.position(), count=self._ahead_count()))
+                                                     position=self.state.position(), count=self._count))
 
     def timed(self, seconds: float) -> None:
         """A task took ``seconds``: how many tasks an ahead ask takes follows from it."""
@@ -95,12 +106,14 @@ class RoundTasks:
         travels while the step computes (one RPC per task otherwise stalls the step after it)."""
         index = self.state.task_index + 1
         if self.collective.rank != 0 or self.state.end_round.is_set() or self.state.stop.is_set() \
-                or index in self._queued:
-            return  # not ours to ask, the round ends at this boundary anyway, or the task is already here
+                or index in self._queued or self._short:
+            # not ours to ask, the round ends at this boundary anyway, the task is already here, or
+            # the master had no free task left when it last answered (an ahead ask would get a WAIT)
+            return
         self.ahead_asks += 1
+        self._count = self._ahead_count()
         self._ahead = (index, self.client.get_task_ahead(round_id=self.state.round_id, task_index=index,
-                                                         position=self.state.position(),
-                                                         count=self._ahead_count()))
+                                                         position=self.state.position(), count=self._count))
 
     def _ahead_count(self) -> int:
         """How many tasks to take at once: about AHEAD_SECONDS of work (one until a task is timed)."""
@@ -120,7 +133,9 @@ class RoundTasks:
                 self.tasks_ahead += 1
                 return resp
         self.tasks_asked += 1
-        return self.client.get_task(round_id=self.state.round_id, task_index=index, position=self.state.position())
+        self._count = self._ahead_count()
+        return self.client.get_task(round_id=self.state.round_id, task_index=index, position=self.state.position(),
+                                    count=self._count)
 
     # ---- every member -------------------------------------------------------------------
     def answer(self, index: int) -> pb.GetTaskResponse:
@@ -144,6 +159,8 @@ class RoundTasks:
                 self.handed += 1
         if resp.action == RUN:
             self._queued = {index + 1 + i: task for i, task in enumerate(resp.more)}
+            # (rank 0 only: the others never ask)
+            self._short = self.collective.rank == 0 and len(resp.more) + 1 < self._count
         return resp
 
 

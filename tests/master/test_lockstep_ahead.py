@@ -154,3 +154,19 @@ def test_round_ending_settles_the_tasks_taken_ahead_and_not_started(tmp_path):
         (30, 40), (40, 60), (60, 80), (80, 100), (100, 120)]
     assert get(master, "A", r2, 5).action == TASK.NO_MORE
     assert master.ledger.records_done == 120
+
+
+def test_a_plain_ask_with_a_count_takes_the_free_tasks_after_its_own(tmp_path):
+    """An epoch's first task can only be asked plainly (the epoch's tasks exist once the last one is
+    done); with ``ahead_count`` the answer brings the tasks after it too, decided for the round."""
+    master, clock = make_master(tmp_path, workers=2, shards=[Shard("s.rio", 0, 60)])  # 3 tasks of 2 steps
+    r = form(master, clock, ["A", "B"]).round_id
+    first = master.get_task(pb.GetTaskRequest(worker_id="A", round_id=r, task_index=0, position=pos(r, 0, 0, 0),
+                                              ahead_count=5))
+    assert first.action == TASK.RUN and starts(first) == [0, 20, 40]  # fewer than asked: all there are
+    assert len(master.rendezvous.current.answers) == 3
+    assert master.ledger.records_done == 0  # deciding is not committing
+    assert get(master, "B", r, 2).task == first.more[1]  # every member gets the same answers
+    assert master.ledger.records_done == 40  # (that plain ask's position committed tasks 0 and 1)
+    assert get(master, "A", r, 3).action == TASK.NO_MORE
+    assert master.ledger.records_done == 60

@@ -13,6 +13,7 @@ from flextrain.master.main import build_ledger
 from flextrain.master.servicer import MasterServicer, start_server
 from flextrain.proto import flextrain_pb2 as pb
 from flextrain.worker.client import MasterClient
+from flextrain.worker import round_tasks
 from flextrain.worker.collective import Collective
 from flextrain.worker.module import load_model_def
 from flextrain.worker.trainer import AllReduceTrainer, WorkerState
@@ -44,8 +45,9 @@ def make_trainer(spec, client, state) -> AllReduceTrainer:
                             client=client, collective=Collective(), state=state)
 
 
-def test_next_task_arrives_ahead_and_every_record_is_trained_once(job):
+def test_next_task_arrives_ahead_and_every_record_is_trained_once(job, monkeypatch):
     spec, master, client = job
+    monkeypatch.setattr(round_tasks, "AHEAD_SECONDS", 1e6)  # once a task is timed, every ask takes MAX_AHEAD
     state = WorkerState()
     trainer = make_trainer(spec, client, state)
     loads = []
@@ -80,6 +82,11 @@ def test_next_task_arrives_ahead_and_every_record_is_trained_once(job):
     # these tasks take milliseconds: once one is timed, an ahead ask takes several at once
     # (round_tasks.AHEAD_SECONDS of work), so there are far fewer asks than tasks
     assert asks.ahead_asks < asks.tasks_ahead / 2, (asks.ahead_asks, asks.tasks_ahead)
+    # an epoch here is fewer than MAX_AHEAD tasks: the ahead ask during the first task takes one (no
+    # task timed yet), the one during the second the rest of epoch 1, the plain ask of epoch 2 all of
+    # it, and no ahead ask is made once an answer brought fewer than asked (it would be answered WAIT)
+    assert tasks // 2 < round_tasks.MAX_AHEAD
+    assert (asks.ahead_asks, asks.tasks_asked) == (2, 3)
     assert master.phase is Phase.RUNNING  # until the final checkpoint is reported
 
 
