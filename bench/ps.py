@@ -131,7 +131,7 @@ def launch(tmp: Path, args) -> tuple[list[subprocess.Popen], list[str], list[str
              "--hyper", "lr=0.001", "--torch-threads", "1", "--chunk-bytes", str(args.chunk_bytes),
              *(["--checkpoint-dir", str(tmp / "ckpt"), "--checkpoint-every", "20"] if args.durable else []),
              *(["--wal-fsync"] if args.wal_fsync else [])],
-            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))  # -m: cwd before PYTHONPATH
         ps_addrs.append(_wait_file(f, procs[-1]))
     for i in range(2):
         f = tmp / f"echo{i}.addr"
