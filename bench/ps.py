@@ -131,7 +131,7 @@ def launch(tmp: Path, args) -> tuple[list[subprocess.Popen], list[str], list[str
              "--hyper", "lr=0.001", "--torch-threads", "1", "--chunk-bytes", str(args.chunk_bytes),
              *(["--checkpoint-dir", str(tmp / "ckpt"), "--checkpoint-every", "20"] if args.durable else []),
              *(["--wal-fsync"] if args.wal_fsync else [])],
-            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))  # -m: cwd before PYTHONPATH
         ps_addrs.append(_wait_file(f, procs[-1]))
     for i in range(2):
         f = tmp / f"echo{i}.addr"
@@ -150,6 +150,20 @@ def proc_cpu(pids: list[int]) -> float:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         total += int(fields[11]) + int(fields[12])  # utime, stime
     return total / os.sysconf("SC_CLK_TCK")
+
+
+def thread_cpu(pids: list[int]) -> dict[str, float]:
+    """CPU seconds per thread name (``comm``: the PS name their log's threads, gRPC its own) over ``pids``."""
+    out: dict[str, float] = {}
+    for pid in pids:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            try:
+                comm = (task / "comm").read_text().strip()
+                fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:  # the thread ended meanwhile
+                continue
+            out[comm] = out.get(comm, 0.0) + (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return out
 
 
 def main() -> None:
@@ -221,12 +235,17 @@ def main() -> None:
             cpu = {k: [0.0, 0.0] for k in ("raw_dense", "ps_dense", "raw_emb_pull", "raw_emb_push", "ps_emb_pull",
                                            "ps_emb_push")}  # kind -> [server, client] CPU seconds, summed
 
+            threads = {k: {} for k in cpu if k.startswith("ps")}  # PS kind -> thread name -> CPU seconds
+
             def charged(kind, fn):
                 pids = ps_pids if kind.startswith("ps") else echo_pids
-                s0, c0 = proc_cpu(pids), time.process_time()
+                s0, c0, t0 = proc_cpu(pids), time.process_time(), thread_cpu(pids)
                 out = fn()
                 cpu[kind][0] += proc_cpu(pids) - s0
                 cpu[kind][1] += time.process_time() - c0
+                if kind in threads:
+                    for name, sec in thread_cpu(pids).items():
+                        threads[kind][name] = threads[kind].get(name, 0.0) + sec - t0.get(name, 0.0)
                 return out
 
             def raw(ups, downs):
@@ -294,6 +313,8 @@ def main() -> None:
                       "push_ratio": round(med["raw_emb_push_s"] / med["ps_emb_push_s"], 3)},
         "cpu_ms": {k: {"server": round(1e3 * v[0] / args.repeats, 1), "client": round(1e3 * v[1] / args.repeats, 1)}
                    for k, v in cpu.items()},
+        "ps_thread_cpu_ms": {k: {name: round(1e3 * sec / args.repeats, 1) for name, sec in sorted(v.items())
+                                 if sec > 0} for k, v in threads.items()},
         "target_ratio": 0.70,
         "load_average": [round(x, 2) for x in os.getloadavg()],
         "runs": {k: [round(x, 4) for x in v] for k, v in runs.items()},

@@ -34,7 +34,7 @@ from pathlib import Path
 from flextrain.elastic import statecodec
 from flextrain.ps.state import ShardState, SyncSettings
 from flextrain.ps.wal import WriteAheadLog
-from flextrain.ps.walfiles import SEGMENT_BYTES, segments
+from flextrain.ps.walfiles import SEGMENT_BYTES, name_thread, segments
 from flextrain.ps.walreplay import Replayed, replay
 
 log = logging.getLogger(__name__)
@@ -79,6 +79,8 @@ class Checkpointer:
                 f.write(blob)
                 f.flush()
                 os.fsync(f.fileno())
+                # Read back only by a restarted PS: free its pages for reuse (see SegmentFile.release)
+                os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
             os.replace(tmp, final)
             fd = os.open(self.dir, os.O_RDONLY)
             try:
@@ -133,6 +135,7 @@ class Checkpointer:
             self._cond.notify_all()
 
     def _writer(self) -> None:
+        name_thread("ps-checkpoint")
         while True:
             with self._cond:
                 self._cond.wait_for(lambda: self._pending is not None)

@@ -52,7 +52,7 @@ import torch
 from flextrain.ps.dense import Spec
 from flextrain.ps.embedding import TableSpec
 from flextrain.ps.walfiles import (FRAME, HEAD, SEGMENT_BYTES, SPARES, SegmentFile, SegmentPool, frame,
-                                   segments, stop_thread)
+                                   name_thread, segments, stop_thread)
 
 log = logging.getLogger(__name__)
 CONFIGURE, INIT_DENSE, TABLES, PUSH, FLUSH = 1, 2, 3, 4, 5
@@ -180,6 +180,7 @@ class WriteAheadLog:
             raise WALError(f"write-ahead log {self.dir} is closed")
 
     def _writer(self) -> None:
+        name_thread("ps-wal")
         file, number, used = self._file, self._writing, 0
         while True:
             with self._cond:
@@ -197,6 +198,7 @@ class WriteAheadLog:
                         views = []
                         if self.fsync:
                             file.sync()
+                        file.release()
                         file.close()
                         file = None
                         done_with, (number, path) = number, self.pool.advance()
@@ -235,6 +237,7 @@ class WriteAheadLog:
                 self._cond.notify_all()
             for done in after:
                 done()
+            file.release()  # after the answers: the page cache's bookkeeping, not durability
         if self.fsync:
             file.sync()
         file.close()

@@ -12,8 +12,8 @@ Contract:
   (block allocation and writeback), 45-60 ms into ``posix_fallocate``'d space
   (with a long tail: the extents are converted as they are written) and 35 ms
   into blocks written once before (bench/README.md). So a helper thread
-  prepares segment files ahead by writing them once (zeros, then fdatasync:
-  off the writer's path), and a segment no kept checkpoint needs is
+  prepares segment files ahead by writing them once (zeros with ``O_DIRECT``,
+  then fdatasync: off the writer's path and out of the page cache), and a segment no kept checkpoint needs is
   *recycled*: renamed to the next future number and overwritten in place, as
   PostgreSQL recycles its WAL segments. Future segments are kept up to
   ``spares`` or as many as are in use, whichever is more (the rest are
@@ -37,8 +37,11 @@ Contract:
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import json
 import logging
+import mmap
 import os
 import re
 import struct
@@ -56,6 +59,7 @@ HEAD = struct.Struct("<BI")
 SEGMENT_BYTES = 128 << 20  # 3 of the bench's 32 MB dense pushes
 SPARES = 4   # future segments kept at most (recycled ones first)
 AHEAD = 2    # future segments the helper thread allocates when none are recycled
+RELEASE_BYTES = 1 << 20  # SegmentFile.release() acts once this much more was written
 
 
 def sum64(blob) -> int:
@@ -138,6 +142,7 @@ class SegmentFile:
     def __init__(self, path: Path) -> None:
         self.fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
         self.offset = 0
+        self._released = 0  # offset up to which release() last asked the kernel to drop pages
 
     def writev(self, views: list) -> int:
         written = os.pwritev(self.fd, views, self.offset)
@@ -146,6 +151,23 @@ class SegmentFile:
 
     def sync(self) -> None:
         (getattr(os, "fdatasync", None) or os.fsync)(self.fd)
+
+    def release(self) -> None:
+        """Start writing back what was written so far and drop from the page cache the whole pages the
+        device already holds (``POSIX_FADV_DONTNEED``: dirty pages are only queued for writeback, the
+        partial last page stays). Called after each batch, so a page written one batch ago is usually
+        dropped at the next; nothing reads the log back but replay, from a new process.
+
+        Why: every byte logged otherwise grows the page cache by fresh memory, and on this VM the
+        first touch of fresh memory costs ~10x a copy (bench/README.md, ps.py: "what the log costs");
+        dropped pages go back to the free lists and the next batch reuses them while they are warm.
+        Only once ``RELEASE_BYTES`` more were written (a syscall per small record is not worth it)."""
+        if self.offset - self._released >= RELEASE_BYTES and hasattr(os, "posix_fadvise"):
+            try:
+                os.posix_fadvise(self.fd, 0, self.offset, os.POSIX_FADV_DONTNEED)
+            except OSError as exc:  # advice only: the log is written either way
+                log.debug("write-ahead log: posix_fadvise failed: %s", exc)
+            self._released = self.offset
 
     def close(self) -> None:
         os.close(self.fd)
@@ -157,6 +179,15 @@ def sync_directory(directory: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def name_thread(name: str) -> None:
+    """Name the calling OS thread (``/proc/<pid>/task/<tid>/comm``, top -H), so a profile or
+    ``bench/ps.py``'s per-thread CPU tells the log's threads from gRPC's. Best effort: Linux only."""
+    try:
+        ctypes.CDLL(None).prctl(15, name.encode()[:15])  # PR_SET_NAME
+    except (OSError, AttributeError):
+        pass
 
 
 def stop_thread(owner) -> None:
@@ -264,6 +295,7 @@ class SegmentPool:
             sync_directory(self.dir)
 
     def _keeper(self) -> None:
+        name_thread("ps-wal-spares")
         tmp = self.dir / ".wal-spare.tmp"
         while True:
             with self._cond:
@@ -285,14 +317,39 @@ class SegmentPool:
                 self._cond.notify_all()
 
 
+_ZEROS = 4 << 20  # bytes per zero write when preparing a segment
+_ALIGN = 4096     # O_DIRECT: buffer, offset and length multiples of the device's block size
+
+
 def _write_once(path: Path, size: int) -> None:
     """Create ``path`` with ``size`` zero bytes written and flushed: its blocks allocated and initialised,
-    so later writes are plain overwrites (no allocation, no unwritten-extent conversion)."""
-    zeros = bytes(min(size, 4 << 20))
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    so later writes are plain overwrites (no allocation, no unwritten-extent conversion).
+
+    The zeros go with ``O_DIRECT`` from one page-aligned buffer straight to the device: through the
+    page cache, allocating 128 MiB of new blocks cost this VM 25-275 ms of CPU per segment (every
+    page allocated, zeroed and copied into), with ``O_DIRECT`` ~5 ms (bench/README.md, ps.py). A
+    file system without ``O_DIRECT`` (tmpfs) or a size that is not a multiple of 4 KiB gets
+    buffered writes instead."""
+    direct = getattr(os, "O_DIRECT", 0) if size % _ALIGN == 0 else 0
     try:
-        for at in range(0, size, len(zeros)):
-            os.pwrite(fd, zeros[: size - at], at)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | direct, 0o644)
+    except OSError:  # EINVAL: no O_DIRECT here (tmpfs)
+        if not direct:
+            raise
+        direct, fd = 0, os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    zeros = mmap.mmap(-1, min(size, _ZEROS))  # anonymous: page-aligned and zero
+    try:
+        with memoryview(zeros) as view:
+            for at in range(0, size, len(view)):
+                try:
+                    os.pwrite(fd, view[: size - at], at)
+                except OSError as exc:  # EINVAL: the device wants a larger alignment; go on buffered
+                    if not direct or exc.errno != errno.EINVAL:
+                        raise
+                    os.close(fd)
+                    direct, fd = 0, os.open(path, os.O_WRONLY, 0o644)
+                    os.pwrite(fd, view[: size - at], at)
         (getattr(os, "fdatasync", None) or os.fsync)(fd)
     finally:
         os.close(fd)
+        zeros.close()

@@ -4,6 +4,8 @@ the log (its writer held inside a write, an fdatasync or a segment change)."""
 
 from __future__ import annotations
 
+import ctypes
+import mmap
 import os
 import threading
 from pathlib import Path
@@ -17,7 +19,7 @@ from flextrain.ps.optimizers import make_optimizer
 from flextrain.ps.settings import SyncSettings
 from flextrain.ps.state import ShardState
 from flextrain.ps.wal import WriteAheadLog
-from flextrain.ps.walfiles import FRAME, SegmentFile, _write_once, scan_segment, segments
+from flextrain.ps.walfiles import FRAME, RELEASE_BYTES, SegmentFile, _write_once, scan_segment, segments
 
 SEGMENT = 4096  # the smallest segment: a few pushes each, so a short test crosses many segments
 N = 200         # float32 parameters: one push record is ~0.9 KB, 4 to a segment
@@ -209,3 +211,38 @@ def test_a_segment_prepared_ahead_is_written_whole_with_zeros_over_a_previous_li
                 assert os.stat(path).st_blocks * 512 >= size  # allocated, not a hole
             finally:
                 path.unlink(missing_ok=True)
+
+
+def _resident_pages(path: Path) -> int:
+    """How many of ``path``'s pages the page cache holds (mincore(2) over a private mapping)."""
+    size = os.path.getsize(path)
+    pages = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY) as m:  # never written
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+        vec = ctypes.create_string_buffer(pages)
+        addr = ctypes.addressof(ctypes.c_char.from_buffer(m))  # the temporary export ends here
+        assert libc.mincore(ctypes.c_void_p(addr), ctypes.c_size_t(size), vec) == 0, ctypes.get_errno()
+        return sum(b & 1 for b in vec.raw)
+
+
+def test_written_log_pages_leave_the_page_cache_once_on_the_device(tmp_path):
+    # Each batch gives back the page cache that the log's earlier, written-back bytes held: the log must
+    # not grow memory by every byte logged (bench/README.md, ps.py). A small write is not worth a syscall.
+    path = tmp_path / "wal-0.log"
+    f = SegmentFile(path)
+    try:
+        f.writev([memoryview(b"\x01" * (RELEASE_BYTES // 2 + 100))])
+        f.sync()
+        f.release()  # under RELEASE_BYTES since the last release: nothing asked
+        held = _resident_pages(path)
+        if held == 0:  # a file system without a page cache for this file (tmpfs keeps its own): nothing to see
+            return
+        assert held == (RELEASE_BYTES // 2 + 100 + mmap.PAGESIZE - 1) // mmap.PAGESIZE
+        f.writev([memoryview(b"\x02" * RELEASE_BYTES)])
+        f.sync()  # on the device: clean pages, which the advice drops
+        f.release()
+        assert _resident_pages(path) <= 1  # at most the partial last page stays (the next write goes there)
+    finally:
+        f.close()
+    assert path.read_bytes() == b"\x01" * (RELEASE_BYTES // 2 + 100) + b"\x02" * RELEASE_BYTES  # nothing lost
