@@ -28,6 +28,10 @@ seen before its sockets close (robust futexes): :meth:`peer_exited` then shuts d
 group's connections (the sockets gloo opened while the group formed; never its listener, whose
 shutdown aborts gloo), so the collective in flight fails at once, on every survivor, the usual
 way. Peers seen exiting are reported to the master with the next join (:meth:`take_exited`).
+Every wait on a collective polls in :data:`WAIT_SLICE` slices and gives up as soon as the watch has
+broken the round: a shut-down connection normally fails the pending call at once, but a gloo send
+was seen to stay pending on a dead peer regardless (until the group's timeout, 60 s), and a member
+stuck there would miss the survivors' next round.
 """
 
 from __future__ import annotations
@@ -48,6 +52,8 @@ class CollectiveError(RuntimeError):
 
 
 FORM_TIMEOUT = timedelta(seconds=15)
+WAIT_SLICE = timedelta(milliseconds=50)  # how often a wait on a collective looks at the peer watch
+_TIMED_OUT = "Operation timed out!"  # Work.wait(timeout)'s error: the work goes on, nothing failed
 # broadcast_bytes: the bytes that travel with the length in its first collective (every member of a
 # round runs the same code, so the same size). A task answer with a batch of tasks ahead fits.
 BROADCAST_FRAME = 8192
@@ -153,16 +159,34 @@ class Collective:
             return
         if isinstance(tensors, torch.Tensor):
             tensors = [tensors]
+        works: list = []
         try:
-            if len(tensors) == 1:
-                dist.all_reduce(tensors[0], op=dist.ReduceOp.SUM)
-            else:
-                for work in [dist.all_reduce(t, op=dist.ReduceOp.SUM, async_op=True) for t in tensors]:
-                    work.wait()
+            works.extend(dist.all_reduce(t, op=dist.ReduceOp.SUM, async_op=True) for t in tensors)
+            while works:
+                self._wait(works[0])
+                works.pop(0)
             return
         except Exception as exc:
             error = f"all_reduce in round {self.round_id} failed: {exc}"
+        self._inflight.extend(works)  # to the teardown with the group: no reference to them may stay here
+        works.clear()
         self._failed(error)
+
+    def _wait(self, work) -> None:
+        """Wait for ``work``; raise once the watch has broken the round, even if the work still pends
+        (the group's teardown takes it). Without a watch, one plain wait."""
+        if self.watch is None:
+            work.wait()
+            return
+        while True:
+            try:
+                work.wait(WAIT_SLICE)
+                return
+            except RuntimeError as exc:
+                if _TIMED_OUT not in str(exc):
+                    raise
+            if self.broken_by is not None:
+                raise RuntimeError("the wait was given up: the round's connections were shut down")
 
     def start_sum(self, tensor: torch.Tensor) -> None:
         """Start summing ``tensor`` across the round, in place, asynchronously; :meth:`wait_all`
@@ -182,7 +206,7 @@ class Collective:
         works = self._inflight
         try:
             while works:
-                works[0].wait()
+                self._wait(works[0])
                 works.pop(0)
             return
         except Exception as exc:
@@ -203,7 +227,7 @@ class Collective:
                 first = data[:BROADCAST_FRAME]
                 if first:
                     head[_LENGTH:_LENGTH + len(first)] = torch.frombuffer(bytearray(first), dtype=torch.uint8)
-            dist.broadcast(head, src=src)
+            self._wait(dist.broadcast(head, src=src, async_op=True))
             size = int(head[:_LENGTH].view(torch.int64).item())
             if size <= BROADCAST_FRAME:
                 return data if self.rank == src else head[_LENGTH:_LENGTH + size].numpy().tobytes()
@@ -211,7 +235,7 @@ class Collective:
                 rest = torch.frombuffer(bytearray(data[BROADCAST_FRAME:]), dtype=torch.uint8)
             else:
                 rest = torch.empty(size - BROADCAST_FRAME, dtype=torch.uint8)
-            dist.broadcast(rest, src=src)
+            self._wait(dist.broadcast(rest, src=src, async_op=True))
             return data if self.rank == src else head[_LENGTH:].numpy().tobytes() + rest.numpy().tobytes()
         except Exception as exc:
             error = f"broadcast in round {self.round_id} failed: {exc}"

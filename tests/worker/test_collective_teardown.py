@@ -7,7 +7,9 @@ A peer's exit seen through its robust futex (flextrain/worker/peerwatch.py) brea
 collective although the peer's sockets stay open: that victim is a process whose *mark holder* thread
 exits while the process lives on, holding its gloo connections and never joining the all-reduce, so
 nothing but the watch can end the survivors' wait (the collective timeout is 300 s). Their error names
-the peer, they report it once (take_exited), and form the next round.
+the peer, they report it once (take_exited), and form the next round. Even when shutting the
+connections down does not end the pending call (a gloo send was seen to stay pending on a dead peer
+regardless), the survivors' wait, which polls the watch, gives up.
 
 Real processes, real gloo on loopback, real robust mutexes in /dev/shm."""
 
@@ -148,3 +150,22 @@ def test_a_peer_whose_main_thread_exits_breaks_the_round_before_its_sockets_clos
         assert r["exited"] == ["worker-2"] and r["again"] == [], r  # reported once, with the next join
         assert r["sum"] == [3.0] * 4, r  # the survivors' round sums right
     assert not Path((tmp_path / "mark").read_text()).exists()  # removed by the survivor that saw the exit
+
+
+# The survivors cannot shut connections down here: only the wait's polling of the watch ends the sum.
+# Their old group's teardown then waits on the pending work (the 300 s timeout): they print and _exit.
+POLLING_SURVIVOR = SURVIVOR.replace(
+    "c = Collective(timeout=300.0)",
+    "import os, flextrain.worker.collective as col\ncol._shut_down = lambda fd, link: None\nc = Collective(timeout=300.0)",
+).replace('"sum": x.tolist()}))', '"sum": x.tolist()}), flush=True)\nos._exit(0)')
+
+
+def test_a_wait_the_shut_down_connections_do_not_end_gives_up_once_the_watch_saw_the_exit(tmp_path: Path):
+    assert POLLING_SURVIVOR != SURVIVOR and "os._exit(0)" in POLLING_SURVIVOR
+    *results, victim = _run([POLLING_SURVIVOR, POLLING_SURVIVOR, VICTIM], tmp_path,
+                            lambda victim: (tmp_path / "go").touch())
+    assert victim["victim_alive"]
+    for r in results:
+        assert r["error"].endswith("(worker-2's process exited: connections shut down)"), r
+        assert "the wait was given up" in r["error"], r
+        assert r["exited"] == ["worker-2"] and r["sum"] == [3.0] * 4, r
