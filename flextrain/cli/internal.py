@@ -44,6 +44,9 @@ def cmd_preflight(args) -> int:
 
 
 def cmd_worker(args) -> int:
+    from flextrain.worker.collective import exit_unless_torn_down
     from flextrain.worker.main import run_worker
 
-    return run_worker(args.master, args.worker_id, spare=args.spare)
+    code = run_worker(args.master, args.worker_id, spare=args.spare)
+    exit_unless_torn_down(code)  # a given-up collective's teardown would hold the exit until its timeout
+    return code

@@ -36,8 +36,11 @@ stuck there would miss the survivors' next round.
 
 from __future__ import annotations
 
+import atexit
+import logging
 import os
 import socket
+import sys
 import threading
 from datetime import timedelta
 from typing import Sequence
@@ -57,6 +60,8 @@ _TIMED_OUT = "Operation timed out!"  # Work.wait(timeout)'s error: the work goes
 # broadcast_bytes: the bytes that travel with the length in its first collective (every member of a
 # round runs the same code, so the same size). A task answer with a batch of tasks ahead fits.
 BROADCAST_FRAME = 8192
+_TEARDOWN = "flextrain-group-teardown"  # the threads that drop a left group (see _drop_in_background)
+_gave_up = threading.Event()  # a wait gave up on a work that may still pend (its teardown waits for it)
 _LENGTH = 8  # the length: one int64 (native byte order: the members share a machine type), as bytes
 
 
@@ -186,6 +191,7 @@ class Collective:
                 if _TIMED_OUT not in str(exc):
                     raise
             if self.broken_by is not None:
+                _gave_up.set()
                 raise RuntimeError("the wait was given up: the round's connections were shut down")
 
     def start_sum(self, tensor: torch.Tensor) -> None:
@@ -279,4 +285,26 @@ def _drop_in_background(box: list) -> None:
     (closing the connections, each waiting for a tick of its event loop) runs there, off the
     training thread (the destructor does not hold the GIL while it waits). Not a daemon: the
     interpreter's exit waits for it (killed mid-destructor, gloo aborts the process)."""
-    threading.Thread(target=box.clear, name="flextrain-group-teardown").start()
+    threading.Thread(target=box.clear, name=_TEARDOWN).start()
+
+
+def teardown_stuck() -> bool:
+    """Whether this process gave up a wait on a collective whose work may still pend, and a group's
+    teardown is still running: gloo's destructor then waits for that work until the group's timeout,
+    and so would the interpreter's exit."""
+    return _gave_up.is_set() and any(t.name == _TEARDOWN and t.is_alive() for t in threading.enumerate())
+
+
+def exit_unless_torn_down(code: int) -> None:
+    """Exit the process now with ``code`` if :func:`teardown_stuck`; else return (a normal exit
+    follows). The Python exit handlers run (the alive mark is removed), the destructors do not: gloo's
+    would wait on the given-up work, and stopping it mid-way aborts the process."""
+    if not teardown_stuck():
+        return
+    logging.getLogger(__name__).info("exiting without waiting for a process group's teardown: a collective "
+                                     "given up on may still pend until the group's timeout")
+    atexit._run_exitfuncs()  # CPython's own exit handlers (our alive mark's removal among them)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

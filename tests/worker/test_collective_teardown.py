@@ -153,15 +153,18 @@ def test_a_peer_whose_main_thread_exits_breaks_the_round_before_its_sockets_clos
 
 
 # The survivors cannot shut connections down here: only the wait's polling of the watch ends the sum.
-# Their old group's teardown then waits on the pending work (the 300 s timeout): they print and _exit.
+# Their old group's teardown then waits on the pending work (the 300 s timeout), and so would a normal
+# exit: exit_unless_torn_down (what `flextrain worker` calls last) ends them at once, exit handlers run.
 POLLING_SURVIVOR = SURVIVOR.replace(
     "c = Collective(timeout=300.0)",
-    "import os, flextrain.worker.collective as col\ncol._shut_down = lambda fd, link: None\nc = Collective(timeout=300.0)",
-).replace('"sum": x.tolist()}))', '"sum": x.tolist()}), flush=True)\nos._exit(0)')
+    "import atexit, flextrain.worker.collective as col\ncol._shut_down = lambda fd, link: None\nc = Collective(timeout=300.0)",
+).replace('"sum": x.tolist()}))', '"sum": x.tolist(), "stuck": col.teardown_stuck()}), flush=True)\n'
+          'atexit.register(lambda: open(f"{out}/exit-handlers-{rank}", "w").close())\n'
+          'col.exit_unless_torn_down(0)\nprint("not reached")')
 
 
 def test_a_wait_the_shut_down_connections_do_not_end_gives_up_once_the_watch_saw_the_exit(tmp_path: Path):
-    assert POLLING_SURVIVOR != SURVIVOR and "os._exit(0)" in POLLING_SURVIVOR
+    assert POLLING_SURVIVOR != SURVIVOR and "exit_unless_torn_down(0)" in POLLING_SURVIVOR
     *results, victim = _run([POLLING_SURVIVOR, POLLING_SURVIVOR, VICTIM], tmp_path,
                             lambda victim: (tmp_path / "go").touch())
     assert victim["victim_alive"]
@@ -169,3 +172,5 @@ def test_a_wait_the_shut_down_connections_do_not_end_gives_up_once_the_watch_saw
         assert r["error"].endswith("(worker-2's process exited: connections shut down)"), r
         assert "the wait was given up" in r["error"], r
         assert r["exited"] == ["worker-2"] and r["sum"] == [3.0] * 4, r
+        assert r["stuck"], r  # the old group's teardown still waits: a normal exit would wait 300 s
+    assert sorted(p.name for p in tmp_path.glob("exit-handlers-*")) == ["exit-handlers-0", "exit-handlers-1"]
