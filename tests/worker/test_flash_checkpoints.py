@@ -5,7 +5,6 @@ exactly that step; a snapshot whose state lands after its task failed at a later
 
 from __future__ import annotations
 
-import json
 import threading
 
 import pytest
