@@ -67,11 +67,8 @@ class CheckpointReports:
             return
         for pending in self.flash.pending():  # newest first
             pos = pb.Position(**pending.position)
-            ledger = None if self.over else snapshot_ledger(
-                self.ledger, self.snapshot_rounds.get(pos.round_id), current, pos,
-                beyond=current is not None and any(w.position.round_id == current.round_id
-                                                   and w.position.version > pos.version
-                                                   for w in self.workers.values()))
+            self.snapshots_seen[stem(pos)] = None
+            ledger = self._snapshot_ledger(pos, current)
             if ledger is None:
                 self.flash.discard(pending)
                 self.snapshots_refused += 1
@@ -80,7 +77,18 @@ class CheckpointReports:
             self.snapshot_ledgers[stem(pos)] = ledger
             for old in list(self.snapshot_ledgers)[:-4]:  # the newest few: their persisted copies' reports
                 del self.snapshot_ledgers[old]
+            for old in list(self.snapshots_seen)[:-16]:
+                del self.snapshots_seen[old]
             return
+
+    def _snapshot_ledger(self, pos: pb.Position, current) -> dict | None:
+        """``accounting.snapshot_ledger`` for a snapshot at ``pos`` now (None: refused)."""
+        if self.over:
+            return None
+        return snapshot_ledger(self.ledger, self.snapshot_rounds.get(pos.round_id), current, pos,
+                               beyond=current is not None and any(w.position.round_id == current.round_id
+                                                                  and w.position.version > pos.version
+                                                                  for w in self.workers.values()))
 
     def report_checkpoint(self, req: pb.ReportCheckpointRequest) -> pb.ReportCheckpointResponse:
         if req.memory:
@@ -131,6 +139,10 @@ class CheckpointReports:
                 self._touch(req.worker_id, pos)
             self.resolve_snapshots()
             ledger = self.snapshot_ledgers.get(stem(pos))
+            if ledger is None and stem(pos) not in self.snapshots_seen:
+                # never in this master's shared memory (Kubernetes: the master's pod has its own):
+                # resolved now, as a mark arriving now would have been
+                ledger = self._snapshot_ledger(pos, self.rendezvous.current)
             if ledger is None or self.checkpoints is None or self.over or pos.version <= self.recorded_version:
                 return pb.ReportCheckpointResponse()
         return self._record_unlocked(req, ledger, newer_only=True)

@@ -106,6 +106,7 @@ class JobMaster(FailureHandling, RoundKeeping, WorkerTable, CheckpointReports):
         # the in-memory snapshots' ledgers, resolved before any outcome is recorded (checkpoint_reports.py)
         self.snapshot_rounds: dict[int, Round] = {}
         self.snapshot_ledgers: dict[str, dict] = {}
+        self.snapshots_seen: dict[str, None] = {}  # (ordered) snapshots found in this master's shared memory
         self.snapshots_refused = 0
         if self.flash is not None:
             ledger.before_outcome = self.resolve_snapshots

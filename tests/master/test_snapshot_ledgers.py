@@ -139,3 +139,18 @@ def test_a_persisted_snapshots_report_is_recorded_with_its_ledger_and_keeps_the_
     latest = master.checkpoints.latest()
     assert latest["version"] == 1 and latest["ledger"]["records_done"] == G
     assert get(master, "A", r, 0).action == TASK.RUN
+
+
+def test_a_persisted_snapshot_never_in_the_masters_shared_memory_is_resolved_at_its_report(tmp_path):
+    """Kubernetes: the master's pod has its own shared memory; the report resolves the snapshot then."""
+    master, r, t0 = make(tmp_path)
+    for version, task_index, steps in ((1, 0, 1), (3, 0, 3)):
+        path = tmp_path / "checkpoints" / f"ckpt-{version:09d}.ckpt"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(encode({"version": version}))
+        if version == 3:
+            get(master, "B", r, 1)  # task 0 completed before this report: its model (step 3) lacks step 4
+        master.report_checkpoint(pb.ReportCheckpointRequest(
+            worker_id="A", path=str(path), position=pos(r, task_index, steps, version), memory=True))
+    latest = master.checkpoints.latest()
+    assert latest["version"] == 1 and latest["ledger"]["records_done"] == G
