@@ -4,8 +4,8 @@ Sides take turns in short windows (``bench/interleave.py``: each side's process 
 while every other one is SIGSTOP-ed), all copies of the demo's AllReduce job (digits MLP,
 ``--workers 2 --global-batch-size 64 --max-micro-batch 32``, one torch thread per worker):
 ``flash-N`` for each N of ``--every`` (default 5, 10, 25, 50: ``--memory-checkpoint-steps N``;
-rank 0 encodes its state and hands it to a background thread, which puts it into shared memory,
-marks it with the master and writes every ``--persist-every``-th to disk), ``plain``
+rank 0 encodes its state and hands it to a background thread, which puts it into shared memory
+(the master resolves its ledger on its own) and writes every ``--persist-every``-th to disk), ``plain``
 (``--memory-checkpoint-steps 0``, every third window) and ``control`` (a second ``plain``: the
 method's own A/A check). Every side stamps ``time.perf_counter()`` after each optimizer step
 (``bench/steady/digits_models.py``); a window's rate is steps/s from the end of its first step to
@@ -234,7 +234,7 @@ def summarise(args, root: Path, windows: list, *, flash: dict[str, int], sides: 
             # only its copy); 1/N when the job's account is missing
             x = 1.0 / flash[side]
             if counts and counts.get("taken"):
-                x *= (counts["completed"] + counts["refused"]) / counts["taken"]
+                x *= (counts["completed"] + counts.get("refused", 0)) / counts["taken"]  # refused: before 2026-11-27
             entry["snapshots_per_step"] = round(x, 5)
         for kind, table, key in (("wall", rated, "vs_plain"), ("cpu", by_cpu, "cpu_vs_plain")):
             # paired_ratios: side's rate / base's rate; the step-time (CPU-per-step) ratio is its inverse

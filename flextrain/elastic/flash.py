@@ -8,19 +8,24 @@ outlives the worker process: when every worker dies, the master (same host),
 or a ``--resume`` of the job after the master died too, persists the newest
 snapshot before it restores.
 
-A snapshot of version ``v`` is two files, each written whole (temp file,
-rename):
+A snapshot is named after its exact position, ``<stem>`` =
+``<version:09d>-<round>-<task index>-<steps done>``, and is two files, each
+written whole (temp file, rename):
 
-* ``state-<v>.ckpt`` — the state bytes (rank 0's copy, written by its flash writer thread);
-* ``ledger-<v>.json`` — ``{"version", "position", "ledger", "size", "crc32"}``:
-  the master's ledger state that belongs to exactly that model (the answer to
-  the snapshot's mark), the state's length and CRC-32, with a CRC-32 over the
-  JSON itself. Written after the state, so a ledger file always names a
-  complete state file of the same snapshot.
+* ``state-<stem>.ckpt`` — the state bytes (rank 0's flash writer thread; no
+  RPC: the name is all the master needs to place it);
+* ``ledger-<stem>.json`` — ``{"version", "position", "ledger", "size"}``: the
+  master's ledger state that belongs to exactly that model, and the state's
+  length, with a CRC-32 over the JSON itself. The master writes it
+  (:meth:`FlashStore.put_ledger`) when it resolves the snapshot
+  (``master/checkpoint_reports.py``: before its ledger records an outcome the
+  snapshot's model may lack); a snapshot the ledger has moved past is
+  removed instead (:meth:`FlashStore.discard`).
 
-Only a snapshot with both files, whose state passes its checks, is usable
-(:meth:`FlashStore.latest`). Nothing here is unpickled: state is statecodec,
-the rest JSON. The master removes the directory when the job ends.
+Only a snapshot with both files, whose state passes its checks (statecodec's
+own checksum), is usable (:meth:`FlashStore.latest`). Nothing here is
+unpickled: state is statecodec, the rest JSON. The master removes the
+directory when the job ends.
 """
 
 from __future__ import annotations
@@ -39,7 +44,8 @@ from pathlib import Path
 from flextrain.elastic.statecodec import StateCodecError, verify
 
 ENV_ROOT = "FLEXTRAIN_FLASH_DIR"
-_STATE = re.compile(r"^state-(\d{9})\.ckpt$")
+_STATE = re.compile(r"^state-((\d{9})-(-?\d+)-(\d+)-(\d+))\.ckpt$")
+_LEDGER = re.compile(r"^ledger-(\d{9}-[-\d]+)\.json$")
 
 
 def flash_root() -> Path:
@@ -63,6 +69,12 @@ def _canonical(data: dict) -> bytes:
     return json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
 
 
+def stem(position) -> str:
+    """A snapshot's name part from its position (a ``pb.Position`` or its dict)."""
+    get = position.get if isinstance(position, dict) else lambda key: getattr(position, key)
+    return f"{get('version'):09d}-{get('round_id')}-{get('task_index')}-{get('steps_done')}"
+
+
 @dataclass(frozen=True)
 class Snapshot:
     version: int
@@ -71,15 +83,26 @@ class Snapshot:
     position: dict  # round_id, task_index, steps_done, version
 
 
+@dataclass(frozen=True)
+class Pending:
+    """A snapshot's state in shared memory that the master has not resolved yet (no ledger file)."""
+    state_path: Path
+    position: dict  # round_id, task_index, steps_done, version
+
+    @property
+    def version(self) -> int:
+        return self.position["version"]
+
+
 class FlashStore:
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
 
-    def state_path(self, version: int) -> Path:
-        return self.path / f"state-{version:09d}.ckpt"
+    def _state(self, name: str) -> Path:
+        return self.path / f"state-{name}.ckpt"
 
-    def ledger_path(self, version: int) -> Path:
-        return self.path / f"ledger-{version:09d}.json"
+    def _ledger(self, name: str) -> Path:
+        return self.path / f"ledger-{name}.json"
 
     def _write(self, path: Path, data: bytes) -> None:
         """Whole or not at all (memory: no fsync); a temp name no other writer uses."""
@@ -93,42 +116,66 @@ class FlashStore:
             tmp.unlink(missing_ok=True)
             raise
 
-    def put_state(self, version: int, blob: bytes) -> None:
-        """The state bytes into shared memory (before the snapshot's mark)."""
-        self._write(self.state_path(version), blob)
+    def put_state(self, blob: bytes, position) -> Path:
+        """The state bytes of the snapshot at ``position`` into shared memory (rank 0's writer)."""
+        path = self._state(stem(position))
+        self._write(path, blob)
+        return path
 
-    def put_ledger(self, version: int, blob: bytes, *, ledger: dict, position: dict) -> None:
-        """Complete snapshot ``version`` (its state already written) with its ledger; older snapshots go."""
-        data = {"version": version, "position": position, "ledger": ledger, "size": len(blob),
-                "crc32": zlib.crc32(blob)}
-        data["check"] = zlib.crc32(_canonical(data))
-        self._write(self.ledger_path(version), json.dumps(data).encode())
-        self.prune(below=version)
-
-    def versions(self) -> list[int]:
+    def _names(self) -> tuple[dict[str, tuple[int, ...]], set[str]]:
+        """(state stem -> (version, round, task index, steps done), ledger stems)."""
         try:
             names = os.listdir(self.path)
         except OSError:
-            return []
-        return sorted(int(m.group(1)) for n in names if (m := _STATE.match(n)))
+            return {}, set()
+        states, ledgers = {}, set()
+        for name in names:
+            if m := _STATE.match(name):
+                states[m.group(1)] = tuple(int(g) for g in m.groups()[1:])
+            elif m := _LEDGER.match(name):
+                ledgers.add(m.group(1))
+        return states, ledgers
+
+    def pending(self) -> list[Pending]:
+        """Snapshots without a ledger yet, newest first (one ``listdir``: the master calls it often)."""
+        states, ledgers = self._names()
+        return [Pending(self._state(s), dict(zip(("version", "round_id", "task_index", "steps_done"), key)))
+                for s, key in sorted(states.items(), key=lambda item: item[1], reverse=True) if s not in ledgers]
+
+    def put_ledger(self, pending: Pending, ledger: dict) -> None:
+        """Complete ``pending`` with its ledger (the master); every older snapshot goes."""
+        data = {"version": pending.version, "position": pending.position, "ledger": ledger,
+                "size": pending.state_path.stat().st_size}
+        data["check"] = zlib.crc32(_canonical(data))
+        self._write(self._ledger(stem(pending.position)), json.dumps(data).encode())
+        self.prune(below=pending.version)
+
+    def discard(self, pending: Pending) -> None:
+        """A snapshot that can never be complete (the ledger moved past it)."""
+        pending.state_path.unlink(missing_ok=True)
+
+    def versions(self) -> list[int]:
+        return sorted(key[0] for key in self._names()[0].values())
 
     def latest(self, *, above: int = -1) -> tuple[Snapshot | None, list[str]]:
         """The newest complete snapshot newer than ``above`` and the damaged or incomplete ones skipped
         (one line each, naming the file)."""
         skipped: list[str] = []
-        for version in reversed(self.versions()):
-            if version <= above:
+        states, ledgers = self._names()
+        for name, key in sorted(states.items(), key=lambda item: item[1], reverse=True):
+            if key[0] <= above:
                 break
+            if name not in ledgers:
+                skipped.append(f"{self._state(name)}: no ledger (the master never resolved it)")
+                continue
             try:
-                return self._read(version), skipped
-            except FileNotFoundError:
-                skipped.append(f"{self.state_path(version)}: no ledger (its mark was never answered)")
+                return self._read(name, key[0]), skipped
             except (OSError, ValueError, KeyError, TypeError) as exc:
-                skipped.append(f"{self.state_path(version)}: {exc}")
+                skipped.append(f"{self._state(name)}: {exc}")
         return None, skipped
 
-    def _read(self, version: int) -> Snapshot:
-        meta = json.loads(self.ledger_path(version).read_bytes())
+    def _read(self, name: str, version: int) -> Snapshot:
+        meta = json.loads(self._ledger(name).read_bytes())
         if not isinstance(meta, dict):
             raise ValueError("its ledger file is not a JSON object")
         check = meta.pop("check", None)
@@ -136,21 +183,24 @@ class FlashStore:
             raise ValueError("its ledger file fails its checksum")
         if meta["version"] != version:
             raise ValueError(f"its ledger file is of version {meta['version']}")
-        blob = self.state_path(version).read_bytes()
-        if len(blob) != meta["size"] or zlib.crc32(blob) != meta["crc32"]:
+        blob = self._state(name).read_bytes()
+        if len(blob) != meta["size"]:
             raise ValueError("the state is not the one its ledger was taken for")
         try:
             verify(blob)
         except StateCodecError as exc:
             raise ValueError(str(exc)) from exc
-        return Snapshot(version, self.state_path(version), meta["ledger"], meta["position"])
+        return Snapshot(version, self._state(name), meta["ledger"], meta["position"])
 
     def prune(self, *, below: int) -> None:
-        """Remove every snapshot older than ``below`` (and writers' leftover temp files of them)."""
-        for version in self.versions():
-            if version < below:
-                self.ledger_path(version).unlink(missing_ok=True)
-                self.state_path(version).unlink(missing_ok=True)
+        """Remove every snapshot older than ``below``."""
+        states, ledgers = self._names()
+        for name, key in states.items():
+            if key[0] < below:
+                self._ledger(name).unlink(missing_ok=True)
+                self._state(name).unlink(missing_ok=True)
+        for name in ledgers - states.keys():  # a ledger whose state went
+            self._ledger(name).unlink(missing_ok=True)
 
     def clear(self) -> None:
         """Remove every snapshot (the directory stays)."""
@@ -165,4 +215,4 @@ class FlashStore:
         shutil.rmtree(self.path, ignore_errors=True)
 
 
-__all__ = ["ENV_ROOT", "FlashStore", "Snapshot", "flash_dir", "flash_root"]
+__all__ = ["ENV_ROOT", "FlashStore", "Pending", "Snapshot", "flash_dir", "flash_root", "stem"]

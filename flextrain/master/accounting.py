@@ -89,3 +89,33 @@ def ledger_at(ledger: TaskLedger, current: Round | None, pos: pb.Position) -> di
     if pos.steps_done >= task.steps:
         return ledger.snapshot(done_task=task_id)
     return ledger.snapshot(partial=(task_id, pos.steps_done))
+
+
+def snapshot_ledger(ledger: TaskLedger, rnd: Round | None, current: Round | None, pos: pb.Position, *,
+                    beyond: bool) -> dict | None:
+    """The ledger state of an in-memory snapshot's model at ``pos``, or None when the ledger already
+    holds an outcome that model lacks (the snapshot must not be used).
+
+    ``rnd``: the snapshot's round when the master still knows it (the current one, or one that was
+    current when the master last looked); its tasks before ``pos`` that are still DOING count as done
+    (the model applied them; no member has reported so yet). Without it (an older round) the
+    answer is exact only while the current round started at the snapshot's version and nothing
+    beyond it was committed (``beyond``: a member of ``current`` reported a later version)."""
+    if rnd is None:
+        if current is None or current.version != pos.version or beyond:
+            return None
+        return ledger.snapshot()
+    if moved_past(ledger, rnd, pos):
+        return None
+    state = ledger_at(ledger, rnd, pos)
+    applied = {task_id for action, task_id in rnd.answers[:pos.task_index]
+               if action == RUN and task_id in ledger.doing}
+    if applied:
+        kept = []
+        for entry in state["todo"]:
+            if entry["task_id"] in applied:
+                state["records_done"] += entry["end"] - entry["start"]
+            else:
+                kept.append(entry)
+        state["todo"] = kept
+    return state

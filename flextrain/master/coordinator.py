@@ -103,6 +103,13 @@ class JobMaster(FailureHandling, RoundKeeping, WorkerTable, CheckpointReports):
                       and spec.strategy is Strategy.ALLREDUCE and spec.job_type is JobType.TRAINING
                       and not spec.is_script else None)
         self.recorded_version = -1  # the newest checkpoint recorded by this master (flash reports below it: late)
+        # the in-memory snapshots' ledgers, resolved before any outcome is recorded (checkpoint_reports.py)
+        self.snapshot_rounds: dict[int, Round] = {}
+        self.snapshot_ledgers: dict[str, dict] = {}
+        self.snapshots_seen: dict[str, None] = {}  # (ordered) snapshots found in this master's shared memory
+        self.snapshots_refused = 0
+        if self.flash is not None:
+            ledger.before_outcome = self.resolve_snapshots
         self.initial_ledger = ledger.to_dict()  # rollback target when no checkpoint exists
         self.retiring: set[str] = set()  # scaled away: told to stop at the next rendezvous
         self.departed: dict[str, str] = {}  # why workers left, where the master chose it (the job's history)

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import random
 from collections import deque
+from typing import Callable
 
 from flextrain.data import Shard
 from flextrain.elastic.schedule import BatchSchedule
@@ -90,6 +91,8 @@ class TaskLedger(LedgerPersistence):
         self.evaluation_cut = False  # the final evaluation (after training) was cut
         self.error: str | None = None
         self._next_id = 0
+        # called before a task leaves DOING (the master resolves its in-memory snapshots then)
+        self.before_outcome: Callable[[], None] | None = None
         self.todo.extend(self._cut(TaskKind.PREDICTION, self.prediction_shards, 0))
         # (task id, source, start, end) of every prediction task, in input order
         self.prediction_plan = [(t.task_id, t.source, t.start, t.end) for t in self.todo]
@@ -225,6 +228,8 @@ class TaskLedger(LedgerPersistence):
 
     # ---- outcomes -----------------------------------------------------------
     def complete(self, task_id: int) -> Task:
+        if self.before_outcome is not None:
+            self.before_outcome()
         task = self.doing.pop(task_id)
         self.tasks_done += 1  # (this master's count: not persisted)
         if task.kind is TaskKind.TRAINING:
@@ -240,6 +245,8 @@ class TaskLedger(LedgerPersistence):
         return self._split(task_id, steps_done, failed=True, error=error)
 
     def _split(self, task_id: int, steps_done: int, *, failed: bool, error: str) -> Task:
+        if self.before_outcome is not None:
+            self.before_outcome()
         task = self.doing.pop(task_id)
         applied = task.records_in_steps(steps_done) if task.kind is TaskKind.TRAINING else 0
         self.records_done += applied

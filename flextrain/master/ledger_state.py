@@ -10,16 +10,20 @@ and ``restore``.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import asdict
+from dataclasses import fields
 
 from flextrain.master.ledger_tasks import LedgerStateError, Task, TaskKind
+
+# A task's fields are plain values: read directly, what ``dataclasses.asdict`` (a deep copy, ~4x the
+# CPU) gives; the ledger is turned into a dict for every checkpoint and in-memory snapshot.
+_TASK_FIELDS = tuple(f.name for f in fields(Task))
 
 
 class LedgerPersistence:
     # ---- persistence --------------------------------------------------------
     def to_dict(self) -> dict:
         def task_dict(t: Task) -> dict:
-            return {**asdict(t), "kind": t.kind.value}
+            return {**{name: getattr(t, name) for name in _TASK_FIELDS}, "kind": t.kind.value}
 
         return {
             "epoch": self.epoch,

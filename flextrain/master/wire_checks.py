@@ -170,8 +170,7 @@ def _checkpoint_path(path: str, job) -> None:
 def _report_checkpoint(r: pb.ReportCheckpointRequest, job) -> None:
     _id("worker_id", r.worker_id), _position("position", r.position)
     _text("path", r.path), _json_object("ledger_json", r.ledger_json)
-    if not r.memory:
-        _checkpoint_path(r.path, job)
+    _checkpoint_path(r.path, job)
 
 
 def _report_failure(r: pb.ReportFailureRequest, job) -> None:

@@ -135,21 +135,12 @@ class MasterClient:
         )
 
     def report_checkpoint(self, path: str, position: pb.Position, *, final: bool, stop: bool = False,
-                          ledger_json: str = "", give_up: float | None = None) -> None:
-        """``ledger_json``: a persisted flash snapshot's ledger (what its mark was answered with);
-        ``give_up``: seconds of retries (None: the client's)."""
+                          memory: bool = False, give_up: float | None = None) -> None:
+        """``memory``: a persisted flash snapshot (the master records it with the ledger it resolved for
+        the snapshot's position); ``give_up``: seconds of retries (None: the client's)."""
         self._call("ReportCheckpoint", pb.ReportCheckpointRequest(
-            worker_id=self.worker_id, path=path, position=position, final=final, stop=stop,
-            ledger_json=ledger_json), give_up=give_up)
-
-    def mark_snapshot(self, position: pb.Position) -> str:
-        """A flash snapshot was taken at ``position``: the ledger state (JSON) of exactly that model, or
-        "" when the round has gone past it. Called by the flash writer thread (training goes on
-        meanwhile); a blocking call because a future costs twice the CPU here (grpc's channel-spin
-        thread). One try, no retries: an unanswered mark (``grpc.RpcError``) only drops that snapshot."""
-        return self.stub.ReportCheckpoint(
-            pb.ReportCheckpointRequest(worker_id=self.worker_id, position=position, memory=True),
-            timeout=self.deadline).ledger_json
+            worker_id=self.worker_id, path=path, position=position, final=final, stop=stop, memory=memory),
+            give_up=give_up)
 
     def heartbeat(self, position: pb.Position, loss: float, samples: int, *, waiting_for_peers: bool = False,
                   stalled_seconds: float = 0.0, skipped_steps: int = 0, lr_gain: float = 0.0,

@@ -1,11 +1,10 @@
 """In-memory ("flash") checkpoints driven against the real master over gRPC on loopback: each
 snapshot in shared memory is the model at its step, the background writer's file is that same
-state, and the ledger recorded with it is the data position of exactly that step; a snapshot whose
-task failed before its mark was answered is dropped."""
+state, and the ledger the master resolves for it (no per-snapshot RPC) is the data position of
+exactly that step; a snapshot whose state lands after its task failed at a later step is refused."""
 
 from __future__ import annotations
 
-import json
 import threading
 
 import pytest
@@ -13,7 +12,7 @@ import torch
 
 from flextrain.data import make_shards
 from flextrain.data.digits import write_digits
-from flextrain.elastic.flash import ENV_ROOT, FlashStore, flash_dir
+from flextrain.elastic.flash import ENV_ROOT, FlashStore, flash_dir, stem
 from flextrain.elastic.statecodec import decode, encode
 from flextrain.job import JobSpec
 from flextrain.master.checkpoints import CheckpointStore
@@ -90,10 +89,10 @@ def test_snapshots_are_the_model_and_persist_with_their_exact_ledger(job):
         assert _equal(copied["model"], models[version])  # the snapshot is the model at that step
 
     flash.snapshot = snapshot
-    completed = {}  # every complete snapshot's ledger in shared memory, by version
-    put_ledger = flash.store.put_ledger
-    flash.store.put_ledger = lambda version, blob, *, ledger, position: completed.setdefault(version, ledger) and \
-        put_ledger(version, blob, ledger=ledger, position=position)
+    completed = {}  # every ledger the master resolved for a snapshot in shared memory, by version
+    put_ledger = master.flash.put_ledger
+    master.flash.put_ledger = lambda pending, ledger: completed.setdefault(pending.version, ledger) and \
+        put_ledger(pending, ledger)
     client.register(pid=0)
     joined = client.join(state.position(), "start")
     state.round_id = joined.round_id
@@ -113,48 +112,52 @@ def test_snapshots_are_the_model_and_persist_with_their_exact_ledger(job):
     shards = make_shards(spec.data.training)
     steps = [min(i + G, sh.end) - i for sh in shards for i in range(sh.start, sh.end, G)] * 2
     assert sorted(models) == list(range(EVERY, len(steps) + 1, EVERY))
-    # each snapshot is complete or dropped (superseded while the writer was busy, or refused: the round
-    # went past it before the master answered; training never waits for the writer)
+    # each snapshot is in shared memory or dropped (superseded while the writer was busy; training never
+    # waits for the writer)
     assert flash.taken == len(models) and flash.completed + flash.dropped == flash.taken
-    assert flash.completed == len(completed) >= 1, (flash.taken, flash.dropped, flash.refused)
+    assert flash.completed >= len(completed) >= 1, (flash.taken, flash.dropped, master.snapshots_refused)
     for version, ledger in completed.items():  # each with the ledger of exactly its step
         assert ledger["records_done"] == sum(steps[:version])
-    # every PERSIST-th complete snapshot written in the background; close() writes the newest when it was not
+    # every PERSIST-th snapshot written in the background; close() writes the newest when it was not
     assert before_close == flash.completed // PERSIST
-    newest = max(completed)
     assert len(persisted) == before_close + (flash.completed % PERSIST != 0) == flash.persisted
-    assert persisted[-1][1] == newest
-    for path, version, kw in persisted:  # each file: that snapshot's state, its exact ledger
-        assert kw["ledger_json"] and not kw["final"]
-        assert json.loads(kw["ledger_json"]) == completed[version]
-    path, version, _ = persisted[-1]
-    latest = master.checkpoints.latest()
-    assert latest["version"] == version and latest["checkpoint"] == path
+    for _, _, kw in persisted:
+        assert kw["memory"] and not kw["final"]
+    latest = master.checkpoints.latest()  # the newest persisted copy, with the ledger resolved for it
+    version = latest["version"]
+    assert version == persisted[-1][1] == max(models) - max(models) % EVERY
+    assert latest["checkpoint"] == persisted[-1][0] and latest["ledger"] == completed[version]
     assert latest["ledger"]["records_done"] == sum(steps[:version])
-    on_disk = decode(open(path, "rb").read())
+    on_disk = decode(open(latest["checkpoint"], "rb").read())
     assert _equal(on_disk["model"], models[version])
-    # the shared memory keeps only the newest complete snapshot, with its ledger
+    # the shared memory keeps only the newest resolved snapshot, with its ledger
     snap, skipped = flash.store.latest()
     assert snap.version == version and not skipped and flash.store.versions() == [version]
     assert snap.state_path.read_bytes() == blobs[version]
 
 
-def test_a_snapshot_whose_task_fails_before_its_mark_is_answered_is_dropped(make_job):
-    """The writer's mark is held until the round went on and a later step of the snapshot's task
-    failed: the master answers "", the snapshot is dropped (no ledger, no file), and the next one,
-    inside the requeued remainder, is recorded with its exact position."""
+def _held(store: FlashStore):
+    """Hold ``store``'s writes until the returned ``release`` is set; ``writing`` is set at the first."""
+    writing, release = threading.Event(), threading.Event()
+    put = store.put_state
+
+    def held(blob, position):
+        writing.set()
+        assert release.wait(30)
+        return put(blob, position)
+
+    store.put_state = held
+    return writing, release
+
+
+def test_a_snapshot_whose_state_lands_after_its_task_failed_later_is_refused(make_job):
+    """The writer is held until the round went on and a later step of the snapshot's task failed: the
+    master refuses the snapshot when it lands (no ledger, state removed, its persisted copy not
+    recorded), and the next one, inside the requeued remainder, is recorded with its exact position."""
     spec, master, client = make_job(steps_per_task=4, epochs=1, memory_checkpoint_persist_every=1)
     flash = FlashCheckpointer(store=FlashStore(flash_dir("j", spec.job_dir)),
                               checkpoints=master.checkpoints.directory, client=client, every=1, persist_every=1)
-    released, answered = threading.Event(), []
-    send = client.mark_snapshot
-
-    def held(position):
-        assert released.wait(30)
-        answered.append(send(position))
-        return answered[-1]
-
-    client.mark_snapshot = held
+    _, released = _held(flash.store)
     G = spec.training.global_batch_size
     client.register(pid=0)
     r = client.join(pb.Position(round_id=-1), "start").round_id
@@ -166,9 +169,9 @@ def test_a_snapshot_whose_task_fails_before_its_mark_is_answered_is_dropped(make
         client.report_task(task.task_id, ok=False, steps_done=3, error="bad record")
         released.set()
         flash.drain(discard=False)
-        assert answered == [""] and flash.refused == flash.dropped == 1 and flash.completed == 0
+        assert master.snapshots_refused == 1 and flash.completed == flash.persisted == 1
         assert flash.store.versions() == [] and flash.store.latest() == (None, [])
-        assert master.checkpoints.latest() is None and not list(master.checkpoints.directory.glob("ckpt-*"))
+        assert master.checkpoints.latest() is None
         assert master.ledger.records_done == 3 * G  # what the failure applied; the snapshot held 1 step
 
         rest = client.get_task(round_id=r, task_index=1, position=pb.Position(round_id=r, task_index=1, version=3))
@@ -178,15 +181,15 @@ def test_a_snapshot_whose_task_fails_before_its_mark_is_answered_is_dropped(make
         flash.drain(discard=False)
     finally:
         flash.close()
-    assert flash.completed == flash.persisted == 1
+    assert flash.completed == flash.persisted == 2
     latest = master.checkpoints.latest()
     assert latest["version"] == 4 and latest["ledger"]["records_done"] == 4 * G
     assert min(t["start"] for t in latest["ledger"]["todo"]) == task.start + 4 * G
 
 
 def test_master_persists_the_newest_snapshot_and_clears_it(tmp_path, monkeypatch):
-    """Every worker lost (or a resume): a complete snapshot newer than the newest checkpoint is written
-    to the job directory with its ledger; an incomplete newer one (its mark never answered) is skipped."""
+    """Every worker lost (or a resume): a resolved snapshot newer than the newest checkpoint is written
+    to the job directory with its ledger; a newer pending one the master cannot place is refused."""
     monkeypatch.setenv(ENV_ROOT, str(tmp_path / "shm"))
     write_digits(tmp_path / "digits")
     spec = JobSpec.of(name="j", model_def=DIGITS, training_data=str(tmp_path / "digits" / "train"),
@@ -201,14 +204,14 @@ def test_master_persists_the_newest_snapshot_and_clears_it(tmp_path, monkeypatch
     flash = master.flash
     assert flash is not None
     blob = encode({"model": {"w": torch.arange(3.0)}, "version": 9})
-    flash.put_state(9, blob)
-    flash.put_ledger(9, blob, ledger={**ledger, "records_done": 9 * 64}, position={"version": 9})
-    flash.put_state(12, encode({"version": 12}))  # no ledger: never usable
-    assert master.flush_flash() == 9
+    flash.put_state(blob, pb.Position(round_id=0, task_index=1, steps_done=1, version=9))
+    flash.put_ledger(flash.pending()[0], {**ledger, "records_done": 9 * 64})
+    flash.put_state(encode({"version": 12}), pb.Position(round_id=0, task_index=1, steps_done=4, version=12))
+    assert master.flush_flash() == 9  # (no round here: 12 cannot be placed)
     latest = store.latest()
     assert latest["version"] == 9 and latest["ledger"]["records_done"] == 9 * 64
     assert open(latest["checkpoint"], "rb").read() == blob
-    assert flash.versions() == [] and any("ledger" in e for e in master.events)
+    assert flash.versions() == [] and master.snapshots_refused == 1
     assert master.flush_flash() is None  # nothing newer left
 
 
@@ -222,36 +225,27 @@ def test_flash_checkpoints_are_off_unless_asked_for(tmp_path):
     assert master.flash is None
 
 
-def test_a_dropped_snapshot_leaves_a_newer_one_of_the_same_version_alone(make_job):
-    """After a rollback the round reaches a version again: dropping the older snapshot of that version
-    (superseded before the writer got to it) must not remove the newer one's state."""
+def test_a_snapshot_superseded_while_the_writer_is_busy_is_dropped(make_job):
+    """Only the newest waiting snapshot is written: one taken while the writer held an older one and
+    superseded before it got to it costs only its copy."""
     spec, master, client = make_job(steps_per_task=4, epochs=1, memory_checkpoint_persist_every=1)
     flash = FlashCheckpointer(store=FlashStore(flash_dir("j", spec.job_dir)),
                               checkpoints=master.checkpoints.directory, client=client, every=1, persist_every=1)
-    marking, released = threading.Event(), threading.Event()
-    send = client.mark_snapshot
-
-    def held(position):
-        marking.set()
-        assert released.wait(30)
-        return send(position)
-
-    client.mark_snapshot = held
+    writing, released = _held(flash.store)
     client.register(pid=0)
     r = client.join(pb.Position(round_id=-1), "start").round_id
     client.get_task(round_id=r, task_index=0, position=pb.Position(round_id=r))
-    at = pb.Position(round_id=r, task_index=0, steps_done=1, version=1)
-    older, newer = (encode({"model": {"w": torch.full((2,), v)}, "version": 1}) for v in (1.0, 2.0))
+    older, newer = (encode({"model": {"w": torch.full((2,), v)}, "version": v}) for v in (1, 2))
     try:
-        first = encode({"model": {}, "version": 0})
-        flash.snapshot(lambda: first, pb.Position(round_id=r))
-        assert marking.wait(30)  # the writer holds the first snapshot, waiting for its mark
-        flash.snapshot(lambda: older, at)
-        flash.snapshot(lambda: newer, at)  # supersedes the older one before the writer took it
+        flash.snapshot(lambda: encode({"model": {}, "version": 0}), pb.Position(round_id=r))
+        assert writing.wait(30)  # the writer holds the first snapshot
+        flash.snapshot(lambda: older, pb.Position(round_id=r, task_index=0, steps_done=1, version=1))
+        flash.snapshot(lambda: newer, pb.Position(round_id=r, task_index=0, steps_done=2, version=2))
         released.set()
         flash.drain(discard=False)
     finally:
         flash.close()
     assert flash.dropped == 1 and flash.completed == 2
     snap, _ = flash.store.latest()
-    assert snap.version == 1 and snap.state_path.read_bytes() == newer
+    assert snap.version == 2 and snap.state_path.read_bytes() == newer
+    assert master.snapshot_ledgers[stem(snap.position)]["records_done"] == 2 * spec.training.global_batch_size
