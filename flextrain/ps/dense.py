@@ -18,10 +18,8 @@ runs per tensor on views of the same arenas.
 from __future__ import annotations
 
 import hashlib
-import warnings
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from flextrain.protocol.codec import FLOAT_DTYPES
@@ -118,48 +116,12 @@ class DenseArena:
         return self.buffer[offset: offset + numel * size].view(DTYPES[dtype])
 
 
-class DensePieces:
-    """A push's dense gradients left in the messages they arrived in: ``pieces`` are the flat
-    stream's bytes in order (read-only views), ``total`` bytes in all. Nothing is copied; the
-    log writes the views and an ASYNC update reads them (:meth:`DenseStore.apply`).
-
-    ``align``: the largest power of two (at most 8) that every piece's offset in the stream and
-    address in memory is a multiple of: typed views of a piece need their dtype's alignment.
-    """
-
-    owner = None  # no pool buffer behind it (flextrain.ps.gradients.BufferPool ignores it)
-
-    def __init__(self, pieces: list[memoryview], total: int) -> None:
-        self.pieces, self.total = pieces, total
-        bits, offset = 8, 0
-        for view in pieces:
-            address = np.frombuffer(view, dtype=np.uint8).ctypes.data if len(view) else 0
-            bits |= offset | address
-            offset += len(view)
-        self.align = min(8, bits & -bits)
-
-    def into(self, buffer: bytearray) -> bytearray:
-        """Copy the stream into ``buffer`` (``total`` bytes); returns it."""
-        out, pos = memoryview(buffer), 0
-        for view in self.pieces:
-            out[pos: pos + len(view)] = view
-            pos += len(view)
-        return buffer
-
-
 class DenseStore:
     """Parameters, optimizer slots and per-parameter step counts of one shard."""
 
     def __init__(self, specs: list[Spec]) -> None:
         check_specs(specs)
         self.layout, self.total_bytes, self.layout_id = canonical_layout(specs)
-        # (first byte, end byte, dtype) of each dtype group: what one flat optimizer update covers
-        self._ranges: list[tuple[int, int, str]] = []
-        for s in self.layout:
-            if self._ranges and self._ranges[-1][2] == s.dtype:
-                self._ranges[-1] = (self._ranges[-1][0], s.offset + s.nbytes, s.dtype)
-            else:
-                self._ranges.append((s.offset, s.offset + s.nbytes, s.dtype))
         self.params = DenseArena(self.layout, torch.zeros(self.total_bytes, dtype=torch.uint8))
         self.slots: dict[str, DenseArena] = {}
         self.steps = {s.name: 0 for s in self.layout}
@@ -209,11 +171,6 @@ class DenseStore:
             return
         self._ensure_slots(optimizer)
         steps = set(self.steps.values())
-        if isinstance(grads, DensePieces):
-            if not absent and len(steps) == 1 and self.in_place(grads):
-                self._apply_pieces(optimizer, grads, steps.pop() + 1, lr_scale)
-                return
-            grads = self.wrap(grads.into(bytearray(self.total_bytes)))  # rare: the general path below
         if not absent and len(steps) == 1:  # fast path: every group as one flat tensor
             step = steps.pop() + 1
             for i, group in enumerate(self.params.groups):
@@ -228,29 +185,6 @@ class DenseStore:
             state = {k: arena.views[s.name] for k, arena in self.slots.items()}
             optimizer.update(self.params.views[s.name], grads.views[s.name], state, step, lr_scale)
             self.steps[s.name] = step
-
-    def in_place(self, grads: DensePieces) -> bool:
-        """Whether :meth:`apply` can read ``grads`` where they are: each piece aligned for every dtype."""
-        return all(grads.align >= DTYPES[dtype].itemsize for _, _, dtype in self._ranges)
-
-    def _apply_pieces(self, optimizer: Optimizer, grads: DensePieces, step: int, lr_scale: float) -> None:
-        """The fast path of :meth:`apply` piece by piece: the optimizer is elementwise, so updating each
-        (piece, dtype group) overlap on its own is the same update as one per group."""
-        start = 0
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)  # torch.frombuffer of read-only bytes: only read here
-            for view in grads.pieces:
-                end = start + len(view)
-                for lo, hi, dtype in self._ranges:
-                    lo, hi = max(lo, start), min(hi, end)
-                    if lo >= hi:
-                        continue
-                    kind = DTYPES[dtype]
-                    grad = torch.frombuffer(view[lo - start: hi - start], dtype=kind)
-                    state = {k: arena.buffer[lo: hi].view(kind) for k, arena in self.slots.items()}
-                    optimizer.update(self.params.buffer[lo: hi].view(kind), grad, state, step, lr_scale)
-                start = end
-        self.steps = dict.fromkeys(self.steps, step)
 
     def encoded_chunks(self, chunk_bytes: int) -> list[bytes]:
         """The parameter arena as serialised ``PullDenseChunk{data}`` messages of ``chunk_bytes`` (one copy)."""

@@ -6,10 +6,8 @@ Contracts:
   checked against the shard's dense layout and declared tables, and bad input
   raises ValueError naming the parameter, table or PS (PreconditionError when
   the dense parameters are not initialised yet). Called before the shard lock
-  is taken; dense gradients stay in the received messages (no copy) when the
-  update can read them there (:class:`flextrain.ps.dense.DensePieces`), else
-  they are copied once into a pooled buffer; sparse blocks become one
-  ``(unique ids, summed rows)`` pair per table.
+  is taken; dense gradients stay in the received buffer (no copy), sparse
+  blocks become one ``(unique ids, summed rows)`` pair per table.
 * **buffer reuse** (:class:`BufferPool`): received dense buffers are handed
   back once consumed and reused for the next push of the same size (fresh big
   buffers cost page faults). A buffer the write-ahead log still has to write
@@ -30,7 +28,7 @@ import numpy as np
 import torch
 
 from flextrain.protocol.codec import RowBlock, concat_blocks, merge_rows
-from flextrain.ps.dense import DensePieces, DenseStore
+from flextrain.ps.dense import DenseStore
 from flextrain.ps.embedding import EmbeddingTable
 from flextrain.ps.settings import PreconditionError
 from flextrain.protocol.shard import as_row_ids
@@ -40,32 +38,25 @@ _SPARE_BUFFERS = 4  # received gradient buffers kept for reuse
 SparseGrads = dict[str, tuple[np.ndarray, torch.Tensor]]  # table -> (unique ids, summed rows)
 
 
-def parse_dense(store: DenseStore | None, layout_id: int, dense: bytearray | DensePieces | None, absent, *,
-                shard_index: int, pool: "BufferPool | None" = None, in_place: bool = False) -> tuple[object, set[str]]:
+def parse_dense(store: DenseStore | None, layout_id: int, dense: bytearray | None, absent, *,
+                shard_index: int) -> tuple[object, set[str]]:
     """(gradients wrapping ``dense`` with absent parameters zeroed, or None; the absent names).
 
-    Without dense bytes every parameter of ``store`` is absent. Received pieces are kept as they are
-    when ``in_place`` (an ASYNC update: nothing to sum them into), nothing is absent and the store
-    can read them (alignment); otherwise they are copied into a buffer from ``pool``.
+    Without dense bytes every parameter of ``store`` is absent.
     """
     if dense is None:
         return None, {s.name for s in store.layout} if store else set()
     if store is None:
         raise PreconditionError(f"dense parameters are not initialised on PS {shard_index}; "
                                 f"call init_dense first")
-    size = dense.total if isinstance(dense, DensePieces) else len(dense)
-    if layout_id != store.layout_id or size != store.total_bytes:
+    if layout_id != store.layout_id or len(dense) != store.total_bytes:
         raise ValueError(f"dense gradients do not match the layout of PS {shard_index} (layout id "
-                         f"{layout_id} vs {store.layout_id}, {size} vs {store.total_bytes} bytes); "
+                         f"{layout_id} vs {store.layout_id}, {len(dense)} vs {store.total_bytes} bytes); "
                          f"pull the parameters again")
     absent_set = set(absent)
     unknown = absent_set - {s.name for s in store.layout}
     if unknown:
         raise ValueError(f"unknown dense parameter(s) {sorted(unknown)} on PS {shard_index}")
-    if isinstance(dense, DensePieces):
-        if in_place and not absent_set and store.in_place(dense):
-            return dense, absent_set
-        dense = dense.into(pool.take(size) if pool is not None else bytearray(size))
     grads = store.wrap(dense)
     store.zero(grads, absent_set)
     return grads, absent_set

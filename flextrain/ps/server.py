@@ -27,11 +27,11 @@ from flextrain.proto import ps_pb2_grpc as pb_grpc
 from flextrain.ps.checkpoint import Checkpointer
 from flextrain.protocol.codec import decode_sparse_block, encode_rows, ids_from_proto
 from flextrain.protocol.security import JobCredentials, TokenInterceptor, add_port
-from flextrain.ps.dense import DensePieces, Spec, check_specs
+from flextrain.ps.dense import Spec, check_specs
 from flextrain.ps.embedding import TableSpec
 from flextrain.ps.state import PreconditionError, ShardState, SyncSettings
 from flextrain.protocol.limits import MAX_CHUNK, MAX_TASK_IDS, MIN_CHUNK, PS_MESSAGE_OPTIONS
-from flextrain.protocol.wire import Encoder, fields
+from flextrain.protocol.wire import Encoder, Scatter, fields
 
 log = logging.getLogger(__name__)
 MAX_WAIT = 60.0                           # longest long-poll a PullDense may ask for
@@ -204,39 +204,35 @@ class PSServicer(pb_grpc.ParameterServerServicer):
     @_rpc
     def PushGradients(self, request_iterator, context):
         # Requests arrive as raw bytes (see add_to_server) and are read in place
-        # (flextrain.protocol.wire): dense pieces stay in their messages (DensePieces: the log
-        # writes them from there, an ASYNC update reads them from there).
+        # (flextrain.protocol.wire): dense pieces go straight into a recycled buffer.
         it = iter(request_iterator)
         first = list(fields(next(it, b"")))
         header = next((v for f, wt, v in first if f == 1 and wt == 2), None)
         if header is None:
             raise ValueError("PushGradients must start with a header")
         h = pb.PushHeader.FromString(header)
+        dense = None
         if h.dense_bytes:
             store = self.shard.dense
-            if store is None or h.dense_bytes != store.total_bytes:
+            if store is None or h.dense_bytes != store.total_bytes:  # checked before allocating
                 raise ValueError(f"push announces {h.dense_bytes} dense bytes; PS {self.shard.shard_index} "
                                  f"holds {store.total_bytes if store else 0}")
-        pieces, got, sparse = [], 0, []
+            dense = self.shard.receive_buffer(h.dense_bytes)
+        sink = Scatter([(0, memoryview(dense))] if dense is not None else [], len(dense) if dense else 0)
+        sparse = []
 
         def consume(items) -> None:
-            nonlocal got
             for field, wt, value in items:
                 if field == 2 and wt == 2:      # PushChunk.dense
-                    if got + len(value) > h.dense_bytes:
-                        raise ValueError(f"stream has more than the {h.dense_bytes} bytes announced")
-                    if len(value):
-                        pieces.append(value)
-                        got += len(value)
+                    sink.write(value)           # ValueError beyond the announced size
                 elif field == 3 and wt == 2:    # PushChunk.sparse
                     sparse.append(decode_sparse_block(value))
 
         consume(x for x in first if x[0] != 1)
         for raw in it:
             consume(fields(raw))
-        if got != h.dense_bytes:
-            raise ValueError(f"push ended after {got} of {h.dense_bytes} dense bytes")
-        dense = DensePieces(pieces, got) if h.dense_bytes else None
+        if not sink.complete:
+            raise ValueError(f"push ended after {sink.pos} of {sink.total} dense bytes")
         if len(sparse) != h.sparse_blocks:  # a stream cut short may end like a complete one
             raise ValueError(f"push announces {h.sparse_blocks} sparse blocks and sent {len(sparse)}")
         step = (h.step.task_id, h.step.start, h.step.end) if h.HasField("step") else None

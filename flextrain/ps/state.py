@@ -52,7 +52,7 @@ from typing import Callable, Iterator
 import torch
 
 from flextrain.protocol.codec import RowBlock
-from flextrain.ps.dense import DensePieces, DenseStore, Spec
+from flextrain.ps.dense import DenseStore, Spec
 from flextrain.ps.embedding import EmbeddingTable, TableSpec
 from flextrain.ps.exactly_once import AcceptedPushes
 from flextrain.ps.gradients import Accumulator, BufferPool, SparseGrads, parse_dense, parse_sparse
@@ -210,8 +210,12 @@ class ShardState:
 
     # ------------------------------------------------------------------ push
 
+    def receive_buffer(self, nbytes: int) -> bytearray:
+        """A buffer for a push's dense bytes, recycled from earlier pushes when possible."""
+        return self._buffers.take(nbytes)
+
     def push(self, *, client_id: str, seq: int, base_version: int, layout_id: int = 0,
-             dense: bytearray | DensePieces | None = None, absent=(), sparse: list[RowBlock] = (),
+             dense: bytearray | None = None, absent=(), sparse: list[RowBlock] = (),
              step: tuple[int, int, int] | None = None) -> PushResult:
         """Accept (or reject as stale) one worker's gradients; see the module docstring.
 
@@ -219,14 +223,11 @@ class ShardState:
         """
         if step is not None and not 0 <= step[1] < step[2]:
             raise ValueError(f"push names minibatch records [{step[1]}, {step[2]}) of task {step[0]}: not a range")
-        grads, absent_set = parse_dense(self.dense, layout_id, dense, absent, shard_index=self.shard_index,
-                                        pool=self._buffers, in_place=self.sync.mode == "async")
+        grads, absent_set = parse_dense(self.dense, layout_id, dense, absent, shard_index=self.shard_index)
         merged = parse_sparse(sparse, self.table)
         with self._cond:
             if self.optimizer is None:
                 raise PreconditionError(f"PS {self.shard_index} has no optimizer configured; call configure first")
-            if isinstance(grads, DensePieces) and self.sync.mode == "sync":  # switched meanwhile: sum needs a buffer
-                grads = self.dense.wrap(grads.into(self._buffers.take(grads.total)))
             answered = self._accepted.answered(client_id, seq, self.version)
             if answered is not None:
                 self._buffers.give_back(grads)

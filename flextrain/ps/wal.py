@@ -49,7 +49,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from flextrain.ps.dense import DensePieces, Spec
+from flextrain.ps.dense import Spec
 from flextrain.ps.embedding import TableSpec
 from flextrain.ps.walfiles import (FRAME, HEAD, SEGMENT_BYTES, SPARES, SegmentFile, SegmentPool, frame,
                                    name_thread, segments, stop_thread)
@@ -288,9 +288,8 @@ class WriteAheadLog:
                  after: Callable[[], None] | None = None) -> int:
         """Queue an accepted push: the gradients as they are held (the shard's dtypes, no copy)."""
         blobs: list = []
-        if grads is not None:  # received pieces (DensePieces) are written where they arrived
-            blobs += grads.pieces if isinstance(grads, DensePieces) else [_bytes_of(grads.buffer)]
-        dense = sum(len(b) for b in blobs) if grads is not None else -1
+        if grads is not None:
+            blobs.append(_bytes_of(grads.buffer))
         tables = []
         for name, (ids, values) in sparse.items():
             ids = np.ascontiguousarray(ids, dtype="<i8")
@@ -298,5 +297,5 @@ class WriteAheadLog:
             tables.append([name, len(ids), int(values.shape[1]), str(values.dtype).removeprefix("torch.")])
         return self._append(PUSH, {"client": client_id, "seq": seq, "base": base,
                                    "step": list(step) if step else None,
-                                   "dense": dense, "absent": sorted(absent),
+                                   "dense": len(blobs[0]) if grads is not None else -1, "absent": sorted(absent),
                                    "sparse": tables}, blobs, after)

