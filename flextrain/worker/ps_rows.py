@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from flextrain.proto import ps_pb2 as pb
-from flextrain.protocol.codec import distinct, dtype_name, ids_to_proto, sparse_blocks
+from flextrain.protocol.codec import distinct, dtype_name, empty_rows, ids_to_proto, sparse_blocks
 from flextrain.protocol.shard import as_row_ids, distinct_by_owner, owner_bounds, row_owners
 from flextrain.protocol.wire import decode_tensor, fields
 
@@ -53,9 +53,10 @@ def pull_rows(table: str, flat: np.ndarray, shape: tuple[int, ...], *, dim: int,
     ``out``: a contiguous CPU tensor of that shape and ``dtype`` (checked by :func:`check_out`) that
     receives the rows and is returned; without it a fresh tensor is allocated.
     """
-    result = torch.empty((*shape, dim), dtype=dtype) if out is None else out
     if not len(flat):
-        return result
+        return torch.empty((*shape, dim), dtype=dtype) if out is None else out
+    # A fresh result is numpy-allocated (huge pages: several times fewer page faults than torch's).
+    result = empty_rows(len(flat), dim, dtype).view(*shape, dim) if out is None else out
     row_bytes = dim * dtype.itemsize
     # Reusing the caller's tensor matters on VMs that hand freed memory back to the host:
     # first-touching a fresh 50 MB result costs the kernel ~10x the copy into it.
