@@ -14,7 +14,7 @@ chunk size. In the same run, alternating, the bench measures
   parallel), vs. the echo servers receiving the same per-server byte counts
   and streaming them back into a reused buffer;
 * embedding: ``pull_embedding`` of N distinct ids (rows created beforehand)
-  and ``push`` of their sparse gradients, vs. the echo servers moving the
+  into a reused tensor (``out=``) and ``push`` of their sparse gradients, vs. the echo servers moving the
   same bytes (ids + rows each way). ``--emb-order grouped`` (default) passes
   the ids the way the PS trainers do (``PSClient.distinct``: distinct, grouped
   by PS, ascending within a group, so each PS's rows are one range to pull
@@ -262,9 +262,11 @@ def main() -> None:
                 assert res.accepted and changed is not None and len(changed) == len(params)
                 return elapsed
 
+            emb_rows = torch.empty(len(ids), args.emb_dim)  # reused, like the dense pull's out= and the echo's sinks
+
             def ps_pull():
                 t = time.perf_counter()
-                client.pull_embedding("emb", ids)
+                client.pull_embedding("emb", ids, out=emb_rows)
                 return time.perf_counter() - t
 
             def ps_push():

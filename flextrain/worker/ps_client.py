@@ -47,7 +47,7 @@ from flextrain.protocol.limits import PS_MESSAGE_OPTIONS
 from flextrain.protocol.security import JobCredentials, open_channel
 from flextrain.protocol.shard import as_row_ids, dense_owner
 from flextrain.protocol.wire import PUSH_DENSE_TAG, Scatter, fields, gather_chunks
-from flextrain.worker.ps_rows import distinct_rows, pull_rows, sparse_push_blocks
+from flextrain.worker.ps_rows import check_out, distinct_rows, pull_rows, sparse_push_blocks
 from flextrain.worker.state import Traffic
 
 _TRANSIENT = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.RESOURCE_EXHAUSTED}
@@ -308,20 +308,25 @@ class PSClient:
         :meth:`pull_embedding` and :meth:`push` move fastest; ``distinct[inverse]`` is ``ids``."""
         return distinct_rows(table, ids, self.num_ps)
 
-    def pull_embedding(self, table: str, ids) -> torch.Tensor:
+    def pull_embedding(self, table: str, ids, *, out: torch.Tensor | None = None) -> torch.Tensor:
         """Rows for ``ids`` (any integer array-like), shape ``ids.shape + (dim,)``.
 
         Duplicates are fetched once; each PS is asked for its rows in parallel.
         Negative ids or ids beyond int64 raise ValueError naming the table and id.
         Ids laid out by :meth:`distinct` (as the PS trainers do) cost the least: every
         PS's rows then land in one range of the result, without a scatter.
+        ``out``: a contiguous CPU tensor of that shape and the table's dtype (e.g. reused from
+        one pull to the next) to receive the rows in place; it is returned. If a pull fails
+        midway, ``out`` may be half-written.
         """
         shape = tuple(np.shape(ids.detach().cpu().numpy() if isinstance(ids, torch.Tensor) else ids))
         flat = as_row_ids(ids, table)
         dim, dtype = self._table(table)
+        if out is not None:
+            check_out(out, table=table, shape=shape, dim=dim, dtype=dtype)
         began = time.perf_counter()
         rows = pull_rows(table, flat, shape, dim=dim, dtype=dtype, num_ps=self.num_ps, chunk_bytes=self.chunk_bytes,
-                         call=self._call, fanout=self._fanout, row_versions=self._row_versions)
+                         call=self._call, fanout=self._fanout, row_versions=self._row_versions, out=out)
         self.traffic.add(pull=True, seconds=time.perf_counter() - began, nbytes=rows.numel() * rows.element_size())
         return rows
 

@@ -142,3 +142,17 @@ def test_pull_embedding_keeps_shape_order_and_duplicates(start_cluster):
     one = c.pull_embedding("e", 1000)  # a scalar id gives one row
     assert one.shape == (5,)
     assert torch.equal(one, EmbeddingTable(TableSpec("e", 5, initializer="uniform", seed=2)).gather([1000])[0])
+    # out=: the rows land in the caller's tensor (reused across pulls), with and without the grouped layout
+    buf = torch.full((6, 7, 5), float("nan"))
+    assert c.pull_embedding("e", torch.from_numpy(ids), out=buf) is buf and torch.equal(buf, rows)
+    distinct = c.distinct("e", ids)[0]
+    grouped = torch.empty(len(distinct), 5, dtype=torch.float32)
+    assert c.pull_embedding("e", distinct, out=grouped) is grouped
+    fresh = c.pull_embedding("e", distinct)
+    assert torch.equal(grouped, fresh) and fresh.data_ptr() != grouped.data_ptr()
+    with pytest.raises(ValueError, match=r"out= for table 'e' must be .* shape \(6, 7, 5\) .*got \(6, 7, 4\)"):
+        c.pull_embedding("e", ids, out=torch.empty(6, 7, 4))
+    with pytest.raises(ValueError, match=r"dtype torch.float32"):
+        c.pull_embedding("e", ids, out=torch.empty(6, 7, 5, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"contiguous=False"):
+        c.pull_embedding("e", ids, out=torch.empty(7, 6, 5).transpose(0, 1))
