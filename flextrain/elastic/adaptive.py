@@ -49,18 +49,10 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from flextrain.elastic.noise import GradientNoise
+# batch_for_noise_scale lives in noise.py (no torch): the master and the CLI import it without torch.
+from flextrain.elastic.noise import GradientNoise, batch_for_noise_scale
 from flextrain.elastic.schedule import steps_covering
 from flextrain.elastic.trace_sampler import TraceBatchSampler, _positive
-
-
-def batch_for_noise_scale(noise_scale: float, *, lo: int, hi: int, unit: int) -> int:
-    """The decision rule without a throughput model, shared by scripts and jobs: the gradient noise
-    scale ``σ²/μ²`` (samples) rounded to the nearest multiple of ``unit`` and clamped to ``[lo, hi]``
-    (inf, μ² estimated as 0: ``hi``). ``lo`` and ``hi`` are what the caller allows; ``hi`` need not be a
-    multiple of ``unit`` (the clamp returns it as is)."""
-    target = hi if math.isinf(noise_scale) else round(noise_scale / unit) * unit
-    return min(max(target, lo), hi)
 
 
 class _Decisions:

@@ -22,6 +22,7 @@ adaptive batch schedules. Plain floats: the caller sums the two norms over proce
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 
@@ -79,4 +80,14 @@ class GradientNoise:
         self.smoothing = float(state.get("smoothing", self.smoothing))
 
 
-__all__ = ["GradientNoise"]
+def batch_for_noise_scale(noise_scale: float, *, lo: int, hi: int, unit: int) -> int:
+    """The decision rule without a throughput model, shared by scripts and jobs: the gradient noise
+    scale ``σ²/μ²`` (samples) rounded to the nearest multiple of ``unit`` and clamped to ``[lo, hi]``
+    (inf, μ² estimated as 0: ``hi``). ``lo`` and ``hi`` are what the caller allows; ``hi`` need not be a
+    multiple of ``unit`` (the clamp returns it as is)."""
+    target = hi if math.isinf(noise_scale) else round(noise_scale / unit) * unit
+    return min(max(target, lo), hi)
+
+
+__all__ = ["GradientNoise", "batch_for_noise_scale"]
+

@@ -4,7 +4,7 @@
 :class:`~flextrain.elastic.schedule.BatchSchedule` (``global_batch``, ``hand_out``, ``sizes``).
 It starts at ``min_global_batch``. Decision points are the first hand-out of each epoch after the
 first (``every=None``) or every global step that is a multiple of ``every``; at a decision point
-the G of the steps from it on is :func:`~flextrain.elastic.adaptive.batch_for_noise_scale` of the
+the G of the steps from it on is :func:`~flextrain.elastic.noise.batch_for_noise_scale` of the
 latest gradient noise scale the workers reported (the adascale rule's estimate, with their
 heartbeats and in the position of every task ask), a multiple of ``min_global_batch`` clamped to
 ``[min_global_batch, max_global_batch]``; before any estimate G stays as it is.
@@ -30,7 +30,7 @@ import logging
 import math
 from collections.abc import Callable
 
-from flextrain.elastic.adaptive import batch_for_noise_scale
+from flextrain.elastic.noise import batch_for_noise_scale
 from flextrain.elastic.schedule import steps_covering
 
 log = logging.getLogger("flextrain.master")

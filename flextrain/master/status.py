@@ -13,7 +13,7 @@ import time
 from collections import deque
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from rich.console import Console
 from rich.markup import escape
@@ -22,10 +22,13 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from flextrain.job import JobType
 from flextrain.master.batches import step_settings
 from flextrain.master.checkpoints import StateWriteError, write_json_atomic
-from flextrain.master.coordinator import JobMaster, Phase
 from flextrain.master.evaluation import describe, inference_progress
+from flextrain.master.phase import Phase
 from flextrain.master.rendezvous import RoundState
 from flextrain.proto import flextrain_pb2 as pb
+
+if TYPE_CHECKING:  # the CLI reads status files through this module: no coordinator (and no torch) to import
+    from flextrain.master.coordinator import JobMaster
 
 
 def iso(ts: float | None) -> str | None:

@@ -6,11 +6,16 @@ through the real client, so it has a uid) and its master Service (clusterIP
 master runs. ``job.start()`` runs ``run_master`` in a thread with the pod
 backend chosen by ``spec.backend == kubernetes``; ``job.wait()`` returns its
 exit code. Helpers read the job's pods and the ElasticJob's status.
+
+``slow_digits``: tests/k8s/e2e/zoo/slow_digits.py (a fixed cost per batch) as ``model_def``, with the
+``pod_fields`` that lift that cost once the file ``calm`` exists (a test touches it after its events).
 """
 
 from __future__ import annotations
 
 import threading
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from ft_helpers import DIGITS_MODEL, free_port
@@ -21,6 +26,7 @@ from flextrain.k8s import meta
 from flextrain.k8s.resource import resource_from_jobspec
 
 NS = "default"
+SLOW_DIGITS = Path(__file__).resolve().parents[1] / "e2e" / "zoo" / "slow_digits.py"
 
 
 class KubeJob:
@@ -111,3 +117,10 @@ def kube_job(k8s_cluster, k8s_api, digits_data, tmp_path):
         if kj._thread is not None and kj._thread.is_alive():
             kj.stop("test teardown")
             kj._thread.join(60)
+
+
+@pytest.fixture
+def slow_digits(tmp_path):
+    calm = tmp_path / "calm"
+    return SimpleNamespace(model_def=f"{SLOW_DIGITS}:Model", calm=calm,
+                           pod_fields={"replicaSpecs.worker.env": [{"name": "FT_SLOW_FEED_UNTIL", "value": str(calm)}]})

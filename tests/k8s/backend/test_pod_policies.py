@@ -9,7 +9,6 @@ from ft_helpers import read_status, wait_for
 from nodeagent import NodeAgent
 
 pytestmark = pytest.mark.e2e
-SLOW_DIGITS = Path(__file__).resolve().parents[1] / "e2e" / "zoo" / "slow_digits.py"
 
 
 def test_oomkilled_worker_climbs_the_memory_ladder_then_halves_m_then_fails_at_one(kube_job, node_agent):
@@ -36,14 +35,14 @@ def test_oomkilled_worker_climbs_the_memory_ladder_then_halves_m_then_fails_at_o
     assert node_agent.started_pods == [f"digits-worker-{k}" for k in range(4)]
 
 
-def test_pending_pod_does_not_block_training_with_min_workers(kube_job, k8s_cluster, tmp_path):
+def test_pending_pod_does_not_block_training_with_min_workers(kube_job, k8s_cluster, tmp_path, slow_digits):
     # A node with room for two pods: the third worker pod stays Pending (Unschedulable).
     agent = NodeAgent(k8s_cluster.api_client(), kubeconfig=k8s_cluster.kubeconfig, log_dir=tmp_path / "pods",
                       max_pods=2).start()
     try:
         # Slow batches: training must outlast the look at the pending pod below.
-        job = kube_job("digits", model_def=f"{SLOW_DIGITS}:Model", workers=3, min_workers=2, max_workers=3, epochs=3,
-                       rendezvous_timeout=2.0)
+        job = kube_job("digits", model_def=slow_digits.model_def, pod_fields=slow_digits.pod_fields, workers=3,
+                       min_workers=2, max_workers=3, epochs=3, rendezvous_timeout=2.0)
         job.start()
 
         def training_while_pending():
@@ -54,6 +53,7 @@ def test_pending_pod_does_not_block_training_with_min_workers(kube_job, k8s_clus
 
         pending = wait_for(training_while_pending, timeout=120, what="training while digits-worker-2 is Pending")
         assert pending["status"]["conditions"][0]["reason"] == "Unschedulable"
+        slow_digits.calm.touch()
         assert job.wait() == 0
         history = read_status(Path(job.spec.job_dir))["roundHistory"]
         assert sorted(m["id"] for m in history[0]["members"]) == ["worker-0", "worker-1"]  # without the pending one

@@ -12,7 +12,6 @@ from kubernetes import client
 from flextrain.k8s import meta
 
 pytestmark = pytest.mark.e2e
-SLOW_DIGITS = f"{Path(__file__).resolve().parents[1] / 'e2e' / 'zoo' / 'slow_digits.py'}:Model"
 
 RECORDS = 1438  # digits training records
 
@@ -66,15 +65,17 @@ def test_workers_run_as_pods_and_the_cr_status_ends_succeeded(kube_job, node_age
     assert conditions == {"Running": "False", "Succeeded": "True"}
 
 
-def test_deleted_worker_pod_is_replaced_and_training_completes(kube_job, node_agent, k8s_api):
+def test_deleted_worker_pod_is_replaced_and_training_completes(kube_job, node_agent, k8s_api, slow_digits):
     # Slow batches: the plain digits job can finish between two polls of the CR (see below).
-    job = kube_job("digits", model_def=SLOW_DIGITS, workers=2, epochs=6)
+    job = kube_job("digits", model_def=slow_digits.model_def, pod_fields=slow_digits.pod_fields, workers=2, epochs=6)
     job.start()
     # wait until both workers train (the CR shows a round with two members)
     wait_for(lambda: job.status().get("workers", {}).get("active") == 2
              and job.status()["progress"]["recordsDone"] > 0, timeout=120, what="two workers training")
     client.CoreV1Api(k8s_api).delete_namespaced_pod("digits-worker-1", "default",
                                                     body=client.V1DeleteOptions(grace_period_seconds=0))
+    wait_for(lambda: "digits-worker-2" in node_agent.running(), timeout=120, what="the replacement pod running")
+    slow_digits.calm.touch()
     assert job.wait() == 0
     names = sorted(p["metadata"]["name"] for p in job.raw_pods())
     assert "digits-worker-2" in names and "digits-worker-1" not in names  # replaced by a new pod
@@ -84,13 +85,15 @@ def test_deleted_worker_pod_is_replaced_and_training_completes(kube_job, node_ag
     assert "worker-1 exited with code 137" in events  # a deleted pod's container counts as SIGKILLed
 
 
-def test_preempted_worker_pod_is_replaced(kube_job, node_agent):
+def test_preempted_worker_pod_is_replaced(kube_job, node_agent, slow_digits):
     # Slow batches: the job must still be training when both workers are seen and one is preempted.
-    job = kube_job("digits", model_def=SLOW_DIGITS, workers=2, epochs=6)
+    job = kube_job("digits", model_def=slow_digits.model_def, pod_fields=slow_digits.pod_fields, workers=2, epochs=6)
     job.start()
     wait_for(lambda: job.status().get("workers", {}).get("active") == 2
              and job.status()["progress"]["recordsDone"] > 0, timeout=120, what="two workers training")
     node_agent.preempt("digits-worker-0", grace_seconds=5)  # SIGTERM first, as the scheduler's eviction
+    wait_for(lambda: "digits-worker-2" in node_agent.running(), timeout=120, what="the replacement pod running")
+    slow_digits.calm.touch()
     assert job.wait() == 0
     names = sorted(p["metadata"]["name"] for p in job.raw_pods())
     assert "digits-worker-2" in names and "digits-worker-0" not in names

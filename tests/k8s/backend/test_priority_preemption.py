@@ -20,8 +20,9 @@ G, RECORDS, EPOCHS = 32, 1408, 4
 def test_preempted_elastic_worker_costs_no_budget_waits_pending_and_rejoins(kube_job, node_agent, digits_data,
                                                                            tmp_path):
     data = counting_data(digits_data, tmp_path / "counting")
+    calm = tmp_path / "calm"  # slow enough to still train through the test's steps; full speed after them
     env = [{"name": "FT_COUNT_G", "value": str(G)}, {"name": "FT_COUNT_RECORDS", "value": str(RECORDS)},
-           {"name": "FT_FEED_DELAY", "value": "0.1"}]  # slow enough to still train through the test's steps
+           {"name": "FT_FEED_DELAY", "value": "0.1"}, {"name": "FT_FEED_DELAY_UNTIL", "value": str(calm)}]
     job = kube_job("spot", model_def=COUNTING_MODEL, training_data=str(data), workers=3, min_workers=1,
                    max_workers=3, epochs=EPOCHS, global_batch_size=G, max_micro_batch=8, learning_rate=0.05,
                    relaunch_budget=0,  # any relaunch charged to the budget would stop relaunching at once
@@ -54,6 +55,7 @@ def test_preempted_elastic_worker_costs_no_budget_waits_pending_and_rejoins(kube
     wait_for(lambda: (s := job.status())["workers"]["active"] == 3 and s["workers"]["pending"] == 0
              or s["phase"] != "Running", timeout=120, what="the replacement joined")
     assert job.status()["phase"] == "Running", "the job ended before the replacement joined: slow it down"
+    calm.touch()
     assert job.wait() == 0
 
     final = job.status()

@@ -20,12 +20,15 @@ from flextrain.k8s import meta
 pytestmark = pytest.mark.e2e
 
 RECORDS = 1438  # digits training records
-# Digits with a fixed cost per step: long enough for pods to come and go during training.
+# Digits with a fixed cost per step: long enough for pods to come and go during training; a test lifts
+# it (``calm``) once its events are over, so the rest of the job trains at full speed.
 SLOW_MODEL = f"{Path(__file__).resolve().parent / 'zoo' / 'slow_digits.py'}:Model"
 
 
 def elasticjob(name, digits_data, job_dir, *, epochs, replicas=2, min_replicas=1, max_replicas=3,
-               checkpoint_steps=0, master_budget=3, model=DIGITS_MODEL) -> dict:
+               checkpoint_steps=0, master_budget=3, model=DIGITS_MODEL, calm: Path | None = None) -> dict:
+    """The ElasticJob manifest; with ``calm``, SLOW_MODEL's delay ends once that file exists."""
+    worker_env = [{"name": "FT_SLOW_FEED_UNTIL", "value": str(calm)}] if calm else []
     return {
         "apiVersion": meta.API_VERSION, "kind": meta.KIND,
         "metadata": {"name": name, "annotations": {meta.ANNOTATION_MASTER_PORT: str(free_port())}},
@@ -37,7 +40,7 @@ def elasticjob(name, digits_data, job_dir, *, epochs, replicas=2, min_replicas=1
             "replicaSpecs": {
                 "master": {"relaunchBudget": master_budget},
                 "worker": {"replicas": replicas, "minReplicas": min_replicas, "maxReplicas": max_replicas,
-                           "rendezvousTimeout": 3.0},
+                           "rendezvousTimeout": 3.0, **({"env": worker_env} if worker_env else {})},
             },
         },
     }
@@ -86,7 +89,10 @@ def assert_owned_by(jobs, name: str, uid: str) -> None:
 
 def test_elasticjob_trains_to_success_with_status_and_events(operator, node_agent, jobs, digits_data, tmp_path):
     # Slow batches: the job stays Running long enough for the operator to see (and report) the phase.
-    job = jobs.create(elasticjob("digits", digits_data, tmp_path / "digits", epochs=3, model=SLOW_MODEL))
+    calm = tmp_path / "calm"
+    job = jobs.create(elasticjob("digits", digits_data, tmp_path / "digits", epochs=3, model=SLOW_MODEL, calm=calm))
+    wait_phase(jobs, node_agent, "digits", "Running", timeout=180)
+    calm.touch()
     status = wait_phase(jobs, node_agent, "digits", "Succeeded", timeout=300)
     assert status["progress"]["recordsDone"] == status["progress"]["recordsTotal"] == 3 * RECORDS
     assert status["progress"]["percent"] == 100.0
@@ -107,8 +113,8 @@ def test_scale_subresource_and_a_deleted_worker_pod_while_training(operator, nod
                                                                    tmp_path):
     from flextrain.k8s.meta import GROUP, PLURAL, VERSION
 
-    epochs = 60
-    jobs.create(elasticjob("digits", digits_data, tmp_path / "digits", epochs=epochs, model=SLOW_MODEL))
+    epochs, calm = 60, tmp_path / "calm"
+    jobs.create(elasticjob("digits", digits_data, tmp_path / "digits", epochs=epochs, model=SLOW_MODEL, calm=calm))
     wait_for(lambda: jobs.status("digits").get("workers", {}).get("active") == 2, timeout=180,
              what="a round of 2 workers")
     # What `kubectl scale ej/digits --replicas=3` does: write the scale subresource.
@@ -127,6 +133,7 @@ def test_scale_subresource_and_a_deleted_worker_pod_while_training(operator, nod
     # A new name, whether or not the deleted pod's object is still there (its count alone raced that).
     wait_for(lambda: {p["metadata"]["name"] for p in pods_of(jobs, "digits", "worker")} - before, timeout=120,
              what="a replacement for the deleted worker pod")
+    calm.touch()
     status = wait_phase(jobs, node_agent, "digits", "Succeeded", timeout=400)
     assert status["progress"]["recordsDone"] == status["progress"]["recordsTotal"] == epochs * RECORDS
     names = {p["metadata"]["name"] for p in pods_of(jobs, "digits", "worker")}
@@ -137,13 +144,15 @@ def test_scale_subresource_and_a_deleted_worker_pod_while_training(operator, nod
 def test_deleted_master_pod_is_relaunched_and_resumes_from_its_checkpoint(operator, node_agent, jobs,
                                                                          digits_data, tmp_path):
     job_dir = tmp_path / "digits"
-    epochs = 40
-    jobs.create(elasticjob("digits", digits_data, job_dir, epochs=epochs, checkpoint_steps=10, model=SLOW_MODEL))
+    epochs, calm = 40, tmp_path / "calm"
+    jobs.create(elasticjob("digits", digits_data, job_dir, epochs=epochs, checkpoint_steps=10, model=SLOW_MODEL,
+                           calm=calm))
     latest = job_dir / "checkpoints" / "latest.json"
     wait_for(latest.is_file, timeout=240, what="the job's first checkpoint")
     jobs.kube.core.delete_namespaced_pod("digits-master-0", jobs.namespace)  # graceful: SIGTERM
     wait_for(lambda: 1 in jobs.master_pods("digits"), timeout=120, what="the relaunched master pod")
     assert 0 not in jobs.master_pods("digits")  # the deleted pod is gone (its exit code is in the event)
+    calm.touch()
 
     status = wait_phase(jobs, node_agent, "digits", "Succeeded", timeout=500)
     assert status["masterRelaunches"] == 1

@@ -19,8 +19,8 @@ def test_spec_suspend_releases_the_worker_pods_and_false_brings_them_back(operat
         return run_cli(k8s_cluster, jobs, *args)
 
     job_dir = tmp_path / "digits"
-    epochs = 20
-    jobs.create(elasticjob("digits", digits_data, job_dir, epochs=epochs, model=SLOW_MODEL))
+    epochs, calm = 20, tmp_path / "calm"
+    jobs.create(elasticjob("digits", digits_data, job_dir, epochs=epochs, model=SLOW_MODEL, calm=calm))
     wait_for(lambda: jobs.status("digits").get("workers", {}).get("active") == 2, timeout=240,
              what="a round of 2 workers")
     first = {p["metadata"]["name"] for p in pods_of(jobs, "digits", "worker")}
@@ -40,6 +40,7 @@ def test_spec_suspend_releases_the_worker_pods_and_false_brings_them_back(operat
              and len([p for p in pods_of(jobs, "digits", "worker") if p["status"]["phase"] == "Running"
                       and p["metadata"]["name"] not in first]) == 2,
              timeout=240, what="phase Running with two new worker pods")
+    calm.touch()
     status = wait_phase(jobs, node_agent, "digits", "Succeeded", timeout=500)
     assert status["progress"]["recordsDone"] == status["progress"]["recordsTotal"] == epochs * RECORDS
     reasons = jobs.reasons("digits")

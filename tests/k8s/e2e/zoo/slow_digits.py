@@ -3,7 +3,9 @@
 A stand-in for a model big enough that pods come and go *during* training:
 on this machine the plain digits model finishes an epoch faster than a new
 worker process starts. ``feed`` costs ``FT_SLOW_FEED_SECONDS`` (default 0.05)
-more per call in training mode; everything else is model_zoo/digits_torch.py.
+more per call in training mode, until the file ``FT_SLOW_FEED_UNTIL`` names exists (a test lifts
+the delay once its events are over: the rest trains at full speed); everything else is
+model_zoo/digits_torch.py.
 """
 
 import importlib.util
@@ -21,9 +23,10 @@ loss = _base.loss
 optimizer = _base.optimizer
 eval_metrics_fn = _base.eval_metrics_fn
 DELAY = float(os.environ.get("FT_SLOW_FEED_SECONDS", "0.05"))
+UNTIL = os.environ.get("FT_SLOW_FEED_UNTIL")
 
 
 def feed(records, mode, metadata):
-    if mode == "training":
+    if mode == "training" and not (UNTIL and Path(UNTIL).exists()):
         time.sleep(DELAY)
     return _base.feed(records, mode, metadata)
