@@ -15,15 +15,36 @@ Layout: :mod:`.api` (``auto_accelerate``), :mod:`.strategy` (``Strategy``, JSON)
 
 from __future__ import annotations
 
-from flextrain.accelerate.api import auto_accelerate
-from flextrain.accelerate.apply import Applied, AutoAccelerateResult, apply_strategy
-from flextrain.accelerate.context import Context, Inputs, Report, Skipped
-from flextrain.accelerate.dryrun import Comparison, DryRunResult, compare, dry_run, plain_strategy, sample_batches
+import importlib
+
 from flextrain.accelerate.errors import AccelerateError, ConfigError, UnavailableMethodError, UnknownMethodError
-from flextrain.accelerate.methods import Method, Phase, get, names, register, register_replace_pair
-from flextrain.accelerate.results import Candidate, SearchResult
-from flextrain.accelerate.search import search
-from flextrain.accelerate.strategy import Step, Strategy, conflict
+
+# The rest is imported on first use (PEP 562): it needs torch, and the master (which only describes
+# strategies, flextrain.accelerate.jobs) runs without importing it.
+_LAZY = {
+    "auto_accelerate": "api", "Applied": "apply", "AutoAccelerateResult": "apply", "apply_strategy": "apply",
+    "Context": "context", "Inputs": "context", "Report": "context", "Skipped": "context",
+    "Comparison": "dryrun", "DryRunResult": "dryrun", "compare": "dryrun", "dry_run": "dryrun",
+    "plain_strategy": "dryrun", "sample_batches": "dryrun",
+    "Method": "methods", "Phase": "methods", "get": "methods", "names": "methods", "register": "methods",
+    "register_replace_pair": "methods",
+    "Candidate": "results", "SearchResult": "results", "search": "search",
+    "Step": "strategy", "Strategy": "strategy", "conflict": "strategy",
+}
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    # All at once, in the eager order's effect: the function ``search`` replaces the submodule of that name
+    for lazy, module in _LAZY.items():
+        globals()[lazy] = getattr(importlib.import_module(f"{__name__}.{module}"), lazy)
+    return globals()[name]
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = ["AccelerateError", "Applied", "AutoAccelerateResult", "Candidate", "Comparison", "ConfigError", "Context",
            "DryRunResult", "Inputs", "Method", "Phase", "Report", "SearchResult", "Skipped", "Step", "Strategy",

@@ -18,11 +18,12 @@ from __future__ import annotations
 import enum
 import importlib
 import sys
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from flextrain.accelerate.errors import ConfigError
+
+if TYPE_CHECKING:
+    import torch
 
 _CLASS, _DTYPE = "__class__", "__dtype__"
 
@@ -78,7 +79,8 @@ def encode(value: Any, *, where: str = "config") -> Any:
         return value
     if isinstance(value, enum.Enum):
         return value.name
-    if isinstance(value, torch.dtype):
+    torch = sys.modules.get("torch")  # no torch imported, no torch dtype to meet (the master runs without it)
+    if torch is not None and isinstance(value, torch.dtype):
         return {_DTYPE: _dtype_name(value)}
     if isinstance(value, type):
         return {_CLASS: class_path(value)}
@@ -101,6 +103,8 @@ def decode(value: Any, *, where: str = "strategy") -> Any:
         if set(value) == {_CLASS}:
             return resolve_class(value[_CLASS], what=where)
         if set(value) == {_DTYPE}:
+            import torch
+
             dtype = getattr(torch, str(value[_DTYPE]), None)
             if not isinstance(dtype, torch.dtype):
                 raise ConfigError(f"{where}: {value[_DTYPE]!r} is not a torch dtype")

@@ -29,12 +29,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flextrain.accelerate import codec
 from flextrain.accelerate.errors import AccelerateError, ConfigError, UnknownMethodError
-from flextrain.accelerate.methods import canonical_name, get
-from flextrain.accelerate.strategy import Strategy
+
+if TYPE_CHECKING:
+    from flextrain.accelerate.strategy import Strategy
 
 AUTO = "auto"
 # Data parallelism that flextrain's own all-reduce already is in a job: accepted, not applied.
@@ -66,6 +67,9 @@ def is_json(value: str) -> bool:
 
 def parse_setting(value: Any, *, what: str = "--accelerate") -> Strategy | None:
     """The strategy a setting names (None: ``auto``); AccelerateError naming ``what`` and the method."""
+    from flextrain.accelerate.methods import canonical_name  # torch: not for the master, which only describes
+    from flextrain.accelerate.strategy import Strategy
+
     if not isinstance(value, str) or not value.strip():
         raise AccelerateError(f"{what} must be 'auto', a JSON strategy or a comma list of methods "
                               f"(e.g. amp_native:bf16,checkpoint:Block), got {value!r}")
@@ -99,6 +103,8 @@ def parse_setting(value: Any, *, what: str = "--accelerate") -> Strategy | None:
 
 def _refusal(name: str, config: Any) -> str | None:
     """Why a job refuses this method (None: it takes it)."""
+    from flextrain.accelerate.methods import get
+
     method = get(name)
     if name in NO_OPS:
         return None
