@@ -55,10 +55,11 @@ def _cgroup_limit() -> int | None:
     return None
 
 
-def default_record_cache_mb() -> int:
-    """:data:`DEFAULT_RECORD_CACHE_MB`, or a quarter of the container's memory limit if that is less."""
-    limit = _cgroup_limit()
-    return DEFAULT_RECORD_CACHE_MB if limit is None else min(DEFAULT_RECORD_CACHE_MB, limit // 4 // _MIB)
+def default_record_cache_mb(memory_limit: int | None = None) -> int:
+    """:data:`DEFAULT_RECORD_CACHE_MB`, or a quarter of the worker's memory limit if that is less: the
+    container's (cgroup) or ``memory_limit`` bytes (the job's ``--worker-memory-limit``), the smaller."""
+    limits = [limit for limit in (_cgroup_limit(), memory_limit) if limit is not None]
+    return min([DEFAULT_RECORD_CACHE_MB] + [limit // 4 // _MIB for limit in limits])
 
 
 class ChunkCache:
@@ -112,13 +113,14 @@ _cache: ChunkCache | None = None
 _configure_lock = threading.Lock()
 
 
-def configure_record_cache(mb: int | None) -> ChunkCache:
-    """Set this process's cache budget: ``mb`` MiB, None for :func:`default_record_cache_mb`, 0 for off.
-    A smaller budget drops what no longer fits. Returns the cache."""
+def configure_record_cache(mb: int | None, *, memory_limit: int | None = None) -> ChunkCache:
+    """Set this process's cache budget: ``mb`` MiB, None for :func:`default_record_cache_mb` (of
+    ``memory_limit`` bytes, the worker's limit if it has one), 0 for off. A smaller budget drops what
+    no longer fits. Returns the cache."""
     global _cache
     if mb is not None and (isinstance(mb, bool) or not isinstance(mb, int) or mb < 0):
         raise ValueError(f"record_cache_mb must be a whole number of MiB >= 0 (0 turns the cache off), got {mb!r}")
-    budget = (default_record_cache_mb() if mb is None else mb) * _MIB
+    budget = (default_record_cache_mb(memory_limit) if mb is None else mb) * _MIB
     with _configure_lock:
         if _cache is None:
             _cache = ChunkCache(budget)

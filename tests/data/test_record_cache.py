@@ -109,6 +109,7 @@ def test_the_default_budget_is_512_mib_or_a_quarter_of_the_container_limit(monke
     monkeypatch.setattr("flextrain.data.chunkcache._cgroup_limit", lambda: 1024 * MIB)
     assert default_record_cache_mb() == 256
     assert configure_record_cache(None).budget == 256 * MIB
+    assert default_record_cache_mb(400 * MIB) == 100  # --worker-memory-limit 400Mi, below the container's
 
 
 @pytest.mark.parametrize("bad", [-1, 1.5, "64", True])
