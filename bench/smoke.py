@@ -43,6 +43,7 @@ SMOKE: dict[str, list[str]] = {
     "master_scale": ["master_scale.py", "--smoke"],
     "kill_detect": ["kill_detect.py", "--rounds", "1", "--extra-mb", "8"],
     "tls": ["tls.py", "--mb", "4", "--emb-ids", "10000", "--repeats", "2"],
+    "record_cache": ["record_cache.py", "--mb", "2", "--chunk-mb", "1", "--epochs", "2"],
 }
 # Left out of the default run (``--all`` adds them): each starts several jobs or torchrun's agent
 # and its workers, and takes 1-2.5 min even at these sizes on the 2-core machine, more than the

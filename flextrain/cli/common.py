@@ -51,12 +51,16 @@ def add_metrics_flags(g) -> None:
 
 
 def add_data_flags(g) -> None:
-    """--skip-unknown-files and --csv-header (train, evaluate, predict)."""
+    """--skip-unknown-files, --csv-header, --record-cache-mb and --data-secret (train, evaluate, predict)."""
     g.add_argument("--skip-unknown-files", action="store_true",
                    help="skip files under the data paths that are not RecordIO, CSV or Parquet data (and dangling "
                         "links, unreadable files), with a warning naming each; by default such a file is an error")
     g.add_argument("--csv-header", action="store_true",
                    help="the first line of every CSV data file is a header, not a record")
+    g.add_argument("--record-cache-mb", type=int, metavar="MIB",
+                   help="MiB of decoded RecordIO chunks each worker keeps in memory, so that later epochs take "
+                        "them from there instead of the files (default: 512, or a quarter of the worker's "
+                        "memory limit (its container's or --worker-memory-limit) if less; 0: off; docs/data.md)")
     g.add_argument("--data-secret", metavar="SECRET",
                    help="Kubernetes jobs: the Secret whose keys become the master's and workers' environment, "
                         "e.g. FLEXTRAIN_DATA_PASSWORD for a database URL (docs/data.md)")

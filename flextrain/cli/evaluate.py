@@ -118,7 +118,8 @@ def _spec(args, job_type, *, in_pod: bool = False, **fields):
         workers=args.workers, global_batch_size=args.global_batch_size, steps_per_task=args.steps_per_task,
         max_micro_batch=args.max_micro_batch, max_task_retries=args.max_task_retries,
         worker_timeout=args.worker_timeout, relaunch_budget=args.relaunch_budget,
-        skip_unknown_files=args.skip_unknown_files, csv_header=args.csv_header, data_secret=args.data_secret, **fields,
+        skip_unknown_files=args.skip_unknown_files, csv_header=args.csv_header, data_secret=args.data_secret,
+        record_cache_mb=args.record_cache_mb, **fields,
     )
 
 

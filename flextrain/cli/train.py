@@ -206,6 +206,7 @@ def build_spec(args):
         metrics=not args.no_metrics, metrics_port=args.metrics_port, tls=tls_of(args),
         tensorboard=not args.no_tensorboard,
         skip_unknown_files=args.skip_unknown_files, csv_header=args.csv_header, data_secret=args.data_secret,
+        record_cache_mb=args.record_cache_mb,
     )
 
 

@@ -4,6 +4,7 @@ Foundation layer: imports nothing from the rest of flextrain.
 """
 
 from flextrain.data.batch import RecordBatch, records_array
+from flextrain.data.chunkcache import RecordCacheStats, configure_record_cache, record_cache
 from flextrain.data.csv import CSVReader
 from flextrain.data.custom import CustomReaderError, CustomSource, ReaderTask, custom_source, plan_shards
 from flextrain.data.digits import DIGITS_RECORD_BYTES, decode_digits, encode_digits, write_digits
@@ -32,6 +33,9 @@ from flextrain.data.sources import (
 )
 
 __all__ = [
+    "RecordCacheStats",
+    "configure_record_cache",
+    "record_cache",
     "DataError",
     "CustomReaderError",
     "CustomSource",

@@ -40,6 +40,12 @@ class ChunkRecords:
     def __len__(self) -> int:
         return self._n
 
+    @property
+    def nbytes(self) -> int:
+        """Memory held: the decoded stream, plus the record starts of variable-size records
+        (a list of Python ints, ~40 bytes each)."""
+        return len(self._stream) + (0 if self._starts is None else 40 * len(self._starts))
+
     def _one(self, i: int) -> bytes:
         if self._starts is None:
             begin = i * self._stride + 4

@@ -35,6 +35,7 @@ import numpy as np
 
 from flextrain.data._ranges import check_range
 from flextrain.data.batch import RecordBatch
+from flextrain.data.chunkcache import record_cache
 from flextrain.data.chunkrecords import ChunkRecords
 from flextrain.data.errors import CorruptRecordIOError
 
@@ -205,11 +206,15 @@ class RecordIOReader:
 
     The reader holds no open file handle (each chunk load opens the file), so
     instances can be cached and shared across threads. The file must not
-    change after the reader is created.
+    change after the reader is created. Decoded chunks are kept in the
+    process's record cache (:mod:`flextrain.data.chunkcache`) under the file's
+    identity at indexing time (path, size, ``mtime_ns``): another reader of the
+    same unchanged file finds them there, one of a rewritten file does not.
     """
 
     def __init__(self, path: str | os.PathLike[str]):
         self._path = os.fspath(path)
+        self._identity: tuple[str, int, int] = (os.path.abspath(self._path), -1, -1)  # set by _build_index
         self._chunks = self._build_index()
         self._cum: list[int] = []  # cum[c] = records in chunks 0..c
         total = 0
@@ -298,9 +303,14 @@ class RecordIOReader:
 
     def _chunk_records(self, c: int) -> ChunkRecords:
         cached = self._cache
-        if cached is not None and cached[0] == c:
+        if cached is not None and cached[0] == c:  # the chunk the last read touched: a task's next step
             return cached[1]
-        records = self._decode_chunk(c)
+        key = (*self._identity, self._cum[c - 1] if c else 0, self._cum[c])
+        shared = record_cache()
+        records = shared.get(key)
+        if records is None:
+            records = self._decode_chunk(c)
+            shared.put(key, records, records.nbytes)
         self._cache = (c, records)
         return records
 
@@ -359,7 +369,9 @@ class RecordIOReader:
     def _build_index(self) -> tuple[ChunkInfo, ...]:
         chunks: list[ChunkInfo] = []
         with open(self._path, "rb") as f:
-            file_size = os.fstat(f.fileno()).st_size
+            st = os.fstat(f.fileno())
+            file_size = st.st_size
+            self._identity = (self._identity[0], st.st_size, st.st_mtime_ns)
             offset = 0
             while offset < file_size:
                 f.seek(offset)

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from flextrain.data.batch import RecordBatch
+from flextrain.data.chunkcache import record_cache
 from flextrain.data.csv import CSVReader
 from flextrain.data.errors import DataError
 from flextrain.data.formats import CSV, EMPTY, FORMATS, HINT_EXTENSIONS, PARQUET, RECORDIO, NotDataError, sniff
@@ -163,9 +164,10 @@ def _open(path: str, kind: str | None) -> Reader:
 
 
 def clear_reader_cache() -> None:
-    """Drop all cached readers (for tests and long-lived processes)."""
+    """Drop all cached readers and the decoded chunks of the record cache (for tests and long-lived processes)."""
     with _cache_lock:
         _cache.clear()
+    record_cache().clear()
 
 
 def _listing(directory: str) -> list[str]:

@@ -277,6 +277,8 @@ SETTINGS: tuple[Setting, ...] = (
     _s("prediction_data", "data.prediction", str, "spec.data.prediction"),
     _s("skip_unknown_files", "data.skip_unknown_files", bool, "spec.data.skipUnknownFiles"),
     _s("csv_header", "data.csv_header", bool, "spec.data.csvHeader"),
+    # Decoded RecordIO chunks a worker keeps in memory for later epochs (docs/data.md#the-record-cache).
+    _s("record_cache_mb", "data.record_cache_mb", int, "spec.data.recordCacheMb"),
     # The Kubernetes Secret whose keys become the environment of the master and the workers: a database
     # password (FLEXTRAIN_DATA_PASSWORD, or the driver's own such as PGPASSWORD), never in a data URL.
     _s("data_secret", "data.secret_ref", str, "spec.data.secretRef", "--data-secret"),
@@ -371,7 +373,7 @@ NUMBER_RULES = (
                    "max_global_batch", "adapt_every", "active_deadline_seconds")),
     (check_non_negative, ("evaluation_steps", "max_task_retries", "checkpoint_steps", "memory_checkpoint_steps",
                           "relaunch_budget", "spares", "ttl_seconds_after_finished", "backoff_limit",
-                          "ps_checkpoint_steps")),
+                          "ps_checkpoint_steps", "record_cache_mb")),
     (check_positive_finite, ("rendezvous_timeout", "worker_timeout", "start_timeout", "min_workers_timeout",
                              "learning_rate")),
     (check_size_mb, ("bucket_mb",)),
@@ -379,7 +381,7 @@ NUMBER_RULES = (
 )
 OPTIONAL_NUMBERS = {"reference_batch_size", "min_workers", "max_workers", "grads_to_wait", "learning_rate",
                     "min_global_batch", "max_global_batch", "adapt_every", "ttl_seconds_after_finished",
-                    "active_deadline_seconds", "backoff_limit"}
+                    "active_deadline_seconds", "backoff_limit", "record_cache_mb"}
 # Every rule about one setting's value alone, by key: ``check(flag, value)`` raises JobSpecError. What
 # the operator runs field by field, so that all bad values of an ElasticJob are reported at once.
 VALUE_RULES = {

@@ -44,6 +44,9 @@ class DataSpec:
     skip_unknown_files: bool = False
     # The first line of every CSV data file is a header, not a record.
     csv_header: bool = False
+    # MiB of decoded RecordIO chunks a worker keeps for the next epoch's reads (flextrain/data/chunkcache.py);
+    # None: 512, or a quarter of the worker's memory limit (container or worker.memory_limit) if less; 0: off.
+    record_cache_mb: int | None = None
     # Kubernetes: the Secret holding a database password, mounted as environment into master and workers.
     secret_ref: str | None = None
 
