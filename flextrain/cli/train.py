@@ -122,8 +122,9 @@ def add_commands(sub) -> None:
                         "(the others stay in shared memory until a worker exits or the workers are lost; "
                         "default 4; 1: every one)")
     g.add_argument("--memory-checkpoint-persist-seconds", type=float, default=30.0, metavar="S",
-                   help="... and only when at least S seconds have passed since the last one written (default 30; "
-                        "0: by count alone; where the host's shared memory is lost, up to S seconds of steps are redone)")
+                   help="write an in-memory checkpoint to the job directory only when at least S seconds have "
+                        "passed since the last one written, as well as P snapshots (default 30; 0: by count alone; "
+                        "where the host's shared memory is lost, up to S seconds of steps are redone)")
     g.add_argument("--rendezvous-timeout", type=float, default=10.0, metavar="SECONDS",
                    help="how long a round waits for stragglers once --min-workers are present")
     g.add_argument("--worker-timeout", type=float, default=60.0, metavar="SECONDS",
