@@ -41,6 +41,10 @@ _DTYPES = {
 }
 
 
+# dtypes numpy holds as they are (bfloat16 has no numpy dtype: it is viewed as bytes first)
+_NATIVE = frozenset(dtype for name, dtype in _DTYPES.items() if name != "bfloat16")
+
+
 class StateCodecError(ValueError):
     pass
 
@@ -53,6 +57,8 @@ def _tensor_bytes(t: torch.Tensor) -> memoryview:
         t = t.cpu().contiguous()
     if t.numel() == 0:
         return memoryview(b"")
+    if t.dtype in _NATIVE:  # numpy has the dtype: no reshape nor view (each a torch call, on every snapshot)
+        return memoryview(t.numpy()).cast("B")
     return memoryview(t.reshape(-1).view(torch.uint8).numpy())
 
 
