@@ -5,7 +5,8 @@ while every other one is SIGSTOP-ed), all copies of the demo's AllReduce job (di
 ``--workers 2 --global-batch-size 64 --max-micro-batch 32``, one torch thread per worker):
 ``flash-N`` for each N of ``--every`` (default 5, 10, 25, 50: ``--memory-checkpoint-steps N``;
 rank 0 encodes its state and hands it to a background thread, which puts it into shared memory
-(the master resolves its ledger on its own) and writes every ``--persist-every``-th to disk), ``plain``
+(the master resolves its ledger on its own) and writes one to disk when due by ``--persist-every``
+and ``--persist-seconds``), ``plain``
 (``--memory-checkpoint-steps 0``, every third window) and ``control`` (a second ``plain``: the
 method's own A/A check). Every side stamps ``time.perf_counter()`` after each optimizer step
 (``bench/steady/digits_models.py``); a window's rate is steps/s from the end of its first step to
@@ -60,6 +61,8 @@ def job(args, data_dir: Path, out: Path, *, epochs: int, every: int) -> subproce
         "--workers", "2", "--epochs", str(epochs), "--global-batch-size", "64", "--max-micro-batch", "32",
         "--seed", "0", "--lr", "0.1", "--no-progress", "--job-dir", str(out / "job"),
         "--memory-checkpoint-steps", str(every), "--memory-checkpoint-persist-every", str(args.persist_every)]
+    if args.persist_seconds is not None:  # else the job default (a checkout without the flag has none)
+        cmd += ["--memory-checkpoint-persist-seconds", str(args.persist_seconds)]
     # INFO on every side alike: rank 0's account of its snapshots is an INFO line (flash_counters)
     return start(cmd, out, {"FLEXTRAIN_NUM_THREADS": "1", "FLEXTRAIN_LOG_LEVEL": "INFO"})
 
@@ -129,6 +132,9 @@ def main(argv=None) -> int:
                    help="--memory-checkpoint-steps of the flash sides, comma-separated (one side each)")
     p.add_argument("--persist-every", type=int, default=4,
                    help="--memory-checkpoint-persist-every of the flash sides (4: the job default)")
+    p.add_argument("--persist-seconds", type=float, default=None,
+                   help="--memory-checkpoint-persist-seconds of the flash sides (default: the job's, 30; "
+                        "0: by count alone, as before it existed)")
     p.add_argument("--epochs", type=int, default=200, help="of each flash side (their ends end the turns)")
     p.add_argument("--window", type=float, default=0.5)
     p.add_argument("--min-window-steps", type=int, default=3)
@@ -219,7 +225,8 @@ def summarise(args, root: Path, windows: list, *, flash: dict[str, int], sides: 
     rated = rated_windows(windows, series, min_steps=args.min_window_steps)
     by_cpu = cpu_rated(windows, series, min_steps=args.min_window_steps)
     plain_step_ms = 1e3 / statistics.median(r["rate"] for r in rated if r["side"] == "plain")
-    result = {"every": list(flash.values()), "persist_every": args.persist_every, "workers": 2, "global_batch": 64,
+    result = {"every": list(flash.values()), "persist_every": args.persist_every,
+              "persist_seconds": args.persist_seconds, "workers": 2, "global_batch": 64,
               "window_s": args.window, "plain_step_ms": round(plain_step_ms, 4),
               "steps": {side: len(series[side].times) for side in sides}, "sides": {}}
     cpu = {side: cpu_per_step(series[side], windows, side=side) for side in sides}

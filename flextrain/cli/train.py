@@ -121,6 +121,10 @@ def add_commands(sub) -> None:
                    help="also write every P-th in-memory checkpoint to the job directory, in the background "
                         "(the others stay in shared memory until a worker exits or the workers are lost; "
                         "default 4; 1: every one)")
+    g.add_argument("--memory-checkpoint-persist-seconds", type=float, default=30.0, metavar="S",
+                   help="write an in-memory checkpoint to the job directory only when at least S seconds have "
+                        "passed since the last one written, as well as P snapshots (default 30; 0: by count alone; "
+                        "where the host's shared memory is lost, up to S seconds of steps are redone)")
     g.add_argument("--rendezvous-timeout", type=float, default=10.0, metavar="SECONDS",
                    help="how long a round waits for stragglers once --min-workers are present")
     g.add_argument("--worker-timeout", type=float, default=60.0, metavar="SECONDS",
@@ -194,6 +198,7 @@ def build_spec(args):
         steps_per_task=args.steps_per_task, max_task_retries=args.max_task_retries,
         checkpoint_steps=args.checkpoint_steps, memory_checkpoint_steps=args.memory_checkpoint_steps,
         memory_checkpoint_persist_every=args.memory_checkpoint_persist_every,
+        memory_checkpoint_persist_seconds=args.memory_checkpoint_persist_seconds,
         bucket_mb=args.bucket_mb,
         rendezvous_timeout=args.rendezvous_timeout,
         worker_timeout=args.worker_timeout, start_timeout=args.start_timeout, relaunch_budget=args.relaunch_budget,

@@ -65,6 +65,13 @@ def flash_dir(job_name: str, job_dir: str | Path) -> Path:
     return flash_root() / f"flextrain-{safe}-{digest}"
 
 
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
 def _canonical(data: dict) -> bytes:
     return json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
 
@@ -105,15 +112,20 @@ class FlashStore:
         return self.path / f"ledger-{name}.json"
 
     def _write(self, path: Path, data: bytes) -> None:
-        """Whole or not at all (memory: no fsync); a temp name no other writer uses."""
-        self.path.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}-{threading.get_ident()}.tmp")
+        """Whole or not at all (memory: no fsync); a temp name no other writer uses. The directory is
+        made when a write finds it missing (not checked before each write: several a second)."""
+        tmp = f"{self.path}/.{path.name}.{os.getpid()}-{threading.get_ident()}.tmp"
         try:
-            with open(tmp, "wb") as f:
+            try:
+                f = open(tmp, "wb")
+            except FileNotFoundError:
+                self.path.mkdir(parents=True, exist_ok=True)
+                f = open(tmp, "wb")
+            with f:
                 f.write(data)
             os.replace(tmp, path)
         except BaseException:
-            tmp.unlink(missing_ok=True)
+            Path(tmp).unlink(missing_ok=True)
             raise
 
     def put_state(self, blob: bytes, position) -> Path:
@@ -144,10 +156,10 @@ class FlashStore:
 
     def put_ledger(self, pending: Pending, ledger: dict) -> None:
         """Complete ``pending`` with its ledger (the master); every older snapshot goes."""
-        data = {"version": pending.version, "position": pending.position, "ledger": ledger,
-                "size": pending.state_path.stat().st_size}
-        data["check"] = zlib.crc32(_canonical(data))
-        self._write(self._ledger(stem(pending.position)), json.dumps(data).encode())
+        data = _canonical({"version": pending.version, "position": pending.position, "ledger": ledger,
+                           "size": pending.state_path.stat().st_size})
+        # the canonical JSON with "check" added, encoded once: "check" sorts before every other key
+        self._write(self._ledger(stem(pending.position)), b'{"check":%d,%s' % (zlib.crc32(data), data[1:]))
         self.prune(below=pending.version)
 
     def discard(self, pending: Pending) -> None:
@@ -195,12 +207,13 @@ class FlashStore:
     def prune(self, *, below: int) -> None:
         """Remove every snapshot older than ``below``."""
         states, ledgers = self._names()
+        base = str(self.path)  # plain strings: the master prunes after every snapshot it resolves
         for name, key in states.items():
             if key[0] < below:
-                self._ledger(name).unlink(missing_ok=True)
-                self._state(name).unlink(missing_ok=True)
+                _unlink(f"{base}/ledger-{name}.json")
+                _unlink(f"{base}/state-{name}.ckpt")
         for name in ledgers - states.keys():  # a ledger whose state went
-            self._ledger(name).unlink(missing_ok=True)
+            _unlink(f"{base}/ledger-{name}.json")
 
     def clear(self) -> None:
         """Remove every snapshot (the directory stays)."""

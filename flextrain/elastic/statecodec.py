@@ -41,19 +41,31 @@ _DTYPES = {
 }
 
 
+# dtypes numpy holds as they are (bfloat16 has no numpy dtype: it is viewed as bytes first)
+_NATIVE = frozenset(dtype for name, dtype in _DTYPES.items() if name != "bfloat16")
+
+
 class StateCodecError(ValueError):
     pass
 
 
-def _tensor_bytes(t: torch.Tensor) -> bytes:
-    flat = t.detach().cpu().contiguous().reshape(-1)
-    return flat.view(torch.uint8).numpy().tobytes()
+def _tensor_bytes(t: torch.Tensor) -> memoryview:
+    """The tensor's bytes without a copy where it is a contiguous CPU tensor (``encode`` joins them
+    into its result, the one copy); others are copied to one first."""
+    t = t.detach()
+    if t.device.type != "cpu" or not t.is_contiguous():
+        t = t.cpu().contiguous()
+    if t.numel() == 0:
+        return memoryview(b"")
+    if t.dtype in _NATIVE:  # numpy has the dtype: no reshape nor view (each a torch call, on every snapshot)
+        return memoryview(t.numpy()).cast("B")
+    return memoryview(t.reshape(-1).view(torch.uint8).numpy())
 
 
 def encode(tree: Any) -> bytes:
     """Serialise a state tree to bytes."""
     metas: list[dict] = []
-    blobs: list[bytes] = []
+    blobs: list[memoryview] = []
 
     def walk(node: Any) -> Any:
         if isinstance(node, torch.Tensor):
@@ -86,8 +98,9 @@ def encode(tree: Any) -> bytes:
     return b"".join([*parts, _CRC.pack(crc)])
 
 
-def _parse(view: memoryview) -> tuple[int, Any, list, int]:
-    """``(version, tree, tensor metas, start of the tensor bytes)``, the length and checksum verified."""
+def _parse(view: memoryview, *, checksum: bool = True) -> tuple[int, Any, list, int]:
+    """``(version, tree, tensor metas, start of the tensor bytes)``, the length and checksum verified
+    (``checksum=False``: the length only)."""
     if len(view) < _PREFIX.size:
         raise StateCodecError("state blob too short")
     magic, version, header_len = _PREFIX.unpack_from(view, 0)
@@ -108,7 +121,7 @@ def _parse(view: memoryview) -> tuple[int, Any, list, int]:
         raise StateCodecError(f"state blob tensor data truncated ({len(view)} of {expected} bytes)")
     if len(view) > expected:
         raise StateCodecError(f"state blob has {len(view) - expected} trailing bytes")
-    if trailer:
+    if trailer and checksum:
         (stored,) = _CRC.unpack_from(view, expected - trailer)
         actual = zlib.crc32(view[: expected - trailer])
         if actual != stored:
@@ -196,12 +209,14 @@ _NUMPY = {"float64": np.float64, "float32": np.float32, "float16": np.float16, "
           "complex128": np.complex128}
 
 
-def nonfinite_blob(data: bytes | bytearray | memoryview, *, under: str = "model", limit: int = 5) -> list[str]:
+def nonfinite_blob(data: bytes | bytearray | memoryview, *, under: str = "model", limit: int = 5,
+                   checksum: bool = True) -> list[str]:
     """:func:`nonfinite` of the tree's ``under`` entry, read in place from an :func:`encode` blob (no
     tensor is built: what a snapshot's writer checks before keeping it). Raises :class:`StateCodecError`
-    for a blob that fails its checks."""
+    for a blob that fails its checks (``checksum=False``: all but the CRC, for bytes this process's
+    :func:`encode` just made)."""
     view = memoryview(data)
-    _, tree, metas, start = _parse(view)
+    _, tree, metas, start = _parse(view, checksum=checksum)
     offsets, offset = [], start
     for meta in metas:
         offsets.append(offset)

@@ -83,6 +83,12 @@ def check_size_mb(flag: str, value) -> None:
                            f"got {value!r}")
 
 
+def check_seconds(flag: str, value) -> None:
+    """An interval in seconds where 0 means none (``--memory-checkpoint-persist-seconds``): finite and >= 0."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+        raise JobSpecError(f"{flag} must be a number of seconds >= 0 (0: no time rule), got {value!r}")
+
+
 def check_seed(flag: str, value) -> None:
     """What torch.manual_seed and the CRD take."""
     if not is_int(value) or not 0 <= value < 2**63:
@@ -305,6 +311,8 @@ SETTINGS: tuple[Setting, ...] = (
     # Every K-th in-memory checkpoint is also written to the job directory (docs/elasticity.md).
     _s("memory_checkpoint_persist_every", "training.memory_checkpoint_persist_every", int,
        "spec.training.memoryCheckpointPersistEvery"),
+    _s("memory_checkpoint_persist_seconds", "training.memory_checkpoint_persist_seconds", float,
+       "spec.training.memoryCheckpointPersistSeconds"),
     # Gradient buckets reduced during backward, in MiB (0: one reduction after backward; docs/elasticity.md).
     _s("bucket_mb", "training.bucket_mb", float, "spec.training.bucketMb"),
     _s("seed", "training.seed", int, "spec.training.seed"),
@@ -377,6 +385,7 @@ NUMBER_RULES = (
     (check_positive_finite, ("rendezvous_timeout", "worker_timeout", "start_timeout", "min_workers_timeout",
                              "learning_rate")),
     (check_size_mb, ("bucket_mb",)),
+    (check_seconds, ("memory_checkpoint_persist_seconds",)),
     (check_port, ("metrics_port",)),
 )
 OPTIONAL_NUMBERS = {"reference_batch_size", "min_workers", "max_workers", "grads_to_wait", "learning_rate",

@@ -92,6 +92,8 @@ class TrainingSpec:
     # background; the others live in shared memory only (a worker that exits, and the master when the workers
     # are lost, persist the newest). 1: every snapshot.
     memory_checkpoint_persist_every: int = 4
+    # ... and only when at least this many seconds have passed since the last one written (0: by count alone).
+    memory_checkpoint_persist_seconds: float = 30.0
     # AllReduce (PyTorch): gradients are summed in buckets of about this many MiB, launched from autograd hooks
     # while the last micro-step's backward runs (25: DDP's bucket_cap_mb); 0: one flat reduction after backward.
     bucket_mb: float = 25.0

@@ -46,6 +46,7 @@ CHANGEABLE = {
     "training.checkpoint_steps": "when checkpoints are taken",
     "training.memory_checkpoint_steps": "when in-memory checkpoints are taken",
     "training.memory_checkpoint_persist_every": "which in-memory checkpoints are also written to disk",
+    "training.memory_checkpoint_persist_seconds": "as --memory-checkpoint-persist-every",
     "training.bucket_mb": "only how the reduction of a step's gradients is cut, not what it sums",
     "ps.ps_checkpoint_steps": "when the parameter servers checkpoint",
     "metrics": "only whether the master serves /metrics",

@@ -44,14 +44,19 @@ CLOSE_GIVE_UP_S = 5.0
 
 
 class FlashCheckpointer:
-    def __init__(self, *, store: FlashStore, checkpoints: Path, client, every: int, persist_every: int = 1) -> None:
-        """``every``: steps between snapshots; ``persist_every``: every how many complete snapshots one
-        is written to ``checkpoints`` (the rest live in shared memory only)."""
+    def __init__(self, *, store: FlashStore, checkpoints: Path, client, every: int, persist_every: int = 1,
+                 persist_seconds: float = 0.0, clock: Callable[[], float] = time.monotonic) -> None:
+        """``every``: steps between snapshots; a complete one is written to ``checkpoints`` when it is at
+        least the ``persist_every``-th since the last write and ``persist_seconds`` have passed since it
+        (the rest live in shared memory only); ``clock``: seconds, for the time rule."""
         self.store = store
         self.checkpoints = Path(checkpoints)
         self.client = client
         self.every = every
         self.persist_every = max(1, persist_every)
+        self.persist_seconds = max(0.0, persist_seconds)
+        self.clock = clock
+        self._disk_at = clock()  # the last write to disk (the start: the checkpoint resumed from, or nothing)
         self._cond = threading.Condition()
         self._queued: tuple[int, bytes, pb.Position] | None = None  # taken, for the writer
         self._unpersisted: tuple[int, bytes, pb.Position] | None = None  # in shared memory, not on disk
@@ -98,8 +103,8 @@ class FlashCheckpointer:
                 self._queued = None
             while self._busy or self._queued is not None:
                 self._cond.wait()
-            if discard:
-                self._unpersisted = None
+            if discard:  # a blocking checkpoint follows: it is the newest write to disk
+                self._unpersisted, self._since_disk, self._disk_at = None, 0, self.clock()
 
     def close(self) -> None:
         """Wait for the writer's snapshot in progress, drop the waiting one, persist the newest snapshot
@@ -151,8 +156,8 @@ class FlashCheckpointer:
 
     def _complete(self, version: int, blob: bytes, position: pb.Position) -> None:
         """Put the snapshot into shared memory (the master resolves it from its name); persist it when
-        it is the ``persist_every``-th."""
-        if bad := nonfinite_blob(blob):  # never kept: a job must not resume with it
+        it is due by count and by time (:meth:`_due_on_disk`)."""
+        if bad := nonfinite_blob(blob, checksum=False):  # encode()'s bytes, in this process  # never kept: a job must not resume with it
             with self._cond:
                 self.dropped += 1
             log.error("in-memory checkpoint of step %d dropped: non-finite weights (%s)", version, "; ".join(bad))
@@ -162,10 +167,14 @@ class FlashCheckpointer:
         self._since_disk += 1
         with self._cond:
             self._unpersisted = (version, blob, position)
-            if self._since_disk < self.persist_every:
+            if not self._due_on_disk():
                 return
-            self._unpersisted, self._since_disk = None, 0
+            self._unpersisted, self._since_disk, self._disk_at = None, 0, self.clock()
         self._persist(version, blob, position)
+
+    def _due_on_disk(self) -> bool:
+        """At least ``persist_every`` complete snapshots and ``persist_seconds`` since the last write."""
+        return self._since_disk >= self.persist_every and self.clock() - self._disk_at >= self.persist_seconds
 
     def _persist(self, version: int, blob: bytes, position: pb.Position, *, give_up: float | None = None) -> None:
         self.checkpoints.mkdir(parents=True, exist_ok=True)

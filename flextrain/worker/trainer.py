@@ -111,7 +111,9 @@ class AllReduceTrainer:
         self.flash = FlashCheckpointer(store=FlashStore(flash_dir(spec.name, spec.job_dir)),
                                        checkpoints=Path(spec.job_dir) / "checkpoints", client=client,
                                        every=every,
-                                       persist_every=spec.training.memory_checkpoint_persist_every) if every else None
+                                       persist_every=spec.training.memory_checkpoint_persist_every,
+                                       persist_seconds=spec.training.memory_checkpoint_persist_seconds,
+                                       ) if every else None
 
     # ---- state transfer ---------------------------------------------------------
     def state_tree(self) -> dict:

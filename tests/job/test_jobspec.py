@@ -49,6 +49,9 @@ def test_defaults_validate_and_validate_returns_self():
         (dict(max_task_retries=-1), "--max-task-retries"),
         (dict(checkpoint_steps=-1), "--checkpoint-steps"),
         (dict(memory_checkpoint_persist_every=0), "--memory-checkpoint-persist-every must be a positive integer"),
+        (dict(memory_checkpoint_persist_seconds=-1.0), "--memory-checkpoint-persist-seconds must be a number of "
+                                                       "seconds >= 0 (0: no time rule), got -1.0"),
+        (dict(memory_checkpoint_persist_seconds=float("inf")), "--memory-checkpoint-persist-seconds must be"),
         (dict(model_def=""), "--model-def is required"),
         (dict(training_data=""), "--training-data is required"),
     ],

@@ -59,7 +59,8 @@ def make_job(tmp_path, monkeypatch):
 
 @pytest.fixture
 def job(make_job):
-    return make_job(steps_per_task=2, epochs=2, memory_checkpoint_persist_every=PERSIST)
+    return make_job(steps_per_task=2, epochs=2, memory_checkpoint_persist_every=PERSIST,
+                    memory_checkpoint_persist_seconds=0)  # by count alone
 
 
 def _equal(a: dict, b: dict) -> bool:
@@ -123,10 +124,12 @@ def test_snapshots_are_the_model_and_persist_with_their_exact_ledger(job):
     assert len(persisted) == before_close + (flash.completed % PERSIST != 0) == flash.persisted
     for _, _, kw in persisted:
         assert kw["memory"] and not kw["final"]
-    latest = master.checkpoints.latest()  # the newest persisted copy, with the ledger resolved for it
-    version = latest["version"]
-    assert version == persisted[-1][1] == max(models) - max(models) % EVERY
-    assert latest["checkpoint"] == persisted[-1][0] and latest["ledger"] == completed[version]
+    assert persisted[-1][1] == max(models) - max(models) % EVERY
+    # the newest persisted copy the master resolved, with the ledger resolved for it (the last one's
+    # state may land after the job's last outcome: refused, as the job is over, its final checkpoint newer)
+    path, version, _ = [p for p in persisted if p[1] in completed][-1]
+    latest = master.checkpoints.latest()
+    assert latest["version"] == version and latest["checkpoint"] == path and latest["ledger"] == completed[version]
     assert latest["ledger"]["records_done"] == sum(steps[:version])
     on_disk = decode(open(latest["checkpoint"], "rb").read())
     assert _equal(on_disk["model"], models[version])
@@ -249,3 +252,37 @@ def test_a_snapshot_superseded_while_the_writer_is_busy_is_dropped(make_job):
     snap, _ = flash.store.latest()
     assert snap.version == 2 and snap.state_path.read_bytes() == newer
     assert master.snapshot_ledgers[stem(snap.position)]["records_done"] == 2 * spec.training.global_batch_size
+
+
+def test_a_snapshot_goes_to_disk_when_due_by_count_and_by_time(make_job):
+    """``persist_every`` = 2 and ``persist_seconds`` = 10 on an injected clock: a complete snapshot is
+    written when it is at least the 2nd since the last write and 10 s have passed since it; a blocking
+    checkpoint counts as a write; close() writes the newest not on disk."""
+    spec, master, client = make_job(steps_per_task=4, epochs=1)
+    now = [0.0]
+    flash = FlashCheckpointer(store=FlashStore(flash_dir("j", spec.job_dir)), checkpoints=master.checkpoints.directory,
+                              client=client, every=1, persist_every=2, persist_seconds=10.0, clock=lambda: now[0])
+    reported, report = [], client.report_checkpoint
+    client.report_checkpoint = lambda path, position, **kw: reported.append(position.version) or report(
+        path, position, **kw)
+    client.register(pid=0)
+    r = client.join(pb.Position(round_id=-1), "start").round_id
+
+    def take(version: int, at: float) -> int:
+        now[0] = at
+        flash.snapshot(lambda: encode({"model": {"w": torch.full((2,), float(version))}, "version": version}),
+                       pb.Position(round_id=r, task_index=0, steps_done=version, version=version))
+        flash.drain(discard=False)
+        return flash.persisted
+
+    try:
+        # 2nd at t=0 (too soon); 3rd at t=10 (written); t=25: the 1st since (count), the 2nd (written)
+        assert [take(1, 0), take(2, 0), take(3, 10), take(4, 25), take(5, 25)] == [0, 0, 1, 1, 2]
+        now[0] = 30
+        flash.drain(discard=True)  # a blocking checkpoint at t=30: the clock and the count restart
+        assert [take(6, 36), take(7, 39.9), take(8, 40)] == [2, 2, 3]
+        take(9, 100)  # the 1st since: not due by count
+    finally:
+        flash.close()  # writes 9, the newest not on disk
+    assert flash.completed == 9 and flash.persisted == 4
+    assert reported == [3, 5, 8, 9] and master.checkpoints.latest()["version"] == 9
