@@ -240,7 +240,7 @@ def check_memory_flag(spec) -> None:
                                        ("--worker-memory-limit", spec.worker.memory_limit)) if v is not None]
     if not given:
         return
-    from flextrain.elastic.memory import parse_memory  # imports torch
+    from flextrain.elastic.sizes import parse_memory
     from flextrain.job import JobSpecError
 
     try:

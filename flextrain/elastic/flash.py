@@ -41,7 +41,6 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from flextrain.elastic.statecodec import StateCodecError, verify
 
 ENV_ROOT = "FLEXTRAIN_FLASH_DIR"
 _STATE = re.compile(r"^state-((\d{9})-(-?\d+)-(\d+)-(\d+))\.ckpt$")
@@ -198,6 +197,8 @@ class FlashStore:
         blob = self._state(name).read_bytes()
         if len(blob) != meta["size"]:
             raise ValueError("the state is not the one its ledger was taken for")
+        from flextrain.elastic.statecodec import StateCodecError, verify  # torch: only when a snapshot is read
+
         try:
             verify(blob)
         except StateCodecError as exc:

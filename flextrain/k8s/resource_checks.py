@@ -78,7 +78,7 @@ def _value_problems(field_path: str, value: Any, kind: type, rule=None) -> list[
 
 
 def _check_memory_size(flag: str, value: Any) -> None:
-    from flextrain.elastic.memory import parse_memory  # imports torch: only for a job that sets it
+    from flextrain.elastic.sizes import parse_memory
 
     try:
         parse_memory(value, what=flag.rstrip(":"))

@@ -39,7 +39,7 @@ def exit_code(job: JobMaster) -> int:
 
 def _bytes(size) -> int | None:
     """A memory size of the spec in bytes (the CLI checked it: flextrain.cli.train.check_memory_flag)."""
-    from flextrain.elastic.memory import parse_memory
+    from flextrain.elastic.sizes import parse_memory
 
     return parse_memory(size, what="--worker-memory-limit")
 
