@@ -59,8 +59,7 @@ def add_data_flags(g) -> None:
                    help="the first line of every CSV data file is a header, not a record")
     g.add_argument("--record-cache-mb", type=int, metavar="MIB",
                    help="MiB of decoded RecordIO chunks each worker keeps in memory, so that later epochs take "
-                        "them from there instead of the files (default: 512, or a quarter of the worker's "
-                        "memory limit (its container's or --worker-memory-limit) if less; 0: off; docs/data.md)")
+                        "them from there instead of the files (default: 0, off; docs/data.md)")
     g.add_argument("--data-secret", metavar="SECRET",
                    help="Kubernetes jobs: the Secret whose keys become the master's and workers' environment, "
                         "e.g. FLEXTRAIN_DATA_PASSWORD for a database URL (docs/data.md)")

@@ -12,7 +12,7 @@ kept is the decoded records (:class:`flextrain.data.chunkrecords.ChunkRecords`),
 
 Bounded by a byte budget, least recently used out first; a chunk larger than the whole budget is
 not kept. The budget is set once per process by :func:`configure_record_cache` (the job's
-``record_cache_mb``; 0 turns the cache off: each reader's own slot remains, as before the cache).
+``record_cache_mb``; off by default and at 0: each reader's own slot remains, as before the cache).
 """
 
 from __future__ import annotations
@@ -21,15 +21,13 @@ import threading
 from collections import OrderedDict
 from typing import NamedTuple
 
-__all__ = ["DEFAULT_RECORD_CACHE_MB", "RecordCacheStats", "configure_record_cache", "default_record_cache_mb",
-           "record_cache", "ChunkCache"]
+__all__ = ["DEFAULT_RECORD_CACHE_MB", "RecordCacheStats", "configure_record_cache", "record_cache", "ChunkCache"]
 
-#: The budget without a setting, unless the container's memory limit is small (a quarter of it then):
-#: the digits and overhead benches' data sets are 2-35 MiB, a typical RecordIO shard 32 MiB a chunk,
-#: so 512 MiB keeps 16 full chunks, the working set of a worker's share of a mid-sized data set,
-#: while leaving a 2 GiB pod three quarters of its memory for the model.
-DEFAULT_RECORD_CACHE_MB = 512
-_CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
+#: Off unless a job asks for it (``--record-cache-mb``), like tf.data's ``cache()``: on the benches'
+#: data sets (a chunk or two per file, which each reader keeps anyway) a default-on cache made the
+#: 1-worker job ~3-6% slower against an in-memory loop (bench/README.md, "Record cache default"), a
+#: cost not yet explained; where files have many chunks it makes later epochs' reading ~30x faster.
+DEFAULT_RECORD_CACHE_MB = 0
 _MIB = 1 << 20
 
 
@@ -41,25 +39,6 @@ class RecordCacheStats(NamedTuple):
     entries: int
     hits: int
     misses: int
-
-
-def _cgroup_limit() -> int | None:
-    for path in _CGROUP_LIMITS:
-        try:
-            with open(path) as f:
-                text = f.read().strip()
-        except OSError:
-            continue
-        if text.isdigit() and int(text) < 1 << 60:  # cgroup v1 writes a huge number for "no limit"
-            return int(text)
-    return None
-
-
-def default_record_cache_mb(memory_limit: int | None = None) -> int:
-    """:data:`DEFAULT_RECORD_CACHE_MB`, or a quarter of the worker's memory limit if that is less: the
-    container's (cgroup) or ``memory_limit`` bytes (the job's ``--worker-memory-limit``), the smaller."""
-    limits = [limit for limit in (_cgroup_limit(), memory_limit) if limit is not None]
-    return min([DEFAULT_RECORD_CACHE_MB] + [limit // 4 // _MIB for limit in limits])
 
 
 class ChunkCache:
@@ -113,14 +92,13 @@ _cache: ChunkCache | None = None
 _configure_lock = threading.Lock()
 
 
-def configure_record_cache(mb: int | None, *, memory_limit: int | None = None) -> ChunkCache:
-    """Set this process's cache budget: ``mb`` MiB, None for :func:`default_record_cache_mb` (of
-    ``memory_limit`` bytes, the worker's limit if it has one), 0 for off. A smaller budget drops what
-    no longer fits. Returns the cache."""
+def configure_record_cache(mb: int | None) -> ChunkCache:
+    """Set this process's cache budget: ``mb`` MiB, None for :data:`DEFAULT_RECORD_CACHE_MB` (off),
+    0 for off. A smaller budget drops what no longer fits. Returns the cache."""
     global _cache
     if mb is not None and (isinstance(mb, bool) or not isinstance(mb, int) or mb < 0):
         raise ValueError(f"record_cache_mb must be a whole number of MiB >= 0 (0 turns the cache off), got {mb!r}")
-    budget = (default_record_cache_mb(memory_limit) if mb is None else mb) * _MIB
+    budget = (DEFAULT_RECORD_CACHE_MB if mb is None else mb) * _MIB
     with _configure_lock:
         if _cache is None:
             _cache = ChunkCache(budget)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from flextrain.data import configure_record_cache
-from flextrain.elastic.memory import MemoryMonitor, parse_memory
+from flextrain.elastic.memory import MemoryMonitor
 from flextrain.failures import ExitCode
 from flextrain.job import JobSpec, JobType, Strategy
 from flextrain.protocol.security import from_environment
@@ -131,8 +131,7 @@ def _run_worker(client: MasterClient, worker_id: str, doing: _Doing, *, spare: b
     if spec.is_script:  # the user's own script, restarted in each round's world
         doing.stage = "running the script"
         return run_agent(client, spec, worker_id=worker_id, heartbeat_interval=reg.heartbeat_interval)
-    # Decoded chunks kept for later epochs (0: none; by default within a quarter of the worker's limit).
-    configure_record_cache(spec.data.record_cache_mb, memory_limit=parse_memory(spec.worker.memory_limit))
+    configure_record_cache(spec.data.record_cache_mb)  # decoded chunks kept for later epochs (off by default)
     model_def = load_model_def(spec.model_def)
     torch.manual_seed(spec.training.seed)
     if model_def.framework is Framework.TENSORFLOW:  # same initial Keras weights in every worker

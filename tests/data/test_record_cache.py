@@ -14,7 +14,7 @@ from flextrain.data import (
     record_cache,
     write_records,
 )
-from flextrain.data.chunkcache import DEFAULT_RECORD_CACHE_MB, ChunkCache, default_record_cache_mb
+from flextrain.data.chunkcache import DEFAULT_RECORD_CACHE_MB, ChunkCache
 from flextrain.job import JobSpec, JobSpecError
 
 RECORDS = [bytes([i % 251]) * (40 + i % 7) for i in range(600)]  # variable-size: the starts are kept too
@@ -103,13 +103,10 @@ def test_a_smaller_budget_drops_what_no_longer_fits(multi_chunk):
     assert record_cache().stats()[:3] == (0, 0, 0)
 
 
-def test_the_default_budget_is_512_mib_or_a_quarter_of_the_container_limit(monkeypatch):
-    monkeypatch.setattr("flextrain.data.chunkcache._cgroup_limit", lambda: None)
-    assert default_record_cache_mb() == DEFAULT_RECORD_CACHE_MB == 512
-    monkeypatch.setattr("flextrain.data.chunkcache._cgroup_limit", lambda: 1024 * MIB)
-    assert default_record_cache_mb() == 256
-    assert configure_record_cache(None).budget == 256 * MIB
-    assert default_record_cache_mb(400 * MIB) == 100  # --worker-memory-limit 400Mi, below the container's
+def test_the_cache_is_off_unless_a_budget_is_set():
+    assert DEFAULT_RECORD_CACHE_MB == 0
+    assert configure_record_cache(None).budget == 0
+    assert configure_record_cache(64).budget == 64 * MIB
 
 
 @pytest.mark.parametrize("bad", [-1, 1.5, "64", True])
