@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import signal
 import statistics
 import subprocess
 import time
@@ -59,12 +60,14 @@ def take_turns(*, trees: dict[str, ProcessTree], order: list[str], seconds: floa
     every other one is stopped. Ends when ``until`` (the job, one of the trees' roots) exits,
     which cuts its window short. Every tree is left running. ``cpu``: each window records the CPU
     seconds its side's tree used in it (not the window in which ``until`` exits: its processes are
-    gone)."""
+    gone). A SIGTERM (``timeout``'s) ends the turns as an exception, so every tree is resumed
+    first: a side left stopped would never notice its parent's exit."""
     windows: list[Window] = []
-    for tree in trees.values():
-        tree.pause()
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
     k = 0
     try:
+        for tree in trees.values():
+            tree.pause()
         while until.poll() is None:
             side = order[k % len(order)]
             k += 1
@@ -85,7 +88,12 @@ def take_turns(*, trees: dict[str, ProcessTree], order: list[str], seconds: floa
     finally:
         for tree in trees.values():
             tree.resume()
+        signal.signal(signal.SIGTERM, previous)
     return windows
+
+
+def _exit_on_sigterm(signum, frame) -> None:
+    raise SystemExit(128 + signum)
 
 
 def _inside(series: StepSeries, window: Window) -> tuple[int, int]:

@@ -195,3 +195,37 @@ def test_take_turns_never_lets_a_side_run_in_another_sides_window(tmp_path):
                for t in loop_times if windows[0].start < t < windows[-1].end)
     with pytest.raises(ProcessLookupError):
         os.kill(grandchild, 0)
+
+
+TERMINATED_BENCH = """
+import subprocess, sys
+sys.path.insert(0, sys.argv[1])
+from interleave import take_turns
+from machine import ProcessTree
+job = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+side = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+print(job.pid, side.pid, flush=True)
+take_turns(trees={"job": ProcessTree(job.pid), "side": ProcessTree(side.pid)}, order=["job", "side"],
+           seconds=0.05, until=job)
+"""
+
+
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
+def test_a_terminated_bench_leaves_no_side_stopped():
+    bench = subprocess.Popen([sys.executable, "-c", TERMINATED_BENCH, str(BENCH)], stdout=subprocess.PIPE, text=True)
+    pids = [int(p) for p in bench.stdout.readline().split()]
+    try:
+        deadline = time.monotonic() + 60
+        while "T" not in [_state(pid) for pid in pids]:  # the turns have begun (the handler is set before)
+            assert time.monotonic() < deadline and bench.poll() is None
+            time.sleep(0.01)
+        bench.terminate()  # what `timeout` sends, mid-turns
+        assert bench.wait(timeout=60) == 128 + 15
+        assert [_state(pid) for pid in pids] == ["S", "S"]  # sleeping, not "T" (stopped)
+    finally:
+        for pid in pids:
+            os.kill(pid, 9)
