@@ -32,10 +32,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-# ---- sizes (torch-free, in their own module) -------------------------------------------------
-
-from flextrain.elastic.sizes import default_memory_limit, format_bytes, parse_memory  # noqa: E402,F401 (re-exported)
-
+# the sizes live in a torch-free module (the master and the CLI read them); re-exported here
+from flextrain.elastic.sizes import default_memory_limit, format_bytes, parse_memory  # noqa: F401
 
 # ---- measuring a step ----------------------------------------------------------------------
 

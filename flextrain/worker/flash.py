@@ -157,7 +157,8 @@ class FlashCheckpointer:
     def _complete(self, version: int, blob: bytes, position: pb.Position) -> None:
         """Put the snapshot into shared memory (the master resolves it from its name); persist it when
         it is due by count and by time (:meth:`_due_on_disk`)."""
-        if bad := nonfinite_blob(blob, checksum=False):  # encode()'s bytes, in this process  # never kept: a job must not resume with it
+        # never kept: a job must not resume with it (no CRC: encode() made these bytes in this process)
+        if bad := nonfinite_blob(blob, checksum=False):
             with self._cond:
                 self.dropped += 1
             log.error("in-memory checkpoint of step %d dropped: non-finite weights (%s)", version, "; ".join(bad))
