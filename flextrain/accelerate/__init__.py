@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import importlib
 
-from flextrain.accelerate.errors import AccelerateError, ConfigError, UnavailableMethodError, UnknownMethodError  # noqa: F401 (__all__)
+from flextrain.accelerate.errors import AccelerateError, ConfigError, UnavailableMethodError, UnknownMethodError
 
 # The rest is imported on first use (PEP 562): it needs torch, and the master (which only describes
 # strategies, flextrain.accelerate.jobs) runs without importing it.
@@ -46,4 +46,8 @@ def __dir__():
     return sorted(set(globals()) | set(_LAZY))
 
 
-__all__ = sorted(["AccelerateError", "ConfigError", "UnavailableMethodError", "UnknownMethodError", *_LAZY])
+__all__ = ["AccelerateError", "Applied", "AutoAccelerateResult", "Candidate", "Comparison", "ConfigError", "Context",
+           "DryRunResult", "Inputs", "Method", "Phase", "Report", "SearchResult", "Skipped", "Step", "Strategy",
+           "UnavailableMethodError", "UnknownMethodError", "apply_strategy", "auto_accelerate", "compare",
+           "conflict", "dry_run", "get", "names", "plain_strategy", "register", "register_replace_pair",
+           "sample_batches", "search"]
