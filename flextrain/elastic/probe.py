@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import fcntl
 import json
 import logging
 import os
@@ -309,9 +310,17 @@ def _cached(path: Path, key: str, limit: int, lower: int, upper: int) -> dict[st
 
 
 def _store(path: Path, key: str, entry: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # The workers of a job probe at once and each adds its entry: without the lock one read-modify-write
+    # could drop another's (seen: a resumed job re-probed the worker whose entry was lost).
+    with open(path.parent / f".{path.name}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        _store_locked(path, key, entry)
+
+
+def _store_locked(path: Path, key: str, entry: dict[str, Any]) -> None:
     data = _read(path)
     data[key] = entry
-    path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as f:
