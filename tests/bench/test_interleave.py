@@ -225,7 +225,8 @@ def test_a_terminated_bench_leaves_no_side_stopped():
             time.sleep(0.01)
         bench.terminate()  # what `timeout` sends, mid-turns
         assert bench.wait(timeout=60) == 128 + 15
-        assert [_state(pid) for pid in pids] == ["S", "S"]  # sleeping, not "T" (stopped)
+        # resumed: not "T" (stopped); "R" as well as "S" (a loaded machine may still be starting them)
+        assert [s for s in (_state(pid) for pid in pids) if s in "Tt"] == []
     finally:
         for pid in pids:
             os.kill(pid, 9)
