@@ -36,7 +36,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from interleave import StepSeries, median_ci, paired_ratios, rated_windows, take_turns  # noqa: E402
+from interleave import (StepSeries, intervals_by_position, median_ci, paired_ratios, rated_windows,  # noqa: E402
+                        take_turns)
 from machine import ProcessTree, descendants, log  # noqa: E402
 from overhead_sides import flextrain_cmd  # noqa: E402
 
@@ -160,6 +161,9 @@ def main(argv=None) -> int:
     result["steps_per_s"] = {side: round(statistics.median(r["rate"] for r in rated if r["side"] == side), 2)
                              for side in ORDER if any(r["side"] == side for r in rated)}
     result["windows"] = {side: sum(r["side"] == side for r in rated) for side in ORDER}
+    # what resuming costs each side: median ms of its 1st, 2nd, 3rd step interval in a window, then the rest
+    result["step_ms_by_position"] = {side: [round(v * 1e3, 3) for v in intervals_by_position(
+        series[side], windows, side=side, first=3)] for side in ORDER}
     result["method"] = __doc__.split("\n\n")[1].replace("\n", " ")
     print(json.dumps(result))
     if not args.work_dir:

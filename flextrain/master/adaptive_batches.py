@@ -85,7 +85,7 @@ class AdaptiveSchedule:
         is due, then return ``(G, run)``, ``run`` <= ``max_steps`` steps of G not crossing the next
         decision point."""
         if self.every is None:
-            if epoch > self.epoch:  # the epoch's first hand-out (its tasks are cut when the last one's finished)
+            if epoch > self.epoch:  # the epoch's first hand-out (cut once none of the last one's tasks is TODO)
                 self.epoch = epoch
                 self._decide(step)
         elif (point := step - step % self.every) > self.history[-1][0]:

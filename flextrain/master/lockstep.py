@@ -19,17 +19,18 @@ task ``i`` carries that position itself.
 Ahead (``GetTaskRequest.ahead``): rank 0 asks for task ``i + 1`` during task
 ``i``'s last step, so the answer is there when the step ends. Only a RUN is
 decided that early; a round that is closing, a job that is stopping, or no
-free task (the next epoch's tasks exist only once every task of this one is
-done) answers WAIT and decides nothing, and the worker asks again, plainly,
-once its task is done. An ahead ask commits nothing it has not committed; if
+free task (the last epoch's tasks all handed out; the next epoch's are cut as
+soon as none of this one's is TODO, so an epoch's end is no boundary here)
+answers WAIT and decides nothing, and the worker asks again, plainly, once its
+task is done. An ahead ask commits nothing it has not committed; if
 the round ends before the early task starts, settlement puts it back whole.
 
 An ahead ask may take several tasks (``ahead_count``): the answers for
 indices ``i, i+1, ...`` are decided at once, RUNs only, and come back as
-``task`` and ``more``. A plain ask may too (rank 0 asks so at an epoch's
-first task, which no ahead ask can take: the epoch's tasks exist only once
-the last one is done): its own answer is decided as always, and only when
-it is a RUN are free tasks after it decided early, as an ahead ask would. Each is memoized by its index like any other, so every
+``task`` and ``more``. A plain ask may too (rank 0 asks so at a round's
+first task when the rendezvous answer did not bring it, or after an ahead
+ask's WAIT): its own answer is decided as always, and only when it is a RUN
+are free tasks after it decided early, as an ahead ask would. Each is memoized by its index like any other, so every
 member still gets the same tasks in the same order; settlement treats those
 not yet started like any early task. This is what keeps fast steps from
 paying a GetTask every fraction of a second.

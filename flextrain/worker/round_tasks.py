@@ -17,12 +17,13 @@ A round's first task usually comes with the rendezvous answer itself
 (``JoinRendezvousResponse.first_task``, the same in every member's): no ask,
 no broadcast, on a recovery's path.
 
-Asks per epoch: a plain ask takes tasks ahead too (``count``), and an answer
-that brought fewer tasks than asked means the master had no more free ones
-(the next epoch's exist only once this one's last task is done): rank 0 then
-makes no ahead ask when they run out, whose answer would be a WAIT, and asks
-plainly at the boundary instead. A job whose epoch is a few tasks makes one
-GetTask an epoch, not three (two ahead, one plain).
+Asks: a plain ask takes tasks ahead too (``count``), and an answer that
+brought fewer tasks than asked means the master had no more free ones (the
+job's last tasks are all handed out, or a remainder is held elsewhere): rank
+0 then makes no ahead ask when they run out, whose answer would be a WAIT,
+and asks plainly at the boundary instead. The master cuts the next epoch as
+soon as none of the current one's tasks is TODO, so an epoch's end costs no
+plain ask: the ahead asks carry on into the next epoch.
 
 Failure semantics are those of any collective of the round: a member (rank 0
 too) that dies before or during the broadcast makes it fail on the others

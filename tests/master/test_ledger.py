@@ -27,8 +27,9 @@ def make_ledger(**overrides) -> TaskLedger:
 
 
 def drain(ledger: TaskLedger, owner: str = "round-0") -> list[Task]:
+    """Every training task TODO now; with nothing TODO, the first ask cuts the next epoch: its tasks."""
     tasks = []
-    while (task := ledger.next_training_task(owner)) is not None:
+    while (not tasks or ledger.todo) and (task := ledger.next_training_task(owner)) is not None:
         tasks.append(task)
     return tasks
 
@@ -62,21 +63,28 @@ def test_task_records_in_steps():
     assert [task.records_in_steps(n) for n in (-1, 0, 1, 2, 3, 9)] == [0, 0, 10, 20, 25, 25]
 
 
-def test_epochs_are_cut_lazily_only_when_nothing_todo_or_doing():
+def test_epochs_are_cut_lazily_when_nothing_is_todo_even_with_tasks_doing():
     ledger = make_ledger()
     assert ledger.epoch == -1 and not ledger.todo  # nothing cut before the first ask
     tasks = drain(ledger)
-    assert ledger.epoch == 0
+    assert ledger.epoch == 0 and not ledger.todo
     for t in tasks[:-1]:
         ledger.complete(t.task_id)
-    # one task of epoch 0 still DOING: no new epoch yet
-    assert ledger.next_training_task("round-0") is None
-    assert ledger.epoch == 0 and not ledger.todo
-    ledger.complete(tasks[-1].task_id)
+    # one task of epoch 0 still DOING: the next ask cuts epoch 1 (no worker waits at the epoch's end)
     nxt = ledger.next_training_task("round-0")
     assert nxt is not None and nxt.epoch == 1 and ledger.epoch == 1
     assert (nxt.source, nxt.start, nxt.end) == EPOCH_RANGES[0]
     assert nxt.task_id not in {t.task_id for t in tasks}
+    assert tasks[-1].task_id in ledger.doing  # still epoch 0's, still DOING
+    # the last epoch cut, nothing more to cut: None until a remainder comes back
+    rest = drain(ledger)
+    assert ledger.epoch == 1 and ledger.next_training_task("round-0") is None
+    ledger.interrupt(tasks[-1].task_id, 0)  # epoch 0's last task failed before any step: back to TODO
+    again = ledger.next_training_task("round-0")
+    assert again.epoch == 0 and (again.source, again.start, again.end) == EPOCH_RANGES[-1]
+    for t in (nxt, *rest, again):
+        ledger.complete(t.task_id)
+    assert ledger.training_finished() and ledger.records_done == 2 * ledger.records_per_epoch
 
 
 def test_new_epoch_not_cut_while_remainder_todo():

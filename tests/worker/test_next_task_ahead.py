@@ -73,20 +73,20 @@ def test_next_task_arrives_ahead_and_every_record_is_trained_once(job, monkeypat
     assert sorted(loads) == sorted(steps * 2)
     assert ledger.records_done == 2 * sum(sh.size for sh in shards)
     assert state.version == len(loads)
-    # every task comes ahead but each epoch's first (the next epoch's tasks exist only once the
-    # last task is done); plain asks: those two and the NO_MORE
+    # every task comes ahead but the first, the second epoch's too (its tasks are cut once none of the
+    # first is TODO, while its last task runs); plain asks: the first task and the NO_MORE
     per_task = G * spec.training.steps_per_task
     tasks = 2 * sum(-(-sh.size // per_task) for sh in shards)
     asks = trainer.tasks
-    assert (asks.tasks_ahead, asks.tasks_asked, asks.handed) == (tasks - 2, 3, 0)
+    assert (asks.tasks_ahead, asks.tasks_asked, asks.handed) == (tasks - 1, 2, 0)
     # these tasks take milliseconds: once one is timed, an ahead ask takes several at once
     # (round_tasks.AHEAD_SECONDS of work), so there are far fewer asks than tasks
     assert asks.ahead_asks < asks.tasks_ahead / 2, (asks.ahead_asks, asks.tasks_ahead)
-    # an epoch here is fewer than MAX_AHEAD tasks: the ahead ask during the first task takes one (no
-    # task timed yet), the one during the second the rest of epoch 1, the plain ask of epoch 2 all of
-    # it, and no ahead ask is made once an answer brought fewer than asked (it would be answered WAIT)
-    assert tasks // 2 < round_tasks.MAX_AHEAD
-    assert (asks.ahead_asks, asks.tasks_asked) == (2, 3)
+    # both epochs are fewer than MAX_AHEAD tasks: the ahead ask during the first task takes one (no
+    # task timed yet), the one during the second all the rest of both epochs (fewer than asked: the
+    # master had no more), and no ahead ask is made after that (it would be answered WAIT)
+    assert tasks < round_tasks.MAX_AHEAD
+    assert (asks.ahead_asks, asks.tasks_asked) == (2, 2)
     assert master.phase is Phase.RUNNING  # until the final checkpoint is reported
 
 
@@ -112,6 +112,6 @@ def test_a_rounds_first_task_is_there_without_a_plain_ask(job, given):
     assert master.ledger.records_done == 2 * sum(sh.size for sh in make_shards(spec.data.training))
     per_task = spec.training.global_batch_size * spec.training.steps_per_task
     tasks = 2 * sum(-(-sh.size // per_task) for sh in make_shards(spec.data.training))
-    # asked plainly: only the second epoch's first task (it exists once the first epoch is done) and the NO_MORE
+    # asked plainly: only the NO_MORE (the second epoch's tasks come ahead: they are cut while the first's last runs)
     counts = (trainer.tasks.given, trainer.tasks.tasks_ahead, trainer.tasks.tasks_asked)
-    assert counts == ((1, tasks - 2, 2) if given else (0, tasks - 1, 2))
+    assert counts == ((1, tasks - 1, 1) if given else (0, tasks, 1))
