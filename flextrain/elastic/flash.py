@@ -38,13 +38,14 @@ import shutil
 import tempfile
 import threading
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 
 ENV_ROOT = "FLEXTRAIN_FLASH_DIR"
 _STATE = re.compile(r"^state-((\d{9})-(-?\d+)-(\d+)-(\d+))\.ckpt$")
 _LEDGER = re.compile(r"^ledger-(\d{9}-[-\d]+)\.json$")
+_CREATE = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
 
 
 def flash_root() -> Path:
@@ -77,8 +78,9 @@ def _canonical(data: dict) -> bytes:
 
 def stem(position) -> str:
     """A snapshot's name part from its position (a ``pb.Position`` or its dict)."""
-    get = position.get if isinstance(position, dict) else lambda key: getattr(position, key)
-    return f"{get('version'):09d}-{get('round_id')}-{get('task_index')}-{get('steps_done')}"
+    if isinstance(position, dict):
+        return f"{position['version']:09d}-{position['round_id']}-{position['task_index']}-{position['steps_done']}"
+    return f"{position.version:09d}-{position.round_id}-{position.task_index}-{position.steps_done}"
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,8 @@ class Pending:
     """A snapshot's state in shared memory that the master has not resolved yet (no ledger file)."""
     state_path: Path
     position: dict  # round_id, task_index, steps_done, version
+    # the listing that found it (FlashStore._names): put_ledger's prune reads it instead of listing again
+    listed: tuple = field(default=None, compare=False, repr=False)
 
     @property
     def version(self) -> int:
@@ -110,28 +114,32 @@ class FlashStore:
     def _ledger(self, name: str) -> Path:
         return self.path / f"ledger-{name}.json"
 
-    def _write(self, path: Path, data: bytes) -> None:
+    def _write(self, path: Path | str, data: bytes) -> None:
         """Whole or not at all (memory: no fsync); a temp name no other writer uses. The directory is
-        made when a write finds it missing (not checked before each write: several a second)."""
-        tmp = f"{self.path}/.{path.name}.{os.getpid()}-{threading.get_ident()}.tmp"
+        made when a write finds it missing (not checked before each write: several a second). Plain
+        ``os`` calls: no file object is built for one write (this runs for every snapshot)."""
+        base = str(self.path)
+        tmp = f"{base}/.{os.path.basename(path)}.{os.getpid()}-{threading.get_ident()}.tmp"
         try:
             try:
-                f = open(tmp, "wb")
+                fd = os.open(tmp, _CREATE, 0o666)
             except FileNotFoundError:
                 self.path.mkdir(parents=True, exist_ok=True)
-                f = open(tmp, "wb")
-            with f:
-                f.write(data)
+                fd = os.open(tmp, _CREATE, 0o666)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+            finally:
+                os.close(fd)
             os.replace(tmp, path)
         except BaseException:
-            Path(tmp).unlink(missing_ok=True)
+            _unlink(tmp)
             raise
 
-    def put_state(self, blob: bytes, position) -> Path:
+    def put_state(self, blob: bytes, position) -> None:
         """The state bytes of the snapshot at ``position`` into shared memory (rank 0's writer)."""
-        path = self._state(stem(position))
-        self._write(path, blob)
-        return path
+        self._write(f"{self.path}/state-{stem(position)}.ckpt", blob)
 
     def _names(self) -> tuple[dict[str, tuple[int, ...]], set[str]]:
         """(state stem -> (version, round, task index, steps done), ledger stems)."""
@@ -149,17 +157,22 @@ class FlashStore:
 
     def pending(self) -> list[Pending]:
         """Snapshots without a ledger yet, newest first (one ``listdir``: the master calls it often)."""
-        states, ledgers = self._names()
-        return [Pending(self._state(s), dict(zip(("version", "round_id", "task_index", "steps_done"), key)))
+        listed = states, ledgers = self._names()
+        if states.keys() <= ledgers:  # the usual answer: nothing new
+            return []
+        return [Pending(self._state(s), dict(zip(("version", "round_id", "task_index", "steps_done"), key)),
+                        listed)
                 for s, key in sorted(states.items(), key=lambda item: item[1], reverse=True) if s not in ledgers]
 
     def put_ledger(self, pending: Pending, ledger: dict) -> None:
-        """Complete ``pending`` with its ledger (the master); every older snapshot goes."""
+        """Complete ``pending`` with its ledger (the master); every older snapshot goes (those of the
+        listing that found ``pending``: an older one put meanwhile goes with the next)."""
         data = _canonical({"version": pending.version, "position": pending.position, "ledger": ledger,
-                           "size": pending.state_path.stat().st_size})
+                           "size": os.stat(pending.state_path).st_size})
         # the canonical JSON with "check" added, encoded once: "check" sorts before every other key
-        self._write(self._ledger(stem(pending.position)), b'{"check":%d,%s' % (zlib.crc32(data), data[1:]))
-        self.prune(below=pending.version)
+        self._write(f"{self.path}/ledger-{stem(pending.position)}.json",
+                    b'{"check":%d,%s' % (zlib.crc32(data), data[1:]))
+        self.prune(below=pending.version, listed=pending.listed)
 
     def discard(self, pending: Pending) -> None:
         """A snapshot that can never be complete (the ledger moved past it)."""
@@ -205,13 +218,15 @@ class FlashStore:
             raise ValueError(str(exc)) from exc
         return Snapshot(version, self._state(name), meta["ledger"], meta["position"])
 
-    def prune(self, *, below: int) -> None:
-        """Remove every snapshot older than ``below``."""
-        states, ledgers = self._names()
+    def prune(self, *, below: int, listed: tuple | None = None) -> None:
+        """Remove every snapshot older than ``below`` (of ``listed``, a :meth:`_names` listing taken
+        since the last write of a ledger; else of one taken now)."""
+        states, ledgers = listed if listed is not None else self._names()
         base = str(self.path)  # plain strings: the master prunes after every snapshot it resolves
         for name, key in states.items():
             if key[0] < below:
-                _unlink(f"{base}/ledger-{name}.json")
+                if name in ledgers:
+                    _unlink(f"{base}/ledger-{name}.json")
                 _unlink(f"{base}/state-{name}.ckpt")
         for name in ledgers - states.keys():  # a ledger whose state went
             _unlink(f"{base}/ledger-{name}.json")

@@ -22,7 +22,8 @@ from __future__ import annotations
 import json
 import struct
 import zlib
-from typing import Any
+from collections import OrderedDict
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -49,53 +50,161 @@ class StateCodecError(ValueError):
     pass
 
 
-def _tensor_bytes(t: torch.Tensor) -> memoryview:
+_DTYPE_NAMES = {dtype: name for name, dtype in _DTYPES.items()}
+_FLOAT_WORDS = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}  # json.dumps's words for them
+_KEY_TEXT: dict[str, str] = {}  # str key -> its JSON (a state dict's keys repeat on every snapshot)
+_SCALARS = frozenset((float, bool, type(None)))
+_escape = json.encoder.encode_basestring_ascii  # what json.dumps uses (ensure_ascii)
+
+
+class Encoded(NamedTuple):
+    """:func:`encode_indexed`'s result: the blob and what its header says, as built (no parse needed)."""
+    data: bytes
+    start: int  # where the tensor bytes begin in ``data``
+    metas: list  # per tensor, in order: (dtype name, nbytes, shape)
+    spans: dict | None  # the top-level dict's str keys -> their tensors' index range (None: not a dict)
+
+
+def _tensor_bytes(t: torch.Tensor):
     """The tensor's bytes without a copy where it is a contiguous CPU tensor (``encode`` joins them
-    into its result, the one copy); others are copied to one first."""
-    t = t.detach()
-    if t.device.type != "cpu" or not t.is_contiguous():
+    into its result, the one copy); others are copied to one first. A numpy array where numpy has the
+    dtype (no reshape nor view: each a torch call, on every snapshot), else a memoryview."""
+    if t.requires_grad:
+        t = t.detach()
+    if not t.is_cpu or not t.is_contiguous():
         t = t.cpu().contiguous()
+    if t.dtype in _NATIVE:
+        return t.numpy()
     if t.numel() == 0:
         return memoryview(b"")
-    if t.dtype in _NATIVE:  # numpy has the dtype: no reshape nor view (each a torch call, on every snapshot)
-        return memoryview(t.numpy()).cast("B")
     return memoryview(t.reshape(-1).view(torch.uint8).numpy())
+
+
+def _scalar_text(node: Any) -> str:
+    """``json.dumps(node)`` of a scalar of the skeleton (subclasses too: as json.dumps writes them)."""
+    if node is None:
+        return "null"
+    if node is True or node is False:
+        return "true" if node else "false"
+    if isinstance(node, int):
+        return int.__repr__(node)
+    if isinstance(node, float):
+        text = float.__repr__(node)
+        return _FLOAT_WORDS.get(text, text)
+    if isinstance(node, str):
+        return _escape(node)
+    raise StateCodecError(f"cannot encode value of type {type(node).__name__}")
+
+
+def _key_text(key: Any) -> str:
+    if type(key) is str:
+        text = _KEY_TEXT.get(key)
+        if text is None:
+            if len(_KEY_TEXT) >= 4096:  # bounded: any tree's keys
+                _KEY_TEXT.clear()
+            text = _KEY_TEXT[key] = _escape(key)
+        return text
+    if not isinstance(key, (str, int)) or isinstance(key, bool):
+        raise StateCodecError(f"cannot encode dict key {key!r}")
+    return _scalar_text(key)
 
 
 def encode(tree: Any) -> bytes:
     """Serialise a state tree to bytes."""
-    metas: list[dict] = []
-    blobs: list[memoryview] = []
+    return encode_indexed(tree).data
 
-    def walk(node: Any) -> Any:
-        if isinstance(node, torch.Tensor):
-            dtype = str(node.dtype).removeprefix("torch.")
-            if dtype not in _DTYPES:
-                raise StateCodecError(f"cannot encode tensor of dtype {node.dtype}")
-            data = _tensor_bytes(node)
-            metas.append({"dtype": dtype, "shape": list(node.shape), "nbytes": len(data)})
-            blobs.append(data)
-            return {"t": len(metas) - 1}
-        if isinstance(node, dict):
-            for key in node:
-                if not isinstance(key, (str, int)) or isinstance(key, bool):
-                    raise StateCodecError(f"cannot encode dict key {key!r}")
-            return {"d": [[key, walk(value)] for key, value in node.items()]}
-        if isinstance(node, tuple):
-            return {"u": [walk(v) for v in node]}
-        if isinstance(node, list):
-            return {"l": [walk(v) for v in node]}
-        if node is None or isinstance(node, (bool, int, float, str)):
-            return {"v": node}
-        raise StateCodecError(f"cannot encode value of type {type(node).__name__}")
 
-    skeleton = walk(tree)
-    header = json.dumps({"tree": skeleton, "tensors": metas}).encode()
+def encode_indexed(tree: Any) -> Encoded:
+    """:func:`encode`, and what the writer of a snapshot checks without parsing the header again
+    (:func:`nonfinite_encoded`). The header's JSON is written as the tree is walked (the bytes
+    ``json.dumps`` gives for the skeleton: no skeleton of dicts is built and dumped)."""
+    out: list[str] = []  # the skeleton's JSON, in pieces
+    append = out.append
+    metas: list[tuple[str, int, list]] = []
+    meta_texts: list[str] = []
+    blobs: list = []
+
+    def tensor(node: torch.Tensor) -> None:
+        dtype = _DTYPE_NAMES.get(node.dtype)
+        if dtype is None:
+            raise StateCodecError(f"cannot encode tensor of dtype {node.dtype}")
+        data = _tensor_bytes(node)
+        shape = list(node.shape)
+        metas.append((dtype, data.nbytes, shape))
+        meta_texts.append(f'{{"dtype": "{dtype}", "shape": {shape!r}, "nbytes": {data.nbytes}}}')
+        blobs.append(data)
+        append(f'{{"t": {len(metas) - 1}}}')
+
+    def mapping(node: dict, spans: dict | None = None) -> None:
+        if not node:
+            append('{"d": []}')
+            return
+        sep = '{"d": [['
+        for key, value in node.items():
+            text = _KEY_TEXT.get(key) if type(key) is str else None
+            append(sep + (text or _key_text(key)) + ", ")
+            sep = "], ["
+            if spans is None:
+                walk(value)
+            else:
+                first = len(metas)
+                walk(value)
+                if type(key) is str:
+                    spans[key] = (first, len(metas))
+        append("]]}")
+
+    def sequence(node, kind: str) -> None:
+        if not node:
+            append(f'{{"{kind}": []}}')
+            return
+        sep = f'{{"{kind}": ['
+        for value in node:
+            append(sep)
+            sep = ", "
+            walk(value)
+        append("]}")
+
+    def walk(node: Any) -> None:
+        # dispatch on the exact type first: a state tree is ~all dicts, tensors and plain scalars
+        cls = type(node)
+        if cls is torch.Tensor:
+            tensor(node)
+        elif cls is dict or cls is OrderedDict:
+            mapping(node)
+        elif cls is str:
+            append('{"v": ' + _escape(node) + "}")
+        elif cls is int:
+            append('{"v": ' + int.__repr__(node) + "}")
+        elif cls in _SCALARS:
+            append('{"v": ' + _scalar_text(node) + "}")
+        elif cls is list:
+            sequence(node, "l")
+        elif cls is tuple:
+            sequence(node, "u")
+        elif isinstance(node, torch.Tensor):
+            tensor(node)
+        elif isinstance(node, dict):
+            mapping(node)
+        elif isinstance(node, tuple):
+            sequence(node, "u")
+        elif isinstance(node, list):
+            sequence(node, "l")
+        else:
+            append('{"v": ' + _scalar_text(node) + "}")
+
+    spans: dict | None = None
+    if isinstance(tree, dict):
+        spans = {}
+        mapping(tree, spans)
+    else:
+        walk(tree)
+    header = f'{{"tree": {"".join(out)}, "tensors": [{", ".join(meta_texts)}]}}'.encode()
     parts = [_PREFIX.pack(MAGIC, VERSION, len(header)), header, *blobs]
     crc = 0
     for part in parts:
         crc = zlib.crc32(part, crc)
-    return b"".join([*parts, _CRC.pack(crc)])
+    parts.append(_CRC.pack(crc))
+    return Encoded(b"".join(parts), _PREFIX.size + len(header), metas, spans)
 
 
 def _parse(view: memoryview, *, checksum: bool = True) -> tuple[int, Any, list, int]:
@@ -262,3 +371,33 @@ def nonfinite_blob(data: bytes | bytearray | memoryview, *, under: str = "model"
         raise StateCodecError(f"state blob skeleton is corrupt: {exc}") from exc
     return found
 
+
+
+def nonfinite_encoded(encoded: Encoded, *, under: str = "model", limit: int = 5) -> list[str]:
+    """:func:`nonfinite_blob` of :func:`encode_indexed`'s result: what a snapshot's writer checks
+    before keeping it. Its tensors under ``under`` lie back to back: one numpy check per run of one
+    dtype, the header not parsed; only where something is not finite is it parsed, to name it."""
+    if encoded.spans is not None:
+        span = encoded.spans.get(under)
+        if span is None:
+            return []
+        if _finite(memoryview(encoded.data), encoded.start, encoded.metas, *span):
+            return []
+    return nonfinite_blob(encoded.data, under=under, limit=limit, checksum=False)
+
+
+def _finite(view: memoryview, start: int, metas: list, lo: int, hi: int) -> bool:
+    """Whether tensors ``lo`` to ``hi`` (exclusive) of an encoded blob are all finite."""
+    offset = start + sum(meta[1] for meta in metas[:lo])
+    run_dtype, run_lo = None, offset
+    for dtype, nbytes, _ in [*metas[lo:hi], (None, 0, None)]:
+        if dtype != run_dtype:
+            raw = view[run_lo:offset]
+            if run_dtype == "bfloat16":  # numpy has none: NaN and inf are its all-ones exponents
+                if ((np.frombuffer(raw, dtype=np.uint16) & 0x7F80) == 0x7F80).any():
+                    return False
+            elif run_dtype in _NUMPY and not np.isfinite(np.frombuffer(raw, dtype=_NUMPY[run_dtype])).all():
+                return False
+            run_dtype, run_lo = dtype, offset
+        offset += nbytes
+    return True

@@ -34,7 +34,7 @@ from typing import Callable
 
 from flextrain.durable import write_atomic
 from flextrain.elastic.flash import FlashStore
-from flextrain.elastic.statecodec import nonfinite_blob
+from flextrain.elastic.statecodec import Encoded, nonfinite_blob, nonfinite_encoded
 from flextrain.proto import flextrain_pb2 as pb
 
 log = logging.getLogger("flextrain.worker")
@@ -75,8 +75,9 @@ class FlashCheckpointer:
         return self.every > 0 and version > 0 and version % self.every == 0
 
     # ---- the training thread ----------------------------------------------------
-    def snapshot(self, encode: Callable[[], bytes], position: pb.Position) -> None:
-        """Copy the state at ``position`` (``encode()``'s bytes); the writer puts it into shared memory."""
+    def snapshot(self, encode: Callable[[], bytes | Encoded], position: pb.Position) -> None:
+        """Copy the state at ``position`` (``encode()``'s bytes, or ``statecodec.encode_indexed``'s
+        result: the writer's check then reads its header as built); the writer puts it into shared memory."""
         t0, cpu0 = time.perf_counter(), time.thread_time()
         blob = encode()
         version = position.version
@@ -154,11 +155,15 @@ class FlashCheckpointer:
         finally:
             self.writer_cpu_s += time.thread_time() - cpu0
 
-    def _complete(self, version: int, blob: bytes, position: pb.Position) -> None:
+    def _complete(self, version: int, blob: bytes | Encoded, position: pb.Position) -> None:
         """Put the snapshot into shared memory (the master resolves it from its name); persist it when
         it is due by count and by time (:meth:`_due_on_disk`)."""
         # never kept: a job must not resume with it (no CRC: encode() made these bytes in this process)
-        if bad := nonfinite_blob(blob, checksum=False):
+        if isinstance(blob, Encoded):
+            bad, blob = nonfinite_encoded(blob), blob.data
+        else:
+            bad = nonfinite_blob(blob, checksum=False)
+        if bad:
             with self._cond:
                 self.dropped += 1
             log.error("in-memory checkpoint of step %d dropped: non-finite weights (%s)", version, "; ".join(bad))

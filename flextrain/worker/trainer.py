@@ -49,7 +49,7 @@ from flextrain.durable import write_atomic
 from flextrain.elastic.flash import FlashStore, flash_dir
 from flextrain.elastic.planner import plan_step
 from flextrain.elastic.schedule import lr_factor
-from flextrain.elastic.statecodec import StateCodecError, decode, encode, nonfinite
+from flextrain.elastic.statecodec import Encoded, StateCodecError, decode, encode, encode_indexed, nonfinite
 from flextrain.job import JobSpec
 from flextrain.proto import flextrain_pb2 as pb
 from flextrain.worker.adascale import AdaScaleRule
@@ -125,6 +125,10 @@ class AllReduceTrainer:
 
     def state_blob(self) -> bytes:
         return encode(self.state_tree())
+
+    def state_encoded(self) -> Encoded:
+        """:meth:`state_blob` with its header as built (a snapshot's writer checks it without a parse)."""
+        return encode_indexed(self.state_tree())
 
     def load_blob(self, blob: bytes) -> None:
         tree = decode(blob)
@@ -251,7 +255,7 @@ class AllReduceTrainer:
                 self.checkpoint()
             elif self.collective.rank == 0 and self.flash is not None and control[FAILED] == 0 \
                     and self.flash.due(self.state.version):
-                self.flash.snapshot(self.state_blob, self.state.position())  # the copy; the rest in the background
+                self.flash.snapshot(self.state_encoded, self.state.position())  # the copy; the rest in the background
             evaluation = self.spec.training.evaluation_steps
             if self.evaluate and evaluation and control[FAILED] == 0 and self.state.version % evaluation == 0:
                 # Every member holds this same model (lockstep): all take part, even when the

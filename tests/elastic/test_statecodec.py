@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import enum
+import json
 import pickle
 import struct
+from collections import OrderedDict
 
 import pytest
 import torch
 
 from flextrain.elastic import statecodec
-from flextrain.elastic.statecodec import StateCodecError, decode, encode, nonfinite, nonfinite_blob
+from flextrain.elastic.statecodec import (StateCodecError, decode, encode, encode_indexed, nonfinite, nonfinite_blob,
+                                          nonfinite_encoded)
 
 
 def assert_same(a, b, path="root"):
@@ -271,3 +275,99 @@ def test_nonfinite_blob_finds_what_nonfinite_finds_without_building_tensors():
     assert nonfinite_blob(encode({"model": {"w": torch.ones(2)}, "version": 1})) == []
     with pytest.raises(StateCodecError, match="checksum"):
         nonfinite_blob(blob[:-1] + bytes([blob[-1] ^ 1]))
+
+
+def reference_header(tree) -> bytes:
+    """The header as ``json.dumps`` of a skeleton of dicts gives it (what encode wrote before it wrote
+    the JSON itself as it walks): encode must give these bytes."""
+    metas = []
+
+    def walk(node):
+        if isinstance(node, torch.Tensor):
+            t = node.detach().contiguous()
+            metas.append({"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape),
+                          "nbytes": t.numel() * t.element_size()})
+            return {"t": len(metas) - 1}
+        if isinstance(node, dict):
+            return {"d": [[key, walk(value)] for key, value in node.items()]}
+        if isinstance(node, (list, tuple)):
+            return {"u" if isinstance(node, tuple) else "l": [walk(v) for v in node]}
+        return {"v": node}
+
+    return json.dumps({"tree": walk(tree), "tensors": metas}).encode()
+
+
+class Kind(enum.IntEnum):
+    A = 3
+
+
+class Mapping(dict):
+    pass
+
+
+TRICKY = {7: "int key", "7": "s", "u": "\u00fcn\u00ef\n\"q\\", "\u00e9": 1, "big": 2**70, Kind.A: Kind.A,
+          "f": [float("inf"), -float("inf"), float("nan"), -0.0, 1e-300, 1e22, 0.1, True, False, None],
+          "m": Mapping(x=(torch.zeros(2), [])), "o": OrderedDict(b={}), "e": torch.empty(0, 3),
+          "p": torch.nn.Parameter(torch.ones(2)), "bf": torch.ones(3, dtype=torch.bfloat16), "c": torch.tensor([1j])}
+
+
+def test_encode_indexed_gives_the_header_as_built():
+    """The header is json.dumps's bytes of the skeleton (every scalar kind, subclasses, escapes,
+    NaN/inf); the metas and spans are what it says, so the writer need not parse it."""
+    model = small_model()
+    opt = trained_adam(model)
+    for tree in ({"model": model.state_dict(), "optimizer": opt.state_dict(), "version": 7}, TRICKY,
+                 [1, {"a": torch.ones(1)}], {}, 2.5):
+        enc = encode_indexed(tree)
+        assert enc.data == encode(tree)
+        header_len = struct.unpack_from("<Q", enc.data, 8)[0]
+        assert enc.start == 16 + header_len
+        assert enc.data[16:enc.start] == reference_header(tree)
+        tensors = json.loads(enc.data[16:enc.start])["tensors"]
+        assert [(m["dtype"], m["nbytes"], m["shape"]) for m in tensors] == [tuple(m) for m in enc.metas]
+        assert sum(m[1] for m in enc.metas) == len(enc.data) - enc.start - 4
+    enc = encode_indexed({"model": model.state_dict(), "optimizer": opt.state_dict(), "version": 7})
+    n_model, n_opt = len(model.state_dict()), 3 * len(opt.state_dict()["state"])  # Adam: step, two moments
+    assert enc.spans == {"model": (0, n_model), "optimizer": (n_model, n_model + n_opt),
+                         "version": (n_model + n_opt,) * 2}
+    assert encode_indexed([torch.ones(1)]).spans is None
+
+
+def test_encode_dispatch_keeps_subclasses_and_checks_keys():
+    """The walk dispatches on exact types first: subclasses (OrderedDict, a Parameter, an IntEnum, a
+    dict subclass) and bad keys nested under a plain dict still take the checked path."""
+    param = torch.nn.Parameter(torch.ones(2))
+    tree = {"o": OrderedDict(a=1), "p": param, "k": Kind.A, "m": Mapping(x=torch.zeros(1)), "s": [True, 1.5]}
+    back = decode(encode(tree))
+    assert back["o"] == {"a": 1} and back["k"] == 3 and type(back["k"]) is int
+    assert torch.equal(back["p"], torch.ones(2)) and not back["p"].requires_grad
+    assert torch.equal(back["m"]["x"], torch.zeros(1)) and back["s"] == [True, 1.5]
+    for bad in ({"n": {True: 1}}, {"n": {(1,): 1}}, {"n": [{2.5: 1}]}):
+        with pytest.raises(StateCodecError, match="dict key"):
+            encode(bad)
+
+
+def test_version_and_lr_changes_are_encoded_every_time():
+    """Nothing of one encode is reused by the next: a changed scalar (the version, an LR) is in the blob."""
+    model = small_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    first = decode(encode({"model": model.state_dict(), "optimizer": opt.state_dict(), "version": 1}))
+    opt.param_groups[0]["lr"] = 0.05
+    second = decode(encode({"model": model.state_dict(), "optimizer": opt.state_dict(), "version": 2}))
+    assert (first["version"], first["optimizer"]["param_groups"][0]["lr"]) == (1, 0.1)
+    assert (second["version"], second["optimizer"]["param_groups"][0]["lr"]) == (2, 0.05)
+
+
+@pytest.mark.parametrize("where", ["first", "middle", "last"])
+def test_nonfinite_encoded_checks_runs_of_tensors_and_names_the_bad_one(where):
+    """The writer's check reads back-to-back tensors of one dtype in one pass; a NaN anywhere in such a
+    run (or after an integer tensor breaks it) is still found and named, as by :func:`nonfinite_blob`."""
+    model = {"a": torch.ones(3), "b": torch.ones(2, 2), "n": torch.arange(2), "c": torch.ones(4)}
+    bad = {"first": "a", "middle": "b", "last": "c"}[where]
+    model[bad] = model[bad].clone().reshape(-1)
+    model[bad][1] = float("nan")
+    enc = encode_indexed({"model": model, "version": 1})
+    assert nonfinite_encoded(enc) == nonfinite_blob(enc.data) == [f"{bad} (1 NaN of {model[bad].numel()})"]
+    clean = encode_indexed({"model": {"a": torch.ones(3), "n": torch.arange(2), "c": torch.ones(1)},
+                            "optimizer": {"m": torch.tensor([float("inf")])}})
+    assert nonfinite_encoded(clean) == [] == nonfinite_blob(clean.data)

@@ -13,7 +13,7 @@ import torch
 from flextrain.data import make_shards
 from flextrain.data.digits import write_digits
 from flextrain.elastic.flash import ENV_ROOT, FlashStore, flash_dir, stem
-from flextrain.elastic.statecodec import decode, encode
+from flextrain.elastic.statecodec import Encoded, decode, encode, encode_indexed
 from flextrain.job import JobSpec
 from flextrain.master.checkpoints import CheckpointStore
 from flextrain.master.coordinator import JobMaster
@@ -83,7 +83,14 @@ def test_snapshots_are_the_model_and_persist_with_their_exact_ledger(job):
 
     def snapshot(encode, position):
         version = position.version
-        take(lambda: blobs.setdefault(version, encode()), position)
+
+        def copy():  # the trainer hands over encode_indexed's result: the writer checks it unparsed
+            encoded = encode()
+            assert isinstance(encoded, Encoded)
+            blobs[version] = encoded.data
+            return encoded
+
+        take(copy, position)
         models[version] = {k: v.detach().clone() for k, v in model.state_dict().items()}
         copied = decode(blobs[version])
         assert copied["version"] == version == state.version
@@ -286,3 +293,55 @@ def test_a_snapshot_goes_to_disk_when_due_by_count_and_by_time(make_job):
         flash.close()  # writes 9, the newest not on disk
     assert flash.completed == 9 and flash.persisted == 4
     assert reported == [3, 5, 8, 9] and master.checkpoints.latest()["version"] == 9
+
+
+@pytest.mark.parametrize("encoded", [True, False], ids=["encode_indexed", "bytes"])
+def test_a_snapshot_with_non_finite_weights_is_never_kept(make_job, encoded):
+    """The writer checks the model's weights before it keeps a snapshot, from the header as the
+    training thread built it (``encode_indexed``: nothing parsed) or from plain bytes: a NaN in any
+    of them drops it (a job must not resume with it); the optimizer's state is not the model's."""
+    spec, master, client = make_job(steps_per_task=4, epochs=1, memory_checkpoint_persist_every=1000)
+    flash = FlashCheckpointer(store=FlashStore(flash_dir("j", spec.job_dir)), checkpoints=master.checkpoints.directory,
+                              client=client, every=1, persist_every=1000)
+    client.register(pid=0)
+    r = client.join(pb.Position(round_id=-1), "start").round_id
+    codec = encode_indexed if encoded else encode
+
+    def take(version: int, model: dict) -> None:
+        tree = {"model": model, "optimizer": {"m": torch.tensor([float("nan")])}, "version": version}
+        flash.snapshot(lambda: codec(tree), pb.Position(round_id=r, task_index=0, steps_done=version, version=version))
+        flash.drain(discard=False)
+
+    try:
+        take(1, {"a": torch.ones(3), "b": torch.ones(2)})
+        take(2, {"a": torch.ones(3), "b": torch.tensor([1.0, float("inf")])})
+    finally:
+        flash.close()
+    assert (flash.taken, flash.completed, flash.dropped) == (2, 1, 1)
+    assert flash.store.versions() == [1]
+
+
+def test_put_ledger_prunes_what_the_listing_that_found_it_held(tmp_path):
+    """The master's prune after a ledger reads the listing that found the snapshot (no second listdir):
+    older snapshots and a ledger whose state went are removed; one put after that listing waits for
+    the next ledger; with every state resolved, pending() is empty."""
+    store = FlashStore(tmp_path / "flash")
+
+    def pos(version: int) -> pb.Position:
+        return pb.Position(round_id=1, task_index=0, steps_done=version, version=version)
+
+    for version in (1, 2, 3):
+        store.put_state(encode({"version": version}), pos(version))
+    (tmp_path / "flash" / f"ledger-{stem(pos(0))}.json").write_text("{}")  # its state went
+    found = store.pending()
+    assert [p.version for p in found] == [3, 2, 1]
+    store.put_state(encode({"version": 0}), pos(0))  # after the listing (a stale writer): not in it
+    store.put_ledger(found[0], {"records_done": 3})
+    names = sorted(p.name for p in (tmp_path / "flash").iterdir())
+    assert names == [f"ledger-{stem(pos(3))}.json", f"state-{stem(pos(0))}.ckpt", f"state-{stem(pos(3))}.ckpt"]
+    assert [p.version for p in store.pending()] == [0]
+    store.put_state(encode({"version": 4}), pos(4))
+    store.put_ledger(store.pending()[0], {"records_done": 4})
+    assert store.versions() == [4] and store.pending() == []
+    snap, skipped = store.latest()
+    assert snap.version == 4 and snap.ledger == {"records_done": 4} and not skipped
