@@ -25,7 +25,8 @@ cut (shuffled by ``seed + epoch`` when asked), even while the last tasks of
 the current one are still DOING. So a worker never waits at an epoch's end
 for the others to finish theirs, and an AllReduce round's rank 0 gets the
 next epoch's first tasks with its ahead ask during the last task (no blocking
-GetTask at every epoch boundary: ~2-4% of a small model's steps, bench/README.md).
+GetTask at every epoch boundary: 2.4% of a 2-worker digits worker's wall time
+in a profile; the bench resolved no gain from it, bench/README.md).
 Exactly-once is per record range, not per epoch: a remainder of an older
 epoch goes back to the front of TODO as ever and is handed out first. The whole state is
 plain data (``to_dict``/``from_dict``) so the master can persist and resume it.
