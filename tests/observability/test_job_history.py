@@ -43,11 +43,20 @@ def scaled_and_killed(digits_data, tmp_path_factory):
         return s if (rnd and rnd["round"] > after and len(rnd["members"]) == size and s["step"] > rnd["version"] + 3
                      and s["workers"]["active"] == size) else None
 
+    def recorded_with(size):
+        """A `metrics` record written while `size` workers trained: one comes every METRICS_INTERVAL, which
+        a short window of a loaded machine may not span."""
+        from flextrain.master.history import read_events
+
+        return any(r["type"] == "metrics" and r["workers"] == size for r in read_events(job_dir))
+
     proc = subprocess.Popen(flextrain_cmd(*train), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         s = wait_for(lambda: trained_in(2), timeout=180, what="2 workers training")
+        wait_for(lambda: recorded_with(2), timeout=60, what="a metrics record of 2 workers")
         assert run_flextrain("scale", str(job_dir), "3").returncode == 0
         s = wait_for(lambda: trained_in(3, s["roundHistory"][-1]["round"]), timeout=180, what="3 workers training")
+        wait_for(lambda: recorded_with(3), timeout=60, what="a metrics record of 3 workers")
         victim = s["members"][1]
         os.kill(victim["pid"], signal.SIGKILL)
         wait_for(lambda: (x := trained_in(3, s["roundHistory"][-1]["round"])) and victim["id"] not in
