@@ -2,7 +2,7 @@
 
 Runs the same model (``bench/models/mlp.py``: 256 -> 1024 -> 1024 -> 10 MLP,
 SGD with momentum) on the same synthetic RecordIO data, with the same global
-batch, data order, seed and number of torch threads as three sides:
+batch, data order, seed and number of torch threads as these sides:
 
   stream     a plain PyTorch loop that reads each step's records from the
              RecordIO files with flextrain's reader and turns them into tensors
@@ -11,7 +11,11 @@ batch, data order, seed and number of torch threads as three sides:
              ``zero_grad / forward / loss / backward / loss.item() / step``;
   memory     the same loop over tensors read and ``feed``-ed once before the
              clock starts (a data set held in memory: no reading at all);
-  flextrain  ``flextrain train --workers 1 --no-progress ...`` as a subprocess.
+  flextrain  ``flextrain train --workers 1 --no-progress ...`` as a subprocess;
+  checked    (interleaved only) the stream loop plus the test every flextrain step makes
+             of its gradients before it applies them (no NaN or inf: ``all_finite``), so
+             flextrain / memory splits into reading (``stream_vs_memory``), the check
+             (``checked_vs_stream``) and the rest of the framework (``ratio_vs_checked``).
 
 ``ratio`` = flextrain / stream, what the 0.97 target applies to: like for like,
 both read and ``feed`` the same records during training, as the issue's "same
@@ -25,9 +29,9 @@ module's optimizer has a post-step hook; the flextrain worker writes its list to
 a file at exit, ``FLEXTRAIN_BENCH_STEP_TIMES``). Two methods:
 
   interleaved (default, ``bench/overhead_interleaved.py``)
-             one long flextrain job and three plain-loop processes
-             (``bench/plain_loop.py``: memory, stream, and a control that is a
-             second memory loop) take turns in short windows (``--window``,
+             one long flextrain job and four plain-loop processes
+             (``bench/plain_loop.py``: memory, stream, checked, and a control that
+             is a second memory loop) take turns in short windows (``--window``,
              0.5 s); every side's processes are SIGSTOP-ed outside its windows,
              so all of them pay the same for being paused. Each flextrain window's
              rate is divided by the baseline's rate at the same moment

@@ -1,7 +1,8 @@
 """``bench/overhead.py --method interleaved`` (the default): every side a process, taking turns.
 
-One run: three plain-loop processes (``bench/plain_loop.py``: memory, stream, and control,
-a second memory loop) warm up, then a 1-worker flextrain job starts alone; once it trains,
+One run: four plain-loop processes (``bench/plain_loop.py``: memory, stream, control, a second
+memory loop, and checked, a stream loop that also tests its gradients as a flextrain step does)
+warm up, then a 1-worker flextrain job starts alone; once it trains,
 the four sides take turns in ``--window`` windows (``bench/interleave.py``) until the job
 ends. ``--repeats`` runs it again with fresh processes; the result pools every run's paired
 ratios, with an interval that resamples whole runs.
@@ -19,22 +20,27 @@ from interleave import (JOB, StepSeries, intervals_by_position, paired_ratios, p
 from machine import CPUMeter, ProcessTree, log, wait_until_quiet
 from overhead_sides import LoopProcess, finished_job, job_command, job_output, run_job
 
-LOOPS = {"memory": "memory", "stream": "stream", "control": "memory"}  # side -> plain_loop.py --mode
+LOOPS = {"memory": "memory", "stream": "stream", "control": "memory",  # side -> plain_loop.py --mode
+         "checked": "checked"}
 # Every flextrain window between a memory and a stream window; the control (a second memory
 # loop) sits at the mirror-image distances from the memory windows.
-ORDER = [JOB, "memory", "control", "stream"]
-# paired ratio -> (side, base)
+ORDER = [JOB, "memory", "control", "stream", "checked"]
+# paired ratio -> (side, base). flextrain / memory = stream_vs_memory (reading the files as it
+# trains) x checked_vs_stream (the gradient check) x ratio_vs_checked (everything else).
 PAIRS = {"ratio": (JOB, "stream"), "ratio_vs_memory": (JOB, "memory"),
-         "stream_vs_memory": ("stream", "memory"), "control_vs_memory": ("control", "memory")}
+         "stream_vs_memory": ("stream", "memory"), "control_vs_memory": ("control", "memory"),
+         "checked_vs_stream": ("checked", "stream"), "ratio_vs_checked": (JOB, "checked")}
 
 METHOD = (
-    "interleaved: one flextrain job of --epochs and three plain-loop processes (memory, stream, and "
-    "control, a second memory loop) take turns in windows of --window seconds (order flextrain, memory, "
-    "control, stream, ...); every side's processes are SIGSTOP-ed outside its windows. A window's "
+    "interleaved: one flextrain job of --epochs and four plain-loop processes (memory, stream, control, a "
+    "second memory loop, and checked, the stream loop plus the NaN/inf test of the gradients a flextrain "
+    "step makes) take turns in windows of --window seconds (order flextrain, memory, control, stream, "
+    "checked, ...); every side's processes are SIGSTOP-ed outside its windows. A window's "
     "samples/s runs from the end of its first step to the end of its last (the step straddling a pause "
     "is not counted; windows with fewer than --min-window-steps steps are dropped). ratio = median over "
     "flextrain windows of flextrain's rate / stream's rate interpolated between the stream windows "
-    "before and after it; ratio_vs_memory, stream_vs_memory and control_vs_memory likewise "
+    "before and after it; ratio_vs_memory, stream_vs_memory, control_vs_memory, checked_vs_stream and "
+    "ratio_vs_checked likewise "
     "(control_vs_memory is the method's A/A check: 1.0 if it is fair). --repeats runs it again with "
     "fresh processes and pools the paired ratios of all runs; *_ci95 = bootstrap interval of the pooled "
     "median that resamples runs, then windows. Start-up and the windows' first steps excluded; reading, "
@@ -55,7 +61,7 @@ def wait_for_training(proc, job_dir: Path, *, timeout: float = 600.0) -> None:
 
 
 def one_run(args, mlp, files: list[str], *, data_dir: Path, root: Path, sizes: list[int]) -> dict:
-    """One job and three loop processes taking turns: the paired ratios and what they rest on."""
+    """One job and four loop processes taking turns: the paired ratios and what they rest on."""
     G = args.global_batch_size
     job_dir = root / "job"
     cmd = job_command(data_dir, job_dir, batch=G, epochs=args.epochs, seed=args.seed, lr=args.lr,
@@ -146,6 +152,7 @@ def measure(args, mlp, files: list[str], *, data_dir: Path, root: Path, sizes: l
     return {
         "memory_samples_per_s": round(rate["memory"], 1),
         "stream_samples_per_s": round(rate["stream"], 1),
+        "checked_samples_per_s": round(rate["checked"], 1),
         "flextrain_samples_per_s": round(rate[JOB], 1),
         **pooled,
         "meets_target_at_ci95_lower_bound": pooled["ratio_ci95"][0] >= args.target_ratio,

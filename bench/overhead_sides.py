@@ -20,6 +20,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from flextrain.worker.backend import all_finite
+
 from interleave import StepSeries
 
 HERE = Path(__file__).resolve().parent
@@ -63,12 +65,15 @@ class PlainLoop:
     """A user's loop, one optimizer step per :meth:`step`, over the files in name order, again
     and again: over tensors ``feed``-ed once up front (``stream=False``: data held in memory),
     or reading and ``feed``-ing each step's records from the files as it goes (``stream=True``,
-    with flextrain's reader)."""
+    with flextrain's reader). ``check``: after backward, the test every flextrain step makes of
+    its gradients before applying them (``flextrain.worker.backend.all_finite``: no NaN or inf),
+    so a side can price it apart from the rest of the framework."""
 
-    def __init__(self, mlp, files: list[str], *, batch: int, seed: int, lr: float | None, stream: bool) -> None:
+    def __init__(self, mlp, files: list[str], *, batch: int, seed: int, lr: float | None, stream: bool,
+                 check: bool = False) -> None:
         from flextrain.data import open_reader
 
-        self.mlp, self.stream = mlp, stream
+        self.mlp, self.stream, self.check = mlp, stream, check
         sizes = [len(open_reader(path)) for path in files]
         # In memory: contiguous tensors, the fastest a step can get its data.
         self.loaded = None if stream else [[t.contiguous() for t in mlp.feed(list(open_reader(p).read()), "training",
@@ -97,6 +102,8 @@ class PlainLoop:
         self.optimizer.zero_grad()
         loss = mlp.loss(yb, self.model(xb))
         loss.backward()
+        if self.check and not all_finite(p.grad for p in self.model.parameters() if p.grad is not None):
+            raise FloatingPointError("a gradient is not finite")  # (flextrain would skip or fail the step)
         self.loss_sum += loss.item() * len(yb)
         self.optimizer.step()
         self.series.samples.append(len(yb))

@@ -5,7 +5,7 @@ so all of them pay the same for being paused and resumed (cold caches, sleeping 
 an in-process baseline paid nothing for it and flattered itself by up to ~4% (the earlier
 A/A check, see bench/README.md).
 
-Usage (by the bench): ``plain_loop.py --mode memory|stream --batch G --ready PATH --out PATH FILE...``.
+Usage (by the bench): ``plain_loop.py --mode memory|stream|checked --batch G --ready PATH --out PATH FILE...``.
 Builds the loop of ``overhead_sides.PlainLoop``, runs one unmeasured pass over the data
 (every chunk decoded once), creates ``--ready``, then steps until SIGTERM and writes
 ``{"times": [...], "samples": [...], "mean_loss": x}`` to ``--out``.
@@ -24,14 +24,15 @@ import torch
 
 from overhead_sides import PlainLoop, load_module
 
-MODES = ("memory", "stream")
+MODES = ("memory", "stream", "checked")  # checked: stream + the gradient check of a flextrain step
 
 
 def warmed_up(files: list[str], mode: str, *, batch: int, seed: int, lr: float | None) -> PlainLoop:
     """A loop after one pass over the data, with its step clock cleared."""
     from flextrain.data import open_reader
 
-    loop = PlainLoop(load_module(), files, batch=batch, seed=seed, lr=lr, stream=mode == "stream")
+    loop = PlainLoop(load_module(), files, batch=batch, seed=seed, lr=lr, stream=mode != "memory",
+                     check=mode == "checked")
     for _ in range(sum(-(-len(open_reader(f)) // batch) for f in files)):
         loop.step()
     loop.series.times.clear()

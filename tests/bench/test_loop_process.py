@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))
@@ -25,7 +26,7 @@ def cpu_seconds(pid: int) -> float:
     return (int(utime) + int(stime)) / os.sysconf("SC_CLK_TCK")
 
 
-@pytest.mark.parametrize("mode", ["memory", "stream"])
+@pytest.mark.parametrize("mode", ["memory", "stream", "checked"])
 def test_a_loop_process_steps_after_its_warm_up_and_reports_its_clock_on_sigterm(tmp_path, mode):
     files = write_data(tmp_path / "train", load_module(), records=600, files=2, seed=0)
     (tmp_path / f"{mode}.ready").touch()  # a previous run's files (bench --repeats) must not count
@@ -45,3 +46,19 @@ def test_a_loop_process_steps_after_its_warm_up_and_reports_its_clock_on_sigterm
     cycle = [128, 128, 44] * 2
     assert series.samples == (cycle * (len(series.samples) // 6 + 1))[:len(series.samples)]
     assert 0.0 < mean_loss < 10.0
+
+
+def test_the_checked_loop_tests_its_gradients_as_a_flextrain_step_does(tmp_path):
+    from overhead_sides import PlainLoop
+
+    files = write_data(tmp_path / "train", load_module(), records=300, files=1, seed=0)
+    for check in (False, True):
+        loop = PlainLoop(load_module(), files, batch=64, seed=0, lr=None, stream=True, check=check)
+        loop.step()
+        with torch.no_grad():
+            next(loop.model.parameters())[0, 0] = float("nan")  # the next step's gradients are NaN
+        if check:
+            with pytest.raises(FloatingPointError, match="not finite"):
+                loop.step()
+        else:
+            loop.step()  # a plain loop applies them
