@@ -51,8 +51,8 @@ fold, so the CPU other processes use meanwhile is measured
 
 Usage (from the repository root):
 
-    .venv/bin/python bench/overhead.py                     # interleaved, ~4.5 min on an idle 2-core box
-    .venv/bin/python bench/overhead.py --repeats 5         # five interleaved runs pooled, ~22 min
+    .venv/bin/python bench/overhead.py                     # interleaved, ~12 min on the 2-core box (2026-11-27)
+    .venv/bin/python bench/overhead.py --repeats 5         # five interleaved runs pooled, ~1 hour
     .venv/bin/python bench/overhead.py --method runs       # 12 whole runs per side, ~8 min
     .venv/bin/python bench/overhead.py --records 8192 --epochs 16             # smoke test, interleaved
     .venv/bin/python bench/overhead.py --method runs --repeats 1 --records 4096   # smoke test, runs

@@ -3,7 +3,7 @@
 One run: four plain-loop processes (``bench/plain_loop.py``: memory, stream, control, a second
 memory loop, and checked, a stream loop that also tests its gradients as a flextrain step does)
 warm up, then a 1-worker flextrain job starts alone; once it trains,
-the four sides take turns in ``--window`` windows (``bench/interleave.py``) until the job
+all five sides take turns in ``--window`` windows (``bench/interleave.py``) until the job
 ends. ``--repeats`` runs it again with fresh processes; the result pools every run's paired
 ratios, with an interval that resamples whole runs.
 """
