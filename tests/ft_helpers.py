@@ -79,18 +79,25 @@ def finish(proc, timeout=300):
     return proc.returncode, err
 
 
+def command_line(pid: int | str) -> list[str]:
+    """Process ``pid``'s arguments; OSError once it is gone. A process forked from the zygote
+    (flextrain/zygote.py) shows its command line as one title, split here at its spaces."""
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").rstrip("\0").split("\0")
+    return argv[0].split(" ") if len(argv) == 1 else argv
+
+
 def processes_with_args(*args: str) -> list[int]:
     """Pids of live processes whose command line holds ``args`` in a row (e.g. a job's workers)."""
-    wanted = "\0".join(args).encode()
     found = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
         try:
-            if wanted in (proc / "cmdline").read_bytes():
-                found.append(int(proc.name))
+            argv = command_line(proc.name)
         except OSError:  # gone meanwhile
-            pass
+            continue
+        if any(argv[i:i + len(args)] == list(args) for i in range(len(argv))):
+            found.append(int(proc.name))
     return found
 
 

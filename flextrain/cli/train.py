@@ -327,7 +327,36 @@ def resume_spec(args):
     return resumed
 
 
+def _import_meanwhile(name: str) -> None:
+    """Import ``name`` in a thread while this one waits on children (an error shows where it is used)."""
+    import importlib
+    import threading
+
+    def load() -> None:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - the main thread's own import raises it, in context
+            pass
+
+    threading.Thread(target=load, name=f"import-{name}", daemon=True).start()
+
+
 def cmd_train(args) -> int:
+    zygotes: list = []  # the one started for the job's local children: closed however this ends
+    try:
+        return _train(args, zygotes)
+    finally:
+        for zygote in zygotes:
+            zygote.close()
+
+
+def _train(args, zygotes: list) -> int:
+    from flextrain.zygote import Zygote
+
+    # This process becomes a local job's master: its children (preflight, workers, parameter servers) fork
+    # from a zygote that imports torch from now on, while the job is checked (flextrain/zygote.py)
+    zygote = Zygote.for_local_job()
+    zygotes.extend([zygote] if zygote else [])
     from flextrain.data import DataError, DataOptions, plan_shards
     from flextrain.job import JobSpecError, Strategy
     from flextrain.master.batches import job_schedule
@@ -355,10 +384,11 @@ def cmd_train(args) -> int:
 
             check_positive_finite("--preflight-timeout", args.preflight_timeout)
         # Everything checkable is checked before a single process starts; the cheap checks first.
+        _import_meanwhile("torch")  # this process needs it too (the module, the master): not after preflight
         if spec.training.preflight:  # the contract on real records, in a child: the module is code we cannot trust
             from flextrain.worker.preflight import run_preflight
 
-            run_preflight(spec, timeout=args.preflight_timeout)
+            run_preflight(spec, timeout=args.preflight_timeout, zygote=zygote)
         # The data's shards, here too for the warnings about skipped files. After preflight: a module's
         # custom_data_reader plans its own shards, so the module is imported (in this process only once
         # preflight has seen it import and return); a reader that fails is refused, named.
@@ -393,8 +423,9 @@ def cmd_train(args) -> int:
 
     show = sys.stderr.isatty() and not args.no_progress
     try:
-        return run_master(spec, show_progress=show, resume=bool(args.resume),
-                          changes=resumed.changes if resumed else (), moved_from=resumed.moved_from if resumed else None)
+        return run_master(spec, show_progress=show, resume=bool(args.resume), zygote=zygote,
+                          changes=resumed.changes if resumed else (),
+                          moved_from=resumed.moved_from if resumed else None)
     except (ResumeError, JobDirError) as exc:  # JobDirError: another master took the lock meanwhile
         raise CLIError(str(exc)) from exc
 

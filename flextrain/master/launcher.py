@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import abc
 import enum
+import logging
 import os
 import signal
 import subprocess
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 from flextrain.orphans import ENV_PARENT_PID, remove_alive_marks
+from flextrain.zygote import Zygote, ZygoteGone
 
 
 class Role(str, enum.Enum):
@@ -123,16 +125,23 @@ class LocalProcessBackend(LaunchBackend):
 
     Output goes to ``<log_dir>/<instance_id>.log``. A thread per process
     waits on it, so exits are reported as soon as they happen (no polling).
+    With a :class:`~flextrain.zygote.Zygote` each child is forked from it,
+    torch already imported, unless its environment differs from the
+    zygote's where that matters (then, or once the zygote is gone, a fresh
+    process as without one).
     """
 
     def __init__(self, *, log_dir: Path, env: Mapping[str, str] | None = None,
-                 worker_memory_limit: int | None = None) -> None:
+                 worker_memory_limit: int | None = None, zygote: Zygote | None = None) -> None:
         """``worker_memory_limit``: bytes of resident memory a worker may use; one over it is killed
-        and its exit reason is ``OOMKilled`` (flextrain/master/memwatch.py). None: no limit."""
+        and its exit reason is ``OOMKilled`` (flextrain/master/memwatch.py). None: no limit.
+        ``zygote``: owned by the backend from here on (closed by :meth:`close`)."""
         super().__init__()
         self.log_dir = Path(log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.base_env = dict(os.environ if env is None else env)
+        self.zygote = zygote
+        self.forked = 0  # children forked from the zygote (the rest started fresh)
         self._procs: dict[str, subprocess.Popen] = {}
         self._lock = threading.Lock()
         self._watch = None
@@ -152,19 +161,34 @@ class LocalProcessBackend(LaunchBackend):
 
     def launch(self, spec: InstanceSpec) -> None:
         env = {**self.base_env, **spec.env, ENV_PARENT_PID: str(os.getpid())}
-        log = open(self.log_dir / f"{spec.instance_id}.log", "ab")
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "flextrain", *spec.args],
-            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
-            start_new_session=True,  # a Ctrl-C in the terminal reaches the master only
-        )
-        log.close()
+        with open(self.log_dir / f"{spec.instance_id}.log", "ab") as log:
+            proc = self._forked(spec, env, log.fileno()) or subprocess.Popen(
+                [sys.executable, "-m", "flextrain", *spec.args],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+                start_new_session=True,  # a Ctrl-C in the terminal reaches the master only
+            )
         with self._lock:
             self._procs[spec.instance_id] = proc
         threading.Thread(
             target=self._wait, args=(spec.instance_id, proc), daemon=True,
             name=f"wait-{spec.instance_id}",
         ).start()
+
+    def _forked(self, spec: InstanceSpec, env: dict[str, str], log: int):
+        """The child forked from the zygote, or None where it cannot be (start a fresh process)."""
+        zygote = self.zygote
+        if zygote is None or not zygote.serves(env):
+            return None
+        try:
+            with open(os.devnull, "rb") as null:
+                proc = zygote.spawn(spec.args, env={**env, ENV_PARENT_PID: str(zygote.pid)},
+                                    stdin=null.fileno(), stdout=log, stderr=log)
+        except ZygoteGone as exc:
+            logging.getLogger("flextrain.launcher").warning("%s: %s starts as a fresh process", exc,
+                                                            spec.instance_id)
+            return None
+        self.forked += 1
+        return proc
 
     def _wait(self, instance_id: str, proc: subprocess.Popen) -> None:
         code = proc.wait()
@@ -213,3 +237,5 @@ class LocalProcessBackend(LaunchBackend):
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        if self.zygote is not None:
+            self.zygote.close()

@@ -37,6 +37,7 @@ from flextrain.master.servicer import MasterServicer, start_server
 from flextrain.master.spares import SparePool
 from flextrain.master.status import StatusReporter
 from flextrain.master.suspension import Suspension
+from flextrain.zygote import Zygote
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +106,7 @@ def _run_master(
     moved_to: Path | None = None,
     changes: tuple[str, ...] = (),
     moved_from: str | None = None,
+    zygote: Zygote | None = None,
 ) -> int:
     """Run a job's master until the job ends (the caller holds the directory's lock).
 
@@ -115,6 +117,22 @@ def _run_master(
     kubeconfig client (tests). ``changes`` and ``moved_from`` are what a resume changed and
     where the directory was recorded (flextrain/master/resume.py), for the job's history.
     """
+    # Local children fork from a zygote that imports torch while this process does (flextrain/zygote.py);
+    # ``zygote``: one the caller started earlier (``flextrain train``: before preflight), closed here
+    if zygote is None and backend is None and spec.backend is Backend.LOCAL:
+        zygote = Zygote.for_local_job()
+    try:
+        return _run_job(spec, host=host, port=port, backend=backend, show_progress=show_progress, console=console,
+                        resume=resume, namespace=namespace, api_client=api_client, moved_to=moved_to,
+                        changes=changes, moved_from=moved_from, zygote=zygote)
+    finally:
+        if zygote is not None:  # the backend closed it once its children were stopped; after an error, here
+            zygote.close()
+
+
+def _run_job(spec: JobSpec, *, host: str, port: int, backend: LaunchBackend | None, show_progress: bool,
+             console: Console | None, resume: bool, namespace: str | None, api_client, moved_to: Path | None,
+             changes: tuple[str, ...], moved_from: str | None, zygote: Zygote | None) -> int:
     import torch  # heavy import: only the master process needs it here
     import torch.distributed as dist
 
@@ -178,7 +196,7 @@ def _run_master(
         job.micro_batches.oom.ladder = memory_ladder(k8s.backend.job)
         status_writer = ElasticJobStatusWriter(k8s.api_client, namespace=k8s.backend.namespace, name=spec.name)
     backend = backend or LocalProcessBackend(log_dir=job_dir / "logs",
-                                             worker_memory_limit=_bytes(spec.worker.memory_limit))
+                                             worker_memory_limit=_bytes(spec.worker.memory_limit), zygote=zygote)
     stop_requested: list[float] = []
 
     def stop(reason: str) -> tuple[bool, str]:

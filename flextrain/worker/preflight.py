@@ -43,12 +43,14 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 from contextlib import contextmanager
 
 from flextrain.data import DataError
 from flextrain.job import JobSpec, JobSpecError, Strategy
 from flextrain.job.usermodule import module_attribute
 from flextrain.orphans import ENV_PARENT_PID
+from flextrain.zygote import Zygote, ZygoteGone
 from flextrain.worker.module import (FeedMetadata, Framework, Mode, ModelDef, ModelDefError, load_model_def,
                                      raised, returned)
 from flextrain.worker.reading import job_shards, read_task_records
@@ -75,31 +77,32 @@ def default_timeout() -> float:
 
 
 # ---- the parent: run the child, turn its answer into an exception ---------------------------------
-def run_preflight(spec: JobSpec, *, timeout: float | None = None, skip_hint: str = "--no-preflight skips it") -> None:
+def run_preflight(spec: JobSpec, *, timeout: float | None = None, skip_hint: str = "--no-preflight skips it",
+                  zygote: Zygote | None = None) -> None:
     """Check ``spec``'s module in a child process; raises PreflightError (or DataError for the data).
 
-    ``skip_hint`` tells the user how to turn preflight off where it cannot work (a hang)."""
+    ``skip_hint`` tells the user how to turn preflight off where it cannot work (a hang). With a
+    ``zygote`` (flextrain/zygote.py) the child is forked from it, torch already imported. The child's
+    output goes to files, not pipes: a grandchild the module left behind cannot hold the answer up."""
     timeout = default_timeout() if timeout is None else timeout
     env = {**os.environ, ENV_PARENT_PID: str(os.getpid()), "PYTHONUNBUFFERED": "1"}
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's C++ start-up chatter
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "flextrain", "preflight", "--job-spec-json", spec.to_json()],
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace",
-        env=env,
-        start_new_session=True,  # killed as a group: whatever the module started goes too
-    )
+    args = ("preflight", "--job-spec-json", spec.to_json())
     module = spec.model_def
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        _kill(proc)
-        out, err = _drain(proc)
-        stage = next((m["stage"] for m in reversed(_messages(out)) if "stage" in m), "starting")
-        raise PreflightError(f"preflight of {module} did not finish within {timeout:g}s (it was {stage}); "
-                             f"{skip_hint}{_tail(err)}") from None
-    finally:
-        if proc.poll() is None:  # e.g. KeyboardInterrupt while waiting
+    with tempfile.TemporaryFile() as out_file, tempfile.TemporaryFile() as err_file:
+        proc = _start(args, env, out_file, err_file, zygote)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
             _kill(proc)
+            proc.wait()
+            stage = next((m["stage"] for m in reversed(_messages(_read(out_file))) if "stage" in m), "starting")
+            raise PreflightError(f"preflight of {module} did not finish within {timeout:g}s (it was {stage}); "
+                                 f"{skip_hint}{_tail(_read(err_file))}") from None
+        finally:
+            if proc.poll() is None:  # e.g. KeyboardInterrupt while waiting
+                _kill(proc)
+        out, err = _read(out_file), _read(err_file)
     log.debug("preflight of %s: exit code %s; its output:\n%s", module, proc.returncode, err)
     result = next((m for m in reversed(_messages(out)) if "ok" in m), None)
     if result is None:
@@ -111,18 +114,29 @@ def run_preflight(spec: JobSpec, *, timeout: float | None = None, skip_hint: str
         raise {"data": DataError, "spec": JobSpecError}.get(result.get("kind"), PreflightError)(result["error"])
 
 
-def _kill(proc: subprocess.Popen) -> None:
+def _start(args: tuple[str, ...], env: dict[str, str], out, err, zygote: Zygote | None):
+    """The child, in its own session (killed as a group: whatever the module started goes too)."""
+    if zygote is not None and zygote.serves(env):
+        try:
+            with open(os.devnull, "rb") as null:
+                return zygote.spawn(args, env={**env, ENV_PARENT_PID: str(zygote.pid)}, stdin=null.fileno(),
+                                    stdout=out.fileno(), stderr=err.fileno())
+        except ZygoteGone as exc:
+            log.warning("%s: preflight starts as a fresh process", exc)
+    return subprocess.Popen([sys.executable, "-m", "flextrain", *args], stdin=subprocess.DEVNULL, stdout=out,
+                            stderr=err, env=env, start_new_session=True)
+
+
+def _kill(proc) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         proc.kill()
 
 
-def _drain(proc: subprocess.Popen) -> tuple[str, str]:
-    try:
-        return proc.communicate(timeout=5)
-    except subprocess.TimeoutExpired:  # a grandchild in its own session holds the pipes
-        return "", ""
+def _read(file) -> str:
+    file.seek(0)
+    return file.read().decode(errors="replace")
 
 
 def _messages(out: str) -> list[dict]:

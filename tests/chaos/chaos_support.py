@@ -18,7 +18,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from ft_helpers import alive, flextrain_cmd, read_status, run_flextrain, wait_for
+from ft_helpers import alive, command_line, flextrain_cmd, read_status, run_flextrain, wait_for
 
 TIMEOUT = 120  # seconds any one event may wait for its state: a hang, not a threshold
 RECORDS = 512  # training records of the counting models: 16 steps of G=32 per epoch
@@ -30,7 +30,7 @@ def pids_with(*needles: str) -> dict[int, list[str]]:
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                argv = (entry / "cmdline").read_bytes().decode().split("\0")
+                argv = command_line(entry.name)
             except OSError:
                 continue
             if all(n in argv for n in needles):

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from ft_helpers import MODEL_ZOO, flextrain_cmd, ps_counts, read_status, run_flextrain, wait_for
+from ft_helpers import MODEL_ZOO, command_line, flextrain_cmd, ps_counts, read_status, run_flextrain, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -68,10 +68,10 @@ def _pid_with(*needles: str) -> int | None:
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+                cmdline = command_line(entry.name)
             except OSError:
                 continue
-            if all(n.encode() in cmdline for n in needles):
+            if all(n in cmdline for n in needles):
                 return int(entry.name)
     return None
 

@@ -1,0 +1,316 @@
+"""A pre-forked zygote: local children start with torch already imported.
+
+Every local worker, parameter server and preflight is ``python -m flextrain ...``, and each one used
+to spend ~3.7 s of CPU importing torch (and ``torch._dynamo``, which building an optimizer imports)
+before doing anything of its own: most of a local job's start, with three to five such processes
+sharing a laptop's cores. The zygote is one process that imports them once and forks a child per
+launch; the child then runs ``python -m MODULE ARGS`` as a fresh process would (``runpy``), with its
+own arguments, environment, directory, standard streams, session and exit code (which the zygote
+reports to its owner) and, through ``setproctitle``, its own command line in ps.
+
+The contract, and why it holds:
+
+* Only third-party modules are loaded ahead (:data:`PRELOAD`). flextrain's modules and the user's
+  module are imported by the child, after its environment is in place, as in a fresh process.
+* A child's environment may differ from the zygote's in anything but the variables read while
+  those modules load or the interpreter starts (:data:`IMPORT_TIME`: ``PYTHON*``, ``OMP_*``, ...):
+  :meth:`Zygote.serves` says no to such an environment and the caller starts a fresh process.
+* The zygote forks from its only Python thread and never runs a torch operation (no OpenMP pool,
+  no CUDA context), the conditions under which torch's own forked DataLoader workers are safe.
+* The zygote exits once its owner's end of the socket closes (the owner exited or closed it); a
+  child in flight then sees its parent change and exits (flextrain/orphans.py), as when a master
+  dies. A child's ``FLEXTRAIN_PARENT_PID`` is therefore the zygote's pid.
+* Only JSON and file descriptors (``SCM_RIGHTS``) cross the socket: nothing is pickled.
+
+``FLEXTRAIN_ZYGOTE=0`` turns it off (every child a fresh process). Hand-written because the
+standard library's fork server (``multiprocessing.forkserver``) runs Python callables it unpickles,
+not command lines with their own environment and streams, and reports no exit codes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from typing import Mapping
+
+log = logging.getLogger("flextrain.zygote")
+
+ENV_SWITCH = "FLEXTRAIN_ZYGOTE"  # "0": no zygote
+# torch._dynamo: torch imports it for the first optimizer any process builds (~1.9 s here, as much as torch)
+PRELOAD = ("numpy", "torch", "torch.nn", "torch.optim", "torch.distributed", "torch._dynamo", "grpc",
+           "google.protobuf.message", "setproctitle")
+# Variables the interpreter or the preloaded libraries read as they start (a child cannot change them)
+IMPORT_TIME = ("PYTHON", "LD_", "OMP_", "KMP_", "GOMP_", "MKL_", "OPENBLAS_", "MALLOC_", "GLIBC_", "TORCH",
+               "PYTORCH", "CUDA", "NVIDIA", "GRPC_", "PROTOCOL_BUFFERS", "NPY_", "NUMPY_", "LC_", "LANG")
+MAX_MESSAGE = 1 << 20  # bytes of one JSON message (a spawn request carries an environment)
+STREAMS = (0, 1, 2)
+TITLE_ROOM = 2048  # characters of a child's command line that ps shows (a longer one is cut)
+
+
+class ZygoteGone(RuntimeError):
+    """The zygote exited (or never started): start a fresh process instead."""
+
+
+def enabled() -> bool:
+    return os.environ.get(ENV_SWITCH, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def _send(sock: socket.socket, message: dict, fds: tuple[int, ...] = ()) -> None:
+    socket.send_fds(sock, [json.dumps(message).encode()], list(fds))
+
+
+def _recv(sock: socket.socket) -> tuple[dict | None, list[int]]:
+    data, fds, _, _ = socket.recv_fds(sock, MAX_MESSAGE, len(STREAMS))
+    return (json.loads(data) if data else None), fds
+
+
+# ---- the owner's side ------------------------------------------------------------------------------
+class ForkedProcess:
+    """A child of the zygote, with the part of :class:`subprocess.Popen`'s interface the launchers use.
+    ``returncode`` is Popen's: the exit status, or ``-N`` when signal N ended it."""
+
+    def __init__(self, pid: int, args: tuple[str, ...]) -> None:
+        self.pid, self.args = pid, args
+        self.returncode: int | None = None
+        self._ended = threading.Event()
+
+    def _exited(self, code: int) -> None:
+        self.returncode = code
+        self._ended.set()
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if not self._ended.wait(timeout):
+            raise subprocess.TimeoutExpired(self.args, timeout)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:  # not yet reaped by the zygote: the pid is still this child's
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+class Zygote:
+    """The owner's handle on a zygote process: :meth:`start` it early (it imports while the owner
+    works), :meth:`spawn` children through it, :meth:`close` it at the end."""
+
+    def __init__(self, proc: subprocess.Popen, sock: socket.socket, env: Mapping[str, str]) -> None:
+        self.proc, self.pid, self.env = proc, proc.pid, dict(env)
+        self._sock = sock
+        self._lock = threading.Lock()  # one request in flight: a spawn's answer is the next one
+        self._cond = threading.Condition()
+        self._ready = False
+        self._gone = False
+        self._answer: dict | None = None
+        self._children: dict[int, ForkedProcess] = {}
+        self._early_exits: dict[int, int] = {}  # a child's exit can be read before its spawn's answer is handled
+        threading.Thread(target=self._read, name="zygote-reader", daemon=True).start()
+
+    @classmethod
+    def start(cls, *, env: Mapping[str, str] | None = None) -> Zygote | None:
+        """Start a zygote with ``env`` (default: this process's), or None when turned off or it cannot
+        start (the caller starts fresh processes)."""
+        env = dict(os.environ if env is None else env)
+        if not enabled() or env.get(ENV_SWITCH, "1") == "0":
+            return None
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            # A child's title (its command line in ps) is written over the zygote's arguments, not
+            # over its environment (SPT_NOENV): blank room for it at their end
+            proc = subprocess.Popen([sys.executable, "-m", "flextrain.zygote", str(theirs.fileno()), " " * TITLE_ROOM],
+                                    pass_fds=(theirs.fileno(),), env={**env, "SPT_NOENV": "1"},
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True)
+        except OSError as exc:
+            log.warning("no zygote (%s): every child starts as a fresh process", exc)
+            ours.close()
+            return None
+        finally:
+            theirs.close()
+        return cls(proc, ours, env)
+
+    @classmethod
+    def for_local_job(cls) -> Zygote | None:
+        """A zygote for a local job's children: the launchers give them this process's environment,
+        unbuffered (flextrain/master/launcher.py, flextrain/worker/preflight.py)."""
+        return cls.start(env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+    def serves(self, env: Mapping[str, str]) -> bool:
+        """Whether a child with ``env`` can be forked: no variable read at import time differs."""
+        if self._gone:
+            return False
+        keys = set(env) | set(self.env)
+        return not any(env.get(k) != self.env.get(k) for k in keys if k.startswith(IMPORT_TIME))
+
+    def spawn(self, args: tuple[str, ...], *, env: Mapping[str, str], stdin: int, stdout: int, stderr: int,
+              new_session: bool = True, module: str = "flextrain") -> ForkedProcess:
+        """Fork ``python -m MODULE ARGS`` with ``env`` and the given standard streams (file
+        descriptors, duplicated into the child). Waits for the zygote to have loaded; ZygoteGone if
+        it has exited."""
+        with self._lock:
+            with self._cond:
+                self._cond.wait_for(lambda: self._ready or self._gone)
+                if self._gone:
+                    raise ZygoteGone("the zygote has exited")
+                self._answer = None
+                try:
+                    _send(self._sock, {"module": module, "args": list(args), "env": dict(env),
+                                       "session": new_session, "cwd": os.getcwd()}, (stdin, stdout, stderr))
+                except OSError as exc:
+                    raise ZygoteGone(f"the zygote has exited ({exc})") from None
+                self._cond.wait_for(lambda: self._answer is not None or self._gone)
+                if self._answer is None:
+                    raise ZygoteGone("the zygote exited while forking")
+                if "error" in self._answer:
+                    raise ZygoteGone(f"the zygote could not fork: {self._answer['error']}")
+                child = ForkedProcess(self._answer["pid"], args)
+                self._children[child.pid] = child
+                if child.pid in self._early_exits:
+                    child._exited(self._early_exits.pop(child.pid))
+                return child
+
+    def _read(self) -> None:
+        while True:
+            try:
+                message, fds = _recv(self._sock)
+            except (OSError, ValueError):
+                message, fds = None, []
+            for fd in fds:
+                os.close(fd)
+            with self._cond:
+                if message is None:  # the zygote exited: its children follow it (flextrain/orphans.py)
+                    self._gone = True
+                    orphans = [c for c in self._children.values() if c.returncode is None]
+                    self._cond.notify_all()
+                    break
+                if "ready" in message:
+                    self._ready = True
+                elif "exit" in message:
+                    child = self._children.pop(message["exit"], None)
+                    if child is None:
+                        self._early_exits[message["exit"]] = message["code"]
+                    else:
+                        child._exited(message["code"])
+                else:
+                    self._answer = message
+                self._cond.notify_all()
+        for child in orphans:
+            _wait_gone(child)
+
+    def close(self) -> None:
+        """End the zygote (its running children are the caller's to stop first)."""
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._sock.close()
+        self.proc.wait()
+
+
+def _wait_gone(child: ForkedProcess) -> None:
+    """A child whose zygote exited: it exits within a second (its parent changed); report code 1 then."""
+    try:
+        fd = os.pidfd_open(child.pid)
+    except OSError:  # already gone
+        child._exited(1)
+        return
+    try:
+        select.select([fd], [], [])
+    finally:
+        os.close(fd)
+    child._exited(1)
+
+
+# ---- the zygote's side -----------------------------------------------------------------------------
+def serve(sock: socket.socket) -> dict:
+    """Fork a child per request until the owner closes the socket (then exit). Returns only in a
+    child: its request, with its streams already in place."""
+    children: dict[int, int] = {}  # pidfd -> pid
+    _send(sock, {"ready": os.getpid()})
+    while True:
+        readable, _, _ = select.select([sock, *children], [], [])
+        for fd in readable:
+            if fd is sock:
+                request, fds = _recv(sock)
+                if request is None:
+                    os._exit(0)  # the owner is gone; children see their parent change and follow
+                try:
+                    pid = os.fork()
+                except OSError as exc:
+                    for f in fds:
+                        os.close(f)
+                    _send(sock, {"error": str(exc)})
+                    continue
+                if pid == 0:
+                    _become(sock, request, fds, children)
+                    return request
+                for f in fds:
+                    os.close(f)
+                children[os.pidfd_open(pid)] = pid
+                _send(sock, {"pid": pid})
+            else:
+                pid = children.pop(fd)
+                os.close(fd)
+                _, status = os.waitpid(pid, 0)
+                _send(sock, {"exit": pid, "code": os.waitstatus_to_exitcode(status)})
+
+
+def _become(sock: socket.socket, request: dict, fds: list[int], children: dict[int, int]) -> None:
+    """In the new child: its session, streams, directory and environment; nothing of the zygote's."""
+    sock.close()
+    for fd in children:
+        os.close(fd)
+    if request.get("session", True):
+        os.setsid()
+    for target, fd in zip(STREAMS, fds):
+        os.dup2(fd, target)
+    for fd in fds:
+        if fd not in STREAMS:
+            os.close(fd)
+    os.chdir(request["cwd"])
+    if "setproctitle" in sys.modules:  # ps shows what a fresh process would (set before environ changes)
+        sys.modules["setproctitle"].setproctitle(" ".join([sys.executable, "-m", request["module"],
+                                                           *request["args"]]))
+    os.environ.clear()
+    os.environ.update(request["env"])
+    if "numpy.random" in sys.modules:  # a fresh process's global numpy generator is seeded from the OS
+        sys.modules["numpy.random"].seed()
+
+
+def main(argv: list[str]) -> None:
+    import gc
+    import importlib
+    import runpy
+
+    sock = socket.socket(fileno=int(argv[0]))
+    for name in PRELOAD:
+        try:
+            importlib.import_module(name)
+        except ImportError:  # e.g. grpc absent: the child imports what it needs itself
+            pass
+    # Children would copy every page the collector walks: keep the preloaded objects out of its way
+    gc.collect()
+    gc.freeze()
+    request = serve(sock)
+    sys.argv = [request["module"], *request["args"]]
+    runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
