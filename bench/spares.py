@@ -1,9 +1,18 @@
-"""Warm spares benchmark: from a scale request / a SIGKILL to the newcomer's first committed step,
-with ``--spare-workers 1`` against the same job without spares (the baseline).
+"""Warm spares and the zygote: from a job's submission, a scale request or a SIGKILL to the first
+committed step of the worker it brings, for three sides of the same job:
+
+* ``fresh``: every worker a fresh ``python -m flextrain worker`` process (``FLEXTRAIN_ZYGOTE=0``),
+  no spares: the baseline, what a local job did before the zygote;
+* ``zygote``: the default, workers forked from the job's zygote (flextrain/zygote.py), no spares;
+* ``spares``: the default with ``--spare-workers 1``.
 
 The job is bench/rescale's (``bench/rescale/zoo_digits.py``: the digits MLP whose optimizer appends
 ``"<time.time()> <n>"`` to ``steps-<worker id>.txt`` after every committed step), 2 workers
-(``--min-workers 1 --max-workers 3``). Each side repeats a cycle ``--cycles`` times:
+(``--min-workers 1 --max-workers 3``). Each job times:
+
+* start: ``flextrain train`` launched -> the job's first committed step (preflight included);
+
+then repeats a cycle ``--cycles`` times:
 
 * scale-up: ``Scale(3)`` sent to the master over gRPC (what ``flextrain scale`` sends once its
   Python has started) -> the first committed step of the worker that joined; then ``Scale(2)``;
@@ -11,16 +20,16 @@ The job is bench/rescale's (``bench/rescale/zoo_digits.py``: the digits MLP whos
   replacement.
 
 Before each event the job trains steadily in a round of 2 (and, with spares, a spare is parked).
-The sides take turns job by job (``--rounds`` jobs per side, the first side alternating), so drift of
-this shared machine over the run reaches both. Reported: per side and event kind the median and every
-sample, and the ratio baseline / spares of the medians with a 95 % bootstrap interval; the memory a
-parked spare holds (VmRSS and Pss from /proc, next to a training worker's). Every process started is
-killed at the end (bench/rescale.py's Janitor).
+The sides take turns job by job (``--rounds`` jobs per side, the order rotating), so drift of this
+shared machine over the run reaches every side. Reported: per side and event kind the median and
+every sample, and the ratios fresh / zygote and fresh / spares of the medians with a 95 % bootstrap
+interval; the memory a parked spare holds (VmRSS and Pss from /proc, next to a training worker's).
+Every process started is killed at the end (bench/rescale.py's Janitor).
 
 Usage (repository root)::
 
-    .venv/bin/python bench/spares.py                  # ~3-4 min on 2 cores
-    .venv/bin/python bench/spares.py --rounds 1 --cycles 1   # smoke size, ~1.5 min
+    .venv/bin/python bench/spares.py                  # ~5-6 min on 2 cores
+    .venv/bin/python bench/spares.py --rounds 1 --cycles 1   # smoke size, ~2 min
 
 stdout: exactly one JSON object; progress goes to stderr.
 """
@@ -47,6 +56,7 @@ from rescale.procs import PY, Janitor, Timeout, alive, kill_group, wait_for  # n
 from rescale.stamps import first_after, read_steps, summary  # noqa: E402
 
 TARGET_S = 0.5  # issue 26: scale request / kill -> the newcomer's first committed step
+SIDES = ("fresh", "zygote", "spares")
 
 
 def log(msg: str) -> None:
@@ -69,12 +79,13 @@ def memory_kib(pid: int) -> dict:
 class Job:
     """One flextrain job of the benchmark and the master it is driven through."""
 
-    def __init__(self, work: Path, data_dir: Path, janitor: Janitor, *, spares: int, timeout: float,
+    def __init__(self, work: Path, data_dir: Path, janitor: Janitor, *, side: str, timeout: float,
                  settle: float) -> None:
         self.rdir = work / "steps"
         self.rdir.mkdir(parents=True)
         self.job_dir = work / "job"
-        self.timeout, self.settle, self.spares = timeout, settle, spares
+        spares = 1 if side == "spares" else 0
+        self.side, self.timeout, self.settle, self.spares = side, timeout, settle, spares
         cmd = [PY, "-m", "flextrain", "train", "--model-def", f"{ZOO}:Model", "--training-data",
                str(data_dir / "train"), "--workers", "2", "--min-workers", "1", "--max-workers", "3",
                "--epochs", "100000", "--global-batch-size", str(GLOBAL_BATCH), "--lr", str(LR),
@@ -82,7 +93,9 @@ class Job:
                "--spare-workers", str(spares)]
         self.cmd = " ".join(cmd[1:])
         self.master_log = work / "master.log"
-        self.master = janitor.start(cmd, env=janitor.env(RESCALE_DIR=str(self.rdir)), log_path=self.master_log)
+        env = janitor.env(RESCALE_DIR=str(self.rdir), **({"FLEXTRAIN_ZYGOTE": "0"} if side == "fresh" else {}))
+        self.submitted = time.time()
+        self.master = janitor.start(cmd, env=env, log_path=self.master_log)
         self.stub = None
 
     def status(self) -> dict | None:
@@ -133,6 +146,16 @@ class Job:
                     return m["id"], first
         return None
 
+    def first_step(self) -> dict:
+        """The job's first committed step after its submission."""
+        def found():
+            stamps = [first_after(read_steps(p), self.submitted) for p in self.rdir.glob("steps-*.txt")]
+            return min((t for t in stamps if t is not None), default=None)
+
+        first = wait_for(found, timeout=self.timeout, what="the job's first committed step")
+        log(f"{self.side}: start -> first step after {first - self.submitted:.3f}s")
+        return {"kind": "start", "seconds": round(first - self.submitted, 4)}
+
     def event(self, kind: str, cycle: int) -> dict:
         rnd = wait_for(lambda: self.steady(2), timeout=self.timeout, what=f"a steady round of 2 before {kind}")
         members = {m["id"] for m in rnd["members"]}
@@ -147,7 +170,7 @@ class Job:
                                    what=f"the newcomer's first step after {kind}")
         pid = next(m["pid"] for m in self.status()["members"] if m["id"] == newcomer)
         sample = {"kind": kind, "seconds": round(first - t, 4), "newcomer": newcomer, "was_spare": pid in parked}
-        log(f"{'spares' if self.spares else 'plain'}: {kind} -> {newcomer} first step after {first - t:.3f}s"
+        log(f"{self.side}: {kind} -> {newcomer} first step after {first - t:.3f}s"
             f"{' (the parked spare)' if sample['was_spare'] else ''}")
         if kind == "scale":
             wait_for(lambda: self.steady(3, rnd["round"]), timeout=self.timeout, what="a steady round of 3")
@@ -170,18 +193,19 @@ class Job:
                 kill_group(self.master.pid)
 
 
-def run_side(spares: int, work: Path, data_dir: Path, janitor: Janitor, args) -> dict:
-    job = Job(work, data_dir, janitor, spares=spares, timeout=args.timeout, settle=args.settle)
+def run_side(side: str, work: Path, data_dir: Path, janitor: Janitor, args) -> dict:
+    job = Job(work, data_dir, janitor, side=side, timeout=args.timeout, settle=args.settle)
     out: dict = {"cmd": job.cmd, "samples": []}
     try:
+        out["samples"].append(job.first_step())
         for cycle in range(args.cycles):
             for kind in ("scale", "kill"):
                 out["samples"].append(job.event(kind, cycle))
-        if spares:
+        if job.spares:
             out["memory"] = job.spare_memory()
     except (Timeout, RuntimeError) as exc:
         out["error"] = str(exc)
-        log(f"{'spares' if spares else 'plain'}: {exc}")
+        log(f"{side}: {exc}")
     finally:
         job.close(janitor)
     return out
@@ -214,15 +238,14 @@ def main(argv: list[str] | None = None) -> int:
     t_begin, load_at_start = time.time(), round(os.getloadavg()[0], 2)
     work = Path(args.work_dir).resolve() if args.work_dir else Path(tempfile.mkdtemp(prefix="spares-"))
     janitor = Janitor()
-    sides: dict[str, list[dict]] = {"plain": [], "spares": []}
+    sides: dict[str, list[dict]] = {side: [] for side in SIDES}
     try:
         data_dir = work / "digits"
         write_digits(data_dir)
         for r in range(args.rounds):
-            for side in (("plain", "spares") if r % 2 == 0 else ("spares", "plain")):
+            for side in SIDES[r % 3:] + SIDES[:r % 3]:
                 log(f"round {r + 1}/{args.rounds}: {side}")
-                sides[side].append(run_side(1 if side == "spares" else 0, work / f"{side}-{r}", data_dir,
-                                            janitor, args))
+                sides[side].append(run_side(side, work / f"{side}-{r}", data_dir, janitor, args))
     finally:
         janitor.cleanup()
         if not args.work_dir:
@@ -232,17 +255,19 @@ def main(argv: list[str] | None = None) -> int:
         return [s["seconds"] for run in sides[side] for s in run["samples"] if s["kind"] == kind]
 
     out: dict = {"bench": "spares", "target_s": TARGET_S}
-    for kind in ("scale", "kill"):
-        base, new = seconds("plain", kind), seconds("spares", kind)
-        spare_med = summary(new)["median"]
-        out[kind] = {"plain_s": summary(base), "spares_s": summary(new),
-                     "plain_over_spares": ratio_ci(base, new),
-                     "target_met": spare_med is not None and spare_med <= TARGET_S}
-    out["spare_taken_every_time"] = all(s["was_spare"] for run in sides["spares"] for s in run["samples"])
+    for kind in ("start", "scale", "kill"):
+        fresh = seconds("fresh", kind)
+        out[kind] = {**{f"{side}_s": summary(seconds(side, kind)) for side in SIDES},
+                     "fresh_over_zygote": ratio_ci(fresh, seconds("zygote", kind)),
+                     "fresh_over_spares": ratio_ci(fresh, seconds("spares", kind))}
+        if kind != "start":
+            spare_med = summary(seconds("spares", kind))["median"]
+            out[kind]["target_met"] = spare_med is not None and spare_med <= TARGET_S
+    out["spare_taken_every_time"] = all(s["was_spare"] for run in sides["spares"] for s in run["samples"]
+                                        if s["kind"] != "start")
     out["memory_kib"] = [run["memory"] for run in sides["spares"] if "memory" in run]
     out["errors"] = [run["error"] for side in sides.values() for run in side if "error" in run]
-    out["config"] = {"plain_cmd": sides["plain"][0]["cmd"] if sides["plain"] else None,
-                     "spares_cmd": sides["spares"][0]["cmd"] if sides["spares"] else None,
+    out["config"] = {**{f"{side}_cmd": sides[side][0]["cmd"] if sides[side] else None for side in SIDES},
                      "rounds": args.rounds, "cycles": args.cycles, "settle_s": args.settle}
     out["environment"] = {"cpus": os.cpu_count(), "load_avg_1m_at_start": load_at_start,
                           "load_avg_1m_at_end": round(os.getloadavg()[0], 2)}

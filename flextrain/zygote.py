@@ -214,12 +214,15 @@ class Zygote:
             _wait_gone(child)
 
     def close(self) -> None:
-        """End the zygote (its running children are the caller's to stop first)."""
+        """End the zygote at once, even mid-import (its running children are the caller's to stop first;
+        any left exit on their own, as orphans do)."""
         try:
             self._sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
         self._sock.close()
+        if self.proc.poll() is None:
+            self.proc.kill()  # nothing of the zygote's own is worth an orderly exit
         self.proc.wait()
 
 
@@ -241,6 +244,15 @@ def _wait_gone(child: ForkedProcess) -> None:
 def serve(sock: socket.socket) -> dict:
     """Fork a child per request until the owner closes the socket (then exit). Returns only in a
     child: its request, with its streams already in place."""
+    try:
+        request, fds, children = _serve(sock)
+    except OSError:  # the owner is gone (a refused job closes it at once): nothing to report to anyone
+        os._exit(0)
+    _become(sock, request, fds, children)  # an error here is the child's: its traceback, its exit code
+    return request
+
+
+def _serve(sock: socket.socket) -> tuple[dict, list[int], dict[int, int]]:
     children: dict[int, int] = {}  # pidfd -> pid
     _send(sock, {"ready": os.getpid()})
     while True:
@@ -258,8 +270,7 @@ def serve(sock: socket.socket) -> dict:
                     _send(sock, {"error": str(exc)})
                     continue
                 if pid == 0:
-                    _become(sock, request, fds, children)
-                    return request
+                    return request, fds, children
                 for f in fds:
                     os.close(f)
                 children[os.pidfd_open(pid)] = pid
