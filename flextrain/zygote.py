@@ -51,6 +51,7 @@ IMPORT_TIME = ("PYTHON", "LD_", "OMP_", "KMP_", "GOMP_", "MKL_", "OPENBLAS_", "M
                "PYTORCH", "CUDA", "NVIDIA", "GRPC_", "PROTOCOL_BUFFERS", "NPY_", "NUMPY_", "LC_", "LANG")
 MAX_MESSAGE = 1 << 20  # bytes of one JSON message (a spawn request carries an environment)
 STREAMS = (0, 1, 2)
+READY_TIMEOUT = 300.0  # seconds a zygote may take to import (a hang, not a threshold: ~4 s here)
 TITLE_ROOM = 2048  # characters of a child's command line that ps shows (a longer one is cut)
 
 
@@ -165,7 +166,10 @@ class Zygote:
         it has exited."""
         with self._lock:
             with self._cond:
-                self._cond.wait_for(lambda: self._ready or self._gone)
+                if not self._cond.wait_for(lambda: self._ready or self._gone, timeout=READY_TIMEOUT):
+                    self._gone = True  # stuck importing: not worth waiting for (the caller starts fresh processes)
+                    self.proc.kill()
+                    raise ZygoteGone(f"the zygote did not load torch within {READY_TIMEOUT:g}s")
                 if self._gone:
                     raise ZygoteGone("the zygote has exited")
                 self._answer = None
