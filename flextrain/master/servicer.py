@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 # re-ask, so a long poll costs one RPC per this many seconds while waiting.
 JOIN_LONG_POLL = 5.0
 PARK_LONG_POLL = 5.0  # the same for a spare's Park
+HEARTBEAT_LONG_POLL = 30.0  # the most a heartbeat's wait_seconds holds its answer (the worker asks for its period)
 
 
 class MasterServicer(pb_grpc.MasterServicer):
@@ -57,6 +58,8 @@ class MasterServicer(pb_grpc.MasterServicer):
         self.heartbeat_interval = heartbeat_interval
         self._loop: asyncio.AbstractEventLoop | None = None
         self._polls: dict[asyncio.Future, str] = {}  # JoinRendezvous long polls waiting: future -> worker
+        self._beats: set[asyncio.Future] = set()  # Heartbeat long polls waiting
+        self._beat_key = None  # what their answers depend on, as of the last wake-up
         self._wake_pending = False
         self.spares = spares
         self._parks: set[asyncio.Future] = set()
@@ -93,14 +96,20 @@ class MasterServicer(pb_grpc.MasterServicer):
 
     def _notified(self) -> None:
         """Called (under the job's lock, from any thread) when the job changed."""
-        if self._polls and not self._wake_pending and self._loop is not None:
+        if (self._polls or self._beats) and not self._wake_pending and self._loop is not None:
             self._wake_pending = True
             self._loop.call_soon_threadsafe(self._wake)
 
     def _wake(self) -> None:
         """Resolve the long polls the job now answers (one check for all of them: a change, e.g. a
-        registration or a task report, mostly answers none, and a poll left waiting costs nothing)."""
+        registration or a task report, mostly answers none, and a poll left waiting costs nothing).
+        Heartbeats look again only when what their answer depends on changed (a round's state, a stop)."""
         self._wake_pending = False
+        if self._beats and (key := self.job.heartbeat_key()) != self._beat_key:
+            self._beat_key = key
+            for fut in self._beats:
+                if not fut.done():
+                    fut.set_result(None)
         if not self._polls:
             return
         answered = set(self.job.joins_answered({w for w in self._polls.values()}))
@@ -189,7 +198,27 @@ class MasterServicer(pb_grpc.MasterServicer):
         return pb.ReportTaskResponse()
 
     async def Heartbeat(self, request, context):
-        return self.job.heartbeat(request)
+        """Recorded at once; answered at once, or with ``wait_seconds`` as a long poll that returns as
+        soon as the worker's round ends, it must stop or the job is over."""
+        resp = self.job.heartbeat(request)
+        if request.wait_seconds <= 0 or resp.end_round or resp.stop or resp.job_over:
+            return resp
+        loop, round_id = asyncio.get_running_loop(), request.position.round_id
+        deadline = loop.time() + min(request.wait_seconds, HEARTBEAT_LONG_POLL)
+        while True:
+            woken = loop.create_future()
+            self._beats.add(woken)  # before the check: a change after it resolves this one
+            try:
+                resp = self.job.heartbeat_answer(round_id)
+                left = deadline - loop.time()
+                if resp.end_round or resp.stop or resp.job_over or left <= 0:
+                    return resp
+                try:
+                    await asyncio.wait_for(woken, left)
+                except asyncio.TimeoutError:
+                    pass
+            finally:
+                self._beats.discard(woken)
 
     async def ReportCheckpoint(self, request, context):
         if request.memory:  # an in-memory snapshot's mark: a ledger to JSON under the lock, no file (inline)

@@ -149,7 +149,7 @@ def _heartbeat(r: pb.HeartbeatRequest, job) -> None:
     _id("worker_id", r.worker_id), _position("position", r.position)
     for field in ("samples", "skipped_steps", "compute_samples"):
         _count(field, getattr(r, field))
-    for field in ("stalled_seconds", "compute_seconds", "lr_gain"):
+    for field in ("stalled_seconds", "compute_seconds", "lr_gain", "wait_seconds"):
         _seconds(field, getattr(r, field))
     if r.HasField("memory"):
         _id("memory.device", r.memory.device)

@@ -139,13 +139,27 @@ class WorkerTable:
                 elif req.step and req.loss == req.loss:  # a script's loss without a sample count (not NaN)
                     info.loss = self.last_loss = req.loss
                 self.script_step = max(self.script_step, req.step)
+            return self._heartbeat_answer(req.position.round_id)
+
+    def heartbeat_answer(self, round_id: int) -> pb.HeartbeatResponse:
+        """What a heartbeat of a worker in round ``round_id`` is answered now (a long poll's re-check)."""
+        with self.cond:
+            return self._heartbeat_answer(round_id)
+
+    def heartbeat_key(self) -> tuple:
+        """Changes whenever a heartbeat's answer may have: the current round and its state, stop, over."""
+        with self.cond:
             rnd = self.rendezvous.current
-            # Only the round the worker is in can be ended; a worker still adopting a
-            # newer round reports its previous round id and is left alone.
-            end = rnd is not None and rnd.round_id == req.position.round_id and rnd.state is not RoundState.ACTIVE
-            # A script agent adopts its round before its first heartbeat in it: one behind is over for it.
-            end = end or (self.spec.is_script and rnd is not None and 0 <= req.position.round_id < rnd.round_id)
-            return pb.HeartbeatResponse(end_round=end, stop=self.over or bool(self.stopping), job_over=self.over)
+            return (rnd.round_id, rnd.state) if rnd is not None else None, self.over, bool(self.stopping)
+
+    def _heartbeat_answer(self, round_id: int) -> pb.HeartbeatResponse:
+        rnd = self.rendezvous.current
+        # Only the round the worker is in can be ended; a worker still adopting a
+        # newer round reports its previous round id and is left alone.
+        end = rnd is not None and rnd.round_id == round_id and rnd.state is not RoundState.ACTIVE
+        # A script agent adopts its round before its first heartbeat in it: one behind is over for it.
+        end = end or (self.spec.is_script and rnd is not None and 0 <= round_id < rnd.round_id)
+        return pb.HeartbeatResponse(end_round=end, stop=self.over or bool(self.stopping), job_over=self.over)
 
     def _touch(self, worker_id: str, position: pb.Position) -> WorkerInfo | None:
         info = self.workers.get(worker_id)

@@ -372,7 +372,7 @@ class ReportTaskResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("worker_id", "position", "loss", "samples", "waiting_for_peers", "stalled_seconds", "skipped_steps", "lr_gain", "gradient_noise_scale", "memory", "compute_seconds", "compute_samples", "ps_traffic", "step")
+    __slots__ = ("worker_id", "position", "loss", "samples", "waiting_for_peers", "stalled_seconds", "skipped_steps", "lr_gain", "gradient_noise_scale", "memory", "compute_seconds", "compute_samples", "ps_traffic", "step", "wait_seconds")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     POSITION_FIELD_NUMBER: _ClassVar[int]
     LOSS_FIELD_NUMBER: _ClassVar[int]
@@ -387,6 +387,7 @@ class HeartbeatRequest(_message.Message):
     COMPUTE_SAMPLES_FIELD_NUMBER: _ClassVar[int]
     PS_TRAFFIC_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
+    WAIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     position: Position
     loss: float
@@ -401,7 +402,8 @@ class HeartbeatRequest(_message.Message):
     compute_samples: int
     ps_traffic: PSTraffic
     step: int
-    def __init__(self, worker_id: _Optional[str] = ..., position: _Optional[_Union[Position, _Mapping]] = ..., loss: _Optional[float] = ..., samples: _Optional[int] = ..., waiting_for_peers: _Optional[bool] = ..., stalled_seconds: _Optional[float] = ..., skipped_steps: _Optional[int] = ..., lr_gain: _Optional[float] = ..., gradient_noise_scale: _Optional[float] = ..., memory: _Optional[_Union[MemorySample, _Mapping]] = ..., compute_seconds: _Optional[float] = ..., compute_samples: _Optional[int] = ..., ps_traffic: _Optional[_Union[PSTraffic, _Mapping]] = ..., step: _Optional[int] = ...) -> None: ...
+    wait_seconds: float
+    def __init__(self, worker_id: _Optional[str] = ..., position: _Optional[_Union[Position, _Mapping]] = ..., loss: _Optional[float] = ..., samples: _Optional[int] = ..., waiting_for_peers: _Optional[bool] = ..., stalled_seconds: _Optional[float] = ..., skipped_steps: _Optional[int] = ..., lr_gain: _Optional[float] = ..., gradient_noise_scale: _Optional[float] = ..., memory: _Optional[_Union[MemorySample, _Mapping]] = ..., compute_seconds: _Optional[float] = ..., compute_samples: _Optional[int] = ..., ps_traffic: _Optional[_Union[PSTraffic, _Mapping]] = ..., step: _Optional[int] = ..., wait_seconds: _Optional[float] = ...) -> None: ...
 
 class PSTraffic(_message.Message):
     __slots__ = ("pushes", "push_seconds", "push_bytes", "pulls", "pull_seconds", "pull_bytes")

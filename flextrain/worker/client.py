@@ -147,12 +147,14 @@ class MasterClient:
                   gradient_noise_scale: float | None = None,
                   memory: pb.MemorySample | None = None,
                   compute: tuple[float, int] = (0.0, 0),
-                  ps_traffic: pb.PSTraffic | None = None, step: int = 0) -> pb.HeartbeatResponse:
+                  ps_traffic: pb.PSTraffic | None = None, step: int = 0,
+                  wait: float = 0.0) -> pb.HeartbeatResponse:
         """``lr_gain`` and ``gradient_noise_scale``: --lr-rule adascale's last step (0 and None: none yet);
         ``memory``: the latest sample of this process's memory (None: none yet); ``compute``: seconds
         computed and samples computed on since the last heartbeat (the straggler figure); ``ps_traffic``:
         the parameter-server calls since the last heartbeat (None: none); ``step``: a script's
-        latest reported step (flextrain.elastic.progress; 0: none)."""
+        latest reported step (flextrain.elastic.progress; 0: none); ``wait``: seconds the master may
+        hold the answer until the round ends, a stop or the job's end (a long poll; 0: at once)."""
         return self._call(
             "Heartbeat",
             pb.HeartbeatRequest(worker_id=self.worker_id, position=position, loss=loss, samples=samples,
@@ -160,8 +162,8 @@ class MasterClient:
                                 skipped_steps=skipped_steps, lr_gain=lr_gain,
                                 gradient_noise_scale=gradient_noise_scale, memory=memory,
                                 compute_seconds=compute[0], compute_samples=compute[1], ps_traffic=ps_traffic,
-                                step=step),
-            deadline=5.0,
+                                step=step, wait_seconds=wait),
+            deadline=5.0 + wait,
         )
 
     def close(self) -> None:

@@ -46,15 +46,20 @@ RELEASE_GRACE = 2.0  # seconds blocked in a collective after the job is over bef
 
 
 def _heartbeat_loop(client: MasterClient, state: WorkerState, interval: float, done: threading.Event) -> None:
+    """A heartbeat every ``interval`` seconds, each a long poll of up to ``interval``: the master answers
+    it as soon as the round ends (a newcomer waits to join), the worker must stop or the job is over.
+    After such an answer, or a failed call, the next heartbeat waits out a period."""
     over_since = None  # since when the master says the job is over while we are blocked in a collective
-    while not done.wait(interval):
+    pause = interval
+    while not done.wait(pause):
         loss, samples = state.take_loss()
+        pause, began = interval, time.monotonic()
         try:
             resp = client.heartbeat(state.position(), loss, samples, waiting_for_peers=state.waiting,
                                     stalled_seconds=time.monotonic() - state.progressed,
                                     skipped_steps=state.skipped_steps, lr_gain=state.lr_factor,
                                     gradient_noise_scale=state.noise_scale, memory=state.sample_memory(),
-                                    compute=state.take_compute(), ps_traffic=state.traffic.take())
+                                    compute=state.take_compute(), ps_traffic=state.traffic.take(), wait=interval)
         except MasterUnreachable as exc:
             log.error("%s", exc)
             state.stop.set()
@@ -62,6 +67,8 @@ def _heartbeat_loop(client: MasterClient, state: WorkerState, interval: float, d
         except Exception as exc:  # noqa: BLE001 - a lost heartbeat is retried next period
             log.warning("heartbeat failed: %s", describe(exc))
             continue
+        if not (resp.end_round or resp.stop or resp.job_over):  # the rest of the period, if any, waited out here
+            pause = max(0.0, interval - (time.monotonic() - began))
         if resp.end_round:
             state.end_round.set()
         if resp.stop:
