@@ -14,9 +14,10 @@ from flextrain.master.coordinator import JobMaster
 from flextrain.master.ledger import TaskLedger
 from flextrain.master.main import HEARTBEAT_INTERVAL, heartbeat_interval
 from flextrain.master.rendezvous import Rendezvous
-from flextrain.master.servicer import JOIN_LONG_POLL, MasterServicer, start_server
+from flextrain.master.servicer import HEARTBEAT_LONG_POLL, JOIN_LONG_POLL, MasterServicer, start_server
 from flextrain.proto import flextrain_pb2 as pb
 from flextrain.worker.client import MasterClient
+from ft_helpers import wait_for
 
 JOIN = pb.JoinRendezvousResponse
 
@@ -143,3 +144,23 @@ def test_readiness_counts_launched_workers_and_keeps_the_earliest_wait():
     assert rv.due_at() == 106.0
     rnd, _ = rv.form(previous_round=None)
     assert rv.due_at() is None and rnd.rank_of("b") == 0 and rnd.rank_of("a") == 1
+
+
+def test_a_heartbeat_long_poll_is_answered_as_its_round_ends_for_a_newcomer(served):
+    job, servicer, clients = served(3, min_workers=2, rendezvous_timeout=0.3)
+    for c in clients[:2]:
+        c.register(pid=1)
+    answers = join_all(clients[:2])  # worker-2 is not there yet: a round of 2, once the timeout is up
+    assert {a.world_size for a in answers.values()} == {2}
+    position = pb.Position(round_id=answers["worker-0"].round_id)
+    quiet = clients[0].heartbeat(position, float("nan"), 0, wait=0.2)  # nothing happens: answered after its wait
+    assert not (quiet.end_round or quiet.stop or quiet.job_over)
+    got = {}
+    beat = threading.Thread(target=lambda: got.update(a=clients[0].heartbeat(position, float("nan"), 0,
+                                                                            wait=HEARTBEAT_LONG_POLL)))
+    beat.start()
+    wait_for(lambda: servicer._beats, timeout=30, what="the heartbeat waiting at the master")
+    clients[2].register(pid=1)  # a newcomer is ready: the round of 2 ends at its next step boundary
+    beat.join(HEARTBEAT_LONG_POLL / 2)  # a hang bound: answered as the round ends, not at the poll's end
+    assert got["a"].end_round and not got["a"].stop
+    assert not servicer._beats  # no poll left behind
