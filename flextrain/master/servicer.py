@@ -38,6 +38,27 @@ PARK_LONG_POLL = 5.0  # the same for a spare's Park
 HEARTBEAT_LONG_POLL = 30.0  # the most a heartbeat's wait_seconds holds its answer (the worker asks for its period)
 
 
+async def _long_poll(waiting: set, answer, seconds: float):
+    """``answer()`` once it is not None, looked at again whenever a future of ``waiting`` is resolved;
+    None after ``seconds`` without one."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    while True:
+        woken = loop.create_future()
+        waiting.add(woken)  # before the check: a change after it resolves this one
+        try:
+            found = answer()
+            left = deadline - loop.time()
+            if found is not None or left <= 0:
+                return found
+            try:
+                await asyncio.wait_for(woken, left)
+            except asyncio.TimeoutError:
+                pass
+        finally:
+            waiting.discard(woken)
+
+
 class MasterServicer(pb_grpc.MasterServicer):
     def __init__(
         self,
@@ -138,26 +159,12 @@ class MasterServicer(pb_grpc.MasterServicer):
         PARK_LONG_POLL seconds (the spare asks again)."""
         if self.spares is None:  # a job without spares: nothing will ever take this one
             return pb.ParkResponse(action=pb.ParkResponse.STOP)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + PARK_LONG_POLL
-        while True:
-            woken = loop.create_future()
-            self._parks.add(woken)  # before the check: a take after it resolves this one
-            try:
-                action = self.spares.park(request.worker_id, request.pid)
-                if action is None and self.job.over:
-                    action = pb.ParkResponse.STOP
-                if action is not None:
-                    return pb.ParkResponse(action=action)
-                left = deadline - loop.time()
-                if left <= 0:
-                    return pb.ParkResponse(action=pb.ParkResponse.WAIT)
-                try:
-                    await asyncio.wait_for(woken, left)
-                except asyncio.TimeoutError:
-                    pass
-            finally:
-                self._parks.discard(woken)
+        def action():
+            found = self.spares.park(request.worker_id, request.pid)
+            return pb.ParkResponse.STOP if found is None and self.job.over else found
+
+        found = await _long_poll(self._parks, action, PARK_LONG_POLL)
+        return pb.ParkResponse(action=pb.ParkResponse.WAIT if found is None else found)
 
     async def Accelerate(self, request, context):
         try:
@@ -203,22 +210,12 @@ class MasterServicer(pb_grpc.MasterServicer):
         resp = self.job.heartbeat(request)
         if request.wait_seconds <= 0 or resp.end_round or resp.stop or resp.job_over:
             return resp
-        loop, round_id = asyncio.get_running_loop(), request.position.round_id
-        deadline = loop.time() + min(request.wait_seconds, HEARTBEAT_LONG_POLL)
-        while True:
-            woken = loop.create_future()
-            self._beats.add(woken)  # before the check: a change after it resolves this one
-            try:
-                resp = self.job.heartbeat_answer(round_id)
-                left = deadline - loop.time()
-                if resp.end_round or resp.stop or resp.job_over or left <= 0:
-                    return resp
-                try:
-                    await asyncio.wait_for(woken, left)
-                except asyncio.TimeoutError:
-                    pass
-            finally:
-                self._beats.discard(woken)
+        def news():
+            resp = self.job.heartbeat_answer(request.position.round_id)
+            return resp if resp.end_round or resp.stop or resp.job_over else None
+
+        found = await _long_poll(self._beats, news, min(request.wait_seconds, HEARTBEAT_LONG_POLL))
+        return found if found is not None else self.job.heartbeat_answer(request.position.round_id)
 
     async def ReportCheckpoint(self, request, context):
         if request.memory:  # an in-memory snapshot's mark: a ledger to JSON under the lock, no file (inline)
