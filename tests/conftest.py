@@ -40,6 +40,7 @@ def digits_fixed_g(digits_data, tmp_path_factory):
         "train", "--model-def", DIGITS_MODEL, "--training-data", str(digits_data / "train"),
         "--validation-data", str(digits_data / "validation"), "--workers", "2", "--epochs", "6",
         "--global-batch-size", "64", "--max-micro-batch", "32", "--lr", "0.1", "--job-dir", str(job_dir),
+        env_extra={"FLEXTRAIN_READ_AHEAD": "0", "FLEXTRAIN_LOG_LEVEL": "INFO"},  # (the workers log their loads)
     )
     return job_dir, proc
 

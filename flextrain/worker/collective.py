@@ -158,24 +158,13 @@ class Collective:
 
     def all_reduce_sum(self, tensors: torch.Tensor | Sequence[torch.Tensor]) -> None:
         """Sum ``tensors`` (one, or several of any dtypes gloo sums: float64/32, bfloat16, float16,
-        integers) across the round, in place, each in its own dtype. Several are all in flight at
-        once and waited for together, so a model of mixed dtypes pays about one round trip."""
+        integers) across the round, in place, each in its own dtype, and wait for every sum in flight.
+        Several are in flight at once, so a model of mixed dtypes pays about one round trip."""
         if self.world_size == 1:
             return
-        if isinstance(tensors, torch.Tensor):
-            tensors = [tensors]
-        works: list = []
-        try:
-            works.extend(dist.all_reduce(t, op=dist.ReduceOp.SUM, async_op=True) for t in tensors)
-            while works:
-                self._wait(works[0])
-                works.pop(0)
-            return
-        except Exception as exc:
-            error = f"all_reduce in round {self.round_id} failed: {exc}"
-        self._inflight.extend(works)  # to the teardown with the group: no reference to them may stay here
-        works.clear()
-        self._failed(error)
+        for tensor in [tensors] if isinstance(tensors, torch.Tensor) else tensors:
+            self.start_sum(tensor)
+        self.wait_all()
 
     def _wait(self, work) -> None:
         """Wait for ``work``; raise once the watch has broken the round, even if the work still pends

@@ -17,7 +17,9 @@ can only preempt one of them, and the whole lockstep thread team waits for it:
 the load costs as much as loading in the training thread, plus the thread
 hand-offs (measured with ``bench/overhead.py`` on 2 cores: ~0.5 ms per step
 more). :func:`read_ahead_wanted` decides; without a background thread
-:meth:`StepLoader.prefetch` does nothing and every span is loaded on the spot.
+:meth:`StepLoader.prefetch` does nothing. A worker with peers then loads the
+next span itself while its step's sums are in flight (:meth:`StepLoader.load_ahead`,
+called by the trainer): time its thread would only spend waiting.
 """
 
 from __future__ import annotations
@@ -77,6 +79,17 @@ class StepLoader:
             self._pending = None
             return
         self._pending = ((task.task_id, start, end), self._pool.submit(self._load, task, start, end))
+
+    def load_ahead(self, task, start: int, end: int) -> None:
+        """Load a span the next :meth:`get` will probably ask for, now, in the calling thread: for a
+        moment the thread would otherwise spend waiting (a collective in flight). An error is kept
+        for :meth:`get` to raise, as a background load's is."""
+        future: Future = Future()
+        try:
+            future.set_result(self._load(task, start, end))
+        except Exception as exc:
+            future.set_exception(exc)
+        self._pending = ((task.task_id, start, end), future)
 
     def close(self) -> None:
         self._pending = None

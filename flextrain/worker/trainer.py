@@ -224,15 +224,16 @@ class AllReduceTrainer:
             # (also in a world of one: AdaScale's statistic is taken from the backend here)
             reduced = self.backend.buffers if self.adascale is None else self.adascale.reduced(self.backend)
             if self.collective.world_size > 1:
-                self.state.waiting = True
-                try:
-                    if overlap:
-                        self._reduce_overlapped()
-                    else:
-                        self.backend.gathered()
-                        self.collective.all_reduce_sum(reduced)
-                finally:
-                    self.state.waiting = False
+                # the next step's records, read and fed while the sums travel (unless a loader thread has them)
+                ahead = None if j + 1 == steps or self.loader.background else (task, *self._plan(task, j + 1)[:2])
+                if overlap:
+                    self._reduce_overlapped(ahead)
+                else:
+                    self.backend.gathered()
+                    for tensor in reduced:  # (all_reduce_sum, with the next step's load in its wait)
+                        self.collective.start_sum(tensor)
+                    self._load_ahead(ahead)
+                    self._wait_sums()
             control = self.control.tolist()
             if control[FAILED] == 0:
                 # Every member sees the same reduced gradients and flags, so all decide alike.
@@ -267,9 +268,10 @@ class AllReduceTrainer:
                 return None  # skip the rest of the failed task; go on with the next one
         return None
 
-    def _reduce_overlapped(self) -> None:
+    def _reduce_overlapped(self, ahead: tuple | None) -> None:
         """After the step's compute: launch what backward's hooks did not (in bucket order), then
-        the tail with the control slots (and AdaScale's statistic), and wait for all of it."""
+        the tail with the control slots (and AdaScale's statistic), load ``ahead`` (the next step's
+        span, :meth:`_load_ahead`) and wait for all of it."""
         start = self.collective.start_sum
         self.backend.launch_buckets(start)
         if self.backend.spoiled:
@@ -277,14 +279,34 @@ class AllReduceTrainer:
         self.backend.launch_tail(start)
         if self.adascale is not None:  # its statistic, set by adascale.reduced()
             start(self.adascale.stats)
-        self.collective.wait_all()
+        self._load_ahead(ahead)
+        self._wait_sums()
         # the same on every rank: all sum again, flat, and stay flat (read as a list: cheaper than a tensor's item)
         if self.control.tolist()[REDO] > 0:
-            self.collective.all_reduce_sum(self.backend.redo_flat())
+            for tensor in self.backend.redo_flat():
+                self.collective.start_sum(tensor)
+            self._wait_sums()
             self.overlap = False
             log.warning("a gradient was accumulated after its bucket was reduced (a parameter used inside and "
                         "outside re-entrant activation checkpointing?); step %d was reduced again in one "
                         "piece, and later steps are reduced after backward", self.state.version + 1)
+
+    def _wait_sums(self) -> None:
+        """Wait for the sums started; meanwhile this worker reports itself blocked on its peers (a
+        member stalled elsewhere, e.g. in ``feed``, is the one the master's health check names)."""
+        self.state.waiting = True
+        try:
+            self.collective.wait_all()
+        finally:
+            self.state.waiting = False
+
+    def _load_ahead(self, ahead: tuple | None) -> None:
+        """Read and ``feed`` ``ahead`` = ``(task, start, end)``, the next step's span, while this step's
+        sums are in flight: the training thread would only wait for them (for a step of a few ms,
+        most of it: bench/README.md, ddp_steady.py). A span the next step does not ask for (the round
+        ended at this boundary) is dropped; an error surfaces when the step takes the span."""
+        if ahead is not None and ahead[2] > ahead[1]:
+            self.loader.load_ahead(*ahead)
 
     def _follow_lr(self, G: int) -> None:
         """--lr-rule: the optimizer's LR for steps of ``G`` samples (every step of a task has the same G;

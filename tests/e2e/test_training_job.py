@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -27,6 +29,14 @@ def test_two_workers_train_digits_above_90_percent(digits_fixed_g):
     # both workers took part and logged their round
     logs = sorted((job_dir / "logs").glob("worker-*.log"))
     assert [p.name for p in logs] == ["worker-0.log", "worker-1.log"]
+    # with no read-ahead thread, each worker read and fed every step but a task's first while the
+    # step before it was being summed; every step was loaded once
+    for log in logs:
+        loaded = re.search(r"records of (\d+) steps were read ahead, (\d+) on the spot \(read-ahead thread: off\)",
+                           log.read_text())
+        assert loaded, log.read_text()[-2000:]
+        ahead, now = int(loaded[1]), int(loaded[2])
+        assert ahead + now == status["step"] and ahead > now
 
 
 def _reference_run(train_dir, *, seed, global_batch, epochs, lr):

@@ -91,6 +91,28 @@ def test_without_a_background_thread_every_span_loads_on_the_spot():
     loader.close()
 
 
+def test_a_span_loaded_ahead_in_the_calling_thread_serves_the_next_get():
+    """load_ahead (a collective's wait) loads now, in this thread, even without a loader thread."""
+    loads = Loads()
+    loader = StepLoader(loads, background=False)
+    loader.load_ahead(TASK, 10, 20)
+    assert [c[3] for c in loads.calls] == [threading.current_thread().name]
+    assert loader.get(TASK, 10, 20) == "7:10-20"
+    assert len(loads.calls) == 1 and (loader.ahead, loader.now) == (1, 0)
+    loader.load_ahead(TASK, 20, 30)  # the round ended: the next step asks for another span
+    assert loader.get(TASK, 20, 25) == "7:20-25" and (loader.ahead, loader.now) == (1, 1)
+    assert loader.get(TASK, 20, 30) == "7:20-30"  # loaded again: nothing stale is kept
+    loader.close()
+
+
+def test_an_error_loading_ahead_surfaces_when_the_span_is_used():
+    loader = StepLoader(Loads(fail_on=(0, 5)), background=False)
+    loader.load_ahead(TASK, 0, 5)  # does not raise here: this step's sums are still in flight
+    with pytest.raises(ValueError, match=r"bad record in \[0, 5\)"):
+        loader.get(TASK, 0, 5)
+    loader.close()
+
+
 def test_local_workers_are_told_whether_a_core_is_left_for_reading_ahead(monkeypatch):
     from flextrain.master.main import read_ahead_env
 
