@@ -192,8 +192,11 @@ class AllReduceTrainer:
         G = task.global_batch_size
         steps = -(-(task.end - task.start) // G)
         self._follow_lr(G)
+        planned = None  # the next step's (start, end, plan): to load it ahead, and then to run it
         for j in range(steps):
-            start, end, plan = self._plan(task, j)
+            start, end, plan = planned or self._plan(task, j)
+            planned = self._plan(task, j + 1) if j + 1 < steps and (
+                self.loader.background or self.collective.world_size > 1) else None
             if j + 1 == steps:
                 self.tasks.ask_ahead()
             self.backend.zero()
@@ -201,8 +204,8 @@ class AllReduceTrainer:
             try:
                 began = time.monotonic()
                 batch = self.loader.get(task, start, end) if end > start else None
-                if j + 1 < steps and self.loader.background:  # read the next step while this one computes
-                    self.loader.prefetch(task, *self._plan(task, j + 1)[:2])
+                if planned and self.loader.background:  # read the next step while this one computes
+                    self.loader.prefetch(task, *planned[:2])
                 loss_sum, n = self._compute(batch, plan, arm=overlap)
                 self.state.add_compute(time.monotonic() - began, end - start)
             except Exception as exc:  # bad data or a failing feed: the task fails, the round goes on
@@ -225,7 +228,7 @@ class AllReduceTrainer:
             reduced = self.backend.buffers if self.adascale is None else self.adascale.reduced(self.backend)
             if self.collective.world_size > 1:
                 # the next step's records, read and fed while the sums travel (unless a loader thread has them)
-                ahead = None if j + 1 == steps or self.loader.background else (task, *self._plan(task, j + 1)[:2])
+                ahead = (task, *planned[:2]) if planned and not self.loader.background else None
                 if overlap:
                     self._reduce_overlapped(ahead)
                 else:
