@@ -119,8 +119,9 @@ class ModelBackend(ABC):
 
     def overlap(self, cap: int) -> bool:
         """Reduce the gradients in buckets of about ``cap`` bytes, each as backward finishes it,
-        from now on (``flextrain.worker.buckets``); False: this backend cannot, the trainer reduces
-        ``buffers`` after backward (the default). When True, a step goes :meth:`zero`, micro-batches
+        from now on (``flextrain.worker.buckets``); False: this backend cannot (the default), or
+        the model is one bucket (nothing could leave before backward ends): the trainer reduces
+        ``buffers`` after backward. When True, a step goes :meth:`zero`, micro-batches
         (:meth:`arm` before the last one on this rank), :meth:`launch_buckets`, the slots set,
         :meth:`launch_tail` (the collective's works waited for), then as after :meth:`gathered`."""
         return False

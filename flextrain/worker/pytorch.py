@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from flextrain.worker.backend import FLOAT_DTYPES, ModelBackend, all_finite, gradient_buffers, sqr_sum
-from flextrain.worker.buckets import BucketReducer, Launch
+from flextrain.worker.buckets import BucketReducer, Launch, plan_buckets
 from flextrain.worker.contract import FeedMetadata, Mode, ModelDefError, raised, returned
 from flextrain.worker.evaluation import Predictor
 
@@ -146,6 +146,11 @@ class TorchBackend(ModelBackend):
 
     def overlap(self, cap: int) -> bool:
         if self.reducer is None:
+            if len(plan_buckets(self.params, self._views, self.buffers, self._extra, cap=cap)[0]) < 2:
+                # The tail alone leaves after backward anyway: the flat path is the same collective,
+                # without the hooks' Python calls in every backward (~3% of a digits step at 2 and 3
+                # workers: bench/README.md, ddp_steady.py).
+                return False
             self.reducer = BucketReducer(self.params, self._views, self.buffers, self._extra, cap=cap)
         return True
 

@@ -306,3 +306,17 @@ def test_hooks_launch_buckets_in_order_during_the_last_backward_only():
     expected = torch.autograd.grad(nn.functional.mse_loss(model(x), y), list(model.parameters()))
     for p, want in zip(model.parameters(), expected):
         torch.testing.assert_close(p.grad, want)  # the buffers hold the step's whole gradient
+
+
+def test_a_model_of_one_bucket_is_reduced_flat_without_hooks():
+    """Nothing of a one-bucket model could leave before backward ends (the tail waits for the
+    flags): the backend declines to overlap and puts no hook on its parameters; a smaller cap
+    that makes two buckets overlaps."""
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
+    model_def = type("Def", (), {"path": "test", "loss": staticmethod(lambda y, p: nn.functional.mse_loss(p, y))})()
+    backend = TorchBackend(model_def=model_def, model=model, extra=3,
+                           optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    assert backend.overlap(cap=25 << 20) is False and backend.reducer is None
+    assert all(not p._post_accumulate_grad_hooks for p in model.parameters())
+    assert backend.overlap(cap=1) and len(backend.reducer.buckets) == 4
+    assert all(len(p._post_accumulate_grad_hooks) == 1 for p in model.parameters())
