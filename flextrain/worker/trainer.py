@@ -29,13 +29,16 @@ with control slots that ride along in the same all-reduce:
 * ``REDO`` - some member's bucket left before its gradient was final (see below): every
   member sums the step's gradients again, flat, and reduces flat from then on.
 
-Overlapped reduction (PyTorch; ``flextrain.worker.buckets``): unless ``--bucket-mb 0``,
+Overlapped reduction (PyTorch; ``flextrain.worker.buckets``): unless ``--bucket-mb 0`` (or the
+model is one bucket, which could not leave before backward ends anyway),
 the gradients are summed in buckets launched asynchronously from autograd hooks while the
 LAST micro-step's backward runs (earlier micro-steps only accumulate), every rank in the same
 bucket order; the control slots ride with the last (tail) bucket, launched after backward
 once the flags are set, and every bucket is waited for before anything is decided. A rank
 whose compute failed launches its remaining buckets too (zeros), so the collectives match; a
 peer lost with buckets in flight is a :class:`CollectiveError`, as on the flat path.
+Either way, once a step's sums are launched the training thread reads and ``feed``s the next
+step's records (unless a read-ahead thread does), then waits for them.
 """
 
 from __future__ import annotations
