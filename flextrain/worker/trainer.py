@@ -236,10 +236,7 @@ class AllReduceTrainer:
                     self._reduce_overlapped(ahead)
                 else:
                     self.backend.gathered()
-                    for tensor in reduced:  # (all_reduce_sum, with the next step's load in its wait)
-                        self.collective.start_sum(tensor)
-                    self._load_ahead(ahead)
-                    self._wait_sums()
+                    self._sum(reduced, ahead=ahead)
             control = self.control.tolist()
             if control[FAILED] == 0:
                 # Every member sees the same reduced gradients and flags, so all decide alike.
@@ -289,13 +286,19 @@ class AllReduceTrainer:
         self._wait_sums()
         # the same on every rank: all sum again, flat, and stay flat (read as a list: cheaper than a tensor's item)
         if self.control.tolist()[REDO] > 0:
-            for tensor in self.backend.redo_flat():
-                self.collective.start_sum(tensor)
-            self._wait_sums()
+            self._sum(self.backend.redo_flat())
             self.overlap = False
             log.warning("a gradient was accumulated after its bucket was reduced (a parameter used inside and "
                         "outside re-entrant activation checkpointing?); step %d was reduced again in one "
                         "piece, and later steps are reduced after backward", self.state.version + 1)
+
+    def _sum(self, tensors, *, ahead: tuple | None = None) -> None:
+        """Sum ``tensors`` across the round (``Collective.all_reduce_sum``, with ``ahead`` loaded
+        while they travel)."""
+        for tensor in tensors:
+            self.collective.start_sum(tensor)
+        self._load_ahead(ahead)
+        self._wait_sums()
 
     def _wait_sums(self) -> None:
         """Wait for the sums started; meanwhile this worker reports itself blocked on its peers (a
