@@ -24,14 +24,17 @@ from flextrain.worker.pytorch import TorchBackend
 from ft_helpers import MODEL_ZOO
 
 DIGITS = f"{MODEL_ZOO / 'digits_torch.py'}:Model"
+CHECKPOINTED = f"{Path(__file__).parents[1] / 'e2e' / 'zoo' / 'checkpointed_digits.py'}:Model"
 SAFETY = 120  # seconds: only a hang ever reaches it
 
 # (global batch, max micro-batch, records): one micro-step each; uneven (G=50 over 2 ranks of
 # micro-batches of 6 and 7); accumulation (M=4 < 16 per rank) with an uneven short last step
 CASES = [(32, 16, 96), (50, 8, 150), (32, 4, 88)]
+REDO_CASES = CASES[1:]  # the uneven split and accumulation (hooks armed for the last micro-step only)
 
 
-def _trainer(tmp: Path, source: str, *, bucket_mb: float, G: int, M: int, timeout: float = 30.0):
+def _trainer(tmp: Path, source: str, *, bucket_mb: float, G: int, M: int, timeout: float = 30.0,
+             model: str = DIGITS):
     from flextrain.job import JobSpec
     from flextrain.worker.collective import Collective
     from flextrain.worker.module import load_model_def
@@ -39,9 +42,9 @@ def _trainer(tmp: Path, source: str, *, bucket_mb: float, G: int, M: int, timeou
     from flextrain.worker.trainer import AllReduceTrainer
     from ft_helpers import FakeMaster
 
-    spec = JobSpec.of(name="j", model_def=DIGITS, training_data=source, job_dir=str(tmp / "job"),
+    spec = JobSpec.of(name="j", model_def=model, training_data=source, job_dir=str(tmp / "job"),
                       global_batch_size=G, bucket_mb=bucket_mb).validate()
-    model_def = load_model_def(DIGITS)
+    model_def = load_model_def(model)
     torch.manual_seed(0)  # the same initial model on every rank and in every mode
     model = model_def.build_model()
     trainer = AllReduceTrainer(spec=spec, model_def=model_def, model=model,
@@ -96,6 +99,33 @@ def _equivalence(rank, port, tmp, source):
             finally:
                 trainer.collective.leave()
             result[(G, M, mode)] = (_params(trainer), trainer.state.version)
+    return result
+
+
+def _redo(rank, port, tmp, source):
+    """A layer used inside and outside re-entrant checkpointing: its second gradient comes after its
+    bucket left. Flat, then bucketed (one bucket a parameter), each case in a round of its own; the
+    bucketed trainer records each step's spoiled flag as backward leaves it."""
+    result = {}
+    round_id = 40
+    for G, M, records in REDO_CASES:
+        for mode, mb in (("flat", 0), ("bucketed", 0.001)):
+            trainer = _trainer(tmp, source, bucket_mb=mb, G=G, M=M, model=CHECKPOINTED)
+            spoiled = []
+            if mode == "bucketed":
+                launch = trainer.backend.launch_buckets
+
+                def launch_buckets(start, launch=launch, backend=trainer.backend):
+                    launch(start)
+                    spoiled.append(backend.spoiled)
+                trainer.backend.launch_buckets = launch_buckets
+            round_id += 1
+            trainer.collective.join_round(host="127.0.0.1", port=port, round_id=round_id, rank=rank, world_size=2)
+            try:
+                assert trainer.run_task(_task(source, G, records)) is None
+            finally:
+                trainer.collective.leave()
+            result[(G, M, mode)] = (_params(trainer), trainer.state.version, trainer.overlap, spoiled)
     return result
 
 
@@ -171,7 +201,7 @@ def _killed_peer_of_three(rank, port, tmp, source):
     return {"error_type": None, "version": trainer.state.version}
 
 
-SCENARIOS = {"equivalence": _equivalence, "failing_compute": _failing_compute, "killed_peer": _killed_peer,
+SCENARIOS = {"equivalence": _equivalence, "redo": _redo, "failing_compute": _failing_compute, "killed_peer": _killed_peer,
              "killed_peer_of_three": _killed_peer_of_three}
 
 
@@ -218,6 +248,24 @@ def test_bucketed_reduction_trains_exactly_as_the_flat_one(tmp_path):
                 for a, b in zip(params, flat):
                     assert np.array_equal(a, b), (G, M, rank, mode)
         assert flat_version == steps
+
+
+def test_a_bucket_spoiled_by_reentrant_checkpointing_is_reduced_again_flat_on_every_rank(tmp_path):
+    """The first step's bucket of the twice-used layer leaves before its second gradient: every rank
+    sums the step again in one piece and goes on flat; the parameters equal the flat run's, on
+    both ranks, split unevenly and with accumulation."""
+    results = _run(tmp_path, "redo")
+    for G, M, records in REDO_CASES:
+        steps = -(-records // G)
+        flat = results[0][(G, M, "flat")][0]
+        for rank in (0, 1):
+            params, version, overlap, spoiled = results[rank][(G, M, "bucketed")]
+            assert version == steps
+            assert spoiled[0] is True and overlap is False  # step 1 redone, the rest flat
+            assert len(spoiled) == 1, spoiled  # no bucket launched after the switch
+            for a, b in zip(params, flat):
+                torch.testing.assert_close(torch.from_numpy(a), torch.from_numpy(b), rtol=0, atol=0)
+            assert results[rank][(G, M, "flat")][1:] == (steps, False, [])
 
 
 def test_a_failing_compute_with_buckets_in_flight_skips_the_step_on_every_rank(tmp_path):
