@@ -5,6 +5,9 @@ PIP    := $(VENV)/bin/pip
 STAMP  := $(VENV)/.installed
 DEMO   := demo-data
 JOBS   := flextrain-jobs
+# pytest-xdist workers for `make test`: much of an end-to-end test is waiting (process starts, rendezvous,
+# a job's other processes), so two share the 2-core machine CI runs on (tests/conftest.py groups them).
+TEST_WORKERS ?= 2
 
 .PHONY: venv demo test proto bench lint clean
 
@@ -28,7 +31,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/lint-imports
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
 
 proto: $(STAMP)
 	$(PY) -m flextrain.proto.build

@@ -152,6 +152,11 @@ class Zygote:
         unbuffered (flextrain/master/launcher.py, flextrain/worker/preflight.py)."""
         return cls.start(env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
+    @property
+    def ready(self) -> bool:
+        """Whether the zygote has loaded: a :meth:`spawn` now would not wait for its imports."""
+        return self._ready and not self._gone
+
     def serves(self, env: Mapping[str, str]) -> bool:
         """Whether a child with ``env`` can be forked: no variable read at import time differs."""
         if self._gone:
@@ -160,10 +165,10 @@ class Zygote:
         return not any(env.get(k) != self.env.get(k) for k in keys if k.startswith(IMPORT_TIME))
 
     def spawn(self, args: tuple[str, ...], *, env: Mapping[str, str], stdin: int, stdout: int, stderr: int,
-              new_session: bool = True, module: str = "flextrain") -> ForkedProcess:
+              new_session: bool = True, module: str = "flextrain", cwd: str | None = None) -> ForkedProcess:
         """Fork ``python -m MODULE ARGS`` with ``env`` and the given standard streams (file
-        descriptors, duplicated into the child). Waits for the zygote to have loaded; ZygoteGone if
-        it has exited."""
+        descriptors, duplicated into the child), in ``cwd`` (default: this process's). Waits for the
+        zygote to have loaded; ZygoteGone if it has exited."""
         with self._lock:
             with self._cond:
                 if not self._cond.wait_for(lambda: self._ready or self._gone, timeout=READY_TIMEOUT):
@@ -175,7 +180,7 @@ class Zygote:
                 self._answer = None
                 try:
                     _send(self._sock, {"module": module, "args": list(args), "env": dict(env),
-                                       "session": new_session, "cwd": os.getcwd()}, (stdin, stdout, stderr))
+                                       "session": new_session, "cwd": cwd or os.getcwd()}, (stdin, stdout, stderr))
                 except OSError as exc:
                     raise ZygoteGone(f"the zygote has exited ({exc})") from None
                 self._cond.wait_for(lambda: self._answer is not None or self._gone)

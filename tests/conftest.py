@@ -69,8 +69,26 @@ def postgres(tmp_path_factory):
     shutil.rmtree(server.root, ignore_errors=True)
 
 
+# Session fixtures that run a whole job: under pytest-xdist (``make test`` runs two workers) the tests
+# that use one go to the same worker, so the job runs once, not once per worker.
+SHARED_JOBS = ("digits_fixed_g", "script_scaled_and_killed", "postgres")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config, items) -> None:
-    """Tests marked ``cuda`` skip where torch sees no CUDA device (torch is imported only if there are any)."""
+    """Group tests for ``--dist loadgroup``: a test using a job of :data:`SHARED_JOBS` joins that job's
+    group; one using a module- or class-scoped fixture joins its module's (those fixtures then run once).
+    Every other test goes wherever a worker is free.
+
+    Tests marked ``cuda`` skip where torch sees no CUDA device (torch is imported only if there are any)."""
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        defs = info.name2fixturedefs if info is not None else {}
+        shared = [name for name in SHARED_JOBS if name in defs]
+        if shared:
+            item.add_marker(pytest.mark.xdist_group(shared[0]))
+        elif any(d[-1].scope in ("module", "class") for d in defs.values() if d):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
     marked = [item for item in items if item.get_closest_marker("cuda")]
     if not marked:
         return

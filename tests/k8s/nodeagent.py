@@ -15,6 +15,12 @@ Contract:
   ``python``/``python3`` as this interpreter. Each process runs in its own
   session in ``<log_dir>/<namespace>/<pod>/``; its output goes to
   ``<log_dir>/<namespace>/<pod>.log`` (:meth:`NodeAgent.log`).
+* Image cache: a ``flextrain`` Pod is forked from a zygote (flextrain/zygote.py: torch already
+  imported; the child runs ``python -m flextrain ARGS`` as a fresh process would) once one is
+  ready, as a node's warm image cache spares a container its pull: the first such Pod starts the
+  zygote (with that Pod's environment as far as it is read at import time, ``PYTHON*``, ``TORCH*``,
+  ...: the same for all of flextrain's Pods) and runs fresh, as does any Pod whose environment differs
+  there (``Zygote.serves``). ``zygote=False`` runs every Pod fresh.
 * Environment: not inherited from the test (a container's is not), except
   ``PATH``/``HOME``/``LANG``; ``KUBECONFIG`` points at the emulator (standing
   in for the mounted ServiceAccount token); ``env[].valueFrom.fieldRef`` is
@@ -65,6 +71,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from flextrain.k8s.watch import ObjectWatch
+from flextrain.zygote import IMPORT_TIME, ForkedProcess, Zygote, ZygoteGone
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +94,7 @@ class _Run:
     namespace: str
     name: str
     uid: str
-    proc: subprocess.Popen
+    proc: subprocess.Popen | ForkedProcess
     started: str
     reason: str | None = None  # set when the agent itself kills it (OOMKilled)
     terminating: bool = False
@@ -98,7 +105,7 @@ class _Run:
 
 class NodeAgent:
     def __init__(self, api_client, *, kubeconfig: Path, log_dir: Path, namespace: str | None = None,
-                 max_pods: int | None = None) -> None:
+                 max_pods: int | None = None, zygote: bool = True) -> None:
         from kubernetes import client
 
         self.core = client.CoreV1Api(api_client)
@@ -113,6 +120,9 @@ class NodeAgent:
         self._refused: set[str] = set()
         self.started_pods: list[str] = []  # names, in start order
         self._closed = False
+        self._zygote: Zygote | None = None
+        self._use_zygote = zygote  # False once started (or refused to: FLEXTRAIN_ZYGOTE=0)
+        self.forked_pods: list[str] = []  # names of the Pods forked from the zygote
         if namespace:
             self._watch = ObjectWatch(self.core.list_namespaced_pod, namespace, handler=self._on_event,
                                       name="nodeagent")
@@ -196,8 +206,12 @@ class NodeAgent:
         workdir = self.log_dir / ns / name
         workdir.mkdir(parents=True, exist_ok=True)
         with open(self.log_dir / ns / f"{name}.log", "ab") as out:
-            proc = subprocess.Popen(argv, cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=out,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
+            proc = self._fork(argv, env=env, cwd=workdir, out=out)
+            if proc is None:
+                proc = subprocess.Popen(argv, cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=out,
+                                        stderr=subprocess.STDOUT, start_new_session=True)
+            else:
+                self.forked_pods.append(name)
         run = _Run(ns, name, uid, proc, started=_now())
         self._runs[uid] = run
         self.started_pods.append(name)
@@ -214,6 +228,26 @@ class NodeAgent:
         })
         threading.Thread(target=self._wait, args=(run, pod, container), daemon=True,
                          name=f"nodeagent-{name}").start()
+
+    def _fork(self, argv: list[str], *, env: dict[str, str], cwd: Path, out) -> ForkedProcess | None:
+        """``argv`` forked from the zygote, or None: not ``python -m flextrain``, no zygote ready yet
+        (the first such Pod starts one), or an environment it cannot serve."""
+        if argv[:3] != [sys.executable, "-m", "flextrain"]:
+            return None
+        if self._use_zygote:  # with what this Pod's interpreter and torch read as they start: its kind's
+            self._use_zygote = False
+            self._zygote = Zygote.start(env={k: v for k, v in env.items() if k in ("PATH", "HOME")
+                                             or k.startswith(IMPORT_TIME)})
+            return None
+        if self._zygote is None or not self._zygote.ready or not self._zygote.serves(env):
+            return None
+        try:
+            with open(os.devnull, "rb") as null:
+                return self._zygote.spawn(tuple(argv[3:]), env=env, stdin=null.fileno(), stdout=out.fileno(),
+                                          stderr=out.fileno(), cwd=str(cwd))
+        except ZygoteGone as exc:
+            log.warning("node agent: zygote gone (%s): Pods start fresh", exc)
+            return None
 
     def _argv(self, container: dict) -> list[str]:
         argv = [*(container.get("command") or ["flextrain"]), *(container.get("args") or [])]
@@ -407,6 +441,8 @@ class NodeAgent:
                 run.proc.wait(10)
             except subprocess.TimeoutExpired:
                 pass
+        if self._zygote is not None:
+            self._zygote.close()
 
 
 _FIELD_KEY = re.compile(r"^metadata\.(labels|annotations)\['([^']+)'\]$")

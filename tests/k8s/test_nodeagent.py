@@ -122,6 +122,31 @@ def test_oom_kill_is_reported_as_oomkilled(k8s_api, node_agent):
     assert read(core, "hog")["status"]["phase"] == "Failed"
 
 
+def test_flextrain_pods_fork_from_the_zygote_once_it_is_ready(k8s_api, node_agent, tmp_path):
+    """The first flextrain Pod starts the zygote and runs fresh; one started once the zygote has loaded is
+    forked from it, in its own directory, and its exit code and output land where a fresh one's do."""
+    core = client.CoreV1Api(k8s_api)
+    core.create_namespaced_pod("default", {**pod("first", ""), "spec": {"restartPolicy": "Never", "containers": [
+        {"name": "main", "image": "flextrain:test", "args": ["data", "digits", "--out", "d"]}]}})
+    wait_for(lambda: terminated(core, "first"), timeout=60, what="first to terminate")
+    wait_for(lambda: node_agent._zygote is not None and node_agent._zygote.ready, timeout=120, what="the zygote")
+    core.create_namespaced_pod("default", {**pod("second", ""), "spec": {"restartPolicy": "Never", "containers": [
+        {"name": "main", "image": "flextrain:test", "args": ["data", "digits", "--out", "d", "--seed", "3"]}]}})
+    state = wait_for(lambda: terminated(core, "second"), timeout=60, what="second to terminate")
+    assert state["exit_code"] == 0 and state["reason"] == "Completed", node_agent.log("second")
+    assert node_agent.forked_pods == ["second"]
+    workdir = node_agent.log_dir / "default"
+    for name in ("first", "second"):  # each wrote into its own directory
+        assert sorted(p.name for p in (workdir / name / "d").iterdir()) == ["train", "validation"]
+    for name, env in (("broken", []), ("unserved", [{"name": "PYTHONUNBUFFERED", "value": "1"}])):
+        core.create_namespaced_pod("default", {**pod(name, ""), "spec": {"restartPolicy": "Never", "containers": [
+            {"name": "main", "image": "flextrain:test", "args": ["data", "digits"], "env": env}]}})
+        state = wait_for(lambda: terminated(core, name), timeout=60, what=f"{name} to terminate")
+        assert state["exit_code"] == 2 and "--out" in node_agent.log(name)  # argparse's exit, its message
+    # with PYTHONUNBUFFERED, read as the interpreter starts, unlike the first Pod: it could not be forked
+    assert node_agent.forked_pods == ["second", "broken"]
+
+
 def test_held_pod_stays_pending_until_released(k8s_api, node_agent):
     core = client.CoreV1Api(k8s_api)
     core.create_namespaced_pod("default", pod("held", "pass", annotations={HOLD_ANNOTATION: "true"}))
