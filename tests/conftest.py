@@ -72,13 +72,18 @@ def postgres(tmp_path_factory):
 # Session fixtures that run a whole job: under pytest-xdist (``make test`` runs two workers) the tests
 # that use one go to the same worker, so the job runs once, not once per worker.
 SHARED_JOBS = ("digits_fixed_g", "script_scaled_and_killed", "postgres")
+# Areas whose tests mostly run jobs, processes or pods (besides those marked e2e or slow)
+JOB_AREAS = ("tests/k8s/e2e/", "tests/k8s/backend/", "tests/tf/", "tests/examples/", "tests/accelerate/",
+             "tests/scriptjobs/", "tests/observability/", "tests/badinput/", "tests/bench/")
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config, items) -> None:
     """Group tests for ``--dist loadgroup``: a test using a job of :data:`SHARED_JOBS` joins that job's
     group; one using a module- or class-scoped fixture joins its module's (those fixtures then run once).
-    Every other test goes wherever a worker is free.
+    Every other test goes wherever a worker is free. Tests that run jobs come first (markers ``slow`` and
+    ``e2e``, and the areas of :data:`JOB_AREAS`), the quick ones after: they fill the gaps at the end, so
+    the two workers finish together instead of one waiting for the other's last long test.
 
     Tests marked ``cuda`` skip where torch sees no CUDA device (torch is imported only if there are any)."""
     for item in items:
@@ -89,6 +94,8 @@ def pytest_collection_modifyitems(config, items) -> None:
             item.add_marker(pytest.mark.xdist_group(shared[0]))
         elif any(d[-1].scope in ("module", "class") for d in defs.values() if d):
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+    items.sort(key=lambda item: not (item.get_closest_marker("slow") or item.get_closest_marker("e2e")
+                                     or item.nodeid.startswith(JOB_AREAS)))  # stable: file order within each
     marked = [item for item in items if item.get_closest_marker("cuda")]
     if not marked:
         return
