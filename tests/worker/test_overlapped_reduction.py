@@ -81,6 +81,15 @@ def _rank_main(rank: int, port: int, tmp: str, source: str, scenario: str, out: 
         release.wait(SAFETY)
 
 
+def _one_round(trainer, *, port: int, round_id: int, rank: int, task) -> None:
+    """``task`` in a round of two of its own; the whole task is trained (no END_ROUND, no failure)."""
+    trainer.collective.join_round(host="127.0.0.1", port=port, round_id=round_id, rank=rank, world_size=2)
+    try:
+        assert trainer.run_task(task) is None
+    finally:
+        trainer.collective.leave()
+
+
 def _equivalence(rank, port, tmp, source):
     """Every case, flat (--bucket-mb 0) then bucketed (tiny buckets: one per parameter,
     several of them launched from hooks), each in a round of its own."""
@@ -93,11 +102,7 @@ def _equivalence(rank, port, tmp, source):
             if mode == "bucketed":
                 assert len(trainer.backend.reducer.buckets) == 4  # b2, W2, b1, W1 (the tail)
             round_id += 1
-            trainer.collective.join_round(host="127.0.0.1", port=port, round_id=round_id, rank=rank, world_size=2)
-            try:
-                assert trainer.run_task(_task(source, G, records)) is None
-            finally:
-                trainer.collective.leave()
+            _one_round(trainer, port=port, round_id=round_id, rank=rank, task=_task(source, G, records))
             result[(G, M, mode)] = (_params(trainer), trainer.state.version)
     return result
 
@@ -120,11 +125,7 @@ def _redo(rank, port, tmp, source):
                     spoiled.append(backend.spoiled)
                 trainer.backend.launch_buckets = launch_buckets
             round_id += 1
-            trainer.collective.join_round(host="127.0.0.1", port=port, round_id=round_id, rank=rank, world_size=2)
-            try:
-                assert trainer.run_task(_task(source, G, records)) is None
-            finally:
-                trainer.collective.leave()
+            _one_round(trainer, port=port, round_id=round_id, rank=rank, task=_task(source, G, records))
             result[(G, M, mode)] = (_params(trainer), trainer.state.version, trainer.overlap, spoiled)
     return result
 

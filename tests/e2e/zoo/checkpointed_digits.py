@@ -1,12 +1,16 @@
 """The digits classifier with one layer used twice: once plainly, once inside re-entrant activation
 checkpointing. Backward accumulates that layer's gradient twice, the second time after its bucket
-may have left (flextrain/worker/buckets.py: the bucket is spoiled and the step reduced again, flat)."""
+may have left (flextrain/worker/buckets.py: the bucket is spoiled and the step reduced again, flat).
+``loss``, ``optimizer`` and ``feed`` are model_zoo/digits_torch.py's."""
+
+import importlib.util
+from pathlib import Path
 
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from flextrain.data.digits import decode_digits
+ZOO = Path(__file__).resolve().parents[3] / "model_zoo"
 
 
 class Model(nn.Module):
@@ -25,17 +29,11 @@ class Model(nn.Module):
         return self.head(h)
 
 
-def loss(labels, predictions):
-    return nn.functional.cross_entropy(predictions, labels)
+def _digits_torch():
+    spec = importlib.util.spec_from_file_location("_digits_torch", ZOO / "digits_torch.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def optimizer(params, lr=0.1):
-    return torch.optim.SGD(params, lr=lr, momentum=0.9)
-
-
-def feed(records, mode, metadata):
-    pixels, labels = decode_digits(records)
-    features = torch.from_numpy(pixels)
-    if mode == "prediction":
-        return features
-    return features, torch.from_numpy(labels)
+loss, optimizer, feed = (getattr(_digits_torch(), name) for name in ("loss", "optimizer", "feed"))  # the zoo's
