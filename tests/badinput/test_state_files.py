@@ -293,7 +293,9 @@ def test_resume_falls_back_past_a_damaged_checkpoint_and_applies_each_record_onc
     assert str(newest) in refused.stderr and str(older[-1]) in refused.stderr
     older[-1].write_bytes(intact[older[-1]])  # the previous one repaired: the resume falls back to it
 
-    resumed = subprocess.run(flextrain_cmd("train", "--resume", str(job_dir), "--no-preflight", "--no-progress"),
+    # (the rest of the 120 epochs without a checkpoint every 4 steps: the fallback is the resume's start)
+    resumed = subprocess.run(flextrain_cmd("train", "--resume", str(job_dir), "--no-preflight", "--no-progress",
+                                           "--checkpoint-steps", "200"),
                              capture_output=True, text=True, timeout=300, env=env)
     assert resumed.returncode == 0, resumed.stderr
     told = " ".join(read_status(job_dir)["events"]) + resumed.stderr
