@@ -20,7 +20,7 @@ Contract:
   ready, as a node's warm image cache spares a container its pull: the first such Pod starts the
   zygote (with that Pod's environment as far as it is read at import time, ``PYTHON*``, ``TORCH*``,
   ...: the same for all of flextrain's Pods) and runs fresh, as does any Pod whose environment differs
-  there (``Zygote.serves``). ``zygote=False`` runs every Pod fresh.
+  there (``Zygote.serves``). ``FLEXTRAIN_ZYGOTE=0`` runs every Pod fresh.
 * Environment: not inherited from the test (a container's is not), except
   ``PATH``/``HOME``/``LANG``; ``KUBECONFIG`` points at the emulator (standing
   in for the mounted ServiceAccount token); ``env[].valueFrom.fieldRef`` is
@@ -105,7 +105,7 @@ class _Run:
 
 class NodeAgent:
     def __init__(self, api_client, *, kubeconfig: Path, log_dir: Path, namespace: str | None = None,
-                 max_pods: int | None = None, zygote: bool = True) -> None:
+                 max_pods: int | None = None) -> None:
         from kubernetes import client
 
         self.core = client.CoreV1Api(api_client)
@@ -120,8 +120,8 @@ class NodeAgent:
         self._refused: set[str] = set()
         self.started_pods: list[str] = []  # names, in start order
         self._closed = False
-        self._zygote: Zygote | None = None
-        self._use_zygote = zygote  # False once started (or refused to: FLEXTRAIN_ZYGOTE=0)
+        self._zygote: Zygote | None = None  # None until the first flextrain Pod (or with FLEXTRAIN_ZYGOTE=0)
+        self._zygote_started = False
         self.forked_pods: list[str] = []  # names of the Pods forked from the zygote
         if namespace:
             self._watch = ObjectWatch(self.core.list_namespaced_pod, namespace, handler=self._on_event,
@@ -234,8 +234,8 @@ class NodeAgent:
         (the first such Pod starts one), or an environment it cannot serve."""
         if argv[:3] != [sys.executable, "-m", "flextrain"]:
             return None
-        if self._use_zygote:  # with what this Pod's interpreter and torch read as they start: its kind's
-            self._use_zygote = False
+        if not self._zygote_started:  # with what this Pod's interpreter and torch read as they start: its kind's
+            self._zygote_started = True
             self._zygote = Zygote.start(env={k: v for k, v in env.items() if k in ("PATH", "HOME")
                                              or k.startswith(IMPORT_TIME)})
             return None
