@@ -22,7 +22,9 @@ Only peers on the same host and in the same shared-memory namespace can be watch
 descriptor carries host name, boot id and a random token the file must hold); the others are
 detected by their sockets closing, as before. A watch never times anything out: a slow peer is
 never taken for a dead one. The mark's file is removed by its process at a normal exit and by
-the peer that saw it die otherwise.
+the peer that saw it die otherwise (or its launcher), so a watch that comes late and finds a
+peer's file gone from its own mount (the descriptor names the mount's device) takes that peer for
+exited: a quicker watcher saw the death first.
 """
 
 from __future__ import annotations
@@ -87,6 +89,7 @@ class AliveMark:
         directory = directory or ("/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir())
         self.token = secrets.token_hex(_TOKEN_BYTES // 2)
         self.path = os.path.join(directory, f"{ALIVE_MARK_PREFIX}{os.getpid()}-{self.token[:8]}")
+        self.device = os.stat(directory).st_dev  # which shared-memory mount: peers on it see our file
         self._map = _map(self.path, create=True)
         self._mutex = (ctypes.c_char * _MUTEX_BYTES).from_buffer(self._map)
         attr = ctypes.create_string_buffer(16)
@@ -104,7 +107,8 @@ class AliveMark:
     def descriptor(self, worker_id: str) -> bytes:
         """What a peer needs to watch this process (published under the round's store prefix)."""
         return json.dumps({"worker": worker_id, "host": socket.gethostname(), "boot": _boot_id(),
-                           "path": self.path, "token": self.token}).encode()
+                           "path": self.path, "token": self.token,
+                           "device": self.device}).encode()
 
     def remove(self) -> None:
         try:
@@ -158,12 +162,24 @@ class PeerWatch:
                 return
             try:
                 view = _map(peer["path"], create=False)
+            except FileNotFoundError:
+                if peer.get("device") != self.mark.device:
+                    return  # another /dev/shm (same host name and boot, another mount): not ours to watch
+                view = None  # on our mount, its file is removed only once its process exits (module docstring)
             except OSError:
-                return  # gone already (its exit is being seen) or another /dev/shm
-            if view[_MUTEX_BYTES:_FILE_BYTES] != token.encode():
+                return
+            if view is None:
+                self.seen_exits += 1
+            elif view[_MUTEX_BYTES:_FILE_BYTES] != token.encode():
                 view.close()
                 return
-            self._rounds[token] = {round_id}
+            else:
+                self._rounds[token] = {round_id}
+        if view is None:
+            # It died before this (late) watch opened its file, and a quicker watcher already removed it:
+            # its sockets may stay open a while, so only this tells our collective.
+            self.on_exit(peer["worker"], frozenset({round_id}))
+            return
         threading.Thread(target=self._wait, args=(peer, view), daemon=True,
                          name=f"flextrain-peerwatch-{peer['worker']}").start()
 
