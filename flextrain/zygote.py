@@ -10,13 +10,17 @@ reports to its owner) and, through ``setproctitle``, its own command line in ps.
 
 The contract, and why it holds:
 
-* Only third-party modules are loaded ahead (:data:`PRELOAD`). flextrain's modules and the user's
-  module are imported by the child, after its environment is in place, as in a fresh process.
+* Only third-party modules are loaded ahead (:data:`PRELOAD`, and a framework's own once the owner
+  knows the job needs it: :meth:`Zygote.preload`, e.g. TensorFlow for a Keras job, ~8 s of CPU per
+  worker here). flextrain's modules and the user's module are imported by the child, after its
+  environment is in place, as in a fresh process.
 * A child's environment may differ from the zygote's in anything but the variables read while
   those modules load or the interpreter starts (:data:`IMPORT_TIME`: ``PYTHON*``, ``OMP_*``, ...):
   :meth:`Zygote.serves` says no to such an environment and the caller starts a fresh process.
 * The zygote forks from its only Python thread and never runs a torch operation (no OpenMP pool,
-  no CUDA context), the conditions under which torch's own forked DataLoader workers are safe.
+  no CUDA context), the conditions under which torch's own forked DataLoader workers are safe;
+  nor a TensorFlow one (its runtime, once started, is not fork-safe: tensorflow/tensorflow#5448;
+  importing it only starts an idle thread).
 * The zygote exits once its owner's end of the socket closes (the owner exited or closed it); a
   child in flight then sees its parent change and exits (flextrain/orphans.py), as when a master
   dies. A child's ``FLEXTRAIN_PARENT_PID`` is therefore the zygote's pid.
@@ -49,6 +53,9 @@ PRELOAD = ("numpy", "torch", "torch.nn", "torch.optim", "torch.distributed", "to
 # Variables the interpreter or the preloaded libraries read as they start (a child cannot change them)
 IMPORT_TIME = ("PYTHON", "LD_", "OMP_", "KMP_", "GOMP_", "MKL_", "OPENBLAS_", "MALLOC_", "GLIBC_", "TORCH",
                "PYTORCH", "CUDA", "NVIDIA", "GRPC_", "PROTOCOL_BUFFERS", "NPY_", "NUMPY_", "LC_", "LANG")
+# What a framework's children import beyond PRELOAD (Zygote.preload), the variables set for the import as
+# the children set them before theirs, and the prefixes of those its import reads
+FRAMEWORKS = {"tensorflow": (("tensorflow",), {"TF_CPP_MIN_LOG_LEVEL": "2"}, ("TF_", "KERAS_"))}
 MAX_MESSAGE = 1 << 20  # bytes of one JSON message (a spawn request carries an environment)
 STREAMS = (0, 1, 2)
 READY_TIMEOUT = 300.0  # seconds a zygote may take to import (a hang, not a threshold: ~4 s here)
@@ -121,6 +128,12 @@ class Zygote:
         self._gone = False
         self._answer: dict | None = None
         self._children: dict[int, ForkedProcess] = {}
+        self._import_time = IMPORT_TIME  # grows with what preload() loads
+        # What the zygote's imports found or put in its environment where the owner's had nothing: TensorFlow
+        # sets KMP_* as it loads, and a child does the same; an owner that imported it has them too
+        self._made: dict[str, str] = {}
+        self._loading = 0  # preloads asked for and not yet reported done
+        self.preloaded: tuple[str, ...] = ()  # the frameworks asked for with preload()
         self._early_exits: dict[int, int] = {}  # a child's exit can be read before its spawn's answer is handled
         threading.Thread(target=self._read, name="zygote-reader", daemon=True).start()
 
@@ -158,11 +171,36 @@ class Zygote:
         return self._ready and not self._gone
 
     def serves(self, env: Mapping[str, str]) -> bool:
-        """Whether a child with ``env`` can be forked: no variable read at import time differs."""
-        if self._gone:
-            return False
+        """Whether a child with ``env`` can be forked: no variable read at import time differs (from
+        what the zygote's imports saw, or set themselves, as a fresh child's would). Waits for a
+        preload in progress (a spawn would wait for it too)."""
+        with self._cond:
+            self._cond.wait_for(lambda: not self._loading or self._gone, timeout=READY_TIMEOUT)
+            if self._gone or self._loading:
+                return False
+            made = dict(self._made)
         keys = set(env) | set(self.env)
-        return not any(env.get(k) != self.env.get(k) for k in keys if k.startswith(IMPORT_TIME))
+
+        def seen(e: Mapping[str, str], k: str) -> str | None:
+            return e.get(k, made.get(k))
+
+        return not any(seen(env, k) != seen(self.env, k) for k in keys if k.startswith(self._import_time))
+
+    def preload(self, framework: str) -> None:
+        """Have the zygote import ``framework`` (a key of :data:`FRAMEWORKS`) too, for the children forked
+        from now on; it imports in the background and a :meth:`spawn` meanwhile waits for it. A child
+        whose environment differs in what that import reads is not served from then on. Once only."""
+        modules, defaults, prefixes = FRAMEWORKS[framework]
+        with self._cond:  # not self._lock: a spawn waiting for the zygote's first imports holds that
+            if framework in self.preloaded or self._gone:
+                return
+            try:
+                _send(self._sock, {"preload": list(modules), "defaults": defaults})
+            except OSError:
+                return  # gone: spawn says so
+            self.preloaded += (framework,)
+            self._import_time = tuple(dict.fromkeys(self._import_time + prefixes))
+            self._loading += 1
 
     def spawn(self, args: tuple[str, ...], *, env: Mapping[str, str], stdin: int, stdout: int, stderr: int,
               new_session: bool = True, module: str = "flextrain", cwd: str | None = None) -> ForkedProcess:
@@ -208,8 +246,10 @@ class Zygote:
                     orphans = [c for c in self._children.values() if c.returncode is None]
                     self._cond.notify_all()
                     break
-                if "ready" in message:
+                if "ready" in message or "preloaded" in message:
                     self._ready = True
+                    self._made.update({k: v for k, v in message["environ"].items() if k not in self.env})
+                    self._loading -= "preloaded" in message
                 elif "exit" in message:
                     child = self._children.pop(message["exit"], None)
                     if child is None:
@@ -263,7 +303,7 @@ def serve(sock: socket.socket) -> dict:
 
 def _serve(sock: socket.socket) -> tuple[dict, list[int], dict[int, int]]:
     children: dict[int, int] = {}  # pidfd -> pid
-    _send(sock, {"ready": os.getpid()})
+    _send(sock, {"ready": os.getpid(), "environ": _MADE})
     while True:
         readable, _, _ = select.select([sock, *children], [], [])
         for fd in readable:
@@ -271,6 +311,10 @@ def _serve(sock: socket.socket) -> tuple[dict, list[int], dict[int, int]]:
                 request, fds = _recv(sock)
                 if request is None:
                     os._exit(0)  # the owner is gone; children see their parent change and follow
+                if "preload" in request:
+                    _send(sock, {"preloaded": request["preload"],
+                                 "environ": _preload(request["preload"], defaults=request["defaults"])})
+                    continue
                 try:
                     pid = os.fork()
                 except OSError as exc:
@@ -289,6 +333,39 @@ def _serve(sock: socket.socket) -> tuple[dict, list[int], dict[int, int]]:
                 os.close(fd)
                 _, status = os.waitpid(pid, 0)
                 _send(sock, {"exit": pid, "code": os.waitstatus_to_exitcode(status)})
+
+
+_MADE: dict[str, str] = {}  # what the zygote's first imports put in its environment (sent with "ready")
+
+
+def _import(modules) -> dict[str, str]:
+    """Import ``modules``; returns the variables the imports set or changed."""
+    import gc
+    import importlib
+
+    before = dict(os.environ)
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - e.g. absent, or broken: the child imports it itself and says why
+            pass
+    # Children would copy every page the collector walks: keep the preloaded objects out of its way
+    gc.collect()
+    gc.freeze()
+    return {k: v for k, v in os.environ.items() if before.get(k) != v}
+
+
+def _preload(modules: list[str], *, defaults: dict[str, str]) -> dict[str, str]:
+    """Import a framework's modules with ``defaults`` in the environment (as its children set them);
+    returns what the environment gained (the defaults included). A child's environment is its own."""
+    saved = dict(os.environ)
+    added = {k: v for k, v in defaults.items() if k not in os.environ}
+    os.environ.update(added)
+    try:
+        return {**added, **_import(modules)}
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 def _become(sock: socket.socket, request: dict, fds: list[int], children: dict[int, int]) -> None:
@@ -314,19 +391,10 @@ def _become(sock: socket.socket, request: dict, fds: list[int], children: dict[i
 
 
 def main(argv: list[str]) -> None:
-    import gc
-    import importlib
     import runpy
 
     sock = socket.socket(fileno=int(argv[0]))
-    for name in PRELOAD:
-        try:
-            importlib.import_module(name)
-        except ImportError:  # e.g. grpc absent: the child imports what it needs itself
-            pass
-    # Children would copy every page the collector walks: keep the preloaded objects out of its way
-    gc.collect()
-    gc.freeze()
+    _MADE.update(_import(PRELOAD))
     request = serve(sock)
     sys.argv = [request["module"], *request["args"]]
     runpy.run_module(request["module"], run_name="__main__", alter_sys=True)

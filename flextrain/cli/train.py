@@ -350,6 +350,15 @@ def cmd_train(args) -> int:
             zygote.close()
 
 
+def _preload(zygote, framework) -> None:
+    """A Keras job's children each import TensorFlow (~8 s of CPU here): the zygote imports it once, while
+    this process does (for the module's names and signatures), and forks them with it loaded."""
+    from flextrain.worker.module import Framework
+
+    if zygote is not None and framework is Framework.TENSORFLOW:
+        zygote.preload(framework.value)
+
+
 def _train(args, zygotes: list) -> int:
     from flextrain.zygote import Zygote
 
@@ -388,7 +397,7 @@ def _train(args, zygotes: list) -> int:
         if spec.training.preflight:  # the contract on real records, in a child: the module is code we cannot trust
             from flextrain.worker.preflight import run_preflight
 
-            run_preflight(spec, timeout=args.preflight_timeout, zygote=zygote)
+            _preload(zygote, run_preflight(spec, timeout=args.preflight_timeout, zygote=zygote))
         # The data's shards, here too for the warnings about skipped files. After preflight: a module's
         # custom_data_reader plans its own shards, so the module is imported (in this process only once
         # preflight has seen it import and return); a reader that fails is refused, named.
@@ -401,6 +410,7 @@ def _train(args, zygotes: list) -> int:
         for warning in skipped:
             print(f"flextrain: warning: {warning}", file=sys.stderr)
         model_def = load_model_def(spec.model_def)  # without preflight, at least names and signatures
+        _preload(zygote, model_def.framework)  # without preflight: only now known
         if spec.training.auto_micro_batch or spec.worker.node_check:  # without preflight, the module is first seen here
             from flextrain.worker.probing import check_framework
 

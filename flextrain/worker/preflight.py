@@ -78,8 +78,9 @@ def default_timeout() -> float:
 
 # ---- the parent: run the child, turn its answer into an exception ---------------------------------
 def run_preflight(spec: JobSpec, *, timeout: float | None = None, skip_hint: str = "--no-preflight skips it",
-                  zygote: Zygote | None = None) -> None:
+                  zygote: Zygote | None = None) -> Framework:
     """Check ``spec``'s module in a child process; raises PreflightError (or DataError for the data).
+    Returns the module's framework.
 
     ``skip_hint`` tells the user how to turn preflight off where it cannot work (a hang). With a
     ``zygote`` (flextrain/zygote.py) the child is forked from it, torch already imported. The child's
@@ -112,6 +113,7 @@ def run_preflight(spec: JobSpec, *, timeout: float | None = None, skip_hint: str
                              f"crashed the interpreter){_tail(err)}")
     if not result["ok"]:
         raise {"data": DataError, "spec": JobSpecError}.get(result.get("kind"), PreflightError)(result["error"])
+    return Framework(result["framework"])
 
 
 def _start(args: tuple[str, ...], env: dict[str, str], out, err, zygote: Zygote | None):
@@ -167,17 +169,18 @@ def child_main(spec_json: str) -> int:
         result.flush()
 
     try:
-        check(JobSpec.from_json(spec_json), on_stage=lambda stage: emit(stage=stage))
+        framework = check(JobSpec.from_json(spec_json), on_stage=lambda stage: emit(stage=stage))
     except (DataError, JobSpecError, ModelDefError) as exc:
         kind = "data" if isinstance(exc, DataError) else "spec" if isinstance(exc, JobSpecError) else "module"
         emit(ok=False, kind=kind, error=str(exc))
         return 1
-    emit(ok=True)
+    emit(ok=True, framework=framework.value)
     return 0
 
 
-def check(spec: JobSpec, *, on_stage=lambda stage: None) -> None:
-    """Every check of the module docstring, in this process; raises ModelDefError/DataError naming the problem."""
+def check(spec: JobSpec, *, on_stage=lambda stage: None) -> Framework:
+    """Every check of the module docstring, in this process; raises ModelDefError/DataError naming the
+    problem. Returns the module's framework."""
     run = _Stages(spec.model_def, on_stage)
     with run.stage(f"importing the module of {spec.model_def}"):  # its custom_data_reader plans its own shards
         reader = module_attribute(spec.model_def, "custom_data_reader")
@@ -219,6 +222,7 @@ def check(spec: JobSpec, *, on_stage=lambda stage: None) -> None:
     step(run, md, model, optimizer, backend, records, meta)
     if validation is not None:
         _evaluate(run, md, model, validation, batch=n, data_origin=spec.data.validation)
+    return md.framework
 
 
 class _Stages:

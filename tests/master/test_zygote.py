@@ -95,6 +95,44 @@ def test_an_environment_that_differs_where_imports_read_it_is_not_served(zygote)
         assert not zygote.serves({**zygote.env, name: "7"}), name
 
 
+# Run in a child forked after preload("tensorflow"): TensorFlow was there before the child imported it,
+# and its runtime, started first in the child, trains a Keras model (the zygote itself never ran an op)
+KERAS_CHILD = textwrap.dedent("""
+    import json, sys
+    loaded = "tensorflow" in sys.modules
+    import numpy, tensorflow as tf
+    model = tf.keras.Sequential([tf.keras.Input(shape=(3,)), tf.keras.layers.Dense(1, use_bias=False)])
+    model.compile(optimizer=tf.keras.optimizers.SGD(0.1), loss="mse")
+    model.fit(numpy.ones((8, 3), "float32"), numpy.full((8, 1), 3.0, "float32"), epochs=40, verbose=0)
+    print(json.dumps({"loaded": loaded, "prediction": float(model.predict(numpy.ones((1, 3)), verbose=0)[0, 0])}))
+""")
+
+
+def test_a_preloaded_framework_reaches_the_children_forked_after_it(tmp_path):
+    pytest.importorskip("tensorflow")
+    zygote = Zygote.start(env={k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"})
+    try:
+        assert zygote.serves({**zygote.env, "TF_ENABLE_ONEDNN_OPTS": "0"})  # TensorFlow not loaded: nothing read
+        zygote.preload("tensorflow")
+        zygote.preload("tensorflow")  # once only
+        assert zygote.preloaded == ("tensorflow",)
+        assert not zygote.serves({**zygote.env, "TF_ENABLE_ONEDNN_OPTS": "0"})  # read as it loaded
+        assert not zygote.serves({**zygote.env, "KERAS_BACKEND": "jax"})
+        # unset, TF_CPP_MIN_LOG_LEVEL is "2" for the preload's import and the children's (as they set it)
+        assert zygote.serves({**zygote.env, "TF_CPP_MIN_LOG_LEVEL": "2"})
+        assert not zygote.serves({**zygote.env, "TF_CPP_MIN_LOG_LEVEL": "1"})
+        script, out = tmp_path / "keras_child.py", tmp_path / "keras_child.out"
+        script.write_text(KERAS_CHILD)
+        with open(out, "wb") as sink, open(os.devnull, "rb") as null:
+            child = zygote.spawn((str(script),), env=zygote.env, stdin=null.fileno(), stdout=sink.fileno(),
+                                 stderr=sink.fileno(), module=SCRIPT)
+        assert child.wait(timeout=300) == 0, out.read_text()[-3000:]
+        report = json.loads(out.read_text().strip().splitlines()[-1])
+        assert report["loaded"] and report["prediction"] == pytest.approx(3.0, abs=0.05), report
+    finally:
+        zygote.close()
+
+
 def _ps_spec(tmp_path, name: str, **env: str) -> InstanceSpec:
     return InstanceSpec(name, Role.PS, 0, ("ps", "--shard-index", "0", "--num-ps", "1", "--port", "0",
                                            "--address-file", str(tmp_path / f"{name}.addr"), "--no-wal"), env)

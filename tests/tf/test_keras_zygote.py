@@ -1,0 +1,48 @@
+"""A Keras job's workers fork from a zygote that has imported TensorFlow (flextrain/zygote.py's
+``preload``, asked for once preflight has named the module's framework): each worker finds TensorFlow
+loaded instead of importing it itself (~8 s of CPU here), and trains as a fresh process would."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+
+from ft_helpers import MODEL_ZOO, read_status, run_flextrain
+
+pytestmark = pytest.mark.e2e
+
+# The zoo's Keras digits module, plus a mark per process that imports it: its parent's command line and
+# whether TensorFlow was loaded before the module imported it
+MARKING_KERAS = textwrap.dedent("""
+    import importlib.util, json, os, sys
+    _loaded = "tensorflow" in sys.modules
+    _spec = importlib.util.spec_from_file_location("digits_keras", {digits!r})
+    _digits = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(_digits)
+    globals().update({{k: v for k, v in vars(_digits).items() if not k.startswith("_")}})
+    with open(os.path.join({marks!r}, str(os.getpid())), "w") as _mark:
+        json.dump({{"parent": open(f"/proc/{{os.getppid()}}/cmdline").read(), "loaded": _loaded,
+                   "worker": os.environ.get("FLEXTRAIN_WORKER_ID")}}, _mark)
+""")
+
+
+def test_a_keras_jobs_workers_fork_with_tensorflow_loaded(digits_examples, tmp_path):
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    module = tmp_path / "marking_keras.py"
+    module.write_text(MARKING_KERAS.format(digits=str(MODEL_ZOO / "digits_keras.py"), marks=str(marks)))
+    job_dir = tmp_path / "job"
+    done = run_flextrain("train", "--model-def", f"{module}:custom_model", "--training-data",
+                         str(digits_examples / "train"), "--workers", "2", "--epochs", "1", "--global-batch-size",
+                         "64", "--lr", "0.1", "--job-dir", str(job_dir), "--no-progress", timeout=400)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert read_status(job_dir)["phase"] == "Succeeded"
+    seen = [json.loads(m.read_text()) for m in marks.iterdir()]
+    workers = [s for s in seen if s["worker"]]
+    assert sorted(s["worker"] for s in workers) == ["worker-0", "worker-1"], seen
+    assert all("flextrain.zygote" in s["parent"] and s["loaded"] for s in workers), seen  # forked, TF there
+    # preflight (forked before the framework was known) and the training process itself imported it
+    others = [s for s in seen if not s["worker"]]
+    assert len(others) == 2 and not any(s["loaded"] for s in others), seen
