@@ -8,7 +8,10 @@ committed step of the worker it brings, for three sides of the same job:
 
 The job is bench/rescale's (``bench/rescale/zoo_digits.py``: the digits MLP whose optimizer appends
 ``"<time.time()> <n>"`` to ``steps-<worker id>.txt`` after every committed step), 2 workers
-(``--min-workers 1 --max-workers 3``). Each job times:
+(``--min-workers 1 --max-workers 3``); with ``--framework keras``, its Keras twin
+(``bench/rescale/zoo_digits_keras.py``: model_zoo/digits_keras.py with a step-recording Keras SGD,
+on the digits as ``tf.train.Example`` records), whose zygote also imports TensorFlow for the workers.
+Each job times:
 
 * start: ``flextrain train`` launched -> the job's first committed step (preflight included);
 
@@ -30,6 +33,7 @@ Usage (repository root)::
 
     .venv/bin/python bench/spares.py                  # ~5-6 min on 2 cores
     .venv/bin/python bench/spares.py --rounds 1 --cycles 1   # smoke size, ~2 min
+    .venv/bin/python bench/spares.py --framework keras       # the same for a Keras module
 
 stdout: exactly one JSON object; progress goes to stderr.
 """
@@ -51,11 +55,12 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from rescale.flextrain_case import GLOBAL_BATCH, LR, ZOO  # noqa: E402
+from rescale.flextrain_case import GLOBAL_BATCH, HELPERS, LR, ZOO  # noqa: E402
 from rescale.procs import PY, Janitor, Timeout, alive, kill_group, wait_for  # noqa: E402
 from rescale.stamps import first_after, read_steps, summary  # noqa: E402
 
 TARGET_S = 0.5  # issue 26: scale request / kill -> the newcomer's first committed step
+MODULES = {"pytorch": f"{ZOO}:Model", "keras": f"{HELPERS / 'zoo_digits_keras.py'}:custom_model"}
 SIDES = ("fresh", "zygote", "spares")
 
 
@@ -80,13 +85,13 @@ class Job:
     """One flextrain job of the benchmark and the master it is driven through."""
 
     def __init__(self, work: Path, data_dir: Path, janitor: Janitor, *, side: str, timeout: float,
-                 settle: float) -> None:
+                 settle: float, framework: str) -> None:
         self.rdir = work / "steps"
         self.rdir.mkdir(parents=True)
         self.job_dir = work / "job"
         spares = 1 if side == "spares" else 0
         self.side, self.timeout, self.settle, self.spares = side, timeout, settle, spares
-        cmd = [PY, "-m", "flextrain", "train", "--model-def", f"{ZOO}:Model", "--training-data",
+        cmd = [PY, "-m", "flextrain", "train", "--model-def", MODULES[framework], "--training-data",
                str(data_dir / "train"), "--workers", "2", "--min-workers", "1", "--max-workers", "3",
                "--epochs", "100000", "--global-batch-size", str(GLOBAL_BATCH), "--lr", str(LR),
                "--job-dir", str(self.job_dir), "--relaunch-budget", "50", "--no-progress",
@@ -194,7 +199,8 @@ class Job:
 
 
 def run_side(side: str, work: Path, data_dir: Path, janitor: Janitor, args) -> dict:
-    job = Job(work, data_dir, janitor, side=side, timeout=args.timeout, settle=args.settle)
+    job = Job(work, data_dir, janitor, side=side, timeout=args.timeout, settle=args.settle,
+              framework=args.framework)
     out: dict = {"cmd": job.cmd, "samples": []}
     try:
         out["samples"].append(job.first_step())
@@ -230,9 +236,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=120.0, help="bound of every wait, seconds")
     p.add_argument("--settle", type=float, default=1.0, help="seconds of steady training before each event")
     p.add_argument("--work-dir", help="keep logs and stamps here (default: a temp dir, removed)")
+    p.add_argument("--framework", choices=sorted(MODULES), default="pytorch",
+                   help="the digits module's framework: keras is bench/rescale/zoo_digits_keras.py (the zygote "
+                        "imports TensorFlow for its workers)")
     args = p.parse_args(argv)
 
     from flextrain.data.digits import write_digits
+    from flextrain.data.example import write_digits_examples
 
     signal.signal(signal.SIGTERM, lambda signum, frame: (_ for _ in ()).throw(KeyboardInterrupt()))
     t_begin, load_at_start = time.time(), round(os.getloadavg()[0], 2)
@@ -241,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     sides: dict[str, list[dict]] = {side: [] for side in SIDES}
     try:
         data_dir = work / "digits"
-        write_digits(data_dir)
+        (write_digits_examples if args.framework == "keras" else write_digits)(data_dir)
         for r in range(args.rounds):
             for side in SIDES[r % 3:] + SIDES[:r % 3]:
                 log(f"round {r + 1}/{args.rounds}: {side}")
@@ -254,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     def seconds(side: str, kind: str) -> list[float]:
         return [s["seconds"] for run in sides[side] for s in run["samples"] if s["kind"] == kind]
 
-    out: dict = {"bench": "spares", "target_s": TARGET_S}
+    out: dict = {"bench": "spares", "framework": args.framework, "target_s": TARGET_S}
     for kind in ("start", "scale", "kill"):
         fresh = seconds("fresh", kind)
         out[kind] = {**{f"{side}_s": summary(seconds(side, kind)) for side in SIDES},

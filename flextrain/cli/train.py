@@ -12,6 +12,7 @@ import sys
 
 from flextrain.cli.common import (DEFAULT_JOBS_DIR, CLIError, HelpFormatter, abs_path, add_data_flags,
                                   add_metrics_flags, data_abs, job_name, model_def_abs)
+from flextrain.cli.submission import check_module, import_meanwhile, preload_framework
 
 
 def add_commands(sub) -> None:
@@ -327,20 +328,6 @@ def resume_spec(args):
     return resumed
 
 
-def _import_meanwhile(name: str) -> None:
-    """Import ``name`` in a thread while this one waits on children (an error shows where it is used)."""
-    import importlib
-    import threading
-
-    def load() -> None:
-        try:
-            importlib.import_module(name)
-        except Exception:  # noqa: BLE001 - the main thread's own import raises it, in context
-            pass
-
-    threading.Thread(target=load, name=f"import-{name}", daemon=True).start()
-
-
 def cmd_train(args) -> int:
     zygotes: list = []  # the one started for the job's local children: closed however this ends
     try:
@@ -348,15 +335,6 @@ def cmd_train(args) -> int:
     finally:
         for zygote in zygotes:
             zygote.close()
-
-
-def _preload(zygote, framework) -> None:
-    """A Keras job's children each import TensorFlow (~8 s of CPU here): the zygote imports it once, while
-    this process does (for the module's names and signatures), and forks them with it loaded."""
-    from flextrain.worker.module import Framework
-
-    if zygote is not None and framework is Framework.TENSORFLOW:
-        zygote.preload(framework.value)
 
 
 def _train(args, zygotes: list) -> int:
@@ -367,11 +345,11 @@ def _train(args, zygotes: list) -> int:
     zygote = Zygote.for_local_job()
     zygotes.extend([zygote] if zygote else [])
     from flextrain.data import DataError, DataOptions, plan_shards
-    from flextrain.job import JobSpecError, Strategy
+    from flextrain.job import JobSpecError
     from flextrain.master.batches import job_schedule
     from flextrain.master.jobdir import JobDirError, guard
     from flextrain.master.main import custom_reader_of, run_master
-    from flextrain.worker.module import Framework, ModelDefError, load_model_def
+    from flextrain.worker.module import ModelDefError
 
     if args.resume and args.overwrite:  # before the stored job is even read
         raise CLIError("--resume and --overwrite contradict each other: continue the job or start afresh, not both")
@@ -393,11 +371,11 @@ def _train(args, zygotes: list) -> int:
 
             check_positive_finite("--preflight-timeout", args.preflight_timeout)
         # Everything checkable is checked before a single process starts; the cheap checks first.
-        _import_meanwhile("torch")  # this process needs it too (the module, the master): not after preflight
+        import_meanwhile("torch")  # this process needs it too (the module, the master): not after preflight
         if spec.training.preflight:  # the contract on real records, in a child: the module is code we cannot trust
             from flextrain.worker.preflight import run_preflight
 
-            _preload(zygote, run_preflight(spec, timeout=args.preflight_timeout, zygote=zygote))
+            preload_framework(zygote, run_preflight(spec, timeout=args.preflight_timeout, zygote=zygote))
         # The data's shards, here too for the warnings about skipped files. After preflight: a module's
         # custom_data_reader plans its own shards, so the module is imported (in this process only once
         # preflight has seen it import and return); a reader that fails is refused, named.
@@ -409,24 +387,8 @@ def _train(args, zygotes: list) -> int:
             plan_shards(spec.data.validation, what="validation data", **opts)
         for warning in skipped:
             print(f"flextrain: warning: {warning}", file=sys.stderr)
-        model_def = load_model_def(spec.model_def)  # without preflight, at least names and signatures
-        _preload(zygote, model_def.framework)  # without preflight: only now known
-        if spec.training.auto_micro_batch or spec.worker.node_check:  # without preflight, the module is first seen here
-            from flextrain.worker.probing import check_framework
-
-            check_framework(spec, model_def)
-        if spec.training.accelerate is not None:  # PyTorch modules only: a Keras one is refused, named
-            from flextrain.worker.accelerating import check_framework as check_accelerate_framework
-
-            check_accelerate_framework(spec, model_def)
-        if spec.strategy is Strategy.PARAMETER_SERVER and not spec.training.preflight:  # else preflight did it
-            from flextrain.worker.ps_trainer import check_ps_optimizer
-
-            check_ps_optimizer(model_def, lr=spec.training.learning_rate)
-            if model_def.framework is Framework.TENSORFLOW:
-                from flextrain.worker.ps_keras import check_keras_ps_optimizer
-
-                check_keras_ps_optimizer(model_def, lr=spec.training.learning_rate)
+        if not spec.training.preflight:  # the module is first seen here: at least its names and signatures
+            preload_framework(zygote, check_module(spec))
     except (JobSpecError, ModelDefError, DataError, JobDirError) as exc:
         raise CLIError(str(exc)) from exc
     from flextrain.master.main import ResumeError

@@ -193,6 +193,10 @@ def check(spec: JobSpec, *, on_stage=lambda stage: None) -> Framework:
         from flextrain.worker.probing import check_framework
 
         check_framework(spec, md)
+    if spec.training.accelerate is not None:  # PyTorch modules only: a Keras one is refused, named
+        from flextrain.worker.accelerating import check_framework as check_accelerate_framework
+
+        check_accelerate_framework(spec, md)
     with run.stage("seeding the random generators"):
         _seed(md, spec.training.seed)
     with run.stage(f"building the model: {md.model_name}()", call=f"the model callable {md.model_name}()"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -119,15 +120,15 @@ def test_per_sample_loss_is_rejected(tmp_path):
         backend.accumulate(features, labels, slice(0, 4), scale=1.0)
 
 
+# A sitecustomize on PYTHONPATH: every process of the job (the CLI, its zygote, preflight) is in an
+# environment where the tensorflow extra is not installed
 _BLOCK_TF = """
 import sys
-class _NoTensorFlow:  # simulates an environment where the tensorflow extra is not installed
+class _NoTensorFlow:
     def find_spec(self, name, path=None, target=None):
         if name.split('.')[0] in ('tensorflow', 'keras'):
             raise ModuleNotFoundError(f"No module named {name!r}", name=name)
 sys.meta_path.insert(0, _NoTensorFlow())
-from flextrain.cli import main
-sys.exit(main(sys.argv[1:]))
 """
 
 
@@ -135,11 +136,15 @@ def test_tf_module_without_tensorflow_says_how_to_install_before_any_process_sta
     from flextrain.data.example import write_digits_examples
 
     write_digits_examples(tmp_path / "data")
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(_BLOCK_TF)
     job_dir = tmp_path / "job"
+    pythonpath = os.pathsep.join([str(site), *filter(None, [os.environ.get("PYTHONPATH")])])
     proc = subprocess.run(
-        [sys.executable, "-c", _BLOCK_TF, "train", "--model-def", str(MODEL_ZOO / "digits_keras.py") + ":custom_model",
+        [sys.executable, "-m", "flextrain", "train", "--model-def", str(MODEL_ZOO / "digits_keras.py") + ":custom_model",
          "--training-data", str(tmp_path / "data" / "train"), "--job-dir", str(job_dir)],
-        capture_output=True, text=True, timeout=120, cwd=REPO)
+        capture_output=True, text=True, timeout=120, cwd=REPO, env={**os.environ, "PYTHONPATH": pythonpath})
     assert proc.returncode == 2, proc.stderr
     assert "digits_keras.py is a TensorFlow module but TensorFlow is not installed" in proc.stderr
     assert "pip install 'flextrain[tensorflow]'" in proc.stderr
