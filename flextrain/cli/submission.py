@@ -42,6 +42,16 @@ def check_module(spec):
     return model_def.framework
 
 
+def preload_by_source(zygote, spec) -> None:
+    """A module whose source imports TensorFlow at its top level loads it in every process that imports
+    the module: the zygote imports it at once, and preflight, forked after it, starts with it loaded."""
+    from flextrain.job.usermodule import TF_PACKAGES, top_level_imports
+    from flextrain.worker.module import Framework
+
+    if zygote is not None and spec.model_def and top_level_imports(spec.model_def) & set(TF_PACKAGES):
+        preload_framework(zygote, Framework.TENSORFLOW)
+
+
 def preload_framework(zygote, framework) -> None:
     """A Keras job's children each import TensorFlow (~8 s of CPU here): the zygote imports it once, while
     this process does (for the module's names and signatures), and forks them with it loaded."""
@@ -51,4 +61,4 @@ def preload_framework(zygote, framework) -> None:
         zygote.preload(framework.value)
 
 
-__all__ = ["check_module", "import_meanwhile", "preload_framework"]
+__all__ = ["check_module", "import_meanwhile", "preload_by_source", "preload_framework"]

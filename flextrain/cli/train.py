@@ -12,7 +12,7 @@ import sys
 
 from flextrain.cli.common import (DEFAULT_JOBS_DIR, CLIError, HelpFormatter, abs_path, add_data_flags,
                                   add_metrics_flags, data_abs, job_name, model_def_abs)
-from flextrain.cli.submission import check_module, import_meanwhile, preload_framework
+from flextrain.cli.submission import check_module, import_meanwhile, preload_by_source, preload_framework
 
 
 def add_commands(sub) -> None:
@@ -372,6 +372,7 @@ def _train(args, zygotes: list) -> int:
             check_positive_finite("--preflight-timeout", args.preflight_timeout)
         # Everything checkable is checked before a single process starts; the cheap checks first.
         import_meanwhile("torch")  # this process needs it too (the module, the master): not after preflight
+        preload_by_source(zygote, spec)  # TensorFlow, for preflight too, where the module's source imports it
         if spec.training.preflight:  # the contract on real records, in a child: the module is code we cannot trust
             from flextrain.worker.preflight import run_preflight
 

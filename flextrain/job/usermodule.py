@@ -25,7 +25,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-__all__ = ["Mode", "ModelDefError", "TF_INSTALL_HINT", "TF_PACKAGES", "raised", "returned",
+__all__ = ["Mode", "ModelDefError", "TF_INSTALL_HINT", "TF_PACKAGES", "raised", "returned", "top_level_imports",
            "install_elasticdl_shim", "split_spec", "import_target", "import_module_of", "module_attribute"]
 
 
@@ -161,27 +161,43 @@ def module_attribute(spec: str, attribute: str) -> Any:
     return getattr(module, attribute, None)
 
 
-def _surely_lacks(spec: str, attribute: str) -> bool:
-    """True when ``spec``'s module is a file whose top level neither binds ``attribute`` nor star-imports
-    (so importing it could not define it); False whenever that is not certain."""
+_NO_FILE = object()  # _source_tree: the spec names a file that does not exist
+
+
+def _source_tree(spec: str):
+    """The parsed source of ``spec``'s module file: an ``ast.Module``, ``_NO_FILE`` when the spec names a
+    file that is not there, None when it cannot be read without importing it (an installed module, bad
+    source: the import names the problem)."""
     import ast
 
     try:
         target, _ = split_spec(spec)
     except ModelDefError:
-        return False
+        return None
     path = Path(target)
     if not path.is_file():
         if target.endswith(".py") or "/" in target or os.sep in target:
-            return True  # no such file: nothing to find here (the workers' own loading names the problem)
+            return _NO_FILE
         dotted = Path(*target.split(".")).with_suffix(".py")
         if not dotted.is_file():
-            return False  # an installed module: import it to know
+            return None
         path = dotted
     try:
-        tree = ast.parse(path.read_bytes(), filename=str(path))
+        return ast.parse(path.read_bytes(), filename=str(path))
     except (OSError, SyntaxError, ValueError):
-        return False  # the import names the problem
+        return None
+
+
+def _surely_lacks(spec: str, attribute: str) -> bool:
+    """True when ``spec``'s module is a file whose top level neither binds ``attribute`` nor star-imports
+    (so importing it could not define it); False whenever that is not certain."""
+    import ast
+
+    tree = _source_tree(spec)
+    if tree is _NO_FILE:
+        return True  # nothing to find here (the workers' own loading names the problem)
+    if tree is None:
+        return False  # an installed module, or source that does not parse: import it to know
     for node in ast.walk(tree):  # any binding anywhere (a conditional def, globals(), setattr) counts
         if isinstance(node, ast.ImportFrom) and any(a.name == "*" for a in node.names):
             return False
@@ -194,3 +210,21 @@ def _surely_lacks(spec: str, attribute: str) -> bool:
         if isinstance(node, ast.Constant) and node.value == attribute:  # setattr(..., "custom_data_reader", ...)
             return False
     return True
+
+
+def top_level_imports(spec: str) -> frozenset[str]:
+    """The packages ``spec``'s module file imports unconditionally at its top level (``import tensorflow as
+    tf``, ``from keras import layers``: what importing the module surely loads); empty when its source
+    cannot be read without importing it."""
+    import ast
+
+    tree = _source_tree(spec)
+    if not isinstance(tree, ast.Module):
+        return frozenset()
+    names = set()
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module.split(".")[0])
+    return frozenset(names)

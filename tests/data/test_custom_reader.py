@@ -252,3 +252,15 @@ def test_the_master_imports_no_module_whose_source_cannot_define_a_reader(tmp_pa
         maybe.write_text("raise RuntimeError('imported')\n" + source)
         with pytest.raises(ModelDefError, match="importing the module failed"):  # it could define one: imported
             module_attribute(f"{maybe}:Model", "custom_data_reader")
+
+
+def test_the_packages_a_module_surely_imports_are_read_from_its_source(tmp_path):
+    """What `flextrain train` preloads for a module (cli/submission.py): its top-level imports, without importing it."""
+    from flextrain.job.usermodule import top_level_imports
+
+    module = tmp_path / "keras_like_xyz.py"
+    module.write_text("raise RuntimeError('imported')\nimport tensorflow as tf, numpy.random\nfrom keras import layers\n"
+                      "from . import sibling\nif False:\n    import torch\ndef f():\n    import jax\n")
+    assert top_level_imports(f"{module}:Model") == {"tensorflow", "numpy", "keras"}  # not the nested ones
+    assert top_level_imports(f"{tmp_path / 'absent.py'}:Model") == frozenset()
+    assert top_level_imports("some_installed_package.models:Model") == frozenset()  # would need an import
