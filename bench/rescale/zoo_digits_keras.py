@@ -10,26 +10,20 @@ flextrain applies only the steps whose all-reduce succeeded. Without both enviro
 master, preflight) nothing is recorded.
 """
 
-import importlib.util
 import os
 import time
 from pathlib import Path
 
 import tensorflow as tf
 
+from flextrain.job.usermodule import import_module_of
+
 _DIR = os.environ.get("RESCALE_DIR")
 _WORKER = os.environ.get("FLEXTRAIN_WORKER_ID")
 
 
-def _load_zoo():
-    path = Path(__file__).resolve().parents[2] / "model_zoo" / "digits_keras.py"
-    spec = importlib.util.spec_from_file_location("_bench_digits_keras_zoo", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-_zoo = _load_zoo()
+# The zoo's module loaded as flextrain loads any --model-def (its `elasticdl` import included)
+_zoo, _ = import_module_of(f"{Path(__file__).resolve().parents[2] / 'model_zoo' / 'digits_keras.py'}:custom_model")
 custom_model, loss, dataset_fn = _zoo.custom_model, _zoo.loss, _zoo.dataset_fn
 
 

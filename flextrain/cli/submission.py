@@ -53,8 +53,9 @@ def preload_by_source(zygote, spec) -> None:
 
 
 def preload_framework(zygote, framework) -> None:
-    """A Keras job's children each import TensorFlow (~8 s of CPU here): the zygote imports it once, while
-    this process does (for the module's names and signatures), and forks them with it loaded."""
+    """A Keras job's children each import TensorFlow (~6-8 s of CPU here): once preflight (or, without it,
+    this process's import) has named the framework, the zygote imports it once and forks them with it loaded
+    (a no-op where :func:`preload_by_source` asked already)."""
     from flextrain.worker.module import Framework
 
     if zygote is not None and framework is Framework.TENSORFLOW:

@@ -75,6 +75,7 @@ class WorkerTable:
             self.retiring.add(worker_id)
             self.departed[worker_id] = "scaled"
             self.alive.discard(worker_id)
+            self.stragglers.forget(worker_id)  # no longer the job's compute (a replaced straggler: not one now)
             self.rendezvous.drop_waiter(worker_id)
             rnd = self.rendezvous.current
             if rnd is not None and worker_id in rnd.members:
@@ -129,7 +130,7 @@ class WorkerTable:
                                      if req.HasField("gradient_noise_scale") else None)
                 if req.HasField("memory"):
                     self.memory.record(req.worker_id, req.memory)
-                if req.compute_samples:
+                if req.compute_samples and req.worker_id not in self.retiring:
                     note_compute(self, req.worker_id, seconds=req.compute_seconds, samples=req.compute_samples)
                 if req.HasField("ps_traffic"):
                     add_traffic(self.ps_traffic, req.ps_traffic)

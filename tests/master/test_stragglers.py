@@ -118,6 +118,18 @@ def test_the_master_reports_and_queues_a_straggler_for_replacement_within_the_bu
     assert not again.replace and "not replaced" in again.message
 
 
+def test_a_replaced_straggler_leaves_the_figures_at_once_though_its_process_lives_on(tmp_path):
+    job = master(tmp_path, workers=2)
+    for w in ("worker-0", "worker-1"):
+        job.register(w)
+    beat(job, {"worker-0": 0.01, "worker-1": 0.05}, 8)
+    (slow,) = job.take_slow_workers()
+    assert slow.replace and job.stragglers.snapshot()["worker-1"]["straggler"]
+    job.retire("worker-1")  # what replacing it does first: it leaves at its next step boundary, then exits
+    beat(job, {"worker-0": 0.01, "worker-1": 0.05}, 3)  # its last heartbeats, before its exit
+    assert set(job.stragglers.snapshot()) == {"worker-0"}  # not a member, not a straggler, in nobody's median
+
+
 def test_report_policy_only_reports_and_off_does_not_track(tmp_path):
     job = master(tmp_path, policy="report")
     for w in ("worker-0", "worker-1"):

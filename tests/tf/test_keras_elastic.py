@@ -28,7 +28,9 @@ def _status(job_dir):
 
 def test_keras_worker_killed_survivor_continues_and_replacement_joins(digits_examples, tmp_path):
     job_dir = tmp_path / "job"
-    epochs = 40  # the survivor alone must not finish before a slow replacement (importing TF) joins
+    # The survivor alone must not finish before the replacement joins: forked with TensorFlow loaded it takes
+    # ~2 s (flextrain/zygote.py's preload), and the 16 epochs' ~370 steps leave it over half a minute
+    epochs = 16
     proc = subprocess.Popen(flextrain_cmd(
         "train", "--model-def", f"{MODEL_ZOO / 'digits_keras.py'}:custom_model",
         "--training-data", str(digits_examples / "train"), "--validation-data", str(digits_examples / "validation"),
