@@ -128,7 +128,6 @@ class Zygote:
         self._gone = False
         self._answer: dict | None = None
         self._children: dict[int, ForkedProcess] = {}
-        self._import_time = IMPORT_TIME  # grows with what preload() loads
         # What the zygote's imports found or put in its environment where the owner's had nothing: TensorFlow
         # sets KMP_* as it loads, and a child does the same; an owner that imported it has them too
         self._made: dict[str, str] = {}
@@ -184,13 +183,14 @@ class Zygote:
         def seen(e: Mapping[str, str], k: str) -> str | None:
             return e.get(k, made.get(k))
 
-        return not any(seen(env, k) != seen(self.env, k) for k in keys if k.startswith(self._import_time))
+        read = IMPORT_TIME + tuple(p for framework in self.preloaded for p in FRAMEWORKS[framework][2])
+        return not any(seen(env, k) != seen(self.env, k) for k in keys if k.startswith(read))
 
     def preload(self, framework: str) -> None:
         """Have the zygote import ``framework`` (a key of :data:`FRAMEWORKS`) too, for the children forked
         from now on; it imports in the background and a :meth:`spawn` meanwhile waits for it. A child
         whose environment differs in what that import reads is not served from then on. Once only."""
-        modules, defaults, prefixes = FRAMEWORKS[framework]
+        modules, defaults, _ = FRAMEWORKS[framework]
         with self._cond:  # not self._lock: a spawn waiting for the zygote's first imports holds that
             if framework in self.preloaded or self._gone:
                 return
@@ -198,8 +198,7 @@ class Zygote:
                 _send(self._sock, {"preload": list(modules), "defaults": defaults})
             except OSError:
                 return  # gone: spawn says so
-            self.preloaded += (framework,)
-            self._import_time = tuple(dict.fromkeys(self._import_time + prefixes))
+            self.preloaded += (framework,)  # serves() compares what its import reads from now on
             self._loading += 1
 
     def spawn(self, args: tuple[str, ...], *, env: Mapping[str, str], stdin: int, stdout: int, stderr: int,
