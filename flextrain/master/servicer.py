@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 # re-ask, so a long poll costs one RPC per this many seconds while waiting.
 JOIN_LONG_POLL = 5.0
 PARK_LONG_POLL = 5.0  # the same for a spare's Park
+SAMPLE_RECORDS = 8  # GetJobSpecResponse.sample: records a worker feeds to get ready for steps
 HEARTBEAT_LONG_POLL = 30.0  # the most a heartbeat's wait_seconds holds its answer (the worker asks for its period)
 
 
@@ -143,9 +144,12 @@ class MasterServicer(pb_grpc.MasterServicer):
 
     # ---- RPCs ------------------------------------------------------------------
     async def GetJobSpec(self, request, context):
+        shards = self.job.ledger.shards
+        sample = pb.Task(source=shards[0].source, start=shards[0].start,
+                         end=min(shards[0].end, shards[0].start + SAMPLE_RECORDS)) if shards else None
         return pb.GetJobSpecResponse(job_spec_json=self.job.spec.to_json(),
                                      heartbeat_interval=self.heartbeat_interval,
-                                     ps_addresses=list(self.job.ps_addresses))
+                                     ps_addresses=list(self.job.ps_addresses), sample=sample)
 
     async def RegisterWorker(self, request, context):
         refused = self.job.register(request.worker_id, pid=request.pid,

@@ -42,14 +42,16 @@ class GetJobSpecRequest(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ...) -> None: ...
 
 class GetJobSpecResponse(_message.Message):
-    __slots__ = ("job_spec_json", "heartbeat_interval", "ps_addresses")
+    __slots__ = ("job_spec_json", "heartbeat_interval", "ps_addresses", "sample")
     JOB_SPEC_JSON_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_FIELD_NUMBER: _ClassVar[int]
     PS_ADDRESSES_FIELD_NUMBER: _ClassVar[int]
+    SAMPLE_FIELD_NUMBER: _ClassVar[int]
     job_spec_json: str
     heartbeat_interval: float
     ps_addresses: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, job_spec_json: _Optional[str] = ..., heartbeat_interval: _Optional[float] = ..., ps_addresses: _Optional[_Iterable[str]] = ...) -> None: ...
+    sample: Task
+    def __init__(self, job_spec_json: _Optional[str] = ..., heartbeat_interval: _Optional[float] = ..., ps_addresses: _Optional[_Iterable[str]] = ..., sample: _Optional[_Union[Task, _Mapping]] = ...) -> None: ...
 
 class RegisterWorkerRequest(_message.Message):
     __slots__ = ("worker_id", "host", "pid", "probe", "node_check", "node")

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -103,6 +103,17 @@ class ModelBackend(ABC):
     @abstractmethod
     def feed(self, records: Sequence[bytes], mode: Mode, meta: FeedMetadata) -> tuple[Any, Any]:
         """The module's ``feed``, checked: ``(features, labels)`` with first dimension ``len(records)``."""
+
+    def prepare(self, sample: Callable[[], tuple[Any, Any]]) -> None:
+        """Get ready for steps on inputs like ``sample()``'s ``(features, labels)`` (fed records), of any
+        batch size, before the worker registers, changing no state; ``sample`` is called only if
+        needed. Default: nothing to prepare (PyTorch runs eagerly). The caller treats an error as
+        the loss of a head start, not of the job."""
+
+    def traces(self) -> int | None:
+        """How many times the step's functions were compiled so far (Keras: ``tf.function`` traces);
+        None: nothing is compiled (the default: PyTorch runs eagerly)."""
+        return None
 
     @abstractmethod
     def zero(self) -> None:

@@ -190,6 +190,10 @@ def _run_worker(client: MasterClient, worker_id: str, doing: _Doing, *, spare: b
             collective=collective, state=state, compute=accelerated,
             evaluate=lambda version: _evaluate(spec, client, model_def, predictor, state, version,
                                                position=state.position(), batch=eval_batch))
+    if collective is not None:  # ready for steps of any size before the round can wait for us (Keras: traced)
+        doing.stage = "preparing the model's steps"
+        trainer.prepare(reg.sample if reg.HasField("sample") else None)
+        doing.stage = "starting"
     node_check = None
     if spec.worker.node_check and collective is not None:  # timed before parking: a spare is ready when taken
         from flextrain.worker.nodecheck import check_node
@@ -223,6 +227,8 @@ def _run_worker(client: MasterClient, worker_id: str, doing: _Doing, *, spare: b
             log.info("training tasks: %d answered ahead (in %d asks), %d by a plain ask, %d handed over by "
                      "rank 0, %d with the rendezvous answer", tasks.tasks_ahead, tasks.ahead_asks, tasks.tasks_asked,
                      tasks.handed, tasks.given)
+            if (traced := trainer.backend.traces()) is not None:  # 2 when prepared ahead: no step waited on one
+                log.info("the step's functions were traced %d times", traced)
         loss, samples = state.take_loss()
         traffic = state.traffic.take()
         if samples or state.skipped_steps or traffic:  # since the last heartbeat: the final loss, skipped steps

@@ -46,6 +46,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from functools import partial
 from pathlib import Path
 
 from flextrain.durable import write_atomic
@@ -64,7 +65,7 @@ from flextrain.worker.failure import NonFiniteError, failure_of, log_failure, on
 from flextrain.worker.flash import FlashCheckpointer
 from flextrain.worker.module import FeedMetadata, Mode, ModelDef
 from flextrain.worker.prefetch import StepLoader, read_ahead_wanted
-from flextrain.worker.reading import task_reader
+from flextrain.worker.reading import read_task_records, task_reader
 from flextrain.worker.round_tasks import RoundTasks
 from flextrain.worker.state import WorkerState
 
@@ -117,6 +118,21 @@ class AllReduceTrainer:
                                        persist_every=spec.training.memory_checkpoint_persist_every,
                                        persist_seconds=spec.training.memory_checkpoint_persist_seconds,
                                        ) if every else None
+
+    def prepare(self, sample: pb.Task | None) -> None:
+        """Before registering (a spare: parking), get the backend ready for steps on the records of
+        ``sample`` (GetJobSpecResponse.sample; Keras traces), so that no round waits for it later.
+        A failure loses only this head start (logged); the steps meet and report it as they would."""
+        if sample is None:
+            return
+        records = partial(read_task_records, self.model_def, sample.source, sample.start, sample.end,
+                          mode=Mode.TRAINING, data_origin=self.spec.data.training)
+        meta = FeedMetadata(sample.source, sample.start, sample.end, 0)
+        try:
+            self.backend.prepare(lambda: self.backend.feed(records(), Mode.TRAINING, meta))
+        except Exception as exc:  # noqa: BLE001 - a head start, not a step: the steps report what is wrong
+            log.warning("could not prepare the model ahead on records [%d, %d) of %s (%s); it is prepared at "
+                        "its first step instead", sample.start, sample.end, sample.source, describe(exc))
 
     # ---- state transfer ---------------------------------------------------------
     def state_tree(self) -> dict:

@@ -14,7 +14,7 @@ from flextrain.master.coordinator import JobMaster
 from flextrain.master.ledger import TaskLedger
 from flextrain.master.main import HEARTBEAT_INTERVAL, heartbeat_interval
 from flextrain.master.rendezvous import Rendezvous
-from flextrain.master.servicer import HEARTBEAT_LONG_POLL, JOIN_LONG_POLL, MasterServicer, start_server
+from flextrain.master.servicer import HEARTBEAT_LONG_POLL, JOIN_LONG_POLL, SAMPLE_RECORDS, MasterServicer, start_server
 from flextrain.proto import flextrain_pb2 as pb
 from flextrain.worker.client import MasterClient
 from ft_helpers import wait_for
@@ -164,3 +164,11 @@ def test_a_heartbeat_long_poll_is_answered_as_its_round_ends_for_a_newcomer(serv
     beat.join(HEARTBEAT_LONG_POLL / 2)  # a hang bound: answered as the round ends, not at the poll's end
     assert got["a"].end_round and not got["a"].stop
     assert not servicer._beats  # no poll left behind
+
+
+def test_the_job_spec_names_a_sample_of_the_first_training_records(served):
+    """What a worker feeds to prepare its steps before it registers (a Keras worker traces them)."""
+    _, _, (client,) = served(1)
+    got = client.job_spec()
+    assert JobSpec.from_json(got.job_spec_json).name == "job"
+    assert (got.sample.source, got.sample.start, got.sample.end) == ("s.rio", 0, SAMPLE_RECORDS)

@@ -172,3 +172,23 @@ def test_keras_ps_keeps_the_dtype_of_dense_weights_and_tables(two_ps, tmp_path, 
         assert str(trainer.variables[name].dtype) == dtype  # pulled back into Keras in its dtype
     finally:
         trainer.close()
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_steps_prepared_ahead_are_traced_once_for_every_micro_batch_size(kind):
+    x, y = data()
+    b = backend(kind)
+    before = [v.numpy().copy() for v in b.model.weights + list(b.optimizer.variables)]
+    b.prepare(lambda: (tf.constant(x[:2]), tf.constant(y[:2])))  # as the worker does with the sample's records
+    for got, want in zip(b.model.weights + list(b.optimizer.variables), before):  # traced, not run
+        np.testing.assert_array_equal(got.numpy(), want)
+    for sizes in ((10,), (3, 7), (4, 4, 2)):  # a step of one, two or three micro-batches: other shapes
+        b.zero()
+        start = 0
+        for n in sizes:
+            b.accumulate(x, y, slice(start, start + n), scale=n / 10)
+            start += n
+        b.apply()
+    assert b._gradients_fn.experimental_get_tracing_count() == 1
+    assert b._apply_fn.experimental_get_tracing_count() == 1
+    assert int(b.optimizer.iterations.numpy()) == 3

@@ -37,7 +37,7 @@ def test_keras_worker_killed_survivor_continues_and_replacement_joins(digits_exa
         "--workers", "2", "--min-workers", "1", "--max-workers", "2", "--epochs", str(epochs),
         "--global-batch-size", "64", "--max-micro-batch", "32", "--lr", "0.1", "--job-dir", str(job_dir),
         "--no-progress"), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "FLEXTRAIN_LOG_LEVEL": "INFO"})
     try:
         first = wait_for(lambda: (s := _status(job_dir)) and s["roundHistory"] and s["step"] > 20
                          and len(s["roundHistory"][-1]["members"]) == 2 and s["roundHistory"][-1],
@@ -64,3 +64,11 @@ def test_keras_worker_killed_survivor_continues_and_replacement_joins(digits_exa
     assert status["step"] == epochs * -(-TRAIN_RECORDS // 64)  # the global batch stayed 64 throughout
     # the newcomer trained from the broadcast state: the final model (rank 0 of the last round) is good
     assert status["metrics"]["accuracy"] > 0.90, status["metrics"]
+    # Every worker traced its two step functions once, before it registered (GetJobSpecResponse.sample):
+    # neither the replacement's first step, nor the rounds of 1 and 2 workers, nor an epoch's short last
+    # step (1438 = 22 * 64 + 30 records) waited on a trace. The victim was killed before its last lines.
+    finished = {p.name: p.read_text() for p in (job_dir / "logs").glob("worker-*.log")
+                if "training tasks:" in p.read_text()}
+    assert len(finished) == 2, sorted(finished)
+    for name, text in finished.items():
+        assert "the step's functions were traced 2 times" in text, (name, text[-2000:])

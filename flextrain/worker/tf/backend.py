@@ -101,6 +101,27 @@ class KerasBackend(ModelBackend):
     def feed(self, records, mode, meta):
         return feed_dataset(self.model_def, records, mode, meta)
 
+    def prepare(self, sample) -> None:
+        """Trace both step functions ahead, without running them: the gradients' for inputs shaped
+        like the sample's with the batch dimension unknown (every micro-batch size then calls that
+        one trace, where each new size would retrace: a newcomer's first step, a round of another
+        size, a task's short last step), the update's for the trainable variables."""
+        tf = self.tf
+        features, labels = sample()
+
+        def relaxed(value):
+            if isinstance(value, tf.Tensor) and value.shape.rank:
+                return tf.TensorSpec([None, *value.shape[1:]], value.dtype)
+            return tf.type_spec_from_value(value)  # sparse, ragged, a scalar: as it is
+
+        self._gradients_fn.get_concrete_function(tf.nest.map_structure(relaxed, features),
+                                                 tf.nest.map_structure(relaxed, labels))
+        self._apply_fn.get_concrete_function([tf.TensorSpec(view.shape, view.dtype) for view in self._views])
+
+    def traces(self) -> int:
+        return (self._gradients_fn.experimental_get_tracing_count()
+                + self._apply_fn.experimental_get_tracing_count())
+
     def zero(self) -> None:
         for buffer in self.buffers:
             buffer.zero_()
