@@ -239,7 +239,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--framework", choices=sorted(MODULES), default="pytorch",
                    help="the digits module's framework: keras is bench/rescale/zoo_digits_keras.py (the zygote "
                         "imports TensorFlow for its workers)")
+    p.add_argument("--sides", default=",".join(SIDES),
+                   help="the sides to run, comma-separated (default: all three; a ratio needs both of its sides)")
     args = p.parse_args(argv)
+    chosen = tuple(side for side in SIDES if side in args.sides.split(","))
+    if not chosen or set(args.sides.split(",")) - set(SIDES):
+        p.error(f"--sides takes some of {', '.join(SIDES)}, got {args.sides!r}")
 
     from flextrain.data.digits import write_digits
     from flextrain.data.example import write_digits_examples
@@ -253,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
         data_dir = work / "digits"
         (write_digits_examples if args.framework == "keras" else write_digits)(data_dir)
         for r in range(args.rounds):
-            for side in SIDES[r % 3:] + SIDES[:r % 3]:
+            for side in chosen[r % len(chosen):] + chosen[:r % len(chosen)]:
                 log(f"round {r + 1}/{args.rounds}: {side}")
                 sides[side].append(run_side(side, work / f"{side}-{r}", data_dir, janitor, args))
     finally:

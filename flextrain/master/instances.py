@@ -8,7 +8,11 @@ flextrain/master/k8s_priority.py), and stops surplus workers when the job is sca
 (``--spare-workers``, a :class:`SparePool`) a worker to start is a parked
 spare taken, when one exists, and a new spare is launched behind it; spares
 are not workers here (they are not counted, judged or charged to the relaunch
-budget), and a spare that dies is simply launched again.
+budget), and a spare that dies is simply launched again. The spare behind a taken
+one is launched once the taken one has trained (with ``trained``; at most
+``REFILL_WAIT`` later): a spare's start-up is seconds of CPU (imports, the
+model, a Keras trace) that would otherwise compete with the very join the
+spare was taken to speed up, on the same node or, locally, the same cores.
 Whether an exit it did not ask for is a failure worth a relaunch is the
 ``judge``'s decision (the JobMaster's failure tracker), not this class's.
 """
@@ -27,6 +31,7 @@ from flextrain.master.spares import SparePool
 log = logging.getLogger(__name__)
 
 AVOID_SECONDS = 600.0  # how long launches keep off a replaced slow worker's node
+REFILL_WAIT = 10.0  # the longest a new spare waits for the taken one to train (one that never does)
 
 
 class InstanceManager:
@@ -47,7 +52,10 @@ class InstanceManager:
         spares: SparePool | None = None,
         on_disrupted: Callable[[str, str], None] = lambda worker_id, why: None,
         worker_memory: Callable[[], str | None] = lambda: None,
+        trained: Callable[[str], bool] | None = None,
     ) -> None:
+        """``trained(worker_id)``: whether a worker has committed a step in its round (the job's books);
+        None: spares are launched behind taken ones at once."""
         self.backend = backend
         self.desired = desired
         self.relaunch_budget = relaunch_budget
@@ -73,6 +81,8 @@ class InstanceManager:
         self._worker_memory = worker_memory  # the memory a worker launched now gets (flextrain/master/oom.py)
         self.spares_lost = 0  # spares that died before they parked, in a row: a spare that cannot start
         self._avoid: dict[str, float] = {}  # node -> until when launches avoid it (replaced slow workers')
+        self._trained = trained
+        self._awaited: dict[str, float] = {}  # taken spares not trained yet -> when the refill stops waiting
         backend.on_exit(self._exited)
 
     def _launch_one(self) -> str:
@@ -81,6 +91,8 @@ class InstanceManager:
             self._on_launch(taken)
             self.backend.promote(taken)
             log.info("took spare %s", taken)
+            if self._trained is not None:
+                self._awaited[taken] = time.monotonic() + REFILL_WAIT
             return taken
         worker_id, index = self._next_id()
         self._on_launch(worker_id)
@@ -121,6 +133,10 @@ class InstanceManager:
         """Top the spares up to ``--spare-workers`` (called with the lock held)."""
         if self.spares is None or self.spares_lost > self.relaunch_budget:
             return
+        now = time.monotonic()
+        self._awaited = {w: until for w, until in self._awaited.items() if until > now}
+        if self._awaited:  # top_up() launches them once the taken spares have trained
+            return
         for _ in range(self.spares.missing()):
             worker_id, index = self._next_id()
             self.spares.launched(worker_id)
@@ -129,6 +145,20 @@ class InstanceManager:
                                              self._worker_env(worker_id), spare=True,
                                              avoid_nodes=self._avoided()))
             log.info("launched spare %s", worker_id)
+
+    def top_up(self) -> None:
+        """Launch the spares held back for taken ones that have trained since (the master's loop calls
+        this; ``trained`` is asked without this manager's lock held)."""
+        with self._lock:
+            awaited = list(self._awaited)
+        if not awaited:
+            return
+        done = [w for w in awaited if self._trained(w)]
+        with self._lock:
+            for w in done:
+                self._awaited.pop(w, None)
+            if not self.closed and not self.budget_exhausted:
+                self._launch_spares()
 
     def reconcile(self) -> None:
         """Launch or stop workers until the running count equals ``desired``."""
@@ -188,6 +218,8 @@ class InstanceManager:
         with self._lock:
             expected = worker_id in self._stopping or self.closed
             self._stopping.discard(worker_id)
+            if self._awaited.pop(worker_id, None) is not None and not self.closed:  # it will not train now
+                self._launch_spares()
             self.exits.append((worker_id, code))
         self._on_exit(worker_id, code)
         # Preempted or evicted (priority-based elasticity): the job shrinks, the replacement waits for capacity.

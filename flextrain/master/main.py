@@ -264,6 +264,7 @@ def _run_job(spec: JobSpec, *, host: str, port: int, backend: LaunchBackend | No
         spares=spares, worker_memory=lambda: job.micro_batches.oom.memory, on_disrupted=lambda wid, why: job.note(
             f"{wid} was taken away by the cluster ({why}): the job goes on with the workers left; its "
             "replacement waits for capacity and joins when scheduled (no relaunch budget spent)"),
+        trained=job.has_trained,
     )
     fleet: PSFleet | None = None
     if spec.strategy is Strategy.PARAMETER_SERVER:  # the servers to launch (the strategy is in job.strategy)
@@ -297,6 +298,7 @@ def _run_job(spec: JobSpec, *, host: str, port: int, backend: LaunchBackend | No
                 if slow.replace:
                     manager.replace(slow.worker_id, avoid_node=slow.node)
             suspension.tick()
+            manager.top_up()  # spares held back while the ones taken join
             if stop_requested and time.monotonic() - stop_requested[0] > STOP_GRACE:
                 job.finish(Phase.FAILED, f"stopped: {job.stopping} (no stop checkpoint within {STOP_GRACE:.0f}s)")
             if time.monotonic() - last >= STATUS_INTERVAL:

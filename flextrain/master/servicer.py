@@ -214,11 +214,8 @@ class MasterServicer(pb_grpc.MasterServicer):
         resp = self.job.heartbeat(request)
         if request.wait_seconds <= 0 or resp.end_round or resp.stop or resp.job_over:
             return resp
-        def news():
-            resp = self.job.heartbeat_answer(request.position.round_id)
-            return resp if resp.end_round or resp.stop or resp.job_over else None
-
-        found = await _long_poll(self._beats, news, min(request.wait_seconds, HEARTBEAT_LONG_POLL))
+        found = await _long_poll(self._beats, lambda: self.job.heartbeat_news(request.position.round_id),
+                                 min(request.wait_seconds, HEARTBEAT_LONG_POLL))
         return found if found is not None else self.job.heartbeat_answer(request.position.round_id)
 
     async def ReportCheckpoint(self, request, context):

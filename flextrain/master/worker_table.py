@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from flextrain.job import Strategy
 from flextrain.master.accounting import commit_passed
 from flextrain.master.failures import failed_message
 from flextrain.master.health import Liveness, find_hung
@@ -147,6 +148,15 @@ class WorkerTable:
         with self.cond:
             return self._heartbeat_answer(round_id)
 
+    def heartbeat_news(self, round_id: int) -> pb.HeartbeatResponse | None:
+        """A long-polled heartbeat's answer once there is news for a worker in ``round_id``: its round
+        ended, another formed since (the worker is in that one by now, or about to be: it heartbeats again
+        from there, so that the newer round's end reaches it at once), a stop, the job's end; else None."""
+        with self.cond:
+            resp, rnd = self._heartbeat_answer(round_id), self.rendezvous.current
+            moved_on = rnd is not None and rnd.round_id != round_id
+            return resp if resp.end_round or resp.stop or resp.job_over or moved_on else None
+
     def heartbeat_key(self) -> tuple:
         """Changes whenever a heartbeat's answer may have: the current round and its state, stop, over."""
         with self.cond:
@@ -177,6 +187,15 @@ class WorkerTable:
                 self.adascale = (position.lr_gain, position.gradient_noise_scale
                                  if position.HasField("gradient_noise_scale") else None)
         return info
+
+    def has_trained(self, worker_id: str) -> bool:
+        """Whether ``worker_id`` reported a step committed in a round it was given (a newcomer: its first);
+        without rounds (ParameterServer: nobody waits for a newcomer) once it registered."""
+        with self.cond:
+            info, rnd = self.workers.get(worker_id), self.assigned.get(worker_id)
+            if self.spec.strategy is Strategy.PARAMETER_SERVER:
+                return info is not None
+            return info is not None and rnd is not None and info.position.version > rnd.version
 
     # ---- time-driven checks (the master's main loop calls this) ---------------
     def tick(self, *, unscheduled: set[str] = frozenset()) -> list[tuple[str, str]]:

@@ -47,15 +47,22 @@ RELEASE_GRACE = 2.0  # seconds blocked in a collective after the job is over bef
 
 def _heartbeat_loop(client: MasterClient, state: WorkerState, interval: float, done: threading.Event) -> None:
     """A heartbeat every ``interval`` seconds, each a long poll of up to ``interval``: the master answers
-    it as soon as the round ends (a newcomer waits to join), the worker must stop or the job is over.
-    After such an answer, or a failed call, the next heartbeat waits out a period."""
+    it as soon as the round ends (a newcomer waits to join), another round formed (the poll was for one
+    that is over), the worker must stop or the job is over. The next heartbeat goes out the moment the
+    worker is in a round other than the one the last was sent from (the first: the round it started in),
+    else after the rest of the period (a whole period after such an answer, or a failed call)."""
     over_since = None  # since when the master says the job is over while we are blocked in a collective
-    pause = interval
-    while not done.wait(pause):
+    pause, sent_round = interval, state.round_id
+    while True:  # woken early by a new round, or by ``done`` (set, then the state nudged)
+        state.wait_round_after(sent_round, pause, until=done.is_set)
+        if done.is_set():
+            return
         loss, samples = state.take_loss()
         pause, began = interval, time.monotonic()
+        position = state.position()
+        sent_round = position.round_id
         try:
-            resp = client.heartbeat(state.position(), loss, samples, waiting_for_peers=state.waiting,
+            resp = client.heartbeat(position, loss, samples, waiting_for_peers=state.waiting,
                                     stalled_seconds=time.monotonic() - state.progressed,
                                     skipped_steps=state.skipped_steps, lr_gain=state.lr_factor,
                                     gradient_noise_scale=state.noise_scale, memory=state.sample_memory(),
@@ -70,7 +77,7 @@ def _heartbeat_loop(client: MasterClient, state: WorkerState, interval: float, d
         if not (resp.end_round or resp.stop or resp.job_over):  # the rest of the period, if any, waited out here
             pause = max(0.0, interval - (time.monotonic() - began))
         if resp.end_round:
-            state.end_round.set()
+            state.round_ended(sent_round)
         if resp.stop:
             state.stop.set()
         blocked = state.waiting and not state.in_rendezvous
@@ -241,6 +248,7 @@ def _run_worker(client: MasterClient, worker_id: str, doing: _Doing, *, spare: b
                       batch=eval_batch)
     finally:
         done.set()
+        state.nudge()  # the heartbeat thread ends now
         if collective is not None:
             if trainer.flash is not None:
                 trainer.flash.close()
@@ -264,10 +272,8 @@ def _train(spec, client, collective, trainer, state) -> bool:
             return False
         if resp.action == pb.JoinRendezvousResponse.WAIT:
             continue
-        state.end_round.clear()
         synced = state.synced  # in the round it leaves
-        with state.lock:  # adopt the round before anything can report a position (not synced in it yet)
-            state.round_id, state.task_index, state.steps_done, state.synced = resp.round_id, 0, 0, False
+        state.adopt_round(resp.round_id)  # before anything can report a position (not synced in it yet)
         # Every member plans with the round's M (under auto: the smallest its members probed).
         trainer.max_micro_batch = resp.max_micro_batch or spec.training.effective_max_micro_batch
         trainer.ask_first_task(rank=resp.rank, given=resp.first_task if resp.HasField("first_task") else None)

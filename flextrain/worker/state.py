@@ -60,6 +60,34 @@ class WorkerState:
     stop: threading.Event = field(default_factory=threading.Event)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
+    def __post_init__(self) -> None:
+        self._rounds = threading.Condition(self.lock)  # notified when the worker adopts a round
+
+    def adopt_round(self, round_id: int) -> None:
+        """The training thread enters ``round_id`` (not in sync in it yet); an ``end_round`` seen for the
+        round left is dropped in the same step, so it cannot end the new one."""
+        with self._rounds:
+            self.end_round.clear()
+            self.round_id, self.task_index, self.steps_done, self.synced = round_id, 0, 0, False
+            self._rounds.notify_all()
+
+    def round_ended(self, round_id: int) -> None:
+        """The master says ``round_id`` ended: end it here at the next step boundary, if we are still in it."""
+        with self._rounds:
+            if self.round_id == round_id:
+                self.end_round.set()
+
+    def wait_round_after(self, round_id: int, timeout: float, *, until=lambda: False) -> bool:
+        """Wait up to ``timeout`` seconds for a round other than ``round_id``, or ``until()`` (looked at
+        again when :meth:`nudge` is called); True once either holds."""
+        with self._rounds:
+            return self._rounds.wait_for(lambda: self.round_id != round_id or until(), timeout)
+
+    def nudge(self) -> None:
+        """Have :meth:`wait_round_after` look at its ``until`` again."""
+        with self._rounds:
+            self._rounds.notify_all()
+
     def position(self) -> pb.Position:
         return pb.Position(round_id=self.round_id, task_index=self.task_index,
                            steps_done=self.steps_done, version=self.version, lr_gain=self.lr_factor,

@@ -45,11 +45,13 @@ def served(tmp_path):
         server.stop(grace=None)
 
 
-def join_all(clients) -> dict[str, pb.JoinRendezvousResponse]:
+def join_all(clients, rounds: dict[str, int] | None = None) -> dict[str, pb.JoinRendezvousResponse]:
+    """Every client joins (from the round ``rounds`` gives it: none by default) at once; their answers."""
     answers: dict[str, pb.JoinRendezvousResponse] = {}
 
     def one(c):
-        answers[c.worker_id] = c.join(pb.Position(round_id=-1), "start")
+        was = (rounds or {}).get(c.worker_id, -1)
+        answers[c.worker_id] = c.join(pb.Position(round_id=was), "start" if was < 0 else "end_round")
 
     threads = [threading.Thread(target=one, args=(c,)) for c in clients]
     for t in threads:
@@ -172,3 +174,44 @@ def test_the_job_spec_names_a_sample_of_the_first_training_records(served):
     got = client.job_spec()
     assert JobSpec.from_json(got.job_spec_json).name == "job"
     assert (got.sample.source, got.sample.start, got.sample.end) == ("s.rio", 0, SAMPLE_RECORDS)
+
+
+def test_a_worker_has_trained_once_it_reports_a_step_past_its_rounds_start(served):
+    """What the instance manager waits for before it launches a spare behind a taken one."""
+    job, _, clients = served(2)
+    for c in clients:
+        c.register(pid=1)
+    assert not job.has_trained("worker-0")  # in no round yet
+    rid = join_all(clients)["worker-0"].round_id
+    clients[0].heartbeat(pb.Position(round_id=rid, version=0), 0.5, 10)
+    assert not job.has_trained("worker-0")  # at the round's version: no step committed in it yet
+    clients[0].heartbeat(pb.Position(round_id=rid, version=1), 0.5, 10)
+    assert job.has_trained("worker-0") and not job.has_trained("worker-1")
+
+
+def test_a_heartbeat_long_poll_from_a_round_that_is_over_is_answered_as_another_forms(served):
+    """The worker is in the newer round by then (a survivor re-formed without its dead peer): it heartbeats
+    again from there at once, so that the newer round's end for a newcomer reaches it at once too."""
+    job, servicer, clients = served(3, min_workers=2, rendezvous_timeout=0.3)
+    for c in clients[:2]:
+        c.register(pid=1)
+    first = join_all(clients[:2])["worker-0"].round_id
+    got = {}
+    beat = threading.Thread(target=lambda: got.update(a=clients[0].heartbeat(
+        pb.Position(round_id=first), float("nan"), 0, wait=HEARTBEAT_LONG_POLL)))
+    beat.start()
+    wait_for(lambda: servicer._beats, timeout=30, what="the heartbeat waiting at the master")
+    clients[2].register(pid=1)  # the round ends for the newcomer: the poll is answered end_round
+    beat.join(HEARTBEAT_LONG_POLL / 2)
+    assert got["a"].end_round
+    old = pb.Position(round_id=first)
+    later = {}
+    stale = threading.Thread(target=lambda: later.update(a=clients[1].heartbeat(old, float("nan"), 0,
+                                                                               wait=HEARTBEAT_LONG_POLL)))
+    answers = join_all(clients, {"worker-0": first, "worker-1": first})  # the next round forms
+    stale.start()
+    stale.join(HEARTBEAT_LONG_POLL / 2)  # a hang bound: answered at once, not at the poll's end
+    assert answers["worker-0"].round_id > first and not stale.is_alive()
+    assert not (later["a"].end_round or later["a"].stop)  # nothing to end: the worker is in the new round
+    quiet = clients[1].heartbeat(pb.Position(round_id=answers["worker-1"].round_id), float("nan"), 0, wait=0.2)
+    assert not quiet.end_round  # from the current round: held for its wait, nothing to tell

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from flextrain.master import instances
 from flextrain.master.instances import InstanceManager
 from flextrain.master.spares import STOP, TAKEN, SparePool
 from ft_helpers import FakeBackend as Backend
@@ -45,10 +46,11 @@ def test_pool_refuses_a_negative_count():
         SparePool(-1)
 
 
-def manager(backend, pool, launched, *, desired=2, budget=1):
+def manager(backend, pool, launched, *, desired=2, budget=1, trained=None):
     return InstanceManager(backend, desired=desired, relaunch_budget=budget, worker_args=lambda w: ("worker", w),
                            worker_env=lambda w: {}, on_launch=launched.append, on_exit=lambda w, c: None,
-                           on_budget_exhausted=lambda m: None, on_retire=lambda w: None, spares=pool)
+                           on_budget_exhausted=lambda m: None, on_retire=lambda w: None, spares=pool,
+                           trained=trained)
 
 
 def test_manager_keeps_spares_apart_takes_one_to_scale_up_and_launches_another():
@@ -95,3 +97,35 @@ def test_spares_that_never_get_ready_are_given_up_after_the_budget_in_a_row():
     assert pool.ids() == set()  # not relaunched again
     m.close()
     assert pool.closed
+
+
+def test_the_spare_behind_a_taken_one_starts_once_the_taken_one_trained(monkeypatch):
+    """Its start-up would compete for the CPU with the join it was taken to speed up."""
+    backend, pool, launched, trained = Backend(), SparePool(1), [], set()
+    m = manager(backend, pool, launched, trained=lambda w: w in trained)
+    m.reconcile()
+    pool.park("worker-2", 222)
+    m.scale(3)
+    assert launched[-1] == "worker-2" and pool.ids() == set()  # taken; none launched behind it yet
+    m.top_up()
+    m.reconcile()
+    assert pool.ids() == set()
+    trained.add("worker-2")  # its first step committed
+    m.top_up()
+    assert pool.ids() == {"worker-3"} and backend.specs["worker-3"].spare
+    # a taken spare that exits before it trains releases the refill at once
+    pool.park("worker-3", 333)
+    backend.exit("worker-0", 137)
+    assert launched[-1] == "worker-3" and pool.ids() == set()
+    backend.exit("worker-3", 0)  # e.g. refused at registration: it leaves, the master replaces it otherwise
+    assert pool.ids() == {"worker-4"}
+
+    # one that never trains holds the refill back for REFILL_WAIT at most
+    monkeypatch.setattr(instances, "REFILL_WAIT", 0.0)
+    backend, pool, launched = Backend(), SparePool(1), []
+    m = manager(backend, pool, launched, trained=lambda w: False)
+    m.reconcile()
+    pool.park("worker-2", 222)
+    m.scale(3)
+    m.top_up()
+    assert launched[-1] == "worker-2" and pool.ids() == {"worker-3"}
