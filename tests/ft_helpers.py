@@ -313,8 +313,16 @@ def member_checksums(where: Path) -> dict[int, dict[str, tuple[str, float]]]:
     return by_step
 
 
-def assert_members_identical(by_step: dict) -> None:
-    """Every worker that committed a step holds the same parameters and momentum after it."""
+def assert_members_identical(by_step: dict, *, killed=()) -> None:
+    """Every worker that committed a step holds the same parameters and momentum after it.
+
+    A worker in ``killed`` (SIGKILLed inside a collective) may have finished its last all-reduce and
+    applied the step while its peers' all-reduce failed for want of its last bytes: that step was never
+    the round's (the survivors redo it), so the killed worker's last one is left out."""
+    for worker in killed:
+        last = max((step for step, members in by_step.items() if worker in members), default=None)
+        if last is not None:
+            by_step = {**by_step, last: {w: v for w, v in by_step[last].items() if w != worker}}
     split = sorted(step for step, members in by_step.items() if len({d for d, _ in members.values()}) > 1)
     assert not split, f"members' states differ after the steps that applied {split[:5]} samples"
 

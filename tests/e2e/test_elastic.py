@@ -120,7 +120,7 @@ def test_kill_one_of_three_survivors_continue_in_process_then_a_new_worker_joins
     at_kill = {last_step_before(by_step, w, two["time"]) for w in survivors}
     assert all(round_started_in_sync(job_dir, w, two["round"]) is (len(at_kill) == 1) for w in survivors)
     assert all(round_started_in_sync(job_dir, m["id"], three["round"]) is False for m in three["members"])
-    assert_members_identical(by_step)
+    assert_members_identical(by_step, killed=[victim["id"]])
     assert steps_shared_by(by_step, survivors) > steps_shared_by(by_step, {m["id"] for m in first["members"]})
     assert steps_shared_by(by_step, {m["id"] for m in three["members"]})
 
