@@ -31,7 +31,10 @@ def test_default_pods_are_admitted_by_a_restricted_namespace(k8s_cluster, operat
     k8s_cluster.admit(restricted_namespace(k8s_cluster.namespace))
     jobs.create(elasticjob("strict"))
     wait_for(lambda: jobs.master_pods("strict"), timeout=30, what="the master pod")
-    assert jobs.status("strict").get("phase") in ("Pending", "Running")
+    # The pod is created before the handler's status patch lands: wait for the phase, not a snapshot.
+    phase = wait_for(lambda: jobs.status("strict").get("phase"), timeout=30, what="the job's phase")
+    assert phase in ("Pending", "Running")
+    assert not [e for e in jobs.events("strict") if e["reason"] == "MasterRefused"]
 
 
 def test_quota_keeps_the_job_pending_with_backoff_until_it_frees(k8s_cluster, operator, jobs):
