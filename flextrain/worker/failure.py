@@ -32,6 +32,12 @@ class NonFiniteError(ArithmeticError):
     """A loss or gradient that is NaN or infinite (``--nan-policy fail``); the message names the step."""
 
 
+def describe(exc: BaseException) -> str:
+    """An error message for the master or a log line: the exception's own text, its type if it has none."""
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else repr(exc)
+
+
 def _is_user_file(filename: str) -> bool:
     if filename.startswith("<"):  # <frozen importlib._bootstrap>, <string>
         return False

@@ -32,10 +32,10 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from flextrain.durable import write_atomic
 from flextrain.elastic.flash import FlashStore
 from flextrain.elastic.statecodec import Encoded, nonfinite_blob, nonfinite_encoded
 from flextrain.proto import flextrain_pb2 as pb
+from flextrain.worker.checkpoints import checkpoint_path, write_checkpoint
 
 log = logging.getLogger("flextrain.worker")
 
@@ -183,9 +183,8 @@ class FlashCheckpointer:
         return self._since_disk >= self.persist_every and self.clock() - self._disk_at >= self.persist_seconds
 
     def _persist(self, version: int, blob: bytes, position: pb.Position, *, give_up: float | None = None) -> None:
-        self.checkpoints.mkdir(parents=True, exist_ok=True)
-        path = self.checkpoints / f"ckpt-{version:09d}.ckpt"
-        write_atomic(path, blob)
+        path = checkpoint_path(self.checkpoints, version)
+        write_checkpoint(path, blob)
         self.client.report_checkpoint(str(path), position, final=False, memory=True, give_up=give_up)
         self.persisted += 1
 

@@ -29,14 +29,14 @@ from flextrain.worker.client import MasterClient, MasterUnreachable
 from flextrain.worker.collective import Collective, CollectiveError
 from flextrain.worker.evaluation import evaluate_task
 from flextrain.worker.frameworks import make_predictor
-from flextrain.worker.failure import failure_of, log_failure, one_line
+from flextrain.worker.failure import describe, failure_of, log_failure, one_line
 from flextrain.worker.module import Framework, load_model_def
 from flextrain.worker.parked import park
 from flextrain.worker.peerwatch import PeerWatch, alive_mark
 from flextrain.worker.prediction import load_outputs_processor, predict_task
 from flextrain.worker.ps_trainer import PSTrainer
 from flextrain.worker.script_agent import run_agent
-from flextrain.worker.trainer import AllReduceTrainer, WorkerState, describe
+from flextrain.worker.trainer import AllReduceTrainer, WorkerState
 
 log = logging.getLogger("flextrain.worker")
 _KIND_MODE = {pb.Task.TRAINING: "training", pb.Task.EVALUATION: "evaluation", pb.Task.PREDICTION: "prediction"}

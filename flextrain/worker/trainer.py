@@ -49,7 +49,6 @@ import time
 from functools import partial
 from pathlib import Path
 
-from flextrain.durable import write_atomic
 from flextrain.elastic.flash import FlashStore, flash_dir
 from flextrain.elastic.planner import plan_step
 from flextrain.elastic.schedule import lr_factor
@@ -58,10 +57,11 @@ from flextrain.job import JobSpec
 from flextrain.proto import flextrain_pb2 as pb
 from flextrain.worker.adascale import AdaScaleRule
 from flextrain.worker.buckets import bucket_bytes
+from flextrain.worker.checkpoints import checkpoint_path, write_checkpoint
 from flextrain.worker.client import MasterClient
 from flextrain.worker.frameworks import make_backend
 from flextrain.worker.collective import Collective
-from flextrain.worker.failure import NonFiniteError, failure_of, log_failure, one_line
+from flextrain.worker.failure import NonFiniteError, describe, failure_of, log_failure, one_line
 from flextrain.worker.flash import FlashCheckpointer
 from flextrain.worker.module import FeedMetadata, Mode, ModelDef
 from flextrain.worker.prefetch import StepLoader, read_ahead_wanted
@@ -113,7 +113,7 @@ class AllReduceTrainer:
         # --memory-checkpoint-steps: rank 0's in-memory snapshots, persisted in the background (worker/flash.py)
         every = spec.training.memory_checkpoint_steps
         self.flash = FlashCheckpointer(store=FlashStore(flash_dir(spec.name, spec.job_dir)),
-                                       checkpoints=Path(spec.job_dir) / "checkpoints", client=client,
+                                       checkpoints=spec.checkpoint_dir, client=client,
                                        every=every,
                                        persist_every=spec.training.memory_checkpoint_persist_every,
                                        persist_seconds=spec.training.memory_checkpoint_persist_seconds,
@@ -368,18 +368,12 @@ class AllReduceTrainer:
         persisted is waited for first (one waiting is dropped: this one is newer)."""
         if self.flash is not None:
             self.flash.drain(discard=True)
-        directory = Path(self.spec.job_dir) / "checkpoints"
-        directory.mkdir(parents=True, exist_ok=True)
-        path = directory / ("final.ckpt" if final else f"ckpt-{self.state.version:09d}.ckpt")
+        path = checkpoint_path(self.spec.checkpoint_dir, self.state.version, final=final)
         tree = self.state_tree()
         if bad := nonfinite(tree["model"]):
             raise NonFiniteError(f"the model after step {self.state.version} has non-finite weights "
                                  f"({'; '.join(bad)}); {path.name} was not written")
-        try:
-            write_atomic(path, encode(tree))  # a reader never sees half a checkpoint
-        except OSError as exc:  # e.g. a full disk: no temp file left, the previous checkpoint stays the latest
-            raise CheckpointWriteError(f"cannot write checkpoint {path}: {exc.strerror or exc}; the previous "
-                                       "checkpoint is kept") from exc
+        write_checkpoint(path, encode(tree))  # CheckpointWriteError (e.g. a full disk): the previous one stays
         self.client.report_checkpoint(str(path), self.state.position(), final=final, stop=stop)
         return path
 
@@ -417,13 +411,3 @@ class AllReduceTrainer:
             loss = self.backend.accumulate(features, labels, sl, scale=size / plan.global_batch)
             loss_sum += loss * size
         return loss_sum, hi - lo
-
-
-class CheckpointWriteError(RuntimeError):
-    """A checkpoint could not be written (e.g. no space left on the device); the message names it."""
-
-
-def describe(exc: BaseException) -> str:
-    """An error message for the master: the exception's own text, its type if it has none."""
-    text = str(exc)
-    return f"{type(exc).__name__}: {text}" if text else repr(exc)

@@ -239,16 +239,17 @@ def test_a_full_disk_at_a_checkpoint_fails_the_job_keeping_the_last_good_one(tmp
 
 def test_a_full_disk_at_a_worker_checkpoint_is_a_clear_failure(tmp_path, monkeypatch):
     from flextrain.worker import trainer
+    from flextrain.worker.checkpoints import CheckpointWriteError
 
     directory = tmp_path / "checkpoints"
     directory.mkdir()
     (directory / "ckpt-000000002.ckpt").write_bytes(encode(_state()))
     monkeypatch.setattr(durable, "os", _NoSpace())
-    me = SimpleNamespace(spec=SimpleNamespace(job_dir=str(tmp_path)), state=SimpleNamespace(version=3),
+    me = SimpleNamespace(spec=SimpleNamespace(checkpoint_dir=directory), state=SimpleNamespace(version=3),
                          backend=SimpleNamespace(state=lambda: {"model": {"w": torch.ones(2)}}), client=None,
                          adascale=None, flash=None)
     me.state_tree = lambda: trainer.AllReduceTrainer.state_tree(me)
-    with pytest.raises(trainer.CheckpointWriteError) as info:
+    with pytest.raises(CheckpointWriteError) as info:
         trainer.AllReduceTrainer.checkpoint(me)
     assert str(info.value) == (f"cannot write checkpoint {directory / 'ckpt-000000003.ckpt'}: No space left on "
                                "device; the previous checkpoint is kept")
@@ -322,5 +323,5 @@ def test_a_damaged_status_file_is_one_line_naming_the_field(capsys, tmp_path, te
     (tmp_path / "status.json").write_text(text)
     assert main(["status", str(tmp_path)]) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"flextrain: error: ") and err.count("\n") == 1, err
+    assert err.startswith("flextrain: error: ") and err.count("\n") == 1, err
     assert str(tmp_path / "status.json") in err and named in err, err
