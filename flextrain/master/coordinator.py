@@ -195,7 +195,13 @@ class JobMaster(FailureHandling, RoundKeeping, WorkerTable, CheckpointReports):
             and self.final_checkpoint is not None
             and (not self.ledger.evaluation_shards or self.ledger.evaluation_finished())
         ):
-            self.finish(Phase.SUCCEEDED, "training finished")
+            owed = 0 if self.spec.is_script else self.ledger.records_total - self.ledger.records_done
+            if owed:  # a ledger that lost a task must not pass for a finished job (nothing lost in silence)
+                self.finish(Phase.FAILED, f"internal error: training ended with {owed} of the job's "
+                                          f"{self.ledger.records_total} training records not applied "
+                                          "(a flextrain bug: please report it with this job's directory)")
+            else:
+                self.finish(Phase.SUCCEEDED, "training finished")
 
     def note(self, message: str) -> None:
         """An event worth showing the user (status message, log)."""

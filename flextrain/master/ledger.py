@@ -271,11 +271,12 @@ class TaskLedger(LedgerPersistence):
         if failed:
             task.retries += 1
             if task.retries > self.max_retries:
+                # The job fails, but the task's records stay owed (first in TODO: the error stops every
+                # hand-out), so the ledger saved with the failure keeps them and --resume trains them.
                 self.error = (
                     f"{task.kind.value} task {task.task_id} ({task.source} records "
                     f"[{task.start}, {task.end})) failed {task.retries} times; last error: {error}"
                 )
-                return task
         self.todo.appendleft(task)
         return task
 

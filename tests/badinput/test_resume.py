@@ -171,3 +171,38 @@ def test_a_given_learning_rate_outlives_the_loaded_optimizer_state(keep_lr, expe
     # the module's own groups keep their own rates: the counter's 0.0 is not overwritten with --lr
     assert [g["lr"] for g in backend.optimizer.param_groups] == [expected, 0.0]
     assert torch.equal(backend.model.state_dict()["seen"], saved["model"]["seen"])
+
+
+@pytest.mark.e2e
+def test_a_job_failed_on_a_bad_task_resumes_and_trains_the_tasks_records(digits_data, tmp_path):
+    """A task that fails past its retries fails the job, but its records stay owed in the ledger saved
+    with the failure: a --resume once the data is repaired trains them, every record once."""
+    from flextrain.data import RecordIOReader, read_records, write_records
+
+    data = tmp_path / "data"
+    data.mkdir()
+    path = data / "part-0.rio"
+    source = sorted((digits_data / "train").glob("*.rio"))[0]
+    write_records(path, read_records(source)[:RECORDS], max_chunk_size=65 * G)  # G records a chunk
+    good = path.read_bytes()
+    bad = RecordIOReader(path).chunks[5]  # records [160, 192): the second step of the third task
+    raw = bytearray(good)
+    raw[bad.offset + 20 + 100] ^= 0xFF  # a payload byte: the chunk's CRC no longer matches
+    path.write_bytes(bytes(raw))
+    job_dir = tmp_path / "job"
+    failed = counting_train("--model-def", COUNTING_MODEL, "--training-data", str(data), "--global-batch-size",
+                            str(G), "--lr", "0.05", "--job-dir", str(job_dir), "--workers", "1", "--epochs", "1",
+                            "--steps-per-task", "2", "--max-task-retries", "1")
+    assert failed.returncode == 6, failed.stderr  # ExitCode.DATA
+    status = read_status(job_dir)
+    assert status["phase"] == "Failed" and "records [160, 192)" in status["message"], status["message"]
+
+    path.write_bytes(good)  # the user repairs the file
+    resumed = counting_train("--resume", str(job_dir))
+    assert resumed.returncode == 0, resumed.stderr
+    status = read_status(job_dir)
+    assert status["phase"] == "Succeeded" and status["progress"]["recordsDone"] == RECORDS, status["progress"]
+    seen, version = seen_counts(job_dir)
+    assert version == RECORDS // G
+    counts = seen[:RECORDS].tolist()
+    assert [i for i, c in enumerate(counts) if c != 1] == []  # none skipped, none twice

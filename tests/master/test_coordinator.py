@@ -397,6 +397,18 @@ def test_training_only_job_succeeds_without_metrics(tmp_path):
     assert master.ledger.records_done == master.ledger.records_total == 40
 
 
+def test_a_ledger_that_lost_records_fails_the_job_instead_of_passing_for_finished(tmp_path):
+    master, clock = make_master(tmp_path, workers=1)
+    r = form(master, clock, ["A"]).round_id
+    assert get(master, "A", r, 0).action == TASK.RUN
+    lost = master.ledger.todo.popleft()  # a bug that drops a task: its records never come back
+    assert get(master, "A", r, 1).action == TASK.NO_MORE
+    final_checkpoint(master, "A", pos(r, 1, 0, 2), path="/x/final.ckpt")
+    assert master.phase is Phase.FAILED
+    assert master.message.startswith(f"internal error: training ended with {lost.size} of the job's 40 training "
+                                     "records not applied")
+
+
 # ---- bugs ----------------------------------------------------------------------------
 def test_every_member_gets_no_more_even_after_the_job_ended(tmp_path):
     master, clock = make_master(tmp_path, workers=2)

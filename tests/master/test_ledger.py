@@ -204,8 +204,10 @@ def test_fail_retries_then_sets_error_and_stops_handing_out():
     assert "bad chunk again" in ledger.error
     assert "3 times" in ledger.error
     assert ledger.records_done == G
-    assert all(x.task_id != task.task_id for x in ledger.todo)
     assert ledger.next_training_task("r") is None
+    # Still owed, first: the ledger saved with the failure keeps the records, a resume trains them.
+    assert (ledger.todo[0].start, ledger.todo[0].end) == (10, 20)
+    assert ledger.to_dict()["todo"][0]["start"] == 10
 
 
 def test_fail_with_zero_retries_allowed_fails_at_once():
