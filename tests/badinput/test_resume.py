@@ -129,7 +129,7 @@ def test_a_copied_finished_job_trains_more_epochs_from_its_own_state(digits_data
 
     again = counting_train("--resume", str(copy))  # nothing left to train: said, with how to train more
     assert again.returncode == 2, again.stderr
-    assert f"already finished training its 1 epoch(s)" in again.stderr and "--epochs N" in again.stderr
+    assert "already finished training its 1 epoch(s)" in again.stderr and "--epochs N" in again.stderr
 
     resumed = counting_train("--resume", str(copy), "--epochs", "2", "--lr", "0.01",
                              "--validation-data", str(digits_data / "validation"))

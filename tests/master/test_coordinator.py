@@ -448,9 +448,9 @@ def test_rejoin_after_wait_gets_the_round_formed_meanwhile(tmp_path):
 
 def test_heartbeat_before_adopting_new_round_does_not_end_it(tmp_path):
     master, clock = make_master(tmp_path, workers=2)
-    resp = form(master, clock, ["A", "B"])
+    form(master, clock, ["A", "B"])
     assert master.rendezvous.current.state is RoundState.ACTIVE
-    assert not heartbeat(master, "A", pos(-1)).end_round  # still setting up round resp.round_id
+    assert not heartbeat(master, "A", pos(-1)).end_round  # still setting up the new round
 
 
 def test_straggler_joining_after_timeout_round_gets_it_reformed(tmp_path):
