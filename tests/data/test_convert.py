@@ -251,7 +251,11 @@ def test_a_failing_shard_leaves_no_shard_under_a_final_name(tmp_path, capsys):
     assert run_cli("convert", str(tmp_path / "imgs"), "--out", str(tmp_path / "o"), "--shard-size", "1",
                    "--workers", "1", "--quiet") == 2
     assert "img1.png cannot be decoded" in capsys.readouterr().err
-    assert not [n for n in os.listdir(tmp_path / "o") if n.startswith(".") or n == "schema.json"]
+    assert not (tmp_path / "o").exists()  # the directory it made is gone with what it held
+    (tmp_path / "given").mkdir()
+    assert run_cli("convert", str(tmp_path / "imgs"), "--out", str(tmp_path / "given"), "--shard-size", "1",
+                   "--workers", "1", "--quiet") == 2
+    assert os.listdir(tmp_path / "given") == []  # a directory the user made stays, holding no shard
 
 
 # ---- clear errors --------------------------------------------------------------------------
@@ -287,6 +291,12 @@ def test_bad_inputs_are_named(tmp_path, capsys):
         error_of(capsys, str(tmp_path / "k.jsonl"), "--out", str(tmp_path / "o8"))
     assert "--shard-size must be at least 1" in \
         error_of(capsys, str(tmp_path / "r.csv"), "--out", str(tmp_path / "o9"), "--shard-size", "0")
+    for name, text in (("h.csv", "a,b,label\n"), ("hb.csv", "a,b,label\n\n\n"), ("one.csv", "1,2,3\n")):
+        (tmp_path / name).write_text(text)
+        flags = ("--header",) if name == "one.csv" else ()
+        assert error_of(capsys, str(tmp_path / name), "--out", str(tmp_path / "o10"), *flags) == \
+            f"flextrain: error: {tmp_path / name} holds no records\n"
+        assert not (tmp_path / "o10").exists()
 
 
 def test_convert_as_a_real_subprocess(tmp_path):
@@ -355,7 +365,7 @@ def test_split_csv_errors_name_the_line_in_the_file(tmp_path, capsys):
         assert "r.csv, line 780: 3 field(s), but line 1 has 2 (a ragged CSV line)" in error_of(
             capsys, str(tmp_path / "r.csv"), "--out", str(tmp_path / f"o{workers}"), "--shard-size", "100",
             "--workers", workers)
-        assert not os.listdir(tmp_path / f"o{workers}")  # nothing left behind
+        assert not (tmp_path / f"o{workers}").exists()  # nothing left behind
     (tmp_path / "u.csv").write_bytes(b"a,b\n" + b"1,2\n" * 300 + b"3,\xff\n")
     assert f"u.csv is not UTF-8 text (invalid start byte at byte {4 + 4 * 300 + 2})" in \
         error_of(capsys, str(tmp_path / "u.csv"), "--out", str(tmp_path / "o3"), "--shard-size", "100")

@@ -65,7 +65,13 @@ def plan_csv(path: str, *, header: bool | None = None) -> CsvPlan | None:
             if os.fstat(f.fileno()).st_size == 0:
                 return None
             with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-                return _plan(path, mm, header)
+                try:
+                    return _plan(path, mm, header)
+                except DataError as exc:
+                    # Raised outside the mapping: the error's traceback holds _plan's numpy view of it,
+                    # and closing a map with a view still exported is a BufferError that hid this one.
+                    failure = exc.with_traceback(None)
+            raise failure
     except OSError as exc:
         raise DataError(f"source {path} cannot be read ({exc.strerror})") from None
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import re
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -100,7 +101,21 @@ def convert(src: str | os.PathLike[str], out: str | os.PathLike[str], options: C
     """
     started = time.perf_counter()
     src, out = os.fspath(src), os.fspath(out)
+    created = not os.path.lexists(out)
     _prepare_out(src, out, overwrite=options.overwrite)
+    try:
+        return _convert(src, out, options, started, on_shard=on_shard, on_open=on_open)
+    except BaseException:
+        if created:  # a failed conversion leaves no directory of its own behind (what it held was ours)
+            shutil.rmtree(out, ignore_errors=True)
+        else:  # nor shards in the user's: _prepare_out left none but those this run wrote
+            for name in os.listdir(out):
+                if SHARD_PATTERN.fullmatch(name):
+                    os.remove(os.path.join(out, name))
+        raise
+
+
+def _convert(src: str, out: str, options: ConvertOptions, started: float, *, on_shard, on_open) -> ConvertResult:
     plan = csvsplit.plan_csv(src, header=options.header) if source_kind(src) == "csv" else None
     source = Source("csv", src, (), plan.num_rows) if plan else \
         open_source(src, header=options.header, field=options.field)
