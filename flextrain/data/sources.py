@@ -5,10 +5,11 @@ The master calls :func:`make_shards` on the user's data path to plan tasks;
 workers call :func:`read_shard_range` to fetch the records of a task.
 
 A data path is a file, a directory (its files, sorted by name), a glob
-(``data/part-*``) or a comma-separated list of those. Every file is
+(``data/part-*``; a matched directory gives its files, as in a list) or a
+comma-separated list of those. Every file is
 classified by content (:mod:`flextrain.data.formats`), so ElasticDL's
-``data-00000`` shards need no extension. In a directory (or a glob's
-matches) only dot-files, subdirectories and ``schema.json`` (the schema
+``data-00000`` shards need no extension. In a directory (or among a glob's
+matches: its files) only dot-files, subdirectories and ``schema.json`` (the schema
 ``flextrain data convert`` writes beside its shards) are passed over; any other file
 that is not RecordIO, CSV or Parquet is an error naming it, or with
 ``DataOptions(skip_unknown_files=True)`` a warning naming every file skipped.
@@ -187,7 +188,9 @@ def _expand_one(part: str, what: str, *, in_list: bool) -> list[str]:
         matches = sorted(glob.glob(part))
         if not matches:
             raise DataError(f"{what} pattern {part} matches no file")
-        return [p for p in matches if not os.path.isdir(p) and os.path.basename(p) != SCHEMA_FILE]
+        # what a comma list of the matches names: a matched directory gives its files ('data/day-*')
+        return [f for p in matches
+                for f in (_listing(p) if os.path.isdir(p) else [p] if os.path.basename(p) != SCHEMA_FILE else [])]
     kind = "file" if in_list or _extension(part) in HINT_EXTENSIONS else "directory"
     raise DataError(f"{what} {kind} not found: {part}")
 

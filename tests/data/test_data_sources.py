@@ -55,6 +55,20 @@ def test_list_data_files(data_dir):
     assert list_data_files(single) == [str(single)]
 
 
+def test_a_glob_reads_the_files_of_the_directories_it_matches(tmp_path):
+    for day in ("day-1", "day-2"):
+        (tmp_path / day).mkdir()
+        write_records(tmp_path / day / "part-0.rio", MULTI_RECORDS[:5])
+        (tmp_path / day / "schema.json").write_text("{}")  # a converted directory's schema: passed over
+    write_records(tmp_path / "day-3.rio", MULTI_RECORDS[:5])  # a file among the matches: itself
+    (tmp_path / "day-4").mkdir()
+    (tmp_path / "day-4" / "nested").mkdir()  # a directory's subdirectories stay passed over
+    files = list_data_files(str(tmp_path / "day-*"))
+    assert files == [str(tmp_path / "day-1" / "part-0.rio"), str(tmp_path / "day-2" / "part-0.rio"),
+                     str(tmp_path / "day-3.rio")]
+    assert list_data_files(f"{tmp_path / 'day-1'},{tmp_path / 'day-2'}") == files[:2]  # as the list of matches
+
+
 def test_missing_directory(tmp_path):
     missing = tmp_path / "nope"
     with pytest.raises(DataError) as info:
