@@ -238,12 +238,17 @@ class _Stages:
         self.md: ModelDef | None = None  # once the module is loaded
 
     @contextmanager
-    def stage(self, what: str, *, call: str | None = None):
+    def stage(self, what: str, *, call: str | None = None, records: FeedMetadata | None = None):
+        """``records``: the records the stage's ``call`` is given (a data error it raises names them)."""
         self.on_stage(what)
         try:
             yield
-        except DataError:  # names the file and the record already
-            raise
+        except DataError as exc:  # flextrain's readers name the file and the record already; a feed may not
+            if records is None or records.source in str(exc):
+                raise
+            where = self.md.path if self.md is not None else self.model_def
+            raise DataError(f"{where}: {call or what} raised {raised(exc)} on {records.source} records "
+                            f"[{records.start}, {records.end}){_user_location(exc)}") from exc
         except ModelDefError as exc:  # a message already; with the user's line when it came from there
             at = _user_location(exc)
             if not at or at[5:-1].split(" in ")[0] in str(exc):  # none, or the message says it already
@@ -300,7 +305,7 @@ _LOSS = "loss(labels, predictions)"
 def _torch_step(run: _Stages, md: ModelDef, model, optimizer, backend, records, meta) -> None:
     from flextrain.worker.pytorch import check_loss, feed_tensors
 
-    with run.stage("feeding the first training records", call="feed(records, 'training', metadata)"):
+    with run.stage("feeding the first training records", call="feed(records, 'training', metadata)", records=meta):
         features, labels = feed_tensors(md, records, Mode.TRAINING, meta)
     if backend is not None:
         backend.zero()
@@ -325,7 +330,8 @@ def _keras_step(run: _Stages, md: ModelDef, model, optimizer, backend, records, 
 
     tf = require_tf()
     name = getattr(md.feed, "__name__", "feed")
-    with run.stage("feeding the first training records", call=f"{name}(dataset, 'training', metadata)"):
+    with run.stage("feeding the first training records", call=f"{name}(dataset, 'training', metadata)",
+                   records=meta):
         features, labels = feed_dataset(md, records, Mode.TRAINING, meta)
     # Eagerly first, so an error names the model or the loss; then the worker's compiled step.
     with tf.GradientTape() as tape:
@@ -363,7 +369,7 @@ def _evaluate(run: _Stages, md: ModelDef, model, shard, *, batch: int, data_orig
     meta = FeedMetadata(shard.source, shard.start, shard.start + n, 0)
     with run.stage("evaluating the first validation records",
                    call="evaluation of the first validation records (feed in 'evaluation' mode, the model, "
-                        "eval_metrics_fn's functions)"):
+                        "eval_metrics_fn's functions)", records=meta):
         metric_sums(md, make_predictor(md, model), records, metadata=meta, batch_size=n)
 
 

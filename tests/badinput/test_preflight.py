@@ -88,6 +88,15 @@ def test_feed_raising_shows_the_users_exception_and_line(capsys, tmp_path, data)
             f"(at {path}:{line_of(path, 'columns[')} in feed)")
 
 
+def test_a_data_error_raised_in_feed_names_the_module_the_file_and_the_records(capsys, tmp_path):
+    (tmp_path / "two.csv").write_text("1,2\n3,4\n")  # CSV rows where the module decodes digits records
+    path = MODEL_ZOO / "digits_torch.py"
+    code, err = train(capsys, tmp_path, f"{path}:Model", tmp_path / "two.csv")
+    refused(code, err, tmp_path, f"{path}: feed(records, 'training', metadata) raised DataError: digits record 0 "
+                                 f"has 3 bytes, expected 65 (64 pixels + 1 label) on {tmp_path / 'two.csv'} "
+                                 f"records [0, 2) (at {path}:{line_of(path, 'decode_digits(records)')} in feed)")
+
+
 @pytest.mark.parametrize("old, new, expected", [
     ("return features, torch.from_numpy(labels)", "return [features, torch.from_numpy(labels)]",
      "feed(records, 'training', metadata) must return (features, labels), got list"),
