@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from ft_helpers import MODEL_ZOO, REPO, read_status
-from badinput_support import DIGITS_TORCH, line_of, module
+from badinput_support import line_of, module
 from flextrain.cli import main
 from flextrain.worker.module import ModelDefError, load_model_def
 
