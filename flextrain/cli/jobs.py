@@ -32,7 +32,7 @@ def add_commands(sub) -> None:
             p.add_argument("--reason", default="stopped by user (flextrain stop)",
                            help="recorded as the job's final message")
         if name in ("suspend", "resume"):
-            p.add_argument("--reason", default=f"{name}d by user (flextrain {name})",
+            p.add_argument("--reason", default=f"{name.removesuffix('e')}ed by user (flextrain {name})",
                            help="recorded in the job's events")
         if name == "scale":
             p.add_argument("workers", type=int, metavar="N",
@@ -74,13 +74,14 @@ def _master_alive(status: dict) -> bool:
     return True
 
 
-def _master_stub(status: dict):
+def _master_stub(status: dict, *, hint: str = ""):
+    """A stub to the job's running master; ``hint``: what to do instead when it is not running."""
     from flextrain.proto import flextrain_pb2_grpc as pb_grpc
     from flextrain.protocol.limits import MASTER_MESSAGE_OPTIONS
     from flextrain.protocol.security import open_channel
 
     if status.get("phase") in ("Succeeded", "Failed") or not _master_alive(status):
-        raise CLIError(f"job {status.get('name')} is not running (phase {status.get('phase')})")
+        raise CLIError(f"job {status.get('name')} is not running (phase {status.get('phase')}){hint}")
     if not isinstance(status.get("masterAddress"), str):
         raise CLIError(f"job {status.get('name')}: its status.json names no master address (masterAddress)")
     from flextrain.protocol.security import read_credentials
@@ -177,7 +178,12 @@ def _suspend(args, *, suspend: bool) -> int:
     from flextrain.proto import flextrain_pb2 as pb
 
     status = _read_status(args.job, complete=False)
-    resp = _master_stub(status).Suspend(pb.SuspendRequest(suspend=suspend, reason=args.reason), timeout=10)
+    # `flextrain resume` lets a suspended job's running master go on; a job whose master ended (stopped,
+    # failed, finished) is continued by a new run from its checkpoint
+    hint = "" if suspend else (f"; `flextrain resume` continues a suspended job: to continue this one from its "
+                               f"latest checkpoint, run `flextrain train --resume {status.get('jobDir') or args.job}`")
+    resp = _master_stub(status, hint=hint).Suspend(pb.SuspendRequest(suspend=suspend, reason=args.reason),
+                                                   timeout=10)
     if not resp.accepted:
         raise CLIError(resp.message)
     print(resp.message)

@@ -216,7 +216,7 @@ def _run_job(spec: JobSpec, *, host: str, port: int, backend: LaunchBackend | No
             return False, f"job already {job.phase.value}"
         if job.phase is Phase.SUSPENDED or job.suspension:  # no worker now: the count a resume launches
             suspension.desired = workers
-            return True, f"suspended: the job resumes with {workers} workers"
+            return True, f"suspended: the job resumes with {workers} worker{'s' if workers != 1 else ''}"
         manager.scale(workers)
         return True, f"scaling to {workers} workers"
 

@@ -113,8 +113,8 @@ def metric_sums(model_def: ModelDef, predictor: Predictor, records: list[bytes],
             values = np.asarray(to_numpy(fn(labels, predictions)), dtype=np.float64)
             if values.size != n:
                 raise ModelDefError(
-                    f"{model_def.path}: metric {name!r} returned {values.size} values for "
-                    f"{n} samples; it must return one value per sample"
+                    f"{model_def.path}: metric {name!r} returned {values.size} value{'s' if values.size != 1 else ''} "
+                    f"for {n} samples; it must return one value per sample"
                 )
             sums[name] += float(values.sum())
         seen += n

@@ -145,7 +145,7 @@ def test_metric_returning_a_mean_instead_of_per_sample_values(capsys, tmp_path, 
     path = module(tmp_path, "metricmean", {"== labels).float()": "== labels).float().mean()"})
     code, err = train(capsys, tmp_path, f"{path}:Model", digits_data / "train",
                       validation=digits_data / "validation")
-    refused(code, err, tmp_path, f"{path}: metric 'accuracy' returned 1 values for 64 samples")
+    refused(code, err, tmp_path, f"{path}: metric 'accuracy' returned 1 value for 64 samples")
 
 
 # ---- the module itself ---------------------------------------------------------------------------

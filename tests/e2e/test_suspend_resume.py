@@ -37,6 +37,7 @@ def test_suspend_releases_every_worker_and_resume_finishes_exactly_once(digits_d
         status = wait_for(lambda: (s := read_status(job_dir))["phase"] == "Suspended" and s, timeout=120,
                           what="phase Suspended")
         assert status["workers"]["active"] == 0 and "suspended" in status["message"]
+        assert "suspending: suspended by user (flextrain suspend)" in status["events"], status["events"]
         assert processes_with_args("worker", "--master", status["masterAddress"]) == []
         assert (job_dir / "checkpoints" / "latest.json").exists()  # the suspend checkpoint
         step = status["step"]
@@ -62,3 +63,4 @@ def test_suspend_releases_every_worker_and_resume_finishes_exactly_once(digits_d
     assert seen.min().item() == seen.max().item() == epochs
     late = run_flextrain("resume", str(job_dir))
     assert late.returncode != 0 and "not running" in late.stderr
+    assert f"run `flextrain train --resume {job_dir}`" in late.stderr  # what continues an ended job

@@ -50,7 +50,7 @@ def test_metric_with_one_value_per_batch_is_rejected(model_def, tmp_path):
     predictor = loaded(model_def, tmp_path)
     bad = dataclasses.replace(model_def, eval_metrics_fn=lambda: {
         "mean_x": lambda labels, predictions: predictions[:, 0].mean()})
-    with pytest.raises(ModelDefError, match="metric 'mean_x' returned 1 values for 4 samples; it must return one "
+    with pytest.raises(ModelDefError, match="metric 'mean_x' returned 1 value for 4 samples; it must return one "
                                             "value per sample"):
         metric_sums(bad, predictor, [b"1,1"] * 4, metadata=FeedMetadata("f", 0, 4, 0), batch_size=4)
 
