@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 
 from flextrain.cli import (cluster, data, evaluate, internal, jobs, kubernetes, kubernetes_inference, plot, run, train,
@@ -55,6 +56,16 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        # Whoever read the output stopped reading (`flextrain status | head`): end quietly, as a shell tool
+        # does on SIGPIPE; stdout goes to /dev/null, or the interpreter's last flush would raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
+
+
+def _main(argv: list[str] | None) -> int:
     parser = make_parser()
     args, extra = parser.parse_known_args(argv)
     if args.command == "ps":  # its flags belong to flextrain.ps.main's own parser

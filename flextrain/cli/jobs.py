@@ -45,7 +45,9 @@ def _job_dir(job: str) -> Path:
     for candidate in (path, DEFAULT_JOBS_DIR / job):
         if (candidate / "status.json").is_file():
             return candidate
-    raise CLIError(f"no job {job!r}: neither {path}/status.json nor {DEFAULT_JOBS_DIR / job}/status.json exists")
+    tried = list(dict.fromkeys(str(c / "status.json") for c in (path, DEFAULT_JOBS_DIR / job)))  # one, if absolute
+    raise CLIError(f"no job {job!r}: " + (f"neither {tried[0]} nor {tried[1]} exists" if len(tried) > 1
+                                          else f"{tried[0]} does not exist"))
 
 
 def _read_status(job: str, *, complete: bool = True) -> dict:

@@ -58,8 +58,9 @@ def events_path(job: str) -> Path:
     for candidate in (path, DEFAULT_JOBS_DIR / job):
         if (candidate / EVENTS_FILE).is_file():
             return candidate / EVENTS_FILE
-    raise CLIError(f"no recorded history for job {job!r}: neither {path / EVENTS_FILE} nor "
-                   f"{DEFAULT_JOBS_DIR / job / EVENTS_FILE} exists (a job records it from this version on)")
+    tried = list(dict.fromkeys(str(c / EVENTS_FILE) for c in (path, DEFAULT_JOBS_DIR / job)))  # one, if absolute
+    where = f"neither {tried[0]} nor {tried[1]} exists" if len(tried) > 1 else f"{tried[0]} does not exist"
+    raise CLIError(f"no recorded history for job {job!r}: {where} (a job records it from this version on)")
 
 
 def cmd_plot(args) -> int:

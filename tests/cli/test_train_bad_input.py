@@ -105,7 +105,11 @@ def test_train_help_reads_like_torchrun(capsys):
 def test_status_of_unknown_job(capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert main(["status", "nosuchjob"]) == 2
-    assert "no job 'nosuchjob'" in capsys.readouterr().err
+    assert capsys.readouterr().err == ("flextrain: error: no job 'nosuchjob': neither nosuchjob/status.json nor "
+                                       "flextrain-jobs/nosuchjob/status.json exists\n")
+    assert main(["status", str(tmp_path / "gone")]) == 2  # an absolute path: the one place looked at, once
+    assert capsys.readouterr().err == (f"flextrain: error: no job {str(tmp_path / 'gone')!r}: "
+                                       f"{tmp_path / 'gone' / 'status.json'} does not exist\n")
 
 
 @pytest.mark.parametrize("model_def,expected", [
@@ -173,3 +177,22 @@ def test_an_accelerate_file_travels_in_the_job_as_json(tmp_path):
     assert accelerate_in_spec(inline) == inline  # a resume reads it again: unchanged
     as_list = spec.replace(accelerate="amp_native:bf16")
     assert accelerate_in_spec(as_list) is as_list
+
+
+@pytest.mark.parametrize("flags", [(), ("--json",)], ids=["summary", "json"])
+def test_status_into_a_closed_pipe_ends_quietly(tmp_path, flags):
+    """`flextrain status JOB | head`: a reader gone is no error worth a traceback (exit 141, as on SIGPIPE)."""
+    import json
+    import subprocess
+
+    from ft_helpers import flextrain_cmd
+
+    (tmp_path / "status.json").write_text(json.dumps({
+        "name": "job", "phase": "Succeeded", "jobDir": str(tmp_path), "epoch": 1, "epochs": 2, "step": 3,
+        "metrics": {}, "workers": {"active": 0, "desired": 2},
+        "progress": {"recordsDone": 4, "recordsTotal": 4, "percent": 100.0}}))
+    proc = subprocess.Popen(flextrain_cmd("status", str(tmp_path), *flags), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()  # before it writes anything: its first write meets a closed pipe
+    err = proc.stderr.read()
+    assert proc.wait(timeout=60) == 141 and err == "", err

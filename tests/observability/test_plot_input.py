@@ -7,7 +7,8 @@ from ft_helpers import run_flextrain
 
 def test_a_job_without_history_is_named(tmp_path):
     res = run_flextrain("plot", str(tmp_path / "nojob"))
-    assert res.returncode == 2 and f"no recorded history for job {str(tmp_path / 'nojob')!r}" in res.stderr
+    assert res.returncode == 2 and f"no recorded history for job {str(tmp_path / 'nojob')!r}: " \
+        f"{tmp_path / 'nojob' / 'events.jsonl'} does not exist" in res.stderr
 
 
 def test_an_empty_history_is_named(tmp_path):
