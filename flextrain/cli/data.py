@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import os
+
 from flextrain.cli import convert
 from flextrain.cli.common import CLIError, HelpFormatter
 
@@ -37,6 +39,9 @@ def _check_data_flags(args) -> None:
         raise CLIError(f"--validation-fraction must be between 0 and 1 (exclusive), got {args.validation_fraction!r}")
     if getattr(args, "rows", 2) < 2:  # both splits need a record
         raise CLIError(f"--rows must be at least 2, got {args.rows}")
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        raise CLIError(f"--out {args.out} exists and is not a directory (the data set is written as "
+                       f"{os.path.join(args.out, 'train')} and {os.path.join(args.out, 'validation')})")
 
 
 def cmd_data_digits(args) -> int:

@@ -76,8 +76,19 @@ def resolve_checkpoint(value: str, *, field: str = "--checkpoint") -> str:
     itself, or a job directory's final/latest one. Raises JobSpecError naming ``field``."""
     from flextrain.job import JobSpecError
 
+    from flextrain.elastic.statecodec import MAGIC
+
     path = Path(value)
     if path.is_file():
+        try:
+            with open(path, "rb") as f:
+                head = f.read(len(MAGIC))
+        except OSError as exc:
+            raise JobSpecError(f"{field} {value}: cannot be read ({exc.strerror})") from None
+        if head != MAGIC:  # checked here: the job would only find it out in its workers
+            raise JobSpecError(f"{field} {value}: not a flextrain checkpoint (its first bytes are {head!r}, a "
+                               f"checkpoint's {MAGIC!r}); give a checkpoint file (checkpoints/*.ckpt) or a job "
+                               "directory (its final or latest checkpoint)")
         return str(path.resolve())
     if not path.is_dir():
         raise JobSpecError(f"{field} {value}: no such file or directory")

@@ -142,6 +142,15 @@ def test_data_validation_fraction(capsys, tmp_path):
     assert_refused(code, err, "--validation-fraction must be between 0 and 1 (exclusive), got 1.5", tmp_path)
 
 
+@pytest.mark.parametrize("kind", ["digits", "ctr"])
+def test_data_out_that_is_a_file(capsys, tmp_path, kind):
+    (tmp_path / "afile").write_text("")
+    code, err = run(capsys, "data", kind, "--out", str(tmp_path / "afile"))
+    assert code == 2 and err == (f"flextrain: error: --out {tmp_path / 'afile'} exists and is not a directory (the "
+                                 f"data set is written as {tmp_path / 'afile' / 'train'} and "
+                                 f"{tmp_path / 'afile' / 'validation'})\n")
+
+
 def test_non_number_is_argparses_error(capsys, tmp_path, data):
     with pytest.raises(SystemExit) as exc:
         train(capsys, tmp_path, data, "--worker-timeout", "soon")

@@ -39,7 +39,10 @@ def test_checkpoint_that_is_not_a_flextrain_checkpoint(capsys, tmp_path, validat
     code, err = run(capsys, "evaluate", "--model-def", STEPCOUNT, "--validation-data", str(validation),
                     "--checkpoint", str(bogus), "--job-dir", str(tmp_path / "job"))
     assert code == 2
-    assert f"checkpoint {bogus} does not fit the model" in err and "not a flextrain state blob" in err
+    assert err == (f"flextrain: error: --checkpoint {bogus}: not a flextrain checkpoint (its first bytes are "
+                   "b'PK\\x03\\x04', a checkpoint's b'FTST'); give a checkpoint file (checkpoints/*.ckpt) or a job "
+                   "directory (its final or latest checkpoint)\n")
+    assert not (tmp_path / "job").exists()  # refused before anything started
 
 
 def test_checkpoint_of_another_model(capsys, tmp_path, validation, ckpt):
