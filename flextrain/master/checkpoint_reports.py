@@ -102,7 +102,7 @@ class CheckpointReports:
                     ledger = ledger_at(self.ledger, self.rendezvous.current, req.position)
                     self.checkpoints.record(checkpoint=req.path, version=req.position.version,
                                             ledger=ledger, final=req.final)
-                    self.recorded_version = max(self.recorded_version, req.position.version)
+                    self._recorded(req.position.version, ledger)
                 except StateWriteError as exc:  # e.g. a full disk: the previous checkpoint stays the latest
                     self._checkpoint_not_recorded(req, exc)
                     return pb.ReportCheckpointResponse()
@@ -162,10 +162,16 @@ class CheckpointReports:
             return pb.ReportCheckpointResponse()
         with self.cond:
             if recorded:
-                self.recorded_version = max(self.recorded_version, req.position.version)
+                self._recorded(req.position.version, ledger)
             self.check_outcome()
             self.cond.notify_all()
         return pb.ReportCheckpointResponse()
+
+    def _recorded(self, version: int, ledger: dict) -> None:
+        """A checkpoint is recorded: what it keeps is the least a status may show as done (a round
+        that ended, e.g. by the job's failure, no longer adds its progress to the ledger's)."""
+        self.recorded_version = max(self.recorded_version, version)
+        self.recorded_records = max(self.recorded_records, int(ledger.get("records_done", 0)))
 
     def _checkpoint_not_recorded(self, req: pb.ReportCheckpointRequest, exc: StateWriteError) -> None:
         """A checkpoint's files could not be written: the job fails naming the file and the reason, and

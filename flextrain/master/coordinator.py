@@ -103,6 +103,7 @@ class JobMaster(FailureHandling, RoundKeeping, WorkerTable, CheckpointReports):
                       and spec.strategy is Strategy.ALLREDUCE and spec.job_type is JobType.TRAINING
                       and not spec.is_script else None)
         self.recorded_version = -1  # the newest checkpoint recorded by this master (flash reports below it: late)
+        self.recorded_records = 0  # training records the newest recorded checkpoint keeps (its ledger's)
         # the in-memory snapshots' ledgers, resolved before any outcome is recorded (checkpoint_reports.py)
         self.snapshot_rounds: dict[int, Round] = {}
         self.snapshot_ledgers: dict[str, dict] = {}

@@ -45,8 +45,8 @@ def records_done(job: JobMaster) -> int:
         return sum(w.samples for w in job.workers.values())
     done = job.ledger.records_done
     rnd = job.rendezvous.current
-    if rnd is None or rnd.state is RoundState.CLOSED:
-        return done
+    if rnd is None or rnd.state is RoundState.CLOSED:  # its tasks not settled (yet, or ever: a failed job)
+        return max(done, job.recorded_records)
     best = max(
         (job.workers[m].position for m in rnd.members if m in job.workers
          and job.workers[m].position.round_id == rnd.round_id),

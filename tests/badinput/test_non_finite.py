@@ -46,6 +46,8 @@ def test_a_nan_loss_fails_the_job_naming_the_step_and_the_last_good_checkpoint(t
     assert status["phase"] == "Failed" and status["failure"]["kind"] == "NonFinite"
     assert "loss of step 11 is not finite" in status["message"]  # records [640, 704) are step 11
     assert "last good checkpoint: " in status["message"] and "ckpt-000000008.ckpt (step 8)" in status["message"]
+    # what that checkpoint keeps, not 0: the round's tasks were never settled, its records are the checkpoint's
+    assert status["progress"]["recordsDone"] == 8 * 64, status["progress"]
     assert not (job_dir / "checkpoints" / "final.ckpt").exists()
     for ckpt in (job_dir / "checkpoints").glob("*.ckpt"):  # nothing non-finite was ever written
         assert nonfinite(decode(ckpt.read_bytes())["model"]) == []
