@@ -320,6 +320,8 @@ def resume_spec(args):
             value = Strategy(value)
         elif dest in ("validation_data", "training_data"):
             value = data_abs(value)
+        elif dest == "model_def":  # as stored (an absolute file), so that the job's own value is told as such
+            value = model_def_abs(value)
         elif dest in ("image", "namespace", "dry_run", "pvc", "master_port"):
             refused.append(f"--{dest.replace('_', '-')}")
             continue

@@ -103,6 +103,17 @@ def resumed_spec(job_dir: str | Path, given: dict[str, object], *, refused: tupl
     """
     root = str(Path(job_dir).resolve())
     stored = load_stored(job_dir)
+    moved_from = stored.job_dir if stored.job_dir and stored.job_dir != root else None
+    rerooted = {"job_dir": root}
+    if moved_from:  # stored paths under the old location now lie under this one
+        for field in _PATH_FIELDS:
+            value = stored.get(field)
+            if value:
+                rerooted[field] = ",".join(reroot(part, moved_from, root) for part in value.split(","))
+    spec = stored.replace(**rerooted)
+    # A setting given again with the job's own value changes nothing (a command line run again as it was)
+    given = {f: v for f, v in given.items() if f in SETTING and SETTING[f].path in CHANGEABLE or
+             f not in SETTING or v != spec.get(f)}
     bad = [*refused, *(flag_of(f) for f in given if f not in SETTING or SETTING[f].path not in CHANGEABLE)]
     if bad:
         raise ResumeSpecError(
@@ -116,14 +127,6 @@ def resumed_spec(job_dir: str | Path, given: dict[str, object], *, refused: tupl
     if "learning_rate" in given and stored.strategy is Strategy.PARAMETER_SERVER:
         raise ResumeSpecError("--lr cannot change on --resume of a ParameterServer job: the parameter servers "
                               "restore the optimizer they were checkpointed with")
-    moved_from = stored.job_dir if stored.job_dir and stored.job_dir != root else None
-    rerooted = {"job_dir": root}
-    if moved_from:  # stored paths under the old location now lie under this one
-        for field in _PATH_FIELDS:
-            value = stored.get(field)
-            if value:
-                rerooted[field] = ",".join(reroot(part, moved_from, root) for part in value.split(","))
-    spec = stored.replace(**rerooted)
     changes = tuple(f"--no-{f}" if f in ("preflight", "tensorboard") and not v
                     else f"{flag_of(f)} {_shown(spec.get(f))} -> {_shown(v)}"
                     for f, v in given.items() if v != spec.get(f))

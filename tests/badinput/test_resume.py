@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from flextrain.cli import given_flags, main, make_parser
+from flextrain.cli import given_flags, main, make_parser, resume_spec
 from flextrain.elastic.statecodec import decode
 from flextrain.job import SETTINGS, JobSpec, Strategy
 from flextrain.master.resume import (CHANGEABLE, ResumeSpecError, read_history, reroot, reroot_ledger,
@@ -26,8 +26,8 @@ from ft_helpers import COUNTING_MODEL, counting_data, flextrain_cmd, read_status
 
 def stored_job(job_dir: Path, **fields) -> Path:
     job_dir.mkdir(parents=True, exist_ok=True)
-    spec = JobSpec.of(name="job", model_def="m.py:Model", training_data="/data/train", job_dir=str(job_dir),
-                   epochs=3, **fields)
+    spec = JobSpec.of(**{"name": "job", "model_def": "m.py:Model", "training_data": "/data/train",
+                         "job_dir": str(job_dir), "epochs": 3, **fields})
     (job_dir / "jobspec.json").write_text(spec.to_json() + "\n")
     return job_dir
 
@@ -42,7 +42,8 @@ def test_given_flags_are_told_from_defaults():
 
 @pytest.mark.parametrize("flags, named", [
     (["--global-batch-size", "32"], ["--global-batch-size"]),
-    (["--seed", "0", "--shuffle", "--steps-per-task", "4"], ["--seed", "--shuffle", "--steps-per-task"]),
+    (["--seed", "7", "--shuffle", "--steps-per-task", "4"], ["--seed", "--shuffle", "--steps-per-task"]),
+    (["--seed", "0", "--global-batch-size", "32"], ["--global-batch-size"]),  # --seed 0: the job's own
     (["--training-data", "/elsewhere", "--model-def", "n.py:Model"], ["--model-def", "--training-data"]),
     (["--job-dir", "/tmp/x"], ["--job-dir"]),
     (["--image", "me/flextrain:1"], ["--image"]),
@@ -56,6 +57,30 @@ def test_a_setting_that_cannot_change_is_refused_by_name(capsys, tmp_path, flags
     assert f"{', '.join(named)} cannot change on --resume" in err, err
     assert "--epochs" in err.split("A resume may change:")[1]  # and it says what may change
     assert (job_dir / "jobspec.json").read_bytes() == before and sorted(os.listdir(job_dir)) == ["jobspec.json"]
+
+
+def test_the_docs_list_every_setting_a_resume_may_change():
+    from flextrain.master.resume import flag_of
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "running-jobs.md").read_text()
+    table = doc[doc.index("| may change on `--resume` |"):doc.index("Any other flag given with `--resume`")]
+    key = {s.path: s.key for s in SETTINGS}
+    missing = [flag_of(key[path]) for path in CHANGEABLE if f"`{flag_of(key[path])}`" not in table]
+    assert not missing, f"docs/running-jobs.md's resume table lacks {missing}"
+
+
+def test_the_jobs_own_values_given_again_are_no_change(tmp_path, monkeypatch):
+    (tmp_path / "m.py").write_text("")
+    monkeypatch.chdir(tmp_path)  # the command line run again from where it was: relative paths as given then
+    job_dir = stored_job(tmp_path / "job", model_def=f"{tmp_path / 'm.py'}:Model", training_data=str(tmp_path / "d"))
+    parser = make_parser()
+    argv = ["train", "--resume", str(job_dir), "--model-def", "m.py:Model", "--training-data", "d",
+            "--global-batch-size", "64", "--seed", "0", "--epochs", "4"]
+    args = parser.parse_args(argv)
+    args.given = given_flags(parser, argv, args)
+    resumed = resume_spec(args)
+    assert resumed.changes == ("--epochs 3 -> 4",)
+    assert resumed.spec.training.global_batch_size == 64 and resumed.spec.data.training == str(tmp_path / "d")
 
 
 def test_fewer_epochs_and_a_parameter_server_lr_are_refused(capsys, tmp_path):
