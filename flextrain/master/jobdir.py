@@ -109,10 +109,14 @@ def _who(fd: int) -> str:
     return f"pid {words[0]} on host {words[1]}" if len(words) >= 2 else "a process that has not said who"
 
 
-def finished_message(root: str | Path, epochs: int, checkpoint: str) -> str:
-    """Why a resume of a job that finished training has nothing to do, and how to train more."""
+def finished_message(root: str | Path, epochs: int, checkpoint: str, *, model_def: str = "",
+                     validation: str | None = None) -> str:
+    """Why a resume of a job that finished training has nothing to do, and how to train more (and, given the
+    job's module and validation data, how to evaluate its final model: e.g. after its final evaluation failed)."""
+    evaluate = (f"; `flextrain evaluate --checkpoint {root} --model-def {model_def} --validation-data {validation}` "
+                "evaluates its final model") if model_def and validation else ""
     return (f"{root} already finished training its {epochs} epoch(s) (final checkpoint {checkpoint}); "
-            f"`flextrain train --resume {root} --epochs N` with N > {epochs} trains more")
+            f"`flextrain train --resume {root} --epochs N` with N > {epochs} trains more{evaluate}")
 
 
 def _in_use(path: Path, who: str) -> JobDirError:

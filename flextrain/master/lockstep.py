@@ -166,7 +166,8 @@ class AllReduceStrategy(TrainingStrategy):
             log.warning("%s", job.events[-1])
         job.ledger.restore(relocate(latest["ledger"]))
         if latest["final"] and job.ledger.training_finished():
-            return finished_message(root, job.spec.training.epochs, latest["checkpoint"])
+            return finished_message(root, job.spec.training.epochs, latest["checkpoint"],
+                                    model_def=job.spec.model_def, validation=job.spec.data.validation)
         job.restore_checkpoint, job.step = latest["checkpoint"], latest["version"]
         job.note(f"resumed from {latest['checkpoint']} (step {latest['version']})")
         return None

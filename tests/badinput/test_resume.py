@@ -231,3 +231,13 @@ def test_a_job_failed_on_a_bad_task_resumes_and_trains_the_tasks_records(digits_
     assert version == RECORDS // G
     counts = seen[:RECORDS].tolist()
     assert [i for i, c in enumerate(counts) if c != 1] == []  # none skipped, none twice
+
+
+def test_a_finished_job_with_validation_data_is_told_how_to_evaluate_its_final_model():
+    from flextrain.master.jobdir import finished_message
+
+    told = finished_message("/j", 2, "/j/checkpoints/final.ckpt", model_def="/m.py:Model", validation="/v")
+    assert told == ("/j already finished training its 2 epoch(s) (final checkpoint /j/checkpoints/final.ckpt); "
+                    "`flextrain train --resume /j --epochs N` with N > 2 trains more; `flextrain evaluate "
+                    "--checkpoint /j --model-def /m.py:Model --validation-data /v` evaluates its final model")
+    assert "evaluate" not in finished_message("/j", 2, "/j/checkpoints/final.ckpt", model_def="/m.py:Model")
