@@ -379,17 +379,15 @@ def _train(args, zygotes: list) -> int:
             from flextrain.worker.preflight import run_preflight
 
             preload_framework(zygote, run_preflight(spec, timeout=args.preflight_timeout, zygote=zygote))
-        # The data's shards, here too for the warnings about skipped files. After preflight: a module's
+        # The data's shards, checked here before anything starts. After preflight: a module's
         # custom_data_reader plans its own shards, so the module is imported (in this process only once
-        # preflight has seen it import and return); a reader that fails is refused, named.
-        skipped: list[str] = []
-        opts = {"options": DataOptions.of(spec.data), "skipped": skipped, "reader": custom_reader_of(spec),
+        # preflight has seen it import and return); a reader that fails is refused, named. The warnings
+        # about files skipped (--skip-unknown-files) are the master's: job events, shown once, in status.
+        opts = {"options": DataOptions.of(spec.data), "skipped": [], "reader": custom_reader_of(spec),
                 "records_per_task": spec.training.global_batch_size * spec.training.steps_per_task}
         plan_shards(spec.data.training, what="training data", **opts)
         if spec.data.validation:
             plan_shards(spec.data.validation, what="validation data", **opts)
-        for warning in skipped:
-            print(f"flextrain: warning: {warning}", file=sys.stderr)
         if not spec.training.preflight:  # the module is first seen here: at least its names and signatures
             preload_framework(zygote, check_module(spec))
     except (JobSpecError, ModelDefError, DataError, JobDirError) as exc:
