@@ -330,6 +330,17 @@ def resume_spec(args):
     return resumed
 
 
+def _warn_small_pieces(spec, shards) -> None:
+    """A step never spans two files (or a Parquet file's row groups): a global batch larger than every one
+    of them makes every step smaller than it. It trains, so a warning, not an error."""
+    G = spec.training.global_batch_size
+    largest = max(shards, key=lambda s: s.size, default=None)
+    if spec.training.batch_schedule is None and largest is not None and largest.size < G:
+        print(f"flextrain: warning: --global-batch-size {G} is larger than every piece of the training data (the "
+              f"largest, {largest.source} records [{largest.start}, {largest.end}), holds {largest.size}); a step "
+              f"never spans two, so every step trains fewer than {G} samples", file=sys.stderr)
+
+
 def cmd_train(args) -> int:
     zygotes: list = []  # the one started for the job's local children: closed however this ends
     try:
@@ -385,7 +396,7 @@ def _train(args, zygotes: list) -> int:
         # about files skipped (--skip-unknown-files) are the master's: job events, shown once, in status.
         opts = {"options": DataOptions.of(spec.data), "skipped": [], "reader": custom_reader_of(spec),
                 "records_per_task": spec.training.global_batch_size * spec.training.steps_per_task}
-        plan_shards(spec.data.training, what="training data", **opts)
+        _warn_small_pieces(spec, plan_shards(spec.data.training, what="training data", **opts))
         if spec.data.validation:
             plan_shards(spec.data.validation, what="validation data", **opts)
         if not spec.training.preflight:  # the module is first seen here: at least its names and signatures

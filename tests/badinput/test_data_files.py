@@ -152,6 +152,19 @@ def test_skip_unknown_files_warns_naming_each(capsys, tmp_path, shards_dir, digi
     assert f"a dangling symbolic link to {tmp_path / 'nowhere'}" in warning
 
 
+def test_a_global_batch_larger_than_every_file_is_warned_about(capsys, tmp_path, shards_dir, digits_records,
+                                                                started):
+    third = len(digits_records) // 3
+    largest = len(digits_records) - 2 * third  # part.rio
+    code, err = train(capsys, tmp_path, shards_dir, "--global-batch-size", str(largest + 1))
+    assert code == 0 and len(started) == 1, err
+    assert err == (f"flextrain: warning: --global-batch-size {largest + 1} is larger than every piece of the "
+                   f"training data (the largest, {shards_dir / 'part.rio'} records [0, {largest}), holds {largest}); "
+                   f"a step never spans two, so every step trains fewer than {largest + 1} samples\n")
+    code, err = train(capsys, tmp_path, shards_dir, "--global-batch-size", str(largest), "--overwrite")
+    assert code == 0 and err == ""  # one file's steps can be whole: no warning
+
+
 def test_dangling_symlink_is_refused_naming_it(capsys, tmp_path, shards_dir):
     link = shards_dir / "data-00003"
     os.symlink(tmp_path / "moved-away", link)
