@@ -22,6 +22,8 @@ def watch(read: Callable[[], tuple[list[str], bool]], *, interval: float = INTER
 
     lines, over = read()
     console = Console()
+    if not console.is_terminal:  # piped or redirected: nothing to refresh in place, so each change as a block
+        return _log(read, lines, over, interval=interval)
     with Live(Text("\n".join(lines)), console=console, auto_refresh=False, transient=False) as live:
         try:
             while not over:
@@ -30,6 +32,20 @@ def watch(read: Callable[[], tuple[list[str], bool]], *, interval: float = INTER
                 live.update(Text("\n".join(lines)), refresh=True)
         except KeyboardInterrupt:
             pass
+    return 0
+
+
+def _log(read: Callable[[], tuple[list[str], bool]], lines: list[str], over: bool, *, interval: float) -> int:
+    """The summary each time it changes, blocks apart by a blank line, until the job is over."""
+    print("\n".join(lines), flush=True)
+    try:
+        while not over:
+            time.sleep(interval)  # the refresh period, not a synchronisation
+            shown, (lines, over) = lines, read()
+            if lines != shown:
+                print("\n" + "\n".join(lines), flush=True)
+    except KeyboardInterrupt:
+        pass
     return 0
 
 

@@ -30,7 +30,10 @@ def test_watch_exits_when_the_job_ends_showing_its_final_phase(digits_data, tmp_
         job.kill()
     assert job.returncode == 0, err
     assert watched.returncode == 0, watched.stderr
-    assert "phase     Succeeded  - training finished" in watched.stdout
-    assert "progress  1,920/1,920 records (100.0%)" in watched.stdout
+    # piped (not a terminal): the summary each time it changed, blocks apart, the last one the job's end
+    blocks = watched.stdout.split("\n\n")
+    assert watched.stdout.endswith("\n") and len(blocks) == len(set(blocks)), watched.stdout
+    assert "phase     Succeeded  - training finished" in blocks[-1]
+    assert "progress  1,920/1,920 records (100.0%)" in blocks[-1]
     assert not (job_dir / "tensorboard").exists()  # --no-tensorboard
     assert (job_dir / "events.jsonl").exists()  # the history is recorded all the same
