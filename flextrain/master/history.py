@@ -121,9 +121,6 @@ class HistoryRecorder:
     # ---- a status snapshot ------------------------------------------------------------
     def __call__(self, snap: dict) -> None:
         now = self.clock()
-        if snap["phase"] != self._phase:
-            self._phase = snap["phase"]
-            self.write({"type": "phase", "phase": snap["phase"], "message": snap.get("message", "")})
         desired = snap["workers"]["desired"]
         if self._desired is not None and desired != self._desired:
             self.write({"type": "scale", "desired": desired, "previous": self._desired})
@@ -145,6 +142,11 @@ class HistoryRecorder:
         if due or last:
             self._last_metrics, self._final_metrics = now, last
             self._metrics(snap)
+        # Last: the rounds, joins and evaluations above happened before the snapshot saw this phase (a
+        # job's end came after its last round), and the file is read in order
+        if snap["phase"] != self._phase:
+            self._phase = snap["phase"]
+            self.write({"type": "phase", "phase": snap["phase"], "message": snap.get("message", "")})
 
     def _loss_pending(self, snap: dict) -> bool:
         """Whether a trained step's loss is still on its way: a module's workers report it with the

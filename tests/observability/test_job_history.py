@@ -118,6 +118,9 @@ def test_a_resumed_master_appends_and_never_rewrites(scaled_and_killed):
     later = [json.loads(line) for line in now[len(first):].decode().splitlines()]
     assert later[0]["type"] == "start" and _by_type(later, "metrics")  # the new master's own records only
     assert not _by_type(later, "failure")  # the first run's failure is not recorded again
+    # the job's end is its last record: after its last round, joins and metrics, none of them later
+    assert later[-1]["type"] == "phase" and later[-1]["phase"] in ("Succeeded", "Failed"), later[-3:]
+    assert later[-1]["time"] >= max(r["time"] for r in later)
 
 
 def test_tensorboard_files_hold_the_same_history(scaled_and_killed):
