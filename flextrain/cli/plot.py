@@ -3,8 +3,9 @@
 Drawn from ``<job-dir>/events.jsonl`` (flextrain/master/history.py) with
 matplotlib, headless (Agg): training loss and evaluation metrics, samples/s,
 and workers (active and desired) over one shared time axis, with every
-failure (a kill, a crash, a hang), join, relaunch, scale and master restart
-marked as a vertical line across all panels and labelled on the top one.
+failure (a kill, a crash, a hang), join, relaunch, scale, suspend and resume,
+stop or failure of the job and master restart marked as a vertical line across
+all panels and labelled on the top one; the lines break where a master restarted.
 
 A Kubernetes job's history is in its job directory inside the cluster: the
 command says so and how to copy it out, rather than plotting nothing.
@@ -24,8 +25,12 @@ MARKS = {
     "relaunch": ("tab:orange", "--", lambda r: f"relaunch {r['worker']}"),
     "join": ("tab:green", ":", lambda r: f"{r['worker']} joined"),
     "leave": ("tab:gray", ":", lambda r: f"{r['worker']} left ({r['why']})"),
-    "scale": ("tab:blue", "-.", lambda r: f"scale {r['previous']}→{r['desired']}"),
+    # desired 0 is a suspend (a scale never goes below --min-workers >= 1), and from 0 its resume
+    "scale": ("tab:blue", "-.", lambda r: "suspended" if r["desired"] == 0 else "resumed" if r["previous"] == 0
+              else f"scale {r['previous']}→{r['desired']}"),
     "start": ("tab:purple", "--", lambda r: "master restarted"),
+    # only a Failed phase is marked (a stop ends so too): the other phases are the plot's own start and end
+    "phase": ("tab:red", "--", lambda r: "stopped" if str(r.get("message", "")).startswith("stopped") else "failed"),
 }
 
 
@@ -35,6 +40,7 @@ class PlotSummary:
 
     points: dict[str, int] = field(default_factory=dict)  # "loss", "samples/s", "workers", "eval/<name>"
     markers: Counter = field(default_factory=Counter)  # "failure", "join", "relaunch", ...
+    labels: list[str] = field(default_factory=list)  # the markers' labels, in time order
 
 
 def add_commands(sub) -> None:
@@ -94,10 +100,13 @@ def draw(records: list[dict], *, out: Path | None = None, title: str | None = No
     fig, (ax_loss, ax_rate, ax_workers) = plt.subplots(3, 1, sharex=True, figsize=(10, 7),
                                                        gridspec_kw={"height_ratios": [2, 1, 1]})
 
+    # a master's start after the first (a resume): the lines break there, not bridging the time between runs
+    breaks = [r["time"] - t0 for r in records if r["type"] == "start"][1:]
+
     def series(ax, key: str, name: str, **style) -> None:
         pts = [(r["time"] - t0, r[key]) for r in metrics if r.get(key) is not None]
         if pts:
-            ax.plot(*zip(*pts), **style, label=name)
+            ax.plot(*zip(*sorted(pts + [(x, float("nan")) for x in breaks])), **style, label=name)
         summary.points[name] = len(pts)
 
     series(ax_loss, "loss", "loss", color="black", lw=1.2)
@@ -133,7 +142,8 @@ def draw(records: list[dict], *, out: Path | None = None, title: str | None = No
             if starts == 1:
                 continue  # the first master's start is the time axis' origin
         elif ((kind == "join" and rec.get("why") == "start") or kind not in MARKS
-              or (kind == "leave" and rec["worker"] in failed)):  # a failed worker's leave: its failure is marked
+              or (kind == "leave" and rec["worker"] in failed)  # a failed worker's leave: its failure is marked
+              or (kind == "phase" and rec.get("phase") != "Failed")):
             continue
         colour, style, label = MARKS[kind]
         x = rec["time"] - t0
@@ -141,6 +151,7 @@ def draw(records: list[dict], *, out: Path | None = None, title: str | None = No
             ax.axvline(x, color=colour, ls=style, lw=1, alpha=0.8)
         level = sum(1 for seen in labelled if abs(seen - x) < 0.03 * span)
         labelled.append(x)
+        summary.labels.append(label(rec))
         ax_loss.annotate(label(rec), (x, 1.0 - 0.33 * (level % 3)), xycoords=("data", "axes fraction"), rotation=90,
                          va="top", ha="right", fontsize=7, color=colour)
         summary.markers[kind] += 1

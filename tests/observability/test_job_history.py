@@ -151,6 +151,7 @@ def test_the_plot_marks_the_kill_the_joins_and_the_relaunch(scaled_and_killed, t
     summary = draw(records)
     assert summary.markers["failure"] == 1 and summary.markers["relaunch"] == 1
     assert summary.markers["scale"] == 1 and summary.markers["start"] == 1  # the resumed master
+    assert "scale 2→3" in summary.labels and summary.labels.count("stopped") == 2  # each run was stopped
     assert summary.markers["join"] == len([r for r in _by_type(records, "join") if r["why"] != "start"])
     assert summary.points["loss"] == len([r for r in _by_type(records, "metrics") if r["loss"] is not None])
     assert summary.points["workers"] == len(_by_type(records, "metrics"))
