@@ -270,6 +270,9 @@ def test_bad_inputs_are_named(tmp_path, capsys):
     (tmp_path / "r.csv").write_text("a,b\n1,2\n3\n")
     assert "r.csv, line 3: 1 field(s), but line 1 has 2 (a ragged CSV line)" in \
         error_of(capsys, str(tmp_path / "r.csv"), "--out", str(tmp_path / "o1"))
+    (tmp_path / "q.csv").write_text('a,b,label\n1,2,0\n3,"4,1\n5,6,1\n7,8,0\n')
+    assert "q.csv, line 3: a quoted field runs from there to line 5, leaving 2 field(s) where line 1 has 3 (a quote " \
+           "not closed?)" in error_of(capsys, str(tmp_path / "q.csv"), "--out", str(tmp_path / "oq"))
     (tmp_path / "r.jsonl").write_text('{"a": 1}\n{"a": 2\n')
     assert "r.jsonl, line 2: not JSON" in error_of(capsys, str(tmp_path / "r.jsonl"), "--out", str(tmp_path / "o2"))
     np.savez(tmp_path / "d.npz", x=np.zeros(5), y=np.zeros(4))

@@ -29,14 +29,20 @@ def open_csv(path: str, *, header: bool | None = None) -> Source:
     try:
         with open(path, newline="", encoding="utf-8") as f:
             reader = csv.reader(f)
+            ended = 0  # the line the previous row ended on
             for row in reader:
+                began, ended = ended + 1, reader.line_num
                 if not row:
                     continue  # a blank line
                 if len(row) != width:
+                    if rows and ended > began and any("\n" in v or "\r" in v for v in row):
+                        raise DataError(f"{path}, line {began}: a quoted field runs from there to line {ended}, "
+                                        f"leaving {len(row)} field(s) where line {first} has {width} (a quote "
+                                        "not closed?)")
                     if rows:
-                        raise DataError(f"{path}, line {reader.line_num}: {len(row)} field(s), but line {first} "
+                        raise DataError(f"{path}, line {ended}: {len(row)} field(s), but line {first} "
                                         f"has {width} (a ragged CSV line)")
-                    width, first = len(row), reader.line_num
+                    width, first = len(row), ended
                 rows.append(row)
     except UnicodeDecodeError as exc:
         raise DataError(f"{path} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
