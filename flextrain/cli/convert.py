@@ -33,7 +33,9 @@ def add_commands(data) -> None:
     c.set_defaults(fn=cmd_convert)
     i = data.add_parser("inspect", help="schema, record count and first records of a directory of RecordIO shards",
                         formatter_class=HelpFormatter)
-    i.add_argument("dir", metavar="DIR", help="a directory written by `flextrain data convert`, or of RecordIO files")
+    i.add_argument("dir", metavar="DIR", help="a directory written by `flextrain data convert`, or of RecordIO "
+                                              "files, or one RecordIO file (exit 1: the shards disagree with "
+                                              "schema.json)")
     i.add_argument("--head", type=int, default=3, metavar="N", help="records to decode and print")
     i.add_argument("--json", action="store_true", help="print one JSON object")
     i.set_defaults(fn=cmd_inspect)
@@ -118,9 +120,10 @@ def cmd_inspect(args) -> int:
         info = inspect_dir(args.dir, head=args.head)
     except DataError as exc:
         raise CLIError(str(exc)) from None
+    failed = 1 if info["agrees"] is False else 0  # a directory whose shards disagree with its schema.json
     if args.json:
         print(json.dumps(info))
-        return 0
+        return failed
     schema = info["schema"]
     print(f"{info['directory']}: {info['records']} records in {len(info['shards'])} shard"
           f"{'s' if len(info['shards']) != 1 else ''}")
@@ -138,7 +141,7 @@ def cmd_inspect(args) -> int:
             print(f"note: {note}")
         if info["agrees"]:
             print(f"record count agrees with schema.json ({schema['records']})")
-        else:
+        elif info["agrees"] is False:
             print("record count DISAGREES with schema.json: " + "; ".join(info["disagreements"]))
     for shard in info["shards"]:
         print(f"  {shard['name']}: {shard['records']} records, {shard['bytes']} bytes")
@@ -146,4 +149,4 @@ def cmd_inspect(args) -> int:
         print(f"record {n}:")
         for name, value in record.items():
             print(f"  {name}: {json.dumps(value)}")
-    return 0
+    return failed

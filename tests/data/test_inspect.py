@@ -43,9 +43,21 @@ def test_inspect_says_when_the_shards_disagree_with_the_schema(tmp_path, capsys)
     convert(tmp_path / "x.npy", tmp_path / "o", ConvertOptions(shard_size=3))
     write_records(tmp_path / "o" / "data-00001", [np.int64(1).tobytes()])  # a shard rewritten with 1 record
     code, out, _ = inspect(capsys, str(tmp_path / "o"))
-    assert code == 0
+    assert code == 1  # a check that found a problem: scripts can tell
     assert "DISAGREES" in out and "data-00001 holds 1 records, schema.json says 3" in out
     assert "the shards hold 4 records, schema.json says 6" in out
+    code, out, _ = inspect(capsys, str(tmp_path / "o"), "--json")
+    assert code == 1 and json.loads(out)["agrees"] is False
+
+
+def test_inspect_one_shard_file_decodes_it_with_its_directorys_schema(tmp_path, capsys):
+    np.savez(tmp_path / "d.npz", x=np.arange(50, dtype=np.float16).reshape(5, 10), y=np.arange(5))
+    convert(tmp_path / "d.npz", tmp_path / "o", ConvertOptions(shard_size=2))
+    code, out, _ = inspect(capsys, str(tmp_path / "o" / "data-00001"), "--json")
+    info = json.loads(out)
+    assert code == 0 and info["records"] == 2 and [s["name"] for s in info["shards"]] == ["data-00001"]
+    assert info["decoded_as"] == "schema" and [r["y"] for r in info["head"]] == [2, 3]
+    assert info["agrees"] is None  # one shard is not the whole set: no count to check
 
 
 def test_inspect_without_a_schema(tmp_path, capsys):
@@ -63,6 +75,9 @@ def test_inspect_without_a_schema(tmp_path, capsys):
 
 
 def test_inspect_errors(tmp_path, capsys):
+    (tmp_path / "text.txt").write_text("not RecordIO")
+    code, _, err = inspect(capsys, str(tmp_path / "text.txt"))
+    assert code == 2 and err.startswith("flextrain: error: ") and "text.txt" in err
     code, _, err = inspect(capsys, str(tmp_path / "missing"))
     assert code == 2 and f"flextrain: error: directory not found: {tmp_path / 'missing'}" in err
     (tmp_path / "e").mkdir()

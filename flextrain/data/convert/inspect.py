@@ -26,18 +26,22 @@ _SHOWN_BYTES = 16
 
 
 def inspect_dir(directory: str | os.PathLike[str], *, head: int = 3) -> dict:
-    """Schema, counts and the first ``head`` records of a converted directory (or any RecordIO files).
+    """Schema, counts and the first ``head`` records of a converted directory (or any RecordIO files; or
+    one RecordIO file, decoded with its directory's schema.json if there is one: no count is checked then).
 
     Returns ``{"directory", "schema" (None without schema.json), "records" (counted), "shards":
     [{"name", "records", "bytes"}], "agrees" (counts match the schema's; None without one),
     "disagreements" (what differs), "decoded_as" ("schema", "example" or "raw"), "head": [records]}``.
     """
     directory = os.fspath(directory)
-    if not os.path.isdir(directory):
-        raise DataError(f"not a directory: {directory}" if os.path.exists(directory) else
+    one = os.path.isfile(directory) and os.path.basename(directory) != SCHEMA_FILE
+    if one:  # a single shard: the records of that file only
+        directory, name = os.path.split(os.path.abspath(directory))
+    elif not os.path.isdir(directory):
+        raise DataError(f"not a directory or a RecordIO file: {directory}" if os.path.exists(directory) else
                         f"directory not found: {directory}")
     schema = load_schema(directory) if os.path.exists(os.path.join(directory, SCHEMA_FILE)) else None
-    names = [s for s, _ in schema.shards] if schema else _recordio_files(directory)
+    names = [name] if one else [s for s, _ in schema.shards] if schema else _recordio_files(directory)
     shards, readers = [], []
     for name in names:
         path = os.path.join(directory, name)
@@ -48,7 +52,7 @@ def inspect_dir(directory: str | os.PathLike[str], *, head: int = 3) -> dict:
         readers.append(reader)
         shards.append({"name": name, "records": reader.num_records, "bytes": os.path.getsize(path)})
     total = sum(s["records"] or 0 for s in shards)
-    disagreements = _disagreements(schema, shards, total) if schema else []
+    disagreements = _disagreements(schema, shards, total) if schema and not one else []
     records = []
     for reader in readers:
         if len(records) >= head:
@@ -56,7 +60,8 @@ def inspect_dir(directory: str | os.PathLike[str], *, head: int = 3) -> dict:
         records += reader.records(0, min(reader.num_records, head - len(records)))
     decoded_as, rows = _decode_head(records, schema)
     return {"directory": directory, "schema": schema.to_json() if schema else None, "records": total,
-            "shards": shards, "agrees": (not disagreements) if schema else None, "disagreements": disagreements,
+            "shards": shards, "agrees": (not disagreements) if schema and not one else None,
+            "disagreements": disagreements,
             "decoded_as": decoded_as, "head": rows}
 
 
