@@ -197,10 +197,11 @@ class JobMaster(FailureHandling, RoundKeeping, WorkerTable, CheckpointReports):
             and (not self.ledger.evaluation_shards or self.ledger.evaluation_finished())
         ):
             owed = 0 if self.spec.is_script else self.ledger.records_total - self.ledger.records_done
-            if owed:  # a ledger that lost a task must not pass for a finished job (nothing lost in silence)
-                self.finish(Phase.FAILED, f"internal error: training ended with {owed} of the job's "
-                                          f"{self.ledger.records_total} training records not applied "
-                                          "(a flextrain bug: please report it with this job's directory)")
+            if owed:  # a ledger that lost (or twice counted) a task must not pass for a finished job
+                wrong = f"{owed} of the job's {self.ledger.records_total} training records not applied" if owed > 0 \
+                    else f"{-owed} training records counted beyond the job's {self.ledger.records_total}"
+                self.finish(Phase.FAILED, f"internal error: training ended with {wrong} (a flextrain bug: please "
+                                          "report it with this job's directory)")
             else:
                 self.finish(Phase.SUCCEEDED, "training finished")
 
