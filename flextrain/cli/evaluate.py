@@ -76,19 +76,8 @@ def resolve_checkpoint(value: str, *, field: str = "--checkpoint") -> str:
     itself, or a job directory's final/latest one. Raises JobSpecError naming ``field``."""
     from flextrain.job import JobSpecError
 
-    from flextrain.elastic.statecodec import MAGIC
-
     path = Path(value)
     if path.is_file():
-        try:
-            with open(path, "rb") as f:
-                head = f.read(len(MAGIC))
-        except OSError as exc:
-            raise JobSpecError(f"{field} {value}: cannot be read ({exc.strerror})") from None
-        if head != MAGIC:  # checked here: the job would only find it out in its workers
-            raise JobSpecError(f"{field} {value}: not a flextrain checkpoint (its first bytes are {head!r}, a "
-                               f"checkpoint's {MAGIC!r}); give a checkpoint file (checkpoints/*.ckpt) or a job "
-                               "directory (its final or latest checkpoint)")
         return str(path.resolve())
     if not path.is_dir():
         raise JobSpecError(f"{field} {value}: no such file or directory")
@@ -134,6 +123,23 @@ def _spec(args, job_type, *, in_pod: bool = False, **fields):
     )
 
 
+def _check_checkpoint_file(path: str, *, field: str) -> None:
+    """JobSpecError unless ``path`` begins as a flextrain checkpoint does (read: 4 bytes); the job would only
+    find it out in its workers, as a model that 'does not fit'."""
+    from flextrain.elastic.statecodec import MAGIC
+    from flextrain.job import JobSpecError
+
+    try:
+        with open(path, "rb") as f:
+            head = f.read(len(MAGIC))
+    except OSError as exc:
+        raise JobSpecError(f"{field} {path}: cannot be read ({exc.strerror})") from None
+    if head != MAGIC:
+        raise JobSpecError(f"{field} {path}: not a flextrain checkpoint (its first bytes are {head!r}, a "
+                           f"checkpoint's {MAGIC!r}); give a checkpoint file (checkpoints/*.ckpt) or a job "
+                           "directory (its final or latest checkpoint)")
+
+
 def check_inference_job(spec, *, field: str = "--checkpoint") -> list[str]:
     """Everything checkable of an evaluation or prediction job before a worker starts: the spec, the
     module (eval_metrics_fn / PredictionOutputsProcessor), the data, the checkpoint against the model and
@@ -147,6 +153,7 @@ def check_inference_job(spec, *, field: str = "--checkpoint") -> list[str]:
     from flextrain.worker.prediction import load_outputs_processor
 
     spec.validate()
+    _check_checkpoint_file(spec.checkpoint, field=field)
     model_def = load_model_def(spec.model_def)
     if spec.job_type is JobType.EVALUATION and model_def.eval_metrics_fn is None:
         raise ModelDefError(f"{model_def.path} defines no `eval_metrics_fn` (required by an evaluation job, "

@@ -239,7 +239,7 @@ def test_csv_header(capsys, tmp_path, started):
     assert [r for s in with_header for r in read_shard_range(s.source, s.start, s.end)] == \
         [b"1,2,0", b"3,4,1", b"5,6,1"]
     assert total(make_shards(d)) == 6  # without the flag the headers are records
-    code, err = train(capsys, tmp_path, d, "--csv-header")
+    code, err = train(capsys, tmp_path, d, "--csv-header", "--global-batch-size", "2")  # the largest file's 2 records
     assert code == 0 and err == "", err
     assert started[0].data.csv_header is True
     only_header = tmp_path / "h.csv"
