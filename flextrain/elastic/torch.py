@@ -269,7 +269,8 @@ class Optimizer(WrappedOptimizer):
         self._loss_weighted, self._scaled_at = None, -1
         self._real_steps += 1
         # The job's history: this real step, its losses (report_loss / scale) and this process's samples.
-        report(step=self._real_steps, samples=session.batch_size if session is not None else 0)
+        # every micro-batch of the step (this process's share of G), not the loader's one batch
+        report(step=self._real_steps, samples=sum(session.batch_sizes) if session is not None else 0)
         return result
 
     def zero_grad(self, set_to_none: bool = True) -> None:

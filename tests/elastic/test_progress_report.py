@@ -101,3 +101,19 @@ def test_a_keras_models_fit_reports_each_update(fresh_init, monkeypatch, tmp_pat
     model.fit(np.ones((8, 2), "float32"), np.ones((8, 1), "float32"), batch_size=2, epochs=1, verbose=0)
     loss, _, step = ProgressReader(path).take()
     assert step == 2 and math.isfinite(loss)  # 4 micro-batches of 2: 2 updates
+
+
+def test_a_real_step_reports_every_sample_of_its_micro_batches(fresh_init, monkeypatch, tmp_path):
+    """init(64, 16) in one process: 4 micro-steps of 16 make a step of 64 samples (was counted as 16)."""
+    elastic = fresh_init
+    path = tmp_path / "progress.jsonl"
+    monkeypatch.setenv(ENV_PROGRESS_FILE, str(path))
+    elastic.init(64, 16)
+    model = torch.nn.Linear(2, 1)
+    optimizer = elastic.Optimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    for _ in range(2 * elastic.steps):  # two real steps
+        optimizer.scale(model(torch.ones(elastic.batch_size, 2)).sum()).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    _, samples, step = ProgressReader(path).take()
+    assert (step, samples) == (2, 2 * 64)
