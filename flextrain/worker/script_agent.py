@@ -182,10 +182,13 @@ class ScriptAgent:
         while True:
             try:
                 code = self.child.wait(timeout=self.interval)
-                return _RUN, code
             except subprocess.TimeoutExpired:
-                pass
+                code = None
             loss, samples, step = self.progress.take()
+            if code is not None:
+                if samples or step:  # the steps it reported since the last heartbeat: the job's last ones
+                    self.client.heartbeat(self.position(), loss, samples, step=step)
+                return _RUN, code
             resp = self.client.heartbeat(self.position(), loss, samples, step=step)
             if resp.stop or resp.job_over:
                 self._terminate()

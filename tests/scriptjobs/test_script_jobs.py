@@ -83,3 +83,25 @@ def test_a_stopped_script_job_resumes_from_its_last_commit(tmp_path):
     # from the last commit (its log line may trail a commit the stop cut short), never from 0
     assert all(r["restored"] and r["step"] >= stopped_at and r["step"] % 5 == 0 for r in last_starts), last_starts
     assert records(job_dir, "commit")[-1]["step"] == 60
+
+
+def test_a_quick_scripts_last_steps_reach_the_status(tmp_path):
+    """Steps reported after the agent's last heartbeat (a script quicker than one period) are sent as it exits:
+    the finished job shows every step and sample the script trained (it showed step 0, no loss)."""
+    script = tmp_path / "quick.py"
+    script.write_text(
+        "import torch, flextrain.elastic.torch as e\n"
+        "e.init(8, 4)\n"
+        "m = torch.nn.Linear(2, 1)\n"
+        "opt = e.Optimizer(torch.optim.SGD(m.parameters(), lr=0.1))\n"
+        "for _ in range(5 * e.steps):\n"
+        "    loss = m(torch.randn(e.batch_size, 2)).pow(2).mean()\n"
+        "    opt.scale(loss).backward()\n"
+        "    e.report_loss(loss)\n"
+        "    opt.step(); opt.zero_grad()\n")
+    job_dir = tmp_path / "job"
+    result = run_flextrain("run", "--workers", "1", "--no-progress", "--job-dir", str(job_dir), str(script))
+    assert result.returncode == 0, result.stderr
+    status = read_status(job_dir)
+    assert status["phase"] == "Succeeded" and status["step"] == 5, status
+    assert status["progress"]["recordsDone"] == 5 * 8 and "loss" in status["metrics"], status
