@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from flextrain.job import JobType
+from flextrain.job import JobType, Strategy
 from flextrain.master.batches import step_settings
 from flextrain.master.checkpoints import StateWriteError, write_json_atomic
 from flextrain.master.evaluation import describe, inference_progress
@@ -75,8 +75,14 @@ def traffic(t: pb.PSTraffic) -> dict:
 
 
 def active_workers(job: JobMaster) -> int:
+    """Workers training now: the live members of the current round (AllReduce, script jobs); with parameter
+    servers, which form no rounds, every live registered worker (each takes tasks on its own)."""
+    if job.over:
+        return 0
+    if job.spec.strategy is Strategy.PARAMETER_SERVER:
+        return len(job.alive)
     rnd = job.rendezvous.current
-    if rnd is None or rnd.state is RoundState.CLOSED or job.over:
+    if rnd is None or rnd.state is RoundState.CLOSED:
         return 0
     return sum(1 for m in rnd.members if m in job.alive)
 

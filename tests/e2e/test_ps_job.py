@@ -111,6 +111,8 @@ def test_killed_worker_is_replaced_and_every_record_is_counted_once(ctr_data, tm
         status = wait_for(lambda: (job_dir / "status.json").is_file() and
                           (s := read_status(job_dir))["progress"]["recordsDone"] > 0 and s,
                           timeout=60, what="training under way")
+        # no rounds with parameter servers: the workers taking tasks are the active ones (it said 0)
+        wait_for(lambda: read_status(job_dir)["workers"]["active"] >= 1, timeout=30, what="active workers")
         pid = _pid_with("--master", status["masterAddress"], "--worker-id", "worker-0")
         assert pid is not None
         time.sleep(1.0)  # in the middle of its second task
