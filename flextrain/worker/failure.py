@@ -63,12 +63,19 @@ def user_frame(exc: BaseException) -> tuple[BaseException, traceback.FrameSummar
     return None
 
 
+def _user_syntax_error(exc: BaseException) -> SyntaxError | None:
+    """A SyntaxError in one of the user's files (it has no frame of theirs: it says where it is)."""
+    if isinstance(exc, SyntaxError) and exc.filename and _is_user_file(exc.filename):
+        return exc
+    return None
+
+
 def classify(exc: BaseException) -> FailureKind:
     if isinstance(exc, NonFiniteError):
         return FailureKind.NON_FINITE
     if isinstance(exc, DataError):
         return FailureKind.DATA
-    if user_frame(exc) is not None:
+    if user_frame(exc) is not None or _user_syntax_error(exc) is not None:
         return FailureKind.USER_CODE
     if isinstance(exc, ModelDefError):
         return FailureKind.MODULE_CONTRACT
@@ -79,25 +86,31 @@ def exit_code(kind: FailureKind) -> ExitCode:
     return EXIT_CODE_OF_KIND.get(kind, ExitCode.INTERNAL)
 
 
-def _message(exc: BaseException) -> str:
+def _message(exc: BaseException, *, script: bool = False) -> str:
     if isinstance(exc, SystemExit):
+        if script:  # a script's normal way out: what it exited with
+            return f"the script exited with code {exc.code}" if isinstance(exc.code, int) else \
+                f"the script exited: {exc.code}"
         return f"sys.exit({exc.code!r}) was called inside the worker"
     return str(exc) or repr(exc)
 
 
-def failure_of(exc: BaseException, *, stage: str, step: int) -> pb.Failure:
-    """The report for ``exc``: for the user's own errors, their exception and their file:line."""
+def failure_of(exc: BaseException, *, stage: str, step: int, script: bool = False) -> pb.Failure:
+    """The report for ``exc``: for the user's own errors, their exception and their file:line (``script``: raised
+    by a script job's script)."""
     kind = classify(exc)
     found = user_frame(exc)
     shown = exc
     if found is not None and kind is FailureKind.USER_CODE:
         shown = found[0]  # e.g. the model's RuntimeError, not the loader's wrapper around it
     location = f"{found[1].filename}:{found[1].lineno} in {found[1].name}" if found else ""
+    if not found and (syntax := _user_syntax_error(exc)) is not None:
+        location = f"{syntax.filename}:{syntax.lineno}"
     # The user's own exception's traceback (the wrappers around it are in the worker's log).
     text = "".join(traceback.format_exception(shown))
     return pb.Failure(
         kind=kind.value, exit_code=int(exit_code(kind)), exception=type(shown).__name__,
-        message=_message(shown)[:MAX_TEXT_CHARS], location=location[-MAX_TEXT_CHARS:], traceback=text[-TRACEBACK_TAIL:], stage=stage, step=step,
+        message=_message(shown, script=script)[:MAX_TEXT_CHARS], location=location[-MAX_TEXT_CHARS:], traceback=text[-TRACEBACK_TAIL:], stage=stage, step=step,
     )
 
 

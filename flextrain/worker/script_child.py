@@ -43,7 +43,7 @@ def _report(exc: BaseException) -> int:
     """Write the failure file; returns the exit code of the failure's kind."""
     from flextrain.worker.failure import failure_of, log_failure, one_line
 
-    failure = failure_of(exc, stage="running the script", step=0)
+    failure = failure_of(exc, stage="running the script", step=0, script=True)
     log_failure(f"the script failed: {one_line(failure)}", exc)
     path = os.environ.get(ENV_FAILURE_FILE)
     if path:
