@@ -128,6 +128,10 @@ def check_ps(spec: JobSpec) -> None:
             raise JobSpecError(f"--ps {spec.ps.replicas} needs --distribution-strategy ParameterServer "
                                f"(the strategy is {spec.strategy.value})")
     check_ps_mode("--ps-mode", spec.ps.ps_mode)
+    if spec.ps.ps_mode == "async" and is_int(spec.ps.grads_to_wait) and spec.ps.grads_to_wait > 1:
+        raise JobSpecError(f"--grads-to-wait {spec.ps.grads_to_wait} applies to --ps-mode sync (a PS averaging "
+                           "that many pushes into one update); an async PS applies every push at once: drop one "
+                           "of them")
     if spec.ps.ps_wal_fsync is True and spec.ps.ps_wal is False:
         raise JobSpecError("--ps-wal-fsync flushes the PS write-ahead log, which --no-ps-wal turns off: "
                            "drop one of them")

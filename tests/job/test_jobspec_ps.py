@@ -18,7 +18,7 @@ def test_allreduce_stays_the_default():
 
 
 def test_parameter_server_spec_roundtrips():
-    s = spec(strategy=Strategy.PARAMETER_SERVER, ps=2, ps_mode="async", grads_to_wait=2).validate()
+    s = spec(strategy=Strategy.PARAMETER_SERVER, ps=2, ps_mode="sync", grads_to_wait=2).validate()
     assert JobSpec.from_json(s.to_json()) == s
     assert s.ps.effective_grads_to_wait == 2 and s.ps_checkpoint_dir.as_posix() == "/tmp/jobs/ctr/ps-checkpoints"
     assert spec().ps.effective_grads_to_wait == 1
@@ -31,6 +31,8 @@ def test_parameter_server_spec_roundtrips():
     (dict(strategy=Strategy.PARAMETER_SERVER, ps=1, ps_mode="bsp"), "--ps-mode must be 'sync' or 'async'"),
     (dict(strategy=Strategy.PARAMETER_SERVER, ps=1, grads_to_wait=0), "--grads-to-wait must be a positive"),
     (dict(strategy=Strategy.PARAMETER_SERVER, ps=1, ps_checkpoint_steps=-1), "--ps-checkpoint-steps must be"),
+    (dict(strategy=Strategy.PARAMETER_SERVER, ps=1, ps_mode="async", grads_to_wait=3),
+     "--grads-to-wait 3 applies to --ps-mode sync"),
 ])
 def test_bad_ps_settings_name_the_flag(changes, needle):
     with pytest.raises(JobSpecError, match=needle):
@@ -40,11 +42,11 @@ def test_bad_ps_settings_name_the_flag(changes, needle):
 def test_cli_flags_build_a_ps_spec(tmp_path):
     args = make_parser().parse_args([
         "train", "--model-def", "m.py:Model", "--training-data", str(tmp_path), "--job-dir", str(tmp_path / "j"),
-        "--distribution-strategy", "ParameterServer", "--ps", "2", "--workers", "2", "--ps-mode", "async",
+        "--distribution-strategy", "ParameterServer", "--ps", "2", "--workers", "2", "--ps-mode", "sync",
         "--grads-to-wait", "2", "--ps-checkpoint-steps", "5"])
     s = build_spec(args).validate()
     assert (s.strategy, s.ps.replicas, s.worker.replicas, s.ps.ps_mode, s.ps.grads_to_wait, s.ps.ps_checkpoint_steps) == \
-        (Strategy.PARAMETER_SERVER, 2, 2, "async", 2, 5)
+        (Strategy.PARAMETER_SERVER, 2, 2, "sync", 2, 5)
 
 
 def test_ps_subcommand_passes_its_flags_to_the_ps(monkeypatch):
