@@ -141,7 +141,7 @@ class _CheckedLoss:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         result = self.loss_func(*args, **kwargs)
-        progress.report_loss(loss_of(result))  # the job's history (a no-op outside a script job)
+        progress.note_loss(loss_of(result))  # the job's history (a no-op outside a script job)
         return result
 
 

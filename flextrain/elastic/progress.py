@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import os
 import time
 from typing import Any
@@ -36,9 +37,25 @@ def active() -> bool:
 
 def report_loss(loss: Any) -> None:
     """A micro-batch's (or step's) loss, a tensor or a number; the next :func:`report` (an
-    ``elastic.torch.Optimizer`` real step) reports the mean of those given since the last."""
-    if active():
+    ``elastic.torch.Optimizer`` real step) reports the mean of those given since the last. Anything
+    else is a TypeError here, in or out of a job (not an error inside flextrain at the next step)."""
+    if not _is_loss(loss):
+        shape = f" of shape {tuple(loss.shape)}" if hasattr(loss, "shape") else ""
+        raise TypeError(f"report_loss takes a loss: a number or a one-element tensor, got "
+                        f"{type(loss).__name__}{shape} ({loss!r:.60})")
+    note_loss(loss)
+
+
+def note_loss(loss: Any) -> None:
+    """:func:`report_loss` for what flextrain's own wrappers see pass (``Optimizer.scale``, a checked
+    loss_func): a value that is not one loss is not recorded, and not the user's error either."""
+    if active() and _is_loss(loss):
         _pending.append(loss.detach() if hasattr(loss, "detach") else loss)
+
+
+def _is_loss(value: Any) -> bool:
+    numel = getattr(value, "numel", None)
+    return not isinstance(value, bool) and (isinstance(value, numbers.Real) or (callable(numel) and numel() == 1))
 
 
 def report(*, step: int, loss: float | None = None, samples: int = 0) -> None:
@@ -88,4 +105,4 @@ class ProgressReader:
         return (sum(losses) / len(losses) if losses else math.nan), samples, step
 
 
-__all__ = ["ENV_PROGRESS_FILE", "ProgressReader", "active", "report", "report_loss"]
+__all__ = ["ENV_PROGRESS_FILE", "ProgressReader", "active", "note_loss", "report", "report_loss"]

@@ -48,7 +48,7 @@ from flextrain.elastic.adaptive import AdaptiveBatchSampler
 from flextrain.elastic.infinity import InfinityBatch
 from flextrain.elastic.memory import MemoryMonitor
 from flextrain.elastic.model_summary import summary
-from flextrain.elastic.progress import report, report_loss
+from flextrain.elastic.progress import note_loss, report, report_loss
 from flextrain.elastic.rules import AdaScaleOptimizer, LinearRuleOptimizer, RootRuleOptimizer, SqrtRuleOptimizer
 from flextrain.elastic.session import ElasticInitError, Session, activate, max_micro_batch_of
 from flextrain.elastic.state import State
@@ -229,7 +229,7 @@ class Optimizer(WrappedOptimizer):
                                "micro-steps of this accumulation called backward() on the plain loss: use "
                                "scale() in every micro-step or in none")
         self._loss_weighted, self._scaled_at = True, j
-        report_loss(loss)  # the job's history (flextrain.elastic.progress; a no-op outside a script job)
+        note_loss(loss)  # the job's history (flextrain.elastic.progress; a no-op outside a script job)
         return loss * cycle.weights[j]
 
     def step(self, closure: Any = None) -> Any:

@@ -117,3 +117,15 @@ def test_a_real_step_reports_every_sample_of_its_micro_batches(fresh_init, monke
         optimizer.zero_grad()
     _, samples, step = ProgressReader(path).take()
     assert (step, samples) == (2, 2 * 64)
+
+
+@pytest.mark.parametrize("bad", ["abc", None, True, torch.ones(3)], ids=["str", "None", "bool", "vector"])
+def test_report_loss_refuses_what_is_not_one_loss_at_the_call(monkeypatch, tmp_path, bad):
+    """In or out of a job: a TypeError where the script passed it (it surfaced later, inside flextrain)."""
+    monkeypatch.setenv(ENV_PROGRESS_FILE, str(tmp_path / "progress.jsonl"))
+    with pytest.raises(TypeError, match="report_loss takes a loss: a number or a one-element tensor, got"):
+        progress.report_loss(bad)
+    for good in (1.0, 2, torch.tensor(3.0), torch.tensor([4.0])):
+        progress.report_loss(good)
+    progress.report(step=1, samples=1)
+    assert ProgressReader(tmp_path / "progress.jsonl").take()[0] == 2.5
