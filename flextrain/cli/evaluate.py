@@ -93,6 +93,11 @@ def resolve_checkpoint(value: str, *, field: str = "--checkpoint") -> str:
             if damaged:
                 print(f"flextrain: warning: damaged checkpoints skipped: {'; '.join(damaged)}", file=sys.stderr)
             return str(newest.resolve())
+    if (path / "ps-checkpoints").is_dir():  # a ParameterServer job: its model lives on the parameter servers
+        raise JobSpecError(f"{field} {value}: a ParameterServer job, whose model is kept by its parameter servers "
+                           f"({path / 'ps-checkpoints'}), which evaluate and predict cannot read yet; evaluate it "
+                           "in training instead (--validation-data, --evaluation-steps: its final evaluation "
+                           "runs on the final model)")
     raise JobSpecError(f"{field} {value}: a directory without a checkpoint "
                        f"(no checkpoints/final.ckpt or checkpoints/latest.json)")
 

@@ -33,6 +33,14 @@ def test_job_directory_without_checkpoint(capsys, tmp_path, validation):
     assert code == 2 and "a directory without a checkpoint" in err
 
 
+def test_a_parameter_server_job_directory_is_named_as_such(capsys, tmp_path, validation):
+    (tmp_path / "ps-job" / "ps-checkpoints" / "ps-0").mkdir(parents=True)
+    code, err = run(capsys, "evaluate", "--model-def", STEPCOUNT, "--validation-data", str(validation),
+                    "--checkpoint", str(tmp_path / "ps-job"), "--job-dir", str(tmp_path / "job"))
+    assert code == 2 and "a ParameterServer job, whose model is kept by its parameter servers" in err, err
+    assert "--validation-data" in err and not (tmp_path / "job").exists()
+
+
 def test_checkpoint_that_is_not_a_flextrain_checkpoint(capsys, tmp_path, validation):
     bogus = tmp_path / "bogus.ckpt"
     bogus.write_bytes(b"PK\x03\x04 a torch.save zip, say")
