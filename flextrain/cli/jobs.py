@@ -128,8 +128,12 @@ def status_lines(status: dict) -> list[str]:
     if spares := status.get("spares"):  # --spare-workers: started ahead, not workers
         lines.append(f"spares    {spares['parked']} parked, {spares['starting']} starting / {spares['desired']} "
                      f"wanted ({spares['taken']} taken so far)")
-    lines.append(f"epoch     {status['epoch']}/{status['epochs']}   step {status['step']}")
-    lines.append(f"progress  {p['recordsDone']:,}/{p['recordsTotal']:,} records ({p['percent']}%)")
+    if p["recordsTotal"]:
+        lines.append(f"epoch     {status['epoch']}/{status['epochs']}   step {status['step']}")
+        lines.append(f"progress  {p['recordsDone']:,}/{p['recordsTotal']:,} records ({p['percent']}%)")
+    else:  # a script job: its own data, no epochs or total known to flextrain
+        lines.append(f"step      {status['step']}")
+        lines.append(f"progress  {p['recordsDone']:,} samples trained")
     if accelerate := status.get("accelerate"):  # --accelerate: the training strategy, and how it was chosen
         lines.append(f"strategy  {accelerate.get('strategy') or 'not chosen yet'}  ({accelerate.get('source')})")
     lines += result_lines(status)

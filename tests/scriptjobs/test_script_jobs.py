@@ -105,3 +105,5 @@ def test_a_quick_scripts_last_steps_reach_the_status(tmp_path):
     status = read_status(job_dir)
     assert status["phase"] == "Succeeded" and status["step"] == 5, status
     assert status["progress"]["recordsDone"] == 5 * 8 and "loss" in status["metrics"], status
+    shown = run_flextrain("status", str(job_dir)).stdout.splitlines()  # no epochs or total: the script's own data
+    assert "step      5" in shown and "progress  40 samples trained" in shown, shown
