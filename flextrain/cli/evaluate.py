@@ -171,9 +171,16 @@ def check_inference_job(spec, *, field: str = "--checkpoint") -> list[str]:
         load_outputs_processor(model_def)
         data, what = spec.data.prediction, "prediction data"
     skipped: list[str] = []
-    plan_shards(data, what=what, options=DataOptions.of(spec.data), skipped=skipped, reader=model_def.custom_data_reader,
-                records_per_task=spec.training.global_batch_size * spec.training.steps_per_task)
-    make_predictor(model_def, model_def.build_model()).load_checkpoint(spec.checkpoint)
+    shards = plan_shards(data, what=what, options=DataOptions.of(spec.data), skipped=skipped,
+                         reader=model_def.custom_data_reader,
+                         records_per_task=spec.training.global_batch_size * spec.training.steps_per_task)
+    model = model_def.build_model()
+    make_predictor(model_def, model).load_checkpoint(spec.checkpoint)
+    if spec.job_type is JobType.EVALUATION and shards:  # the first records through feed, model and metrics
+        from flextrain.worker.preflight import check_evaluation
+
+        check_evaluation(model_def, model, shards[0], batch=min(spec.training.global_batch_size, 64),
+                         data_origin=spec.data.validation)
     if spec.job_type is JobType.PREDICTION:
         refuse_nonfinite(spec.checkpoint, field=field)
     return skipped

@@ -356,6 +356,15 @@ def _keras_step(run: _Stages, md: ModelDef, model, optimizer, backend, records, 
         backend.apply()
 
 
+def check_evaluation(md: ModelDef, model, shard, *, batch: int, data_origin: str | None = None) -> None:
+    """An evaluation-only job's check before its workers start (``check_inference_job``): the first records
+    of ``shard`` through ``feed`` in 'evaluation' mode, the loaded ``model`` and the metrics, as training's
+    preflight runs them: a failure names the module, the call and (a data error) the records."""
+    run = _Stages(md.spec, lambda stage: None)
+    run.md = md
+    _evaluate(run, md, model, shard, batch=batch, data_origin=data_origin)
+
+
 def _evaluate(run: _Stages, md: ModelDef, model, shard, *, batch: int, data_origin: str | None = None) -> None:
     from flextrain.worker.evaluation import metric_sums
     from flextrain.worker.frameworks import make_predictor

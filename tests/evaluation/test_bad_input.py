@@ -33,6 +33,15 @@ def test_job_directory_without_checkpoint(capsys, tmp_path, validation):
     assert code == 2 and "a directory without a checkpoint" in err
 
 
+def test_data_the_module_cannot_feed_is_refused_before_any_worker_starts(capsys, tmp_path, ckpt):
+    (tmp_path / "two.csv").write_text("x,1\ny,0\n")  # the module's feed reads a number first
+    code, err = run(capsys, "evaluate", "--model-def", STEPCOUNT, "--validation-data", str(tmp_path / "two.csv"),
+                    "--checkpoint", str(ckpt), "--job-dir", str(tmp_path / "job"))
+    assert code == 2 and "evaluation of the first validation records (feed in 'evaluation' mode" in err, err
+    assert "raised ValueError: could not convert string to float: 'x'" in err and "stepcount.py:59" in err, err
+    assert not (tmp_path / "job").exists()  # the workers would have failed it task by task, after retries
+
+
 def test_a_parameter_server_job_directory_is_named_as_such(capsys, tmp_path, validation):
     (tmp_path / "ps-job" / "ps-checkpoints" / "ps-0").mkdir(parents=True)
     code, err = run(capsys, "evaluate", "--model-def", STEPCOUNT, "--validation-data", str(validation),
