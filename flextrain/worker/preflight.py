@@ -382,5 +382,5 @@ def _evaluate(run: _Stages, md: ModelDef, model, shard, *, batch: int, data_orig
         metric_sums(md, make_predictor(md, model), records, metadata=meta, batch_size=n)
 
 
-__all__ = ["DEFAULT_TIMEOUT", "ENV_TIMEOUT", "PreflightError", "check", "child_main", "default_timeout",
-           "run_preflight"]
+__all__ = ["DEFAULT_TIMEOUT", "ENV_TIMEOUT", "PreflightError", "check", "check_evaluation", "child_main",
+           "default_timeout", "run_preflight"]
