@@ -37,6 +37,17 @@ class HelpFormatter(argparse.HelpFormatter):
         return f"{text} (default: %(default)s)"
 
 
+def job_file_candidates(job: str, name: str) -> list[Path]:
+    """Where a local job's ``name`` file may be: under JOB as a directory, then under ./flextrain-jobs/JOB
+    (one place, for an absolute JOB)."""
+    return list(dict.fromkeys((Path(job) / name, DEFAULT_JOBS_DIR / job / name)))
+
+
+def none_exist(paths: list[Path]) -> str:
+    """``neither A nor B exists`` (``A does not exist`` for one): what a lookup of :func:`job_file_candidates` found."""
+    return f"neither {paths[0]} nor {paths[1]} exists" if len(paths) > 1 else f"{paths[0]} does not exist"
+
+
 def add_metrics_flags(g) -> None:
     """``--metrics-port`` and ``--no-metrics``: the master's Prometheus endpoint (train, run)."""
     g.add_argument("--metrics-port", type=int, default=0, metavar="PORT",

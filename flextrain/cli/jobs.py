@@ -12,7 +12,7 @@ import json
 import os
 from pathlib import Path
 
-from flextrain.cli.common import DEFAULT_JOBS_DIR, CLIError
+from flextrain.cli.common import CLIError, job_file_candidates, none_exist
 
 
 def add_commands(sub) -> None:
@@ -41,13 +41,11 @@ def add_commands(sub) -> None:
 
 
 def _job_dir(job: str) -> Path:
-    path = Path(job)
-    for candidate in (path, DEFAULT_JOBS_DIR / job):
-        if (candidate / "status.json").is_file():
-            return candidate
-    tried = list(dict.fromkeys(str(c / "status.json") for c in (path, DEFAULT_JOBS_DIR / job)))  # one, if absolute
-    raise CLIError(f"no job {job!r}: " + (f"neither {tried[0]} nor {tried[1]} exists" if len(tried) > 1
-                                          else f"{tried[0]} does not exist"))
+    candidates = job_file_candidates(job, "status.json")
+    for candidate in candidates:
+        if candidate.is_file():
+            return candidate.parent
+    raise CLIError(f"no job {job!r}: {none_exist(candidates)}")
 
 
 def _read_status(job: str, *, complete: bool = True) -> dict:

@@ -17,7 +17,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from flextrain.cli.common import DEFAULT_JOBS_DIR, CLIError, HelpFormatter
+from flextrain.cli.common import CLIError, HelpFormatter, job_file_candidates, none_exist
 
 # How each marked record is drawn: (colour, line style, label of the record)
 MARKS = {
@@ -61,12 +61,12 @@ def events_path(job: str) -> Path:
     path = Path(job)
     if path.is_file():
         return path
-    for candidate in (path, DEFAULT_JOBS_DIR / job):
-        if (candidate / EVENTS_FILE).is_file():
-            return candidate / EVENTS_FILE
-    tried = list(dict.fromkeys(str(c / EVENTS_FILE) for c in (path, DEFAULT_JOBS_DIR / job)))  # one, if absolute
-    where = f"neither {tried[0]} nor {tried[1]} exists" if len(tried) > 1 else f"{tried[0]} does not exist"
-    raise CLIError(f"no recorded history for job {job!r}: {where} (a job records it from this version on)")
+    candidates = job_file_candidates(job, EVENTS_FILE)
+    for candidate in candidates:
+        if candidate.is_file():
+            return candidate
+    raise CLIError(f"no recorded history for job {job!r}: {none_exist(candidates)} (a job records it from this "
+                   "version on)")
 
 
 def cmd_plot(args) -> int:

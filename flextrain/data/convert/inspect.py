@@ -36,12 +36,12 @@ def inspect_dir(directory: str | os.PathLike[str], *, head: int = 3) -> dict:
     directory = os.fspath(directory)
     one = os.path.isfile(directory) and os.path.basename(directory) != SCHEMA_FILE
     if one:  # a single shard: the records of that file only
-        directory, name = os.path.split(os.path.abspath(directory))
+        directory, file_name = os.path.split(os.path.abspath(directory))
     elif not os.path.isdir(directory):
         raise DataError(f"not a directory or a RecordIO file: {directory}" if os.path.exists(directory) else
                         f"directory not found: {directory}")
     schema = load_schema(directory) if os.path.exists(os.path.join(directory, SCHEMA_FILE)) else None
-    names = [name] if one else [s for s, _ in schema.shards] if schema else _recordio_files(directory)
+    names = [file_name] if one else [s for s, _ in schema.shards] if schema else _recordio_files(directory)
     shards, readers = [], []
     for name in names:
         path = os.path.join(directory, name)
