@@ -217,12 +217,21 @@ def test_a_peer_lost_with_buckets_in_flight_replays_the_step_exactly_once(digits
     they re-form, nothing of that step is applied, and every record is still trained once per epoch."""
     data = counting_data(digits_data, tmp_path / "data")
     job_dir = tmp_path / "job"
-    trigger = tmp_path / "exit-now"
+    trigger, calm = tmp_path / "exit-now", tmp_path / "exited"
     epochs = 3
+    # The stand-in compute (0.05 s a feed) keeps the job from ending before worker-1's next backward (a
+    # slow status poll once saw step 20 so late that the job finished first); lifted once it has exited.
     proc = start_job(data, digits_data, job_dir, "--workers", "3", "--min-workers", "2", "--max-workers", "3",
                      "--epochs", str(epochs), "--max-micro-batch", "32", "--bucket-mb", "0.001",
-                     env={"FT_EXIT_WORKER": "worker-1", "FT_EXIT_FILE": str(trigger)})
-    final = finish_after_trigger(proc, job_dir, trigger)
+                     env={"FT_EXIT_WORKER": "worker-1", "FT_EXIT_FILE": str(trigger), "FT_FEED_DELAY": "0.05",
+                          "FT_FEED_DELAY_UNTIL": str(calm)})
+
+    def exited():
+        wait_for(lambda: any("worker-1 exited" in e for e in status(job_dir)["events"]),
+                 timeout=120, what="worker-1's exit in the events")
+        calm.touch()
+
+    final = finish_after_trigger(proc, job_dir, trigger, then=exited)
     assert any("worker-1 exited with code 17" in e for e in final["events"]), final["events"]
     survivors = [m["id"] for m in final["roundHistory"][0]["members"] if m["id"] != "worker-1"]
     for worker in survivors:  # both were inside the step's sums when the peer went
