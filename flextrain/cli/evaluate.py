@@ -183,6 +183,11 @@ def check_inference_job(spec, *, field: str = "--checkpoint") -> list[str]:
                          data_origin=spec.data.validation)
     if spec.job_type is JobType.PREDICTION:
         refuse_nonfinite(spec.checkpoint, field=field)
+        if shards:  # the first records through feed and the model, into rows
+            from flextrain.worker.preflight import check_prediction
+
+            check_prediction(model_def, model, shards[0], batch=min(spec.training.global_batch_size, 64),
+                             data_origin=spec.data.prediction)
     return skipped
 
 

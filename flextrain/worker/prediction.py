@@ -71,6 +71,24 @@ def _concat(parts: list[Any]) -> Any:
     return np.concatenate(parts, axis=0)
 
 
+def predict_records(model_def: ModelDef, predictor: Predictor, records: list, *, metadata: FeedMetadata,
+                    batch_size: int) -> tuple[list[dict], list[Any]]:
+    """The output rows of ``records`` (``metadata``: their source and range) and the model's outputs as
+    numpy, batch by batch. A ModelDefError when the predictions are not one per record."""
+    rows, outputs = [], []
+    for predictions, _ in predictor.batches(records, mode=Mode.PREDICTION, metadata=metadata,
+                                            batch_size=batch_size):
+        values = to_numpy(predictions)
+        for i in range(batch_len(values)):
+            rows.append({"source": metadata.source, "index": metadata.start + len(rows),
+                         "prediction": _row(values, i)})
+        outputs.append(values)
+    if len(rows) != len(records):
+        raise ModelDefError(f"{model_def.path}: the model produced {len(rows)} predictions for "
+                            f"{len(records)} records of {metadata.source} [{metadata.start}, {metadata.end})")
+    return rows, outputs
+
+
 def predict_task(model_def: ModelDef, predictor: Predictor, task: pb.Task, *, output: str, batch_size: int,
                  worker_id: str, processor=None, data_origin: str | None = None) -> int:
     """Predict every record of ``task`` and write its part file; returns the rows written
@@ -78,15 +96,7 @@ def predict_task(model_def: ModelDef, predictor: Predictor, task: pb.Task, *, ou
     records = read_task_records(model_def, task.source, task.start, task.end, mode=Mode.PREDICTION,
                                 data_origin=data_origin)
     meta = FeedMetadata(task.source, task.start, task.end, task.epoch)
-    rows, outputs = [], []
-    for predictions, _ in predictor.batches(records, mode=Mode.PREDICTION, metadata=meta, batch_size=batch_size):
-        values = to_numpy(predictions)
-        for i in range(batch_len(values)):
-            rows.append({"source": task.source, "index": task.start + len(rows), "prediction": _row(values, i)})
-        outputs.append(values)
-    if len(rows) != len(records):
-        raise ModelDefError(f"{model_def.path}: the model produced {len(rows)} predictions for "
-                            f"{len(records)} records of {task.source} [{task.start}, {task.end})")
+    rows, outputs = predict_records(model_def, predictor, records, metadata=meta, batch_size=batch_size)
     if is_sql_url(output):  # a table: the task's rows replaced in one transaction
         write_task_rows(output, task.task_id, rows)
     else:

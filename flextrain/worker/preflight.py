@@ -259,7 +259,8 @@ class _Stages:
             text = raised(exc)
             if len(text) > MESSAGE_CHARS:  # TensorFlow's messages can quote whole graphs and records
                 text = text[:MESSAGE_CHARS] + " ..."
-            raise ModelDefError(f"{where}: {call or what} raised {text}{_user_location(exc)}") from exc
+            on = f" on {records.source} records [{records.start}, {records.end})" if records is not None else ""
+            raise ModelDefError(f"{where}: {call or what} raised {text}{on}{_user_location(exc)}") from exc
 
 
 def _user_location(exc: BaseException) -> str:
@@ -365,6 +366,32 @@ def check_evaluation(md: ModelDef, model, shard, *, batch: int, data_origin: str
     _evaluate(run, md, model, shard, batch=batch, data_origin=data_origin)
 
 
+def check_prediction(md: ModelDef, model, shard, *, batch: int, data_origin: str | None = None) -> None:
+    """A prediction job's check before its workers start: the first records of ``shard`` through ``feed``
+    in 'prediction' mode and the loaded ``model``, into output rows that must be one per record and
+    JSON-writable. The module's PredictionOutputsProcessor is not called (its side effects are the user's)."""
+    import json
+
+    from flextrain.worker.frameworks import make_predictor
+    from flextrain.worker.prediction import predict_records
+
+    run = _Stages(md.spec, lambda stage: None)
+    run.md = md
+    n = min(batch, shard.size)
+    with run.stage("reading the first prediction records"):
+        records = read_task_records(md, shard.source, shard.start, shard.start + n, mode=Mode.PREDICTION,
+                                    data_origin=data_origin)
+    meta = FeedMetadata(shard.source, shard.start, shard.start + n, 0)
+    with run.stage("predicting the first records", call="prediction of the first records (feed in 'prediction' "
+                   "mode, the model)", records=meta):
+        rows, _ = predict_records(md, make_predictor(md, model), records, metadata=meta, batch_size=n)
+    try:
+        json.dumps(rows[:1])
+    except (TypeError, ValueError) as exc:
+        raise ModelDefError(f"{md.path}: the model's predictions cannot be written as JSON ({exc}); return "
+                            "tensors or arrays of numbers, or a dict/tuple of them") from exc
+
+
 def _evaluate(run: _Stages, md: ModelDef, model, shard, *, batch: int, data_origin: str | None = None) -> None:
     from flextrain.worker.evaluation import metric_sums
     from flextrain.worker.frameworks import make_predictor
@@ -382,5 +409,5 @@ def _evaluate(run: _Stages, md: ModelDef, model, shard, *, batch: int, data_orig
         metric_sums(md, make_predictor(md, model), records, metadata=meta, batch_size=n)
 
 
-__all__ = ["DEFAULT_TIMEOUT", "ENV_TIMEOUT", "PreflightError", "check", "check_evaluation", "child_main",
-           "default_timeout", "run_preflight"]
+__all__ = ["DEFAULT_TIMEOUT", "ENV_TIMEOUT", "PreflightError", "check", "check_evaluation", "check_prediction",
+           "child_main", "default_timeout", "run_preflight"]

@@ -81,6 +81,17 @@ def test_module_without_eval_metrics_fn(capsys, tmp_path, validation, ckpt):
     assert f"{module} defines no `eval_metrics_fn`" in err and "flextrain evaluate" in err
 
 
+def test_prediction_data_the_module_cannot_feed_is_refused_before_any_worker_starts(capsys, tmp_path, ckpt):
+    (tmp_path / "two.csv").write_text("x,1\ny,0\n")
+    out = tmp_path / "out"
+    code, err = run(capsys, "predict", "--model-def", STEPCOUNT, "--prediction-data", str(tmp_path / "two.csv"),
+                    "--checkpoint", str(ckpt), "--output", str(out), "--job-dir", str(tmp_path / "job"))
+    assert code == 2 and "prediction of the first records (feed in 'prediction' mode" in err, err
+    assert f"on {tmp_path / 'two.csv'} records [0, 2)" in err, err
+    assert "raised ValueError: could not convert string to float: 'x'" in err and "stepcount.py:59" in err, err
+    assert not (tmp_path / "job").exists() and not out.exists()
+
+
 def test_prediction_data_missing(capsys, tmp_path, ckpt):
     code, err = run(capsys, "predict", "--model-def", STEPCOUNT, "--prediction-data", str(tmp_path / "nodata"),
                     "--checkpoint", str(ckpt), "--output", str(tmp_path / "out"), "--job-dir", str(tmp_path / "j"))
