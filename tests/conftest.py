@@ -18,6 +18,17 @@ import pytest
 _exit_status: int | None = None
 
 
+@pytest.fixture(autouse=True)
+def _fresh_progress(monkeypatch):
+    """flextrain.elastic.progress keeps a process's step count (and State.restore sets it): each test
+    starts as a new script process does."""
+    from flextrain.elastic import progress
+
+    monkeypatch.setattr(progress, "_last_step", 0)
+    monkeypatch.setattr(progress, "_restored_step", 0)
+    monkeypatch.setattr(progress, "_pending", [])
+
+
 @pytest.fixture(scope="session")
 def digits_data(tmp_path_factory) -> Path:
     from flextrain.data.digits import write_digits

@@ -121,13 +121,14 @@ def _report_steps(optimizer: Any, *, samples: int) -> None:
     this process's ``samples``) to flextrain.elastic.progress."""
     steps = itertools.count(1)
     if hasattr(optimizer, "register_step_post_hook"):  # a torch optimizer
-        optimizer.register_step_post_hook(lambda opt, args, kwargs: progress.report(step=next(steps), samples=samples))
+        optimizer.register_step_post_hook(
+            lambda opt, args, kwargs: progress.report(step=progress.restored_step() + next(steps), samples=samples))
         return
     inner = optimizer.step  # a method's wrapper optimizer: its own step
 
     def step(*args: Any, **kwargs: Any) -> Any:
         result = inner(*args, **kwargs)
-        progress.report(step=next(steps), samples=samples)
+        progress.report(step=progress.restored_step() + next(steps), samples=samples)
         return result
 
     optimizer.step = step

@@ -41,7 +41,7 @@ import torch
 
 from flextrain.elastic import microbatch as mb
 from flextrain.elastic.ib_events import Callbacks, EventMonitor, History
-from flextrain.elastic.progress import report
+from flextrain.elastic.progress import report, restored_step
 
 log = logging.getLogger(__name__)
 
@@ -174,7 +174,7 @@ class InfinityBatch:
             self.steps_done += 1
             self.memory.record(self.steps_done)
             if not hasattr(self.optimizer, "real_steps"):  # an elastic.torch.Optimizer reports its own steps
-                report(step=self.steps_done, loss=loss, samples=n)  # the job's history (in a script job)
+                report(step=restored_step() + self.steps_done, loss=loss, samples=n)  # the job's history (in a script job)
             self.callbacks.fire("on_step", self, self.steps_done)
             loss_sum, samples = loss_sum + loss * n, samples + n
             self.callbacks.fire("on_batch_end", self, index, {"loss": loss, "samples": n})

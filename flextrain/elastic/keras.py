@@ -193,7 +193,9 @@ class Model(keras.Model):
 
     def fit(self, x: Any = None, y: Any = None, batch_size: int | None = None, *args: Any, **kwargs: Any) -> Any:
         if progress.active():  # inside a script job: each update goes into the job's history
-            kwargs["callbacks"] = [*(kwargs.get("callbacks") or ()), _Progress(self.accumulation_steps)]
+            if getattr(self, "_flextrain_progress", None) is None:  # one for every fit: the count goes on
+                object.__setattr__(self, "_flextrain_progress", _Progress(self.accumulation_steps))
+            kwargs["callbacks"] = [*(kwargs.get("callbacks") or ()), self._flextrain_progress]
         plan = self.elastic_session
         if plan is None or not _is_array_input(x):
             return super().fit(x, y, batch_size, *args, **kwargs)
@@ -241,7 +243,8 @@ class Model(keras.Model):
 
 class _Progress(keras.callbacks.Callback):
     """``fit``'s batches reported into a script job's history (flextrain.elastic.progress): one record per
-    update (every ``steps`` micro-batches), with the mean of their losses. Runs eagerly, between batches."""
+    update (every ``steps`` micro-batches), with the mean of their losses. Runs eagerly, between batches;
+    one per model, so that the count goes on across ``fit`` calls (one per epoch, say)."""
 
     def __init__(self, steps: int) -> None:
         super().__init__()
@@ -252,7 +255,7 @@ class _Progress(keras.callbacks.Callback):
         if logs and "loss" in logs:
             self.losses.append(float(logs["loss"]))
         if self.batches % self.steps == 0:
-            progress.report(step=self.batches // self.steps,
+            progress.report(step=progress.restored_step() + self.batches // self.steps,
                             loss=sum(self.losses) / len(self.losses) if self.losses else None)
             self.losses = []
 

@@ -28,6 +28,8 @@ from typing import Any
 ENV_PROGRESS_FILE = "FLEXTRAIN_PROGRESS_FILE"
 
 _pending: list[Any] = []  # losses given since the last report (tensors: read at the report, once per step)
+_last_step = 0  # the step this process last reported, or the one committed with the State it restored
+_restored_step = 0  # the step committed with the State this process restored
 
 
 def active() -> bool:
@@ -58,13 +60,34 @@ def _is_loss(value: Any) -> bool:
     return not isinstance(value, bool) and (isinstance(value, numbers.Real) or (callable(numel) and numel() == 1))
 
 
+def last_step() -> int:
+    """The step this process last reported (what ``State.commit`` records with the commit), else the
+    one committed with the ``State`` it restored, else 0."""
+    return _last_step
+
+
+def restored_step() -> int:
+    """The step committed with the ``State`` this process restored (0: none restored). Wrappers that count
+    their own steps from 1 report ``restored_step() + count``, so a script restarted from a commit
+    continues the job's step count instead of starting again from 1."""
+    return _restored_step
+
+
+def restored(step: int) -> None:
+    """``State.restore``: the commit restored was made after step ``step``."""
+    global _last_step, _restored_step
+    _last_step = _restored_step = int(step)
+
+
 def report(*, step: int, loss: float | None = None, samples: int = 0) -> None:
     """Report optimizer step ``step`` (the script's global step count), its ``loss`` (None: the
     mean of :func:`report_loss`'s since the last report, if any) and the ``samples`` this process
     trained in it. Appends one line; never raises for want of a job (a no-op outside one)."""
+    global _last_step
     path = os.environ.get(ENV_PROGRESS_FILE)
     if not path:
         return
+    _last_step = int(step)
     if loss is None and _pending:
         loss = sum(float(x) for x in _pending) / len(_pending)
     _pending.clear()
@@ -105,4 +128,5 @@ class ProgressReader:
         return (sum(losses) / len(losses) if losses else math.nan), samples, step
 
 
-__all__ = ["ENV_PROGRESS_FILE", "ProgressReader", "active", "note_loss", "report", "report_loss"]
+__all__ = ["ENV_PROGRESS_FILE", "ProgressReader", "active", "last_step", "note_loss", "report", "report_loss",
+           "restored", "restored_step"]

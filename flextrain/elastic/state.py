@@ -25,7 +25,9 @@ directory, so a process killed mid-commit leaves the previous commit. Only
 rank 0 writes; when a process group is initialised every rank waits on a
 barrier, so no rank runs ahead of a commit that is not there yet. Beside it,
 ``state.json`` records the commit number (``{"commit": n}``); the agent
-reports it to the master as the job's step.
+reports it to the master as the job's step. A commit also records the step
+last reported to the job's history (flextrain.elastic.progress), so the
+wrappers that count steps continue from it after a restore.
 
 :meth:`restore` loads with ``torch.load(weights_only=True)``: tensors and
 plain containers only, never arbitrary pickled objects; the file lives on the
@@ -41,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from flextrain.durable import write_atomic
+from flextrain.elastic import progress
 
 ENV_STATE_DIR = "FLEXTRAIN_STATE_DIR"
 STATE_FILE = "state.pt"
@@ -87,7 +90,7 @@ class State:
 
         number = self.commits + 1
         if _rank() == 0:
-            payload = {"commit": number, "values": dict(self._values),
+            payload = {"commit": number, "values": dict(self._values), "progress_step": progress.last_step(),
                        "objects": {name: obj.state_dict() for name, obj in self._objects.items()}}
             buffer = io.BytesIO()
             torch.save(payload, buffer)
@@ -111,6 +114,7 @@ class State:
             obj.load_state_dict(payload["objects"][name])
         self._values.update({k: v for k, v in payload["values"].items() if k in self._values})
         object.__setattr__(self, "commits", int(payload["commit"]))
+        progress.restored(int(payload.get("progress_step", 0)))  # the job's step count continues from there
         return True
 
 

@@ -48,7 +48,7 @@ from flextrain.elastic.adaptive import AdaptiveBatchSampler
 from flextrain.elastic.infinity import InfinityBatch
 from flextrain.elastic.memory import MemoryMonitor
 from flextrain.elastic.model_summary import summary
-from flextrain.elastic.progress import note_loss, report, report_loss
+from flextrain.elastic.progress import note_loss, report, report_loss, restored_step
 from flextrain.elastic.rules import AdaScaleOptimizer, LinearRuleOptimizer, RootRuleOptimizer, SqrtRuleOptimizer
 from flextrain.elastic.session import ElasticInitError, Session, activate, max_micro_batch_of
 from flextrain.elastic.state import State
@@ -168,6 +168,7 @@ class Optimizer(WrappedOptimizer):
         self._position = 0  # step() calls made in the current accumulation
         self._stepped = False
         self._real_steps = 0
+        self._steps_loaded = False  # real_steps came from a state dict: the job's count already
         self._hooks: list[Any] = []
         # This accumulation's mode: None until its first micro-step, True when the script weights
         # its losses through scale(), False when the gradients are weighted; _scaled_at is the
@@ -270,7 +271,9 @@ class Optimizer(WrappedOptimizer):
         self._real_steps += 1
         # The job's history: this real step, its losses (report_loss / scale) and this process's samples.
         # every micro-batch of the step (this process's share of G), not the loader's one batch
-        report(step=self._real_steps, samples=sum(session.batch_sizes) if session is not None else 0)
+        # (after a restore, continued from the step committed with the State, unless loaded with this wrapper)
+        step = self._real_steps + (0 if self._steps_loaded else restored_step())
+        report(step=step, samples=sum(session.batch_sizes) if session is not None else 0)
         return result
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -366,7 +369,7 @@ class Optimizer(WrappedOptimizer):
                     "(when optimizer.stepped) to resume in another world")
         self.optimizer.load_state_dict(state_dict["optimizer"])
         self._cycle, self._position, self._stepped = cycle, position, False
-        self._real_steps = int(acc["real_steps"])
+        self._real_steps, self._steps_loaded = int(acc["real_steps"]), True
         self._loss_weighted = bool(acc.get("loss_weighted")) if position else None
         self._scaled_at = position - 1 if self._loss_weighted else -1
         if position:

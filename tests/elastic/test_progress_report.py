@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -99,8 +100,11 @@ def test_a_keras_models_fit_reports_each_update(fresh_init, monkeypatch, tmp_pat
     model = elastic_keras.Model(inner, steps=2)
     model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse")
     model.fit(np.ones((8, 2), "float32"), np.ones((8, 1), "float32"), batch_size=2, epochs=1, verbose=0)
-    loss, _, step = ProgressReader(path).take()
+    reader = ProgressReader(path)
+    loss, _, step = reader.take()
     assert step == 2 and math.isfinite(loss)  # 4 micro-batches of 2: 2 updates
+    model.fit(np.ones((8, 2), "float32"), np.ones((8, 1), "float32"), batch_size=2, epochs=1, verbose=0)
+    assert reader.take()[2] == 4  # a second fit (one per epoch, say) goes on counting
 
 
 def test_a_real_step_reports_every_sample_of_its_micro_batches(fresh_init, monkeypatch, tmp_path):
@@ -129,3 +133,58 @@ def test_report_loss_refuses_what_is_not_one_loss_at_the_call(monkeypatch, tmp_p
         progress.report_loss(good)
     progress.report(step=1, samples=1)
     assert ProgressReader(tmp_path / "progress.jsonl").take()[0] == 2.5
+
+
+def test_a_restarted_script_continues_the_step_count_from_its_commit(fresh_init, monkeypatch, tmp_path):
+    """The examples commit the inner optimizer (not the wrapper, whose real-step count restarts at 0):
+    the step reported with the commit comes back with State.restore, and the count goes on from it."""
+    import flextrain.elastic.torch as elastic
+    from flextrain.elastic.state import State
+
+    path = tmp_path / "progress.jsonl"
+    monkeypatch.setenv(ENV_PROGRESS_FILE, str(path))
+
+    def start():  # what a script does at each start
+        model = torch.nn.Linear(2, 1)
+        inner = torch.optim.SGD(model.parameters(), lr=0.1)
+        state = State(directory=tmp_path / "state", model=model, optimizer=inner, step=0)
+        state.restore()
+        return elastic.Optimizer(inner, steps=1), state
+
+    optimizer, state = start()
+    for _ in range(3):
+        optimizer.scale(torch.ones((), requires_grad=True)).backward()
+        optimizer.step()
+        state.step += 1
+        if state.step == 2:
+            state.commit()
+    reader = ProgressReader(path)
+    assert reader.take()[2] == 3
+    monkeypatch.setattr(progress, "_restored_step", 0)  # a new process
+    optimizer, state = start()
+    assert state.step == 2
+    optimizer.scale(torch.ones((), requires_grad=True)).backward()
+    optimizer.step()
+    assert reader.take()[2] == 3  # step 3 again (the one after the commit), not 1
+
+
+def test_a_wrapper_restored_with_its_own_count_is_not_counted_twice(fresh_init, monkeypatch, tmp_path):
+    import flextrain.elastic.torch as elastic
+    from flextrain.elastic.state import State
+
+    path = tmp_path / "progress.jsonl"
+    monkeypatch.setenv(ENV_PROGRESS_FILE, str(path))
+    model = torch.nn.Linear(2, 1)
+    optimizer = elastic.Optimizer(torch.optim.SGD(model.parameters(), lr=0.1), steps=1)
+    state = State(directory=tmp_path / "state", model=model, optimizer=optimizer)
+    for _ in range(4):
+        optimizer.scale(model(torch.ones(1, 2)).sum()).backward()
+        optimizer.step()
+    state.commit()
+    model = torch.nn.Linear(2, 1)
+    optimizer = elastic.Optimizer(torch.optim.SGD(model.parameters(), lr=0.1), steps=1)
+    State(directory=tmp_path / "state", model=model, optimizer=optimizer).restore()
+    optimizer.scale(model(torch.ones(1, 2)).sum()).backward()
+    optimizer.step()
+    steps = [json.loads(line)["step"] for line in path.read_text().splitlines()]
+    assert steps == [1, 2, 3, 4, 5]

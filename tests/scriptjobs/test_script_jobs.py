@@ -83,6 +83,7 @@ def test_a_stopped_script_job_resumes_from_its_last_commit(tmp_path):
     # from the last commit (its log line may trail a commit the stop cut short), never from 0
     assert all(r["restored"] and r["step"] >= stopped_at and r["step"] % 5 == 0 for r in last_starts), last_starts
     assert records(job_dir, "commit")[-1]["step"] == 60
+    assert read_status(job_dir)["step"] == 60  # the step count went on from the commit (it restarted at 1)
 
 
 def test_a_quick_scripts_last_steps_reach_the_status(tmp_path):
