@@ -104,6 +104,7 @@ def _inference_spec(kube, job: dict, spec):
     Its master does not resume: evaluating or predicting again from the start gives the same result
     (prediction parts are replaced whole, flextrain/worker/prediction.py)."""
     from flextrain.cli.evaluate import check_inference_job, resolve_checkpoint
+    from flextrain.cli.ps_model import ps_model_checkpoint
     from flextrain.data import DataError
     from flextrain.job import JobSpecError
     from flextrain.job.usermodule import ModelDefError
@@ -111,8 +112,9 @@ def _inference_spec(kube, job: dict, spec):
 
     try:
         spec = spec.replace(checkpoint=resolve_checkpoint(spec.checkpoint, field="spec.checkpoint"))
-        for warning in check_inference_job(spec, field="spec.checkpoint"):
-            log.warning("%s", warning)
+        with ps_model_checkpoint(spec, field="spec.checkpoint") as spec:  # a ParameterServer job's model
+            for warning in check_inference_job(spec, field="spec.checkpoint"):
+                log.warning("%s", warning)
     except (DataError, JobSpecError, ModelDefError) as exc:
         message = f"the master cannot start: {exc}"
         _conclude(kube, job, {"phase": "Failed", "message": message, "completionTime": now_iso()})

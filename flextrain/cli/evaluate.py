@@ -15,6 +15,7 @@ from pathlib import Path
 
 from flextrain.cli.common import (DEFAULT_JOBS_DIR, CLIError, HelpFormatter, abs_path, add_data_flags, data_abs,
                                   job_name, model_def_abs)
+from flextrain.cli.ps_model import is_ps_job_dir, ps_model_checkpoint
 
 
 def _add_common(p) -> None:
@@ -22,7 +23,7 @@ def _add_common(p) -> None:
                    help="model-zoo module and model callable: path/to/module.py:Name or package.module.Name")
     p.add_argument("--checkpoint", metavar="PATH_OR_JOB_DIR", required=True,
                    help="a flextrain checkpoint file, or a training job's directory (its final checkpoint, "
-                        "else its latest)")
+                        "else its latest; a ParameterServer job's model is read from its ps-checkpoints/)")
     p.add_argument("--workers", type=int, default=1, metavar="N", help="worker processes")
     p.add_argument("--global-batch-size", type=int, default=64, metavar="N",
                    help="with --steps-per-task: records per task = steps-per-task x global-batch-size")
@@ -93,11 +94,8 @@ def resolve_checkpoint(value: str, *, field: str = "--checkpoint") -> str:
             if damaged:
                 print(f"flextrain: warning: damaged checkpoints skipped: {'; '.join(damaged)}", file=sys.stderr)
             return str(newest.resolve())
-    if (path / "ps-checkpoints").is_dir():  # a ParameterServer job: its model lives on the parameter servers
-        raise JobSpecError(f"{field} {value}: a ParameterServer job, whose model is kept by its parameter servers "
-                           f"({path / 'ps-checkpoints'}), which evaluate and predict cannot read yet; evaluate it "
-                           "in training instead (--validation-data, --evaluation-steps: its final evaluation "
-                           "runs on the final model)")
+    if is_ps_job_dir(value):  # its model is on its parameter servers: exported once the module is known
+        return str(path.resolve())
     raise JobSpecError(f"{field} {value}: a directory without a checkpoint "
                        f"(no checkpoints/final.ckpt or checkpoints/latest.json)")
 
@@ -201,8 +199,9 @@ def _check_and_run(spec, args) -> int:
     try:
         spec.validate()
         guard(spec.job_dir, overwrite=args.overwrite, resumable=False)  # before anything is written
-        for warning in check_inference_job(spec):
-            print(f"flextrain: warning: {warning}", file=sys.stderr)
+        with ps_model_checkpoint(spec) as spec:  # a ParameterServer job's model: exported first
+            for warning in check_inference_job(spec):
+                print(f"flextrain: warning: {warning}", file=sys.stderr)
     except (JobSpecError, ModelDefError, DataError, JobDirError) as exc:
         raise CLIError(str(exc)) from exc
     show = sys.stderr.isatty() and not args.no_progress

@@ -41,6 +41,29 @@ log = logging.getLogger(__name__)
 _NAME = re.compile(r"^version-(\d+)\.ckpt$")
 
 
+def checkpoint_files(directory: Path) -> list[tuple[int, Path]]:
+    """(version, path) of the checkpoints in one shard's ``directory``, oldest first."""
+    if not directory.is_dir():
+        return []
+    return sorted((int(m.group(1)), p) for p in directory.iterdir() if (m := _NAME.match(p.name)))
+
+
+def load_newest(shard: ShardState, directory: Path, *, keep_sync: SyncSettings | None = None,
+                ) -> tuple[int | None, int]:
+    """Load the newest readable checkpoint of ``directory`` into ``shard`` (writes nothing): ``(its version
+    or None, the last write-ahead log record it includes: -1 for none named, 0 when nothing was loaded)``."""
+    for version, path in reversed(checkpoint_files(directory)):
+        try:
+            tree = statecodec.decode(path.read_bytes())
+            shard.load_state(tree, keep_sync=keep_sync)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.warning("skipping unreadable PS checkpoint %s: %s", path, exc)
+            continue
+        log.info("PS %d restored version %d from %s", shard.shard_index, version, path)
+        return shard.version, int(tree.get("wal_lsn", -1))
+    return None, 0
+
+
 class Checkpointer:
     def __init__(self, directory: str | os.PathLike, shard_index: int, *, every: int = 0, keep: int = 2,
                  wal: bool = True, wal_fsync: bool = False, wal_segment_bytes: int = SEGMENT_BYTES) -> None:
@@ -61,10 +84,7 @@ class Checkpointer:
 
     def checkpoints(self) -> list[tuple[int, Path]]:
         """(version, path) of the checkpoints on disk, oldest first."""
-        if not self.dir.is_dir():
-            return []
-        found = [(int(m.group(1)), p) for p in self.dir.iterdir() if (m := _NAME.match(p.name))]
-        return sorted(found)
+        return checkpoint_files(self.dir)
 
     def _write(self, version: int, blob: bytes, wal_lsn: int = -1) -> Path:
         if wal_lsn > 0 and self.wal is not None:
@@ -165,17 +185,7 @@ class Checkpointer:
         """
         for tmp in self.dir.glob(".version-*.tmp-*") if self.dir.is_dir() else ():
             tmp.unlink(missing_ok=True)  # left by a PS killed mid-write
-        restored, wal_lsn = None, 0
-        for version, path in reversed(self.checkpoints()):
-            try:
-                tree = statecodec.decode(path.read_bytes())
-                shard.load_state(tree, keep_sync=None if self.wal is not None else keep_sync)
-            except (OSError, ValueError, KeyError, TypeError) as exc:
-                log.warning("skipping unreadable PS checkpoint %s: %s", path, exc)
-                continue
-            log.info("PS %d restored version %d from %s", shard.shard_index, version, path)
-            restored, wal_lsn = shard.version, int(tree.get("wal_lsn", -1))
-            break
+        restored, wal_lsn = load_newest(shard, self.dir, keep_sync=None if self.wal is not None else keep_sync)
         if self.wal is None:
             return restored
         if wal_lsn >= 0:

@@ -84,6 +84,11 @@ class EmbeddingTable:
     def __len__(self) -> int:
         return self._n
 
+    def ids(self) -> np.ndarray:
+        """The ids of the rows created so far (a copy, in creation order)."""
+        with self.lock:
+            return self._ids[: self._n].copy()
+
     # ------------------------------------------------------------------ storage
 
     def _grow(self, extra: int) -> None:

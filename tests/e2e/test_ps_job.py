@@ -39,11 +39,18 @@ def _train_args(ctr_data: Path, job_dir: Path, *extra: str) -> list[str]:
             "--lr", "0.02", "--job-dir", str(job_dir), *extra]
 
 
-def test_ps_job_trains_ctr_model_above_majority_rate(ctr_data, tmp_path):
-    job_dir = tmp_path / "job"
+@pytest.fixture(scope="module")
+def trained_ps_job(ctr_data, tmp_path_factory):
+    """(job directory, seconds) of a finished 2-PS, 2-worker job on the CTR data."""
+    job_dir = tmp_path_factory.mktemp("ps-job") / "job"
     started = time.monotonic()
     proc = run_flextrain(*_train_args(ctr_data, job_dir), timeout=120)
     assert proc.returncode == 0, proc.stderr
+    return job_dir, time.monotonic() - started
+
+
+def test_ps_job_trains_ctr_model_above_majority_rate(trained_ps_job):
+    job_dir, seconds = trained_ps_job
     status = read_status(job_dir)
     assert status["phase"] == "Succeeded"
     assert status["progress"]["recordsDone"] == status["progress"]["recordsTotal"] == 2 * 8000
@@ -60,7 +67,30 @@ def test_ps_job_trains_ctr_model_above_majority_rate(ctr_data, tmp_path):
     # each PS wrote checkpoints of its own shard
     for i in range(2):
         assert list((job_dir / "ps-checkpoints" / f"ps-{i}").glob("*.ckpt")), f"no checkpoint of ps-{i}"
-    assert time.monotonic() - started < 90
+    assert seconds < 90
+
+
+def test_a_ps_jobs_model_is_evaluated_and_predicted_from_its_shards(trained_ps_job, ctr_data, tmp_path):
+    """evaluate/predict --checkpoint PS_JOB_DIR: the shards exported to one checkpoint give exactly the
+    final evaluation the training job ran on its parameter servers, and a prediction per record."""
+    job_dir, _ = trained_ps_job
+    trained = read_status(job_dir)["metrics"]
+    evaluated = run_flextrain("evaluate", "--model-def", DEEPFM_MODEL, "--validation-data",
+                              str(ctr_data / "validation"), "--checkpoint", str(job_dir), "--workers", "2",
+                              "--no-progress", "--job-dir", str(tmp_path / "eval"), timeout=120)
+    assert evaluated.returncode == 0, evaluated.stderr
+    metrics = read_status(tmp_path / "eval")["metrics"]
+    for name in ("accuracy", "auc", "logloss"):
+        assert metrics[name] == pytest.approx(trained[name], abs=1e-5), (name, metrics, trained)
+    assert (tmp_path / "eval" / "ps-model.ckpt").is_file()
+    predicted = run_flextrain("predict", "--model-def", DEEPFM_MODEL, "--prediction-data",
+                              str(ctr_data / "validation"), "--checkpoint", str(job_dir / "ps-checkpoints"),
+                              "--output", str(tmp_path / "out"), "--no-progress", "--job-dir",
+                              str(tmp_path / "predict"), timeout=120)
+    assert predicted.returncode == 0, predicted.stderr
+    from flextrain.data.predictions import read_predictions
+
+    assert len(read_predictions(tmp_path / "out")) == ROWS // 5  # the validation records
 
 
 def _pid_with(*needles: str) -> int | None:

@@ -42,12 +42,13 @@ def test_data_the_module_cannot_feed_is_refused_before_any_worker_starts(capsys,
     assert not (tmp_path / "job").exists()  # the workers would have failed it task by task, after retries
 
 
-def test_a_parameter_server_job_directory_is_named_as_such(capsys, tmp_path, validation):
+def test_a_parameter_server_job_without_a_readable_shard_is_refused_naming_it(capsys, tmp_path, validation):
     (tmp_path / "ps-job" / "ps-checkpoints" / "ps-0").mkdir(parents=True)
     code, err = run(capsys, "evaluate", "--model-def", STEPCOUNT, "--validation-data", str(validation),
                     "--checkpoint", str(tmp_path / "ps-job"), "--job-dir", str(tmp_path / "job"))
-    assert code == 2 and "a ParameterServer job, whose model is kept by its parameter servers" in err, err
-    assert "--validation-data" in err and not (tmp_path / "job").exists()
+    assert code == 2, err
+    assert f"ps-checkpoints/ps-0: no readable checkpoint or write-ahead log: the shard holds no model" in err, err
+    assert not (tmp_path / "job").exists()  # the export's file and the directory it made are gone
 
 
 def test_checkpoint_that_is_not_a_flextrain_checkpoint(capsys, tmp_path, validation):
