@@ -39,6 +39,9 @@ def add_commands(sub) -> None:
             "flextrain status/scale/stop act on the job. Options come before SCRIPT; everything after it "
             "is the script's."),
         formatter_class=HelpFormatter,
+        # An option after SCRIPT is the script's: argparse would take a prefix of one of ours (`--n` for
+        # --no-progress, ...) as ours and refuse it as ambiguous; our own are given in full.
+        allow_abbrev=False,
     )
     p.add_argument("script", nargs="?", metavar="SCRIPT", help="the training script (a .py file)")
     p.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS", help="the script's arguments")

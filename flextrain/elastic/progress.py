@@ -104,14 +104,15 @@ class ProgressReader:
     def __init__(self, path: str | os.PathLike) -> None:
         self.path, self._offset, self.step = path, 0, 0
 
-    def take(self) -> tuple[float, int, int]:
-        """``(mean loss or NaN, samples, latest step or 0)`` of the lines appended since the last call."""
+    def take(self) -> tuple[float | None, int, int]:
+        """``(mean loss or None, samples, latest step or 0)`` of the lines appended since the last call
+        (None: no loss reported; a reported NaN is NaN)."""
         try:
             with open(self.path, "rb") as f:
                 f.seek(self._offset)
                 data = f.read()
         except FileNotFoundError:
-            return math.nan, 0, 0
+            return None, 0, 0
         end = data.rfind(b"\n") + 1  # a line still being written is read next time
         self._offset += end
         losses, samples, step = [], 0, 0
@@ -125,7 +126,7 @@ class ProgressReader:
             except (ValueError, KeyError, TypeError):
                 continue  # not a progress line: ignored
         self.step = max(self.step, step)
-        return (sum(losses) / len(losses) if losses else math.nan), samples, step
+        return (sum(losses) / len(losses) if losses else None), samples, step
 
 
 __all__ = ["ENV_PROGRESS_FILE", "ProgressReader", "active", "last_step", "note_loss", "report", "report_loss",

@@ -136,9 +136,8 @@ class WorkerTable:
                 if req.HasField("ps_traffic"):
                     add_traffic(self.ps_traffic, req.ps_traffic)
                 if req.samples:
-                    info.loss, info.samples = req.loss, info.samples + req.samples
-                    self.last_loss = req.loss
-                elif req.step and req.loss == req.loss:  # a script's loss without a sample count (not NaN)
+                    info.samples += req.samples
+                if req.HasField("loss") and (req.samples or req.step):  # a script's may come without samples
                     info.loss = self.last_loss = req.loss
                 self.script_step = max(self.script_step, req.step)
             return self._heartbeat_answer(req.position.round_id)

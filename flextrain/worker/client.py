@@ -142,7 +142,7 @@ class MasterClient:
             worker_id=self.worker_id, path=path, position=position, final=final, stop=stop, memory=memory),
             give_up=give_up)
 
-    def heartbeat(self, position: pb.Position, loss: float, samples: int, *, waiting_for_peers: bool = False,
+    def heartbeat(self, position: pb.Position, loss: float | None, samples: int, *, waiting_for_peers: bool = False,
                   stalled_seconds: float = 0.0, skipped_steps: int = 0, lr_gain: float = 0.0,
                   gradient_noise_scale: float | None = None,
                   memory: pb.MemorySample | None = None,
@@ -157,7 +157,7 @@ class MasterClient:
         hold the answer until the round ends, a stop or the job's end (a long poll; 0: at once)."""
         return self._call(
             "Heartbeat",
-            pb.HeartbeatRequest(worker_id=self.worker_id, position=position, loss=loss, samples=samples,
+            pb.HeartbeatRequest(worker_id=self.worker_id, position=position, loss=loss, samples=samples,  # None: unset
                                 waiting_for_peers=waiting_for_peers, stalled_seconds=stalled_seconds,
                                 skipped_steps=skipped_steps, lr_gain=lr_gain,
                                 gradient_noise_scale=gradient_noise_scale, memory=memory,

@@ -24,7 +24,7 @@ def test_the_agent_reads_each_step_once_with_the_mean_loss(monkeypatch, tmp_path
     path = tmp_path / "progress.jsonl"
     monkeypatch.setenv(ENV_PROGRESS_FILE, str(path))
     reader = ProgressReader(path)
-    assert math.isnan(reader.take()[0])  # nothing reported yet
+    assert reader.take()[0] is None  # nothing reported yet
     progress.report_loss(torch.tensor(1.0))
     progress.report_loss(torch.tensor(3.0))
     progress.report(step=1, samples=8)  # the mean of the losses given since the last report

@@ -195,6 +195,10 @@ def test_records_done_includes_active_round_progress(tmp_path):
     assert master.ledger.records_done == 0
     assert master.step == 2
     assert training_loss(master) == 0.5
+    master.heartbeat(pb.HeartbeatRequest(worker_id="A", position=pos(r, 0, 3, 3), samples=10))  # no loss: unset
+    assert records_done(master) == 30 and training_loss(master) == 0.5  # was NaN: "no loss" read as one
+    heartbeat(master, "A", pos(r, 0, 3, 3), loss=math.nan, samples=10)
+    assert math.isnan(training_loss(master))  # a NaN loss is one (it went wrong), shown as such
 
 
 # ---- membership changes ----------------------------------------------------------------

@@ -52,3 +52,13 @@ def test_the_operator_refuses_a_bad_script_job_naming_the_field(change, problem)
     obj["spec"] = {k: v for k, v in obj["spec"].items() if v is not None}
     found = resource.problems(obj)
     assert any(problem in p for p in found), found
+
+
+def test_options_after_the_script_are_the_scripts_even_as_prefixes_of_ours():
+    """`--n 5` after SCRIPT went to argparse's prefix matching (ambiguous: --no-progress, --no-metrics, ...)."""
+    from flextrain.cli import make_parser
+
+    args, extra = make_parser().parse_known_args(
+        ["run", "--workers", "2", "train.py", "--n", "2048", "--no", "1", "--m", "x", "--workers", "3"])
+    assert (args.script, args.workers, extra) == ("train.py", 2, [])
+    assert args.script_args == ["--n", "2048", "--no", "1", "--m", "x", "--workers", "3"]
