@@ -170,7 +170,14 @@ class _RuleOptimizer(WrappedOptimizer):
         """Sum the gradients (and ``extra``) over the process group, if there is one of several."""
         import torch.distributed as dist
 
-        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        if not (dist.is_available() and dist.is_initialized()):
+            if self.sampler.num_replicas > 1:  # each rank would step alone on its share: replicas drift apart
+                raise RuntimeError(
+                    f"the sampler has num_replicas={self.sampler.num_replicas} but torch.distributed has no "
+                    "process group to sum the gradients over: call torch.distributed.init_process_group() "
+                    "first (flextrain run and torchrun set MASTER_ADDR/MASTER_PORT)")
+            return
+        if dist.get_world_size() == 1:
             return
         if dist.get_world_size() != self.sampler.num_replicas:
             raise RuntimeError(f"the process group has {dist.get_world_size()} processes but the sampler "

@@ -265,6 +265,7 @@ class Optimizer(WrappedOptimizer):
             return None
         if weigh:
             self._scale_grads(1.0 if cycle.hooked else cycle.weights[j])
+        _check_process_group()
         result = self.optimizer.step()
         self._cycle, self._position, self._stepped = None, 0, True
         self._loss_weighted, self._scaled_at = None, -1
@@ -375,6 +376,30 @@ class Optimizer(WrappedOptimizer):
         if position:
             for p, g in zip(self._params(), acc["grads"], strict=True):
                 p.grad = None if g is None else g.detach().to(device=p.device, dtype=p.dtype, copy=True)
+
+
+def _check_process_group() -> None:
+    """A world of several processes (init's plan, or WORLD_SIZE) with no process group would step each
+    process alone on its own share of G: replicas that drift apart, with nothing to say so. Refused at
+    the first real step, before anything is applied (the group may be set up after init)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return
+    processes = session.world.processes if session is not None else _env_world_size()
+    if processes > 1:
+        raise ElasticInitError(
+            f"this world has {processes} processes (WORLD_SIZE) but torch.distributed has no process group: "
+            "every process would apply its own share of the global batch alone, and the replicas would drift "
+            "apart; call torch.distributed.init_process_group() (\"gloo\" or \"nccl\": flextrain run and "
+            "torchrun set MASTER_ADDR/MASTER_PORT) and wrap the model in DistributedDataParallel")
+
+
+def _env_world_size() -> int:
+    try:
+        return int(os.environ.get("WORLD_SIZE") or 1)
+    except ValueError:
+        return 1
 
 
 def _maybe_several_processes() -> bool:

@@ -314,3 +314,20 @@ def test_a_loss_weighted_accumulation_resumes_from_its_state_dict(fresh_init):
         resumed.step()
     assert resumed.stepped
     assert_same(resumed_net.parameters(), full_batch_reference(250, 1, sgd))
+
+
+def test_a_world_of_processes_without_a_process_group_is_refused_at_the_first_real_step(fresh_init, monkeypatch):
+    """WORLD_SIZE=2 from the launcher, no init_process_group: each process would apply its own half of G
+    (two replicas drifting apart, the job 'Succeeded')."""
+    elastic = fresh_init
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    elastic.init(8, 2)
+    model = torch.nn.Linear(2, 1)
+    before = [p.detach().clone() for p in model.parameters()]
+    optimizer = elastic.Optimizer(torch.optim.SGD(model.parameters(), lr=0.1))
+    with pytest.raises(ElasticInitError, match="2 processes .* but torch.distributed has no process group"):
+        for _ in range(elastic.steps):
+            optimizer.scale(model(torch.ones(elastic.batch_size, 2)).sum()).backward()
+            optimizer.step()
+    assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))

@@ -32,3 +32,20 @@ def test_the_optimizers_take_the_references_arguments():
     ada = vbs.AdaScaleOptimizer(internal_optimizer=torch.optim.SGD(net.parameters(), lr=0.1), sampler=sampler,
                                 ref_batchsize=32, log_steps=None)
     assert ada.gain == 1.0 and ada.progress == 0.0
+
+
+def test_several_replicas_without_a_process_group_are_refused_before_a_step(monkeypatch):
+    """num_replicas=2 (the reference reads it from XLA) in a script that never set up torch.distributed:
+    rank 0 stepped alone on its half of G, silently (the update was half the global batch's)."""
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    net = torch.nn.Linear(2, 1)
+    before = [p.detach().clone() for p in net.parameters()]
+    sampler = vbs.CustomSampler(dataset_size=64, trace=32, num_replicas=2, rank=0, minibatch_size=16)
+    optimizer = vbs.LinearRuleOptimizer(torch.optim.SGD(net.parameters(), lr=0.1), sampler, ref_batchsize=32)
+    sampler.set_epoch(0), optimizer.set_epoch(0)
+    data = torch.utils.data.TensorDataset(torch.randn(64, 2))
+    with pytest.raises(RuntimeError, match="num_replicas=2 but torch.distributed has no process group"):
+        for (x,) in torch.utils.data.DataLoader(data, batch_sampler=sampler):
+            net(x).sum().backward()
+            optimizer.step()
+    assert all(torch.equal(p, b) for p, b in zip(net.parameters(), before))  # nothing applied
