@@ -44,10 +44,23 @@ from flextrain.elastic.world import World, WorldSource, torch_world
 
 log = logging.getLogger(__name__)
 
-AutoAccelerateResult = collections.namedtuple(
-    "AutoAccelerateResult", "model, optim, dataloader, loss_func, prepare_input, lr_scheduler, args")
-AutoAccelerateResult.__doc__ = ("What auto_accelerate returns as ``result`` (ATorch's namedtuple); ``args`` is the "
-                                ":class:`flextrain.accelerate.context.Report`.")
+class AutoAccelerateResult(collections.namedtuple(
+        "AutoAccelerateResult", "model, optim, dataloader, loss_func, prepare_input")):
+    """What auto_accelerate returns as ``result``: ATorch's namedtuple of five, so that
+    ``model, optim, dataloader, loss_func, prepare_input = result`` works as there; ``lr_scheduler``
+    and ``args`` (the :class:`flextrain.accelerate.context.Report`) are attributes beside them."""
+
+    lr_scheduler: Any = None
+    args: Any = None
+
+    def __new__(cls, model, optim, dataloader, loss_func, prepare_input, lr_scheduler=None, args=None):
+        self = super().__new__(cls, model, optim, dataloader, loss_func, prepare_input)
+        self.lr_scheduler, self.args = lr_scheduler, args
+        return self
+
+    def _replace(self, **changes: Any) -> "AutoAccelerateResult":
+        extra = {name: changes.pop(name, getattr(self, name)) for name in ("lr_scheduler", "args")}
+        return type(self)(*super()._replace(**changes), **extra)
 
 
 def current_world(*, init: bool = True) -> World:
