@@ -280,5 +280,6 @@ def open_channel(address: str, creds: JobCredentials | None, *, options: Sequenc
     return grpc.intercept_channel(channel, _TokenClient(creds.token))
 
 
-__all__ = ["AUTH_HEADER", "CredentialsError", "ENV_DIR", "FILES", "from_environment", "AioTokenInterceptor", "JobCredentials", "TARGET_NAME", "TokenInterceptor",
-           "add_port", "make_credentials", "open_channel", "read_credentials", "write_credentials"]
+__all__ = ["AUTH_HEADER", "AioTokenInterceptor", "CredentialsError", "ENV_DIR", "FILES", "JobCredentials",
+           "TARGET_NAME", "TokenInterceptor", "add_port", "from_environment", "make_credentials", "open_channel",
+           "read_credentials", "write_credentials"]
