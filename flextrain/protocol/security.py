@@ -124,8 +124,9 @@ def _pem(path: Path, kind: str) -> bytes:
             load_pem_private_key(data, password=None)
         else:
             x509.load_pem_x509_certificates(data)  # every certificate in the file, at least one
-    except (ValueError, TypeError) as exc:
-        raise CredentialsError(f"{path} is not a PEM {kind}: {exc}") from exc
+    except (ValueError, TypeError) as exc:  # the reason without cryptography's link to its FAQ
+        reason = str(exc).split(". See ")[0].rstrip(".")
+        raise CredentialsError(f"{path} is not a PEM {kind} ({reason})") from exc
     return data
 
 
