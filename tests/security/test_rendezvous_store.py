@@ -54,3 +54,18 @@ def test_a_script_rounds_own_store_listens_where_the_jobs_does():
     rnd = Round(round_id=1, members=["worker-0"], version=0)
     strategy.round_formed(job, rnd, None, [])
     assert rnd.store_port and listening(rnd.store_port) == {"127.0.0.1"}
+
+
+def test_a_kubernetes_jobs_pods_reach_its_masters_stores_and_no_one_else_does():
+    """On Kubernetes the store listens on every interface of the master's pod, on a port picked as it starts:
+    the master's NetworkPolicy admits the job's own pods on every port (else their rendezvous would be
+    dropped), the operator on the gRPC port only, and nobody else but on the metrics port."""
+    from flextrain.k8s.netpol import job_policies
+
+    job = {"apiVersion": "flextrain.dev/v1", "kind": "ElasticJob",
+           "metadata": {"name": "j", "namespace": "ns", "uid": "u"}, "spec": {"strategy": "AllReduce"}}
+    (master,) = job_policies(job, operator_namespace="flextrain-system")
+    rules = master["spec"]["ingress"]
+    own_pods = {"podSelector": {"matchLabels": {"flextrain.dev/job": "j"}}}
+    assert [rule for rule in rules if "ports" not in rule] == [{"from": [own_pods]}]  # every port: the job's only
+    assert all("ports" in rule for rule in rules if rule.get("from") != [own_pods])
