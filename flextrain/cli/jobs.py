@@ -74,20 +74,50 @@ def _master_alive(status: dict) -> bool:
     return True
 
 
-def _master_stub(status: dict, *, hint: str = ""):
-    """A stub to the job's running master; ``hint``: what to do instead when it is not running."""
+def _call_master(status: dict, rpc: str, request, *, hint: str = ""):
+    """``rpc`` of the job's running master with ``request``; ``hint``: what to do instead when it is not running.
+
+    A --tls job (status.json's ``tls``: the job says so, not which files exist) is dialled with the CA and
+    token in ``<jobDir>/tls/`` and nothing else; a file missing or broken, the token refused, a failed
+    handshake or any other failed call is a CLIError of one line naming the file or the problem."""
+    import grpc
+
     from flextrain.proto import flextrain_pb2_grpc as pb_grpc
     from flextrain.protocol.limits import MASTER_MESSAGE_OPTIONS
-    from flextrain.protocol.security import open_channel
+    from flextrain.protocol.security import CredentialsError, open_channel, read_credentials
 
+    name, address = status.get("name"), status.get("masterAddress")
     if status.get("phase") in ("Succeeded", "Failed") or not _master_alive(status):
-        raise CLIError(f"job {status.get('name')} is not running (phase {status.get('phase')}){hint}")
-    if not isinstance(status.get("masterAddress"), str):
-        raise CLIError(f"job {status.get('name')}: its status.json names no master address (masterAddress)")
-    from flextrain.protocol.security import read_credentials
+        raise CLIError(f"job {name} is not running (phase {status.get('phase')}){hint}")
+    if not isinstance(address, str):
+        raise CLIError(f"job {name}: its status.json names no master address (masterAddress)")
+    tls_dir, creds = Path(str(status.get("jobDir"))) / "tls", None
+    if status.get("tls"):  # never plaintext with the token: that would send it in the clear
+        try:
+            creds = read_credentials(tls_dir)
+        except CredentialsError as exc:
+            raise CLIError(f"job {name} runs with --tls: {exc}") from exc
+    try:
+        with open_channel(address, creds, options=MASTER_MESSAGE_OPTIONS) as channel:
+            return getattr(pb_grpc.MasterStub(channel), rpc)(request, timeout=10)
+    except grpc.RpcError as exc:
+        raise CLIError(_call_problem(exc, name, address, rpc, tls_dir if creds else None)) from exc
 
-    creds = read_credentials(Path(status["jobDir"]) / "tls") if status.get("tls") else None  # --tls jobs
-    return pb_grpc.MasterStub(open_channel(status["masterAddress"], creds, options=MASTER_MESSAGE_OPTIONS))
+
+def _call_problem(exc, name, address: str, rpc: str, tls_dir: Path | None) -> str:
+    """One line saying why ``rpc`` to job ``name``'s master failed (``tls_dir``: the material it was dialled
+    with)."""
+    import grpc
+
+    code, details = exc.code(), (exc.details() or "").strip()
+    if tls_dir is not None and code is grpc.StatusCode.UNAUTHENTICATED:
+        return (f"job {name}'s master refused the token in {tls_dir / 'token'}: the credentials in {tls_dir} "
+                f"don't match this job's")
+    if tls_dir is not None and code is grpc.StatusCode.UNAVAILABLE and any(
+            word in details.lower() for word in ("handshake", "ssl", "tsi_", "certificate")):
+        return (f"no TLS connection to job {name}'s master at {address}: the handshake failed; is "
+                f"{tls_dir / 'ca.crt'} this job's CA? ({details.splitlines()[0] if details else code.name})")
+    return f"job {name}'s master at {address} did not answer {rpc}: {code.name}: {' '.join(details.split())}"
 
 
 def _current_status(job: str) -> dict:
@@ -164,7 +194,7 @@ def cmd_stop(args) -> int:
     from flextrain.proto import flextrain_pb2 as pb
 
     status = _read_status(args.job, complete=False)
-    resp = _master_stub(status).Stop(pb.StopRequest(reason=args.reason), timeout=10)
+    resp = _call_master(status, "Stop", pb.StopRequest(reason=args.reason))
     print(resp.message)
     return 0 if resp.accepted else 1
 
@@ -186,8 +216,7 @@ def _suspend(args, *, suspend: bool) -> int:
     # failed, finished) is continued by a new run from its checkpoint
     hint = "" if suspend else (f"; `flextrain resume` continues a suspended job: to continue this one from its "
                                f"latest checkpoint, run `flextrain train --resume {status.get('jobDir') or args.job}`")
-    resp = _master_stub(status, hint=hint).Suspend(pb.SuspendRequest(suspend=suspend, reason=args.reason),
-                                                   timeout=10)
+    resp = _call_master(status, "Suspend", pb.SuspendRequest(suspend=suspend, reason=args.reason), hint=hint)
     if not resp.accepted:
         raise CLIError(resp.message)
     print(resp.message)
@@ -198,7 +227,7 @@ def cmd_scale(args) -> int:
     from flextrain.proto import flextrain_pb2 as pb
 
     status = _read_status(args.job, complete=False)
-    resp = _master_stub(status).Scale(pb.ScaleRequest(workers=args.workers), timeout=10)
+    resp = _call_master(status, "Scale", pb.ScaleRequest(workers=args.workers))
     if not resp.accepted:  # printed once, by main(), as the error
         raise CLIError(resp.message)
     print(resp.message)

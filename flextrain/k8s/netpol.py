@@ -3,10 +3,12 @@
 With ``flextrain operator --network-policies`` (the chart's ``networkPolicies.enabled``, on by
 default) the operator creates, owned by the ElasticJob, before its first master pod:
 
-* ``<job>-master`` selecting the job's master pods: the master's gRPC port admits the job's own pods
-  (label ``flextrain.dev/job=<job>``) and the operator's pod (labels :data:`OPERATOR_LABELS` in the
-  operator's namespace: it relays scale and stop requests); with metrics on, the metrics port
-  admits everyone (Prometheus runs wherever it runs; the port serves read-only metrics).
+* ``<job>-master`` selecting the job's master pods: every port admits the job's own pods (label
+  ``flextrain.dev/job=<job>``): its gRPC port, and the rendezvous TCPStore and a script round's own
+  store, which torch serves on ports picked when they start (flextrain/master/process.py open_store);
+  the gRPC port admits the operator's pod too (labels :data:`OPERATOR_LABELS` in the operator's
+  namespace: it relays scale and stop requests); with metrics on, the metrics port admits everyone
+  (Prometheus runs wherever it runs; the port serves read-only metrics).
 * ``<job>-ps`` selecting the job's parameter-server pods (ParameterServer jobs only): their gRPC
   ports admit the job's own pods.
 
@@ -51,7 +53,9 @@ def job_policies(job: Mapping[str, Any], *, operator_namespace: str) -> list[dic
     own_pods = {"podSelector": {"matchLabels": {meta.LABEL_JOB: job["metadata"]["name"]}}}
     operator = {"namespaceSelector": {"matchLabels": {NAMESPACE_LABEL: operator_namespace}},
                 "podSelector": {"matchLabels": dict(OPERATOR_LABELS)}}
-    master = [{"from": [own_pods, operator], "ports": _tcp(meta.master_port(job))}]
+    # The job's pods on any port: the stores' ports are only known once they listen (and the store
+    # checks no token, so no one else may reach it); the operator on the gRPC port only.
+    master = [{"from": [own_pods]}, {"from": [operator], "ports": _tcp(meta.master_port(job))}]
     if (metrics := meta.metrics_port(job)) is not None:
         master.append({"ports": _tcp(metrics)})
     policies = [_policy(job, "master", master)]

@@ -91,7 +91,8 @@ class JobMaster(FailureHandling, RoundKeeping, WorkerTable, CheckpointReports):
         self.step = 0  # highest model version any worker reported
         self.script_step = 0  # script jobs: the highest step a script reported (flextrain.elastic.progress)
         self.last_loss: float | None = None  # None: no training loss reported yet (NaN is a loss)
-        self.store_host = "127.0.0.1"
+        self.store_host = "127.0.0.1"  # what workers dial for the job's stores
+        self.store_bind = "127.0.0.1"  # what the stores listen on (a wildcard: every interface)
         self.store_port = 0
         self.restore_checkpoint = ""  # what the first round's rank 0 loads (resume)
         self.final_checkpoint: str | None = None

@@ -22,7 +22,7 @@ def job_credentials(spec: JobSpec, job_dir: Path, *, kubernetes: bool) -> tuple[
     if not spec.tls:
         return None, {}
     if kubernetes:
-        creds = from_environment()
+        creds = from_environment(server=True)
         if creds is None:
             raise ValueError(f"spec.tls is on but {ENV_DIR} is not set: the operator mounts the job's Secret "
                              f"{spec.name}-tls into its pods; run a Kubernetes job's master through an ElasticJob")

@@ -29,7 +29,7 @@ from flextrain.master.jobdir import JobDirError
 from flextrain.master.k8s_priority import membership as worker_membership
 from flextrain.master.launcher import LaunchBackend, LocalProcessBackend
 from flextrain.master.metrics import start_metrics
-from flextrain.master.process import (_bytes, _install_signal_handlers, _print_summary, _reachable_host,
+from flextrain.master.process import (_bytes, _install_signal_handlers, _print_summary, _reachable_host, open_store,
                                       _restore_signal_handlers, _status_json, exit_code, read_ahead_env)
 from flextrain.master.ps_fleet import PSFleet, PSStartError, is_ps
 from flextrain.master.resume import HISTORY_FILE, record_run, restore
@@ -134,7 +134,6 @@ def _run_job(spec: JobSpec, *, host: str, port: int, backend: LaunchBackend | No
              console: Console | None, resume: bool, namespace: str | None, api_client, moved_to: Path | None,
              changes: tuple[str, ...], moved_from: str | None, zygote: Zygote | None) -> int:
     import torch  # heavy import: only the master process needs it here
-    import torch.distributed as dist
 
     console = console or Console(stderr=True)
     job_dir = Path(spec.job_dir)
@@ -175,8 +174,9 @@ def _run_job(spec: JobSpec, *, host: str, port: int, backend: LaunchBackend | No
 
     # One long-lived TCPStore for the whole job; every round uses its own
     # key prefix over it, which is what makes re-forming gloo groups cheap.
-    store = dist.TCPStore(host, 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
-    job.store_host, job.store_port = _reachable_host(host), store.port
+    # It listens on the master's gRPC host (loopback for a local job), not every interface (open_store).
+    store = open_store(host, timedelta(seconds=60))
+    job.store_bind, job.store_host, job.store_port = host, _reachable_host(host), store.port
 
     k8s = None  # the Kubernetes context, when workers run as pods
     if backend is None and spec.backend is Backend.KUBERNETES:

@@ -60,11 +60,11 @@ class ScriptStrategy(TrainingStrategy):
         return self.done
 
     def round_formed(self, job: JobMaster, rnd: Round, previous: Round | None, waiters: list) -> None:
-        import torch.distributed as dist  # the master imports torch anyway (its own store)
+        from flextrain.master.process import open_store  # torch: the master imports it anyway (its own store)
 
         # Dropping the previous round's store disconnects what is left of that round's scripts.
         self._stores.clear()
-        store = dist.TCPStore(job.store_host, 0, is_master=True, wait_for_workers=False, timeout=STORE_TIMEOUT)
+        store = open_store(job.store_bind, STORE_TIMEOUT)  # where the job's own store listens
         self._stores[rnd.round_id] = store
         rnd.store_port = store.port
         if previous is not None:

@@ -10,7 +10,8 @@ Contract:
   no address has to be known when it is made.
 * The files (:func:`write_credentials`, :func:`read_credentials`) are the keys of the job's Kubernetes
   Secret (``ca.crt``, ``tls.crt``, ``tls.key``, ``token``): a local job keeps them in ``<job dir>/tls/``,
-  a pod has the Secret mounted as that directory.
+  a pod has the Secret mounted as that directory. A client reads only ``ca.crt`` and ``token``; each file is
+  checked (present, PEM) when read, and a problem names the file (:class:`CredentialsError`).
 * Servers (:func:`add_port`, :func:`token_interceptor`) refuse every call without ``authorization:
   Bearer <the job's token>`` with UNAUTHENTICATED, and count each refusal. Clients
   (:func:`open_channel`) send the token with every call, over TLS when the job has a CA.
@@ -102,34 +103,73 @@ def write_credentials(directory: Path, creds: JobCredentials) -> None:
             path.chmod(0o600 if part in ("key", "token") else 0o644)
 
 
-def read_credentials(directory: Path) -> JobCredentials | None:
-    """The material in ``directory``; None when it holds no token (the job runs without authentication).
-    A token without a CA: plaintext with the token. A CA without its key pair is an error naming the file."""
+class CredentialsError(ValueError):
+    """A job's TLS material is missing or unusable; the message names the file (a user can fix it)."""
+
+
+def _pem(path: Path, kind: str) -> bytes:
+    """``path``'s bytes, checked to parse as ``kind`` ("certificate" or "private key") so that a broken file is
+    named here rather than failing inside gRPC's C core ("Could not load any root certificate")."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives.serialization import load_pem_private_key
+
+    if not path.is_file():
+        raise CredentialsError(f"{path} is missing: a job with TLS on needs its {kind}")
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise CredentialsError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    try:
+        if kind == "private key":
+            load_pem_private_key(data, password=None)
+        else:
+            x509.load_pem_x509_certificates(data)  # every certificate in the file, at least one
+    except (ValueError, TypeError) as exc:  # the reason without cryptography's link to its FAQ
+        reason = str(exc).split(". See ")[0].rstrip(".")
+        raise CredentialsError(f"{path} is not a PEM {kind} ({reason})") from exc
+    return data
+
+
+def read_credentials(directory: Path, *, server: bool = False) -> JobCredentials:
+    """The material in ``directory`` of a job with TLS on: its CA and token (all a client needs), plus the
+    server certificate and key with ``server``. A file missing, empty or not PEM is a CredentialsError
+    naming it.
+
+    Whether a job runs with TLS is its own to say (``spec.tls``, status.json's ``tls``, FLEXTRAIN_TLS_DIR set
+    by its master), never which files happen to exist: a TLS job whose CA is gone is an error here, not
+    plaintext with the token, which would send the token in the clear. (Token-only credentials,
+    ``make_credentials(tls=False)``, are never read from files.)"""
     token_file = directory / FILES["token"]
     if not token_file.is_file():
-        return None
-    token = token_file.read_text().strip()
+        raise CredentialsError(f"{token_file} is missing: a job with TLS on needs its token")
+    try:
+        token = token_file.read_text().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CredentialsError(f"cannot read {token_file}: {exc}") from exc
     if not token:
-        raise ValueError(f"{token_file} is empty: the job's token is missing")
-    found = {part: (directory / name).read_bytes() if (directory / name).is_file() else b""
-             for part, name in FILES.items() if part != "token"}
-    if found["ca"] and not (found["cert"] and found["key"]):
-        missing = FILES["cert"] if not found["cert"] else FILES["key"]
-        raise ValueError(f"{directory / missing} is missing: a job with a CA needs its certificate and key")
-    return JobCredentials(token=token, **found)
+        raise CredentialsError(f"{token_file} is empty: the job's token is missing")
+    ca = _pem(directory / FILES["ca"], "certificate")
+    if not server:  # a client never loads the server's private key
+        return JobCredentials(token=token, ca=ca)
+    return JobCredentials(token=token, ca=ca, cert=_pem(directory / FILES["cert"], "certificate"),
+                          key=_pem(directory / FILES["key"], "private key"))
 
 
-def from_environment() -> JobCredentials | None:
-    """The job's material for a process its master started (``FLEXTRAIN_TLS_DIR``); None: none given."""
+def from_environment(*, server: bool) -> JobCredentials | None:
+    """The job's material for a process its master started (``FLEXTRAIN_TLS_DIR``); None: none given.
+    ``server``: with the server certificate and key (a parameter server, a Kubernetes master), else what a
+    client needs (a worker). A problem is a CredentialsError naming the variable and the file."""
     import os
 
     directory = os.environ.get(ENV_DIR)
     if not directory:
         return None
-    creds = read_credentials(Path(directory))
-    if creds is None:
-        raise ValueError(f"{ENV_DIR}={directory} holds no token ({Path(directory) / FILES['token']})")
-    return creds
+    if not (Path(directory) / FILES["token"]).is_file():
+        raise CredentialsError(f"{ENV_DIR}={directory} holds no token ({Path(directory) / FILES['token']})")
+    try:
+        return read_credentials(Path(directory), server=server)
+    except CredentialsError as exc:
+        raise CredentialsError(f"{ENV_DIR}={directory}: {exc}") from exc
 
 
 # ---- servers ---------------------------------------------------------------------------------------
@@ -241,5 +281,6 @@ def open_channel(address: str, creds: JobCredentials | None, *, options: Sequenc
     return grpc.intercept_channel(channel, _TokenClient(creds.token))
 
 
-__all__ = ["AUTH_HEADER", "ENV_DIR", "FILES", "from_environment", "AioTokenInterceptor", "JobCredentials", "TARGET_NAME", "TokenInterceptor",
-           "add_port", "make_credentials", "open_channel", "read_credentials", "write_credentials"]
+__all__ = ["AUTH_HEADER", "AioTokenInterceptor", "CredentialsError", "ENV_DIR", "FILES", "JobCredentials",
+           "TARGET_NAME", "TokenInterceptor", "add_port", "from_environment", "make_credentials", "open_channel",
+           "read_credentials", "write_credentials"]

@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
                mode=args.mode, grads_to_wait=args.grads_to_wait, version_tolerance=args.version_tolerance,
                staleness_lr=args.staleness_lr, max_staleness=args.max_staleness, chunk_bytes=args.chunk_bytes,
                threads=args.threads, torch_threads=args.torch_threads, wal=args.wal,
-               wal_fsync=args.wal_fsync, creds=from_environment())  # --tls: the job's material, from its master
+               wal_fsync=args.wal_fsync, creds=from_environment(server=True))  # --tls: the job's material, from its master
     except (ValueError, OSError) as exc:
         print(f"flextrain-ps: error: {exc}", file=sys.stderr)
         return 2

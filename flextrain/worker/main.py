@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ from flextrain.data import configure_record_cache
 from flextrain.elastic.memory import MemoryMonitor
 from flextrain.failures import ExitCode
 from flextrain.job import JobSpec, JobType, Strategy
-from flextrain.protocol.security import from_environment
+from flextrain.protocol.security import CredentialsError, from_environment
 from flextrain.proto import flextrain_pb2 as pb
 from flextrain.worker.client import MasterClient, MasterUnreachable
 from flextrain.worker.collective import Collective, CollectiveError
@@ -116,7 +117,12 @@ def run_worker(master: str, worker_id: str, *, spare: bool = False) -> int:
     ``sys.exit()`` called by the user's code; only a signal or ``os._exit`` go unreported (the
     master then names the exit code and the end of the worker's log).
     """
-    client = MasterClient(master, worker_id, creds=from_environment())  # --tls: the material its master made
+    try:
+        creds = from_environment(server=False)  # --tls: the CA and token its master made (a client's part)
+    except CredentialsError as exc:  # no channel to report it on: the line and the exit code say it
+        print(f"flextrain: error: {exc}", file=sys.stderr)
+        return ExitCode.USAGE
+    client = MasterClient(master, worker_id, creds=creds)
     doing = _Doing()
     try:
         return _run_worker(client, worker_id, doing, spare=spare)

@@ -144,12 +144,14 @@ def test_token_only_runs_in_plaintext_and_is_still_checked():
 def test_the_files_round_trip_with_private_modes_and_a_broken_set_is_named(job, tmp_path):
     directory = tmp_path / "tls"
     write_credentials(directory, job)
-    assert read_credentials(directory) == job
+    assert read_credentials(directory, server=True) == job
+    assert read_credentials(directory) == JobCredentials(token=job.token, ca=job.ca)  # a client's part
     assert sorted(p.name for p in directory.iterdir()) == ["ca.crt", "tls.crt", "tls.key", "token"]
     for name, mode in (("tls.key", 0o600), ("token", 0o600), ("tls.crt", 0o644)):
         assert stat.S_IMODE((directory / name).stat().st_mode) == mode, name
-    assert read_credentials(tmp_path / "none") is None  # no token: the job runs without authentication
+    with pytest.raises(ValueError, match=r"none/token is missing"):  # read only for a job with TLS on
+        read_credentials(tmp_path / "none")
     (directory / "tls.key").unlink()
-    with pytest.raises(ValueError, match=r"tls.key is missing: a job with a CA needs its certificate and key"):
-        read_credentials(directory)
+    with pytest.raises(ValueError, match=r"tls.key is missing: a job with TLS on needs its private key"):
+        read_credentials(directory, server=True)
     assert make_credentials("digits").token != job.token  # every job its own

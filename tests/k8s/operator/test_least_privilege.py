@@ -84,7 +84,8 @@ def test_the_master_runs_as_its_jobs_own_account_behind_the_jobs_network_policie
     assert master["podSelector"] == {"matchLabels": {**JOB_LABELS, meta.LABEL_ROLE: "master"}}
     assert master["policyTypes"] == ["Ingress"]
     assert master["ingress"] == [
-        {"from": [own_pods, operator], "ports": [{"protocol": "TCP", "port": 50051}]},
+        {"from": [own_pods]},  # every port: gRPC and the rendezvous stores, on ports picked as they start
+        {"from": [operator], "ports": [{"protocol": "TCP", "port": 50051}]},
         {"ports": [{"protocol": "TCP", "port": 9464}]},  # metrics: Prometheus, wherever it runs
     ]
     assert ps["podSelector"] == {"matchLabels": {**JOB_LABELS, meta.LABEL_ROLE: "ps"}}
