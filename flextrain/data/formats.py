@@ -6,9 +6,10 @@ needs:
 * ``RECORDIO``: the file starts with a RecordIO chunk header's magic
   (``04 03 02 01``), whatever its name (ElasticDL writes ``data-00000``).
   Records holding serialized ``tf.train.Example`` are RecordIO like any other.
-* ``CSV``: text (no NUL or other control bytes) whose lines parse as CSV rows
-  with one number of fields, two or more. A text file named ``*.csv`` is CSV
-  whatever its lines look like (single-column data).
+* ``CSV``: text (no NUL or other control bytes) whose rows (as the csv
+  module reads them: quoted fields may hold line breaks, a leading UTF-8 byte
+  order mark is not data) have one number of fields, two or more. A text file
+  named ``*.csv`` is CSV whatever its lines look like (single-column data).
 * ``PARQUET``: the file starts with the Parquet magic ``PAR1`` and ends with
   it (the footer), whatever its name. A file starting with ``PAR1`` that is
   not text is Parquet too, damaged or cut short: the Parquet reader names
@@ -27,6 +28,7 @@ FIFO or device, or a file that cannot be read.
 from __future__ import annotations
 
 import csv
+import io
 import os
 import stat
 import struct
@@ -46,6 +48,7 @@ _SAMPLE = 64 * 1024  # bytes read to classify a file
 _RECORDIO_MAGIC = struct.pack("<I", 0x01020304)
 _RECORDIO_EXTENSIONS = (".rio", ".recordio")
 _PARQUET_MAGIC = b"PAR1"
+_BOM = b"\xef\xbb\xbf"  # UTF-8's byte order mark, which Excel writes first in its CSV exports
 #: Extensions that settle what content cannot (see the module docstring).
 HINT_EXTENSIONS: tuple[str, ...] = (".csv", ".recordio", ".rio")
 # Bytes a text file may hold: printable ASCII and above, tab, newlines, form feed, escape.
@@ -109,7 +112,7 @@ def sniff(path: str | os.PathLike[str]) -> str:
     if parquet and _tail(path, st.st_size, head) == _PARQUET_MAGIC:
         return PARQUET
     if not head.translate(None, _TEXT_BYTES):  # nothing but text bytes
-        if ext == ".csv" or _parses_as_csv(head, whole=len(head) == st.st_size):
+        if ext == ".csv" or _csv_width(head, whole=len(head) == st.st_size):
             return CSV
         if ext not in _RECORDIO_EXTENSIONS:
             raise NotDataError(path, "text that is not CSV (its lines do not all hold one number of comma-"
@@ -137,21 +140,27 @@ def _tail(path: str, size: int, head: bytes) -> bytes:
         return b""
 
 
-def _parses_as_csv(head: bytes, *, whole: bool) -> bool:
-    lines = head.split(b"\n")
-    if not whole:
-        lines = lines[:-1]  # cut by the sample
-    widths = set()
+def _csv_width(head: bytes, *, whole: bool) -> int | None:
+    """The one number (2 or more) of fields in the rows of ``head``, or None."""
+    return _csv_shape(head, whole=whole)[0]
+
+
+def _csv_shape(head: bytes, *, whole: bool) -> tuple[int | None, int]:
+    """``(width, rows)``: the one number (2 or more) of fields in the rows of ``head`` (else None), and
+    how many rows it holds.
+
+    Rows as ``CSVReader`` and ``flextrain data convert`` read them (the csv module's: a quoted field may
+    hold line breaks, lone ``\r`` ends a line); latin-1 maps each byte to a character, whatever the encoding.
+    """
+    text = head.removeprefix(_BOM).decode("latin-1")
     try:
-        for line in lines:
-            line = line.rstrip(b"\r")
-            if line:
-                widths.add(len(next(csv.reader([line.decode("latin-1")]))))
-                if len(widths) > 1:
-                    return False
+        rows = [row for row in csv.reader(io.StringIO(text, newline="")) if row]
     except csv.Error:
-        return False
-    return len(widths) == 1 and widths.pop() >= 2
+        return None, 0
+    if not whole:
+        rows = rows[:-1]  # cut by the sample
+    widths = {len(row) for row in rows}
+    return (widths.pop() if len(widths) == 1 and min(widths) >= 2 else None), len(rows)
 
 
 def _crc32c(data: bytes) -> int:

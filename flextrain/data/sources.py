@@ -264,8 +264,9 @@ def make_shards(path: str | os.PathLike[str], *, what: str = "data", options: Da
                 skipped: list[str] | None = None) -> list[Shard]:
     """One shard per data file under ``path`` covering all of its records.
 
-    With ``options.csv_header`` a CSV shard starts at line 1, so the header
-    is never a record (record ``i`` of a CSV source is always its line ``i``).
+    With ``options.csv_header`` a CSV shard starts at record 1, so the header
+    is never a record (record ``i`` of a CSV source is always its ``i``-th row,
+    blank lines not counted).
     A Parquet file gives one shard per row group, cut into pieces of at most
     ``PARQUET_SHARD_ROWS`` rows; with ``options.columns`` every Parquet file
     must have those columns (DataError naming the file and the ones missing).
