@@ -20,9 +20,9 @@ The name settles only what the content alone cannot: a ``*.rio`` or
 ``*.recordio`` file that is not text is read as RecordIO, so damage at its
 first chunk is reported as a corrupt RecordIO file (with the byte offset)
 rather than as an unknown one. Anything else raises :class:`NotDataError`
-with the reason: a binary file of no known format (a TFRecord file is named
-as such), text that is not CSV, a dangling symbolic link, a directory, a
-FIFO or device, or a file that cannot be read.
+with the reason: a binary file of no known format (a TFRecord file and a
+gzip-compressed one are named as such), text that is not CSV, a dangling
+symbolic link, a directory, a FIFO or device, or a file that cannot be read.
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ import struct
 
 from flextrain.data.errors import DataError
 
-__all__ = ["RECORDIO", "CSV", "PARQUET", "EMPTY", "FORMATS", "NotDataError", "sniff", "HINT_EXTENSIONS"]
+__all__ = ["RECORDIO", "CSV", "PARQUET", "EMPTY", "FORMATS", "NotDataError", "sniff", "HINT_EXTENSIONS",
+           "GZIP_MAGIC", "gzip_reason"]
 
 RECORDIO = "RecordIO"
 CSV = "CSV"
@@ -48,6 +49,7 @@ _SAMPLE = 64 * 1024  # bytes read to classify a file
 _RECORDIO_MAGIC = struct.pack("<I", 0x01020304)
 _RECORDIO_EXTENSIONS = (".rio", ".recordio")
 _PARQUET_MAGIC = b"PAR1"
+GZIP_MAGIC = b"\x1f\x8b"
 _BOM = b"\xef\xbb\xbf"  # UTF-8's byte order mark, which Excel writes first in its CSV exports
 #: Extensions that settle what content cannot (see the module docstring).
 HINT_EXTENSIONS: tuple[str, ...] = (".csv", ".recordio", ".rio")
@@ -108,6 +110,8 @@ def sniff(path: str | os.PathLike[str]) -> str:
     ext = os.path.splitext(path)[1].lower()
     if head.startswith(_RECORDIO_MAGIC):
         return RECORDIO
+    if head.startswith(GZIP_MAGIC):
+        raise NotDataError(path, gzip_reason(path))
     parquet = head.startswith(_PARQUET_MAGIC)
     if parquet and _tail(path, st.st_size, head) == _PARQUET_MAGIC:
         return PARQUET
@@ -138,6 +142,14 @@ def _tail(path: str, size: int, head: bytes) -> bytes:
             return f.read(4)
     except OSError:
         return b""
+
+
+def gzip_reason(path: str) -> str:
+    """Why a file starting with the gzip magic is not read, and what to do."""
+    base, ext = os.path.splitext(path)
+    plain = base if ext == ".gz" else f"{base}-plain{ext}"
+    return (f"gzip-compressed (its first bytes are the gzip magic 1f 8b): decompress it first "
+            f"(gunzip -c {path} > {plain})")
 
 
 def _csv_width(head: bytes, *, whole: bool) -> int | None:

@@ -7,6 +7,7 @@ rows convert writes: blank lines, quoted line breaks, old-Mac line ends and Exce
 from __future__ import annotations
 
 import csv
+import gzip
 import io
 
 import pytest
@@ -14,7 +15,8 @@ import pytest
 from flextrain.data import DataOptions, make_shards, read_shard_range
 from flextrain.data.convert import ConvertOptions, convert
 from flextrain.data.convert.csvsplit import plan_csv
-from flextrain.data.formats import CSV, sniff
+from flextrain.data.errors import DataError
+from flextrain.data.formats import CSV, NotDataError, sniff
 from flextrain.data.rows import load_schema
 from flextrain.data.sources import clear_reader_cache
 
@@ -70,3 +72,15 @@ def test_a_byte_order_mark_never_reaches_field_names_or_types(tmp_path):
     (tmp_path / "q.csv").write_bytes(BOM + b'1.5,"2"\n3.5,4\n')
     convert(tmp_path / "q.csv", tmp_path / "q", ConvertOptions())
     assert [(f.name, f.dtype) for f in load_schema(tmp_path / "q").fields] == [("c0", "float64"), ("c1", "int64")]
+
+
+@pytest.mark.parametrize("name", ["plain.csv.gz", "gz_named.csv", "data-00000"])
+def test_gzip_files_are_named_as_compressed(tmp_path, name):
+    path = tmp_path / name
+    path.write_bytes(gzip.compress(b"x0,x1,label\n1,2,0\n"))
+    with pytest.raises(NotDataError, match="gzip-compressed .*decompress it first \\(gunzip -c "):
+        sniff(path)
+    with pytest.raises(DataError, match=f"training data file {path} is not .*: gzip-compressed"):
+        make_shards(path, what="training data")
+    with pytest.raises(DataError, match=f"source {path} is gzip-compressed .*gunzip -c {path} > "):
+        convert(path, tmp_path / "out", ConvertOptions())
