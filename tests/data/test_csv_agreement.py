@@ -84,3 +84,40 @@ def test_gzip_files_are_named_as_compressed(tmp_path, name):
         make_shards(path, what="training data")
     with pytest.raises(DataError, match=f"source {path} is gzip-compressed .*gunzip -c {path} > "):
         convert(path, tmp_path / "out", ConvertOptions())
+
+
+def _shards_dir(tmp_path, name: str):
+    d = tmp_path / "train"
+    d.mkdir()
+    (d / name).write_bytes(b"".join(b"0.1,0.2,0.3,0.4,%d\n" % (k % 2) for k in range(100)))
+    return d
+
+
+@pytest.mark.parametrize("data_name", ["part-0.csv", "data-00000"])
+def test_a_note_with_a_comma_beside_csv_shards_is_not_data(tmp_path, data_name):
+    d = _shards_dir(tmp_path, data_name)
+    (d / "README").write_text("this is my dataset, 100 rows\n")
+    (d / "notes").write_text("this is my dataset, 100 rows\n")
+    (d / "doc.md").write_text("a,b\n")
+    with pytest.raises(DataError) as info:
+        make_shards(d, what="training data")
+    message = str(info.value)
+    assert "3 files are not RecordIO, CSV or Parquet data" in message
+    assert f"{d / 'README'}: text named as documentation" in message
+    assert f"{d / 'doc.md'}: text named as documentation" in message
+    assert f"{d / 'notes'}: text whose rows hold 2 comma-separated fields where the set's CSV data holds 5" in message
+    skipped = []
+    shards = make_shards(d, options=DataOptions(skip_unknown_files=True), skipped=skipped)
+    assert [(s.source, s.size) for s in shards] == [(str(d / data_name), 100)]
+    assert "skipped 3 files" in skipped[0]
+
+
+def test_csv_files_of_other_widths_are_kept_where_named_or_without_a_majority(tmp_path):
+    d = _shards_dir(tmp_path, "part-0.csv")
+    (d / "part-1.csv").write_text("1,2\n3,4\n")  # named *.csv: always CSV
+    assert sorted(s.size for s in make_shards(d)) == [2, 100]
+    e = tmp_path / "even"
+    e.mkdir()
+    (e / "a").write_text("1,2\n3,4\n")
+    (e / "b").write_text("1,2,3\n4,5,6\n")  # as many rows of each width: nothing to tell a stray file by
+    assert sorted(s.size for s in make_shards(e)) == [2, 2]
