@@ -35,7 +35,8 @@ from flextrain.data.batch import RecordBatch
 from flextrain.data.chunkcache import record_cache
 from flextrain.data.csv import CSVReader
 from flextrain.data.errors import DataError
-from flextrain.data.formats import CSV, EMPTY, FORMATS, HINT_EXTENSIONS, PARQUET, RECORDIO, NotDataError, sniff
+from flextrain.data.formats import (CSV, EMPTY, FORMATS, HINT_EXTENSIONS, PARQUET, RECORDIO, NotDataError,
+                                   odd_csv_files, sniff)
 from flextrain.data.parquet import ParquetReader, shard_ranges
 from flextrain.data.recordio import RecordIOReader
 from flextrain.data.rows import SCHEMA_FILE
@@ -221,6 +222,10 @@ def _classify(path: str, what: str, options: DataOptions) -> tuple[list[tuple[st
             found.append((file, sniff(file)))
         except NotDataError as exc:
             bad.append((file, exc.reason))
+    odd = odd_csv_files([file for file, kind in found if kind == CSV])
+    if odd:
+        found = [(file, kind) for file, kind in found if file not in dict(odd)]
+        bad = bad + odd
     if bad and not options.skip_unknown_files:
         if len(bad) == 1 and bad[0][0] == path:  # the one file given
             raise DataError(f"{what} file {path} is not {FORMATS} data: {bad[0][1]}")
@@ -264,8 +269,9 @@ def make_shards(path: str | os.PathLike[str], *, what: str = "data", options: Da
                 skipped: list[str] | None = None) -> list[Shard]:
     """One shard per data file under ``path`` covering all of its records.
 
-    With ``options.csv_header`` a CSV shard starts at line 1, so the header
-    is never a record (record ``i`` of a CSV source is always its line ``i``).
+    With ``options.csv_header`` a CSV shard starts at record 1, so the header
+    is never a record (record ``i`` of a CSV source is always its ``i``-th row,
+    blank lines not counted).
     A Parquet file gives one shard per row group, cut into pieces of at most
     ``PARQUET_SHARD_ROWS`` rows; with ``options.columns`` every Parquet file
     must have those columns (DataError naming the file and the ones missing).

@@ -85,7 +85,7 @@ def test_empty_directory(tmp_path):
     assert str(info.value).startswith(f"validation data directory {tmp_path} contains no data files")
     (tmp_path / "readme.md").write_text("no data here")  # not skipped in silence
     with pytest.raises(DataError, match=f"^validation data {tmp_path}: a file is not RecordIO, CSV or Parquet data: "
-                                        f"{tmp_path / 'readme.md'}: text that is not CSV"):
+                                        f"{tmp_path / 'readme.md'}: text named as documentation"):
         make_shards(tmp_path, what="validation data")
 
 

@@ -31,6 +31,7 @@ from operator import itemgetter
 import numpy as np
 
 from flextrain.data.convert.tabular import is_number
+from flextrain.data.csv import BOM
 from flextrain.data.errors import DataError
 
 __all__ = ["CsvPlan", "plan_csv", "shard_tasks", "read_range", "parse_range", "parse_columns", "merge_kinds", "KINDS"]
@@ -91,7 +92,8 @@ def _plan(path: str, mm: mmap.mmap, header: bool | None) -> CsvPlan | None:
     ends = np.concatenate(ends)
     if not len(ends) or ends[-1] != size - 1:
         ends = np.append(ends, size)  # the last line has no newline
-    starts = np.concatenate(([0], ends[:-1] + 1))
+    # A UTF-8 byte order mark (Excel's exports) is no part of the first line, as for CSVReader in training.
+    starts = np.concatenate(([len(BOM) if mm[:len(BOM)] == BOM else 0], ends[:-1] + 1))
     lines = np.arange(1, len(starts) + 1)
     length = ends - starts
     crlf = np.zeros(len(starts), bool)

@@ -15,6 +15,7 @@ import os
 
 from flextrain.data.convert.base import Source
 from flextrain.data.errors import DataError
+from flextrain.data.formats import GZIP_MAGIC, gzip_reason
 
 __all__ = ["KINDS", "Source", "open_source"]
 
@@ -55,13 +56,15 @@ def source_kind(path: str) -> str:
     if os.path.isdir(path):
         return _directory_kind(path)
     ext = os.path.splitext(path)[1].lower()
-    if ext in _EXTENSIONS:
-        return _EXTENSIONS[ext]
     try:
         with open(path, "rb") as f:
             head = f.read(512)
     except OSError as exc:
         raise DataError(f"source {path} cannot be read ({exc.strerror})") from None
+    if head.startswith(GZIP_MAGIC):  # whatever its name: data.csv.gz, or a .csv that is gzip'd
+        raise DataError(f"source {path} is {gzip_reason(path)}")
+    if ext in _EXTENSIONS:
+        return _EXTENSIONS[ext]
     if head.startswith(b"PAR1"):
         return "parquet"
     if head.startswith(b"\x93NUMPY"):

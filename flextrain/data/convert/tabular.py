@@ -27,7 +27,7 @@ def open_csv(path: str, *, header: bool | None = None) -> Source:
     """Columns named by the header (else c0, c1, ...), each int64, float64 or string."""
     rows, width, first = [], 0, 0
     try:
-        with open(path, newline="", encoding="utf-8") as f:
+        with open(path, newline="", encoding="utf-8-sig") as f:  # an Excel export's byte order mark is no data
             reader = csv.reader(f)
             ended = 0  # the line the previous row ended on
             for row in reader:
