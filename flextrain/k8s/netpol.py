@@ -5,7 +5,7 @@ default) the operator creates, owned by the ElasticJob, before its first master 
 
 * ``<job>-master`` selecting the job's master pods: every port admits the job's own pods (label
   ``flextrain.dev/job=<job>``): its gRPC port, and the rendezvous TCPStore and a script round's own
-  store, which torch serves on ports picked when they start (flextrain/master/process.py open_store);
+  store, which torch serves on ports picked when they start (flextrain/master/stores.py open_store);
   the gRPC port admits the operator's pod too (labels :data:`OPERATOR_LABELS` in the operator's
   namespace: it relays scale and stop requests); with metrics on, the metrics port admits everyone
   (Prometheus runs wherever it runs; the port serves read-only metrics).

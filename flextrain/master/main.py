@@ -29,9 +29,10 @@ from flextrain.master.jobdir import JobDirError
 from flextrain.master.k8s_priority import membership as worker_membership
 from flextrain.master.launcher import LaunchBackend, LocalProcessBackend
 from flextrain.master.metrics import start_metrics
-from flextrain.master.process import (_bytes, _install_signal_handlers, _print_summary, _reachable_host, open_store,
-                                      _restore_signal_handlers, _status_json, exit_code, read_ahead_env)
+from flextrain.master.process import (_bytes, _install_signal_handlers, _print_summary, _restore_signal_handlers,
+                                      _status_json, exit_code, read_ahead_env)
 from flextrain.master.ps_fleet import PSFleet, PSStartError, is_ps
+from flextrain.master.stores import reachable_host, open_store
 from flextrain.master.resume import HISTORY_FILE, record_run, restore
 from flextrain.master.servicer import MasterServicer, start_server
 from flextrain.master.spares import SparePool
@@ -176,7 +177,7 @@ def _run_job(spec: JobSpec, *, host: str, port: int, backend: LaunchBackend | No
     # key prefix over it, which is what makes re-forming gloo groups cheap.
     # It listens on the master's gRPC host (loopback for a local job), not every interface (open_store).
     store = open_store(host, timedelta(seconds=60))
-    job.store_bind, job.store_host, job.store_port = host, _reachable_host(host), store.port
+    job.store_bind, job.store_host, job.store_port = host, reachable_host(host), store.port
 
     k8s = None  # the Kubernetes context, when workers run as pods
     if backend is None and spec.backend is Backend.KUBERNETES:

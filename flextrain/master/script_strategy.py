@@ -60,7 +60,7 @@ class ScriptStrategy(TrainingStrategy):
         return self.done
 
     def round_formed(self, job: JobMaster, rnd: Round, previous: Round | None, waiters: list) -> None:
-        from flextrain.master.process import open_store  # torch: the master imports it anyway (its own store)
+        from flextrain.master.stores import open_store  # torch: the master imports it anyway (its own store)
 
         # Dropping the previous round's store disconnects what is left of that round's scripts.
         self._stores.clear()

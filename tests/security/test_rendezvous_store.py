@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import torch.distributed as dist
 
-from flextrain.master.process import open_store
+from flextrain.master.stores import open_store
 from flextrain.master.rendezvous import Round
 from flextrain.master.script_strategy import ScriptStrategy
 
