@@ -51,6 +51,8 @@ class RoundKeeping:
                     and position.round_id != rnd.round_id:
                 return  # re-asking after a WAIT: the round formed meanwhile is its own
             self.assigned.pop(worker_id, None)
+            if self.over or self.stopping or worker_id in self.retiring:
+                return  # told to stop (join_poll): no round waits for it, and none ends for it
             if rnd is not None and rnd.state is RoundState.ACTIVE and worker_id in rnd.members:
                 self.lost_at = self.lost_at or self.clock()  # a member back unasked: its collective failed
             self.rendezvous.join(worker_id, position, self.clock())

@@ -295,6 +295,23 @@ def test_newcomer_asks_the_round_to_end_at_the_next_boundary(tmp_path):
     assert get(master, "C", r2, 0).task.start == 20
 
 
+def test_a_worker_scaled_away_joining_after_the_next_round_formed_does_not_end_it(tmp_path):
+    """Scale 2 -> 1: A re-forms alone at once; B (slower: a script job's agent ending its script) joins
+    after that and is told to stop. Its join asked the new round to end as a straggler's does: a second
+    round of the same member, and the script restarted twice."""
+    master, clock = make_master(tmp_path, workers=2, min_workers=1, max_workers=3)
+    r = form(master, clock, ["A", "B"]).round_id
+    master.retire("B")
+    assert master.rendezvous.current.state is RoundState.CLOSING
+    clock.now += 1
+    resp = join(master, "A", pos(r, 0, 0, 0))
+    assert resp.action == JOIN.TRAIN and resp.world_size == 1
+    clock.now += 1
+    assert join(master, "B", pos(r, 0, 0, 0)).action == JOIN.STOP
+    assert master.rendezvous.current.round_id == resp.round_id
+    assert master.rendezvous.current.state is RoundState.ACTIVE
+
+
 def test_evaluation_task_of_exited_worker_is_released(tmp_path):
     master, clock = make_master(tmp_path, workers=1, eval_shards=[Shard("v.rio", 0, 10)])
     r = form(master, clock, ["A"]).round_id
