@@ -42,6 +42,7 @@ import torch
 from flextrain.elastic import microbatch as mb
 from flextrain.elastic.ib_events import Callbacks, EventMonitor, History
 from flextrain.elastic.progress import report, restored_step
+from flextrain.elastic.world import warn_if_alone
 
 log = logging.getLogger(__name__)
 
@@ -161,6 +162,8 @@ class InfinityBatch:
     def epoch(self) -> dict:
         """One pass over the loader, one optimizer step per batch; returns (and records) its stats."""
         self._require("model", "optimizer", "criterion", "dataloader")
+        if self.epochs_done == 0:
+            warn_if_alone()
         epoch = self.epochs_done
         self.callbacks.fire("on_epoch_start", self, epoch)
         self.model.train()

@@ -25,6 +25,7 @@ latest ``init`` through :func:`current`, whichever framework made it.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -169,4 +170,27 @@ def current() -> Session | None:
     return _current
 
 
-__all__ = ["ATTRIBUTES", "ElasticInitError", "Session", "activate", "current", "max_micro_batch_of"]
+def environment_processes() -> int:
+    """The processes the launcher says this world has (``WORLD_SIZE``; 1 when unset or unreadable)."""
+    try:
+        return max(1, int(os.environ.get("WORLD_SIZE") or 1))
+    except ValueError:
+        return 1
+
+
+def require_process_group(processes: int) -> None:
+    """A world of several processes with no process group would step each process alone on its own
+    share of G: replicas that drift apart, with nothing to say so. ElasticInitError, before anything
+    is applied (the GA optimizer calls it at each real step: the group may be set up after init)."""
+    import torch.distributed as dist
+
+    if processes > 1 and not (dist.is_available() and dist.is_initialized()):
+        raise ElasticInitError(
+            f"this world has {processes} processes (WORLD_SIZE) but torch.distributed has no process group: "
+            "every process would apply its own share of the global batch alone, and the replicas would drift "
+            "apart; call torch.distributed.init_process_group() (\"gloo\" or \"nccl\": flextrain run and "
+            "torchrun set MASTER_ADDR/MASTER_PORT) and wrap the model in DistributedDataParallel")
+
+
+__all__ = ["ATTRIBUTES", "ElasticInitError", "Session", "activate", "current", "environment_processes",
+           "max_micro_batch_of", "require_process_group"]

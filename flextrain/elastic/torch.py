@@ -50,7 +50,8 @@ from flextrain.elastic.memory import MemoryMonitor
 from flextrain.elastic.model_summary import summary
 from flextrain.elastic.progress import note_loss, report, report_loss, restored_step
 from flextrain.elastic.rules import AdaScaleOptimizer, LinearRuleOptimizer, RootRuleOptimizer, SqrtRuleOptimizer
-from flextrain.elastic.session import ElasticInitError, Session, activate, max_micro_batch_of
+from flextrain.elastic.session import (ElasticInitError, Session, activate, environment_processes, max_micro_batch_of,
+                                       require_process_group)
 from flextrain.elastic.state import State
 from flextrain.elastic.trace_sampler import TraceBatchSampler
 from flextrain.elastic.world import torch_world
@@ -265,7 +266,8 @@ class Optimizer(WrappedOptimizer):
             return None
         if weigh:
             self._scale_grads(1.0 if cycle.hooked else cycle.weights[j])
-        _check_process_group()
+        # several processes with no group to sum over: each would apply its share alone (ElasticInitError)
+        require_process_group(session.world.processes if session is not None else environment_processes())
         result = self.optimizer.step()
         self._cycle, self._position, self._stepped = None, 0, True
         self._loss_weighted, self._scaled_at = None, -1
@@ -376,30 +378,6 @@ class Optimizer(WrappedOptimizer):
         if position:
             for p, g in zip(self._params(), acc["grads"], strict=True):
                 p.grad = None if g is None else g.detach().to(device=p.device, dtype=p.dtype, copy=True)
-
-
-def _check_process_group() -> None:
-    """A world of several processes (init's plan, or WORLD_SIZE) with no process group would step each
-    process alone on its own share of G: replicas that drift apart, with nothing to say so. Refused at
-    the first real step, before anything is applied (the group may be set up after init)."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return
-    processes = session.world.processes if session is not None else _env_world_size()
-    if processes > 1:
-        raise ElasticInitError(
-            f"this world has {processes} processes (WORLD_SIZE) but torch.distributed has no process group: "
-            "every process would apply its own share of the global batch alone, and the replicas would drift "
-            "apart; call torch.distributed.init_process_group() (\"gloo\" or \"nccl\": flextrain run and "
-            "torchrun set MASTER_ADDR/MASTER_PORT) and wrap the model in DistributedDataParallel")
-
-
-def _env_world_size() -> int:
-    try:
-        return int(os.environ.get("WORLD_SIZE") or 1)
-    except ValueError:
-        return 1
 
 
 def _maybe_several_processes() -> bool:

@@ -111,4 +111,18 @@ def keras_world(env: Mapping[str, str] | None = None) -> World:
 
 WorldFinder = Callable[[], World]
 
-__all__ = ["World", "WorldFinder", "WorldSource", "from_environment", "keras_world", "torch_world"]
+# ---- several processes need a process group (session.require_process_group) ---------------
+def warn_if_alone() -> None:
+    """Launched as several processes (WORLD_SIZE) with no process group, each trains on its own loader's
+    data alone (InfinityBatch's own loop: the same work N times over, or N models): a warning."""
+    import warnings
+
+    world = torch_world()
+    if world.source is WorldSource.ENVIRONMENT and world.processes > 1:
+        warnings.warn(f"WORLD_SIZE={world.processes} but torch.distributed has no process group: each of the "
+                      f"{world.processes} processes trains alone on its loader's data; for data parallelism call "
+                      "torch.distributed.init_process_group(), wrap the model in DistributedDataParallel and give "
+                      "each process its share of the data (a DistributedSampler)", stacklevel=3)
+
+
+__all__ = ["World", "WorldFinder", "WorldSource", "from_environment", "keras_world", "torch_world", "warn_if_alone"]

@@ -312,3 +312,18 @@ def test_a_bigger_batch_than_the_probed_one_is_probed_again_when_the_first_fitte
     ib.dataloader = [(x[:64], y[:64]), (x[64:], y[64:])]  # a small batch first
     ib(1)
     assert ib.probe.size < 2048 and ib.micro_batch_size == ib.probe.size > 64, ib.probe  # probed on 2048 too
+
+
+def test_launched_as_several_processes_without_a_process_group_it_says_each_trains_alone(monkeypatch):
+    """`flextrain run --workers 2` of an InfinityBatch script with no process group trained the whole data
+    twice, silently."""
+    x, y = data("mlp")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    with pytest.warns(UserWarning, match="WORLD_SIZE=2 but torch.distributed has no process group: each of the 2"):
+        make_ib(mlp(), x, y, max_micro_batch=B).train(2)
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv("RANK", "0")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        make_ib(mlp(), x, y, max_micro_batch=B).train(1)
