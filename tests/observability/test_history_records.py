@@ -13,12 +13,12 @@ from flextrain.master.status import StatusReporter
 from flextrain.proto import flextrain_pb2 as pb
 
 
-def _job(tmp_path, *, retries=3, workers=1):
+def _job(tmp_path, *, retries=3, workers=1, clock=None):
     spec = JobSpec.of(name="job", model_def="m.py:Model", training_data="d", job_dir=str(tmp_path),
                       global_batch_size=10, tensorboard=False, max_task_retries=retries, workers=workers,
                       max_workers=3).validate()
     job = JobMaster(spec, TaskLedger(shards=[Shard("s.rio", 0, 40)], epochs=1, global_batch_size=10,
-                                     steps_per_task=2, max_retries=retries))
+                                     steps_per_task=2, max_retries=retries), **({"clock": clock} if clock else {}))
     history = HistoryRecorder(job, path=tmp_path / "events.jsonl", resume=False, interval=0)
     desired = [workers]
     reporter = StatusReporter(job, path=tmp_path / "status.json", desired=lambda: desired[0],
@@ -51,3 +51,39 @@ def test_a_job_failed_by_its_own_code_in_a_task_records_the_failure_and_the_plot
     assert records.index(failure) < len(records) - 1
     summary = draw(records)
     assert summary.markers["failure"] == 1 and "worker-0 failed" in summary.labels
+
+
+def test_a_scale_is_recorded_when_asked_before_the_launches_it_causes(tmp_path):
+    from flextrain.master.instances import InstanceManager
+    from ft_helpers import FakeBackend
+
+    now = [1000.0]  # the job's (monotonic) clock, moved by hand
+    job, history, reporter, desired = _job(tmp_path, clock=lambda: now[0])
+    backend = FakeBackend()
+    manager = InstanceManager(backend, desired=1, relaunch_budget=1, worker_args=lambda w: (),
+                              worker_env=lambda w: {}, on_launch=job.worker_launched, on_exit=lambda w, c: None,
+                              on_budget_exhausted=lambda m: None, on_retire=lambda w: None,
+                              on_desired=job.desired_changed)
+    desired[0] = 1
+    manager.reconcile()
+    job.register("worker-0")
+    assert job.join("worker-0", pb.Position(round_id=-1), wait=0).action == pb.JoinRendezvousResponse.TRAIN
+    reporter.update()
+    now[0] += 5
+    manager.scale(2)  # launches worker-1 at once
+    desired[0] = 2
+    now[0] += 1.5  # the next status snapshot comes later
+    reporter.update()
+    manager.release_all()  # a suspend, and its resume
+    for worker in sorted(backend.live):
+        backend.exit(worker, 0)
+    manager.scale(2)
+    reporter.update()
+    history.close()
+    records = [r for r in read_events(tmp_path) if r["type"] in ("scale", "launch")]
+    assert [(r["type"], r.get("previous"), r.get("desired"), r.get("worker")) for r in records] == [
+        ("scale", 1, 2, None), ("launch", None, None, "worker-1"),
+        ("scale", 2, 0, None), ("scale", 0, 2, None), ("launch", None, None, "worker-2"), ("launch", None, None, "worker-3"),
+    ]
+    scale, launch = records[:2]
+    assert scale["time"] <= launch["time"] <= scale["time"] + 0.1  # asked, then launched: not 1.5 s late
