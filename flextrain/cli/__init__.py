@@ -3,6 +3,7 @@
 This package assembles the parser from one module per command group and runs
 the command (``main``, the ``flextrain`` console script):
 
+* flextrain.cli.grpc_quiet -- gRPC's C core at ERROR in a flextrain process (imported first)
 * flextrain.cli.common -- what several command modules share (CLIError, HelpFormatter, job names, paths)
 * flextrain.cli.train -- ``train`` (its flags, the job spec, ``--resume``, the local run)
 * flextrain.cli.run -- ``run SCRIPT ARGS``: an elastic script job, run locally
@@ -28,6 +29,7 @@ import os
 import signal
 import sys
 
+from flextrain.cli import grpc_quiet  # noqa: F401 - first: before anything imports grpc (its docstring says why)
 from flextrain.cli import (cluster, data, evaluate, internal, jobs, kubernetes, kubernetes_inference, plot, run, train,
                            validate)
 from flextrain.cli.common import DEFAULT_JOBS_DIR, CLIError, HelpFormatter, add_data_flags

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import sys
+import time
 from pathlib import Path
 
 from flextrain.cli.common import CLIError, job_file_candidates, none_exist
@@ -121,16 +123,36 @@ def _call_problem(exc, name, address: str, rpc: str, tls_dir: Path | None) -> st
 
 
 def _current_status(job: str) -> dict:
-    """status.json, its message saying so when the master that wrote it is gone."""
+    """status.json, its message saying so when the master that wrote it is gone (and without the metrics
+    URL that master served: nothing answers there any more)."""
     status = _read_status(job)
     if status.get("phase") in ("Pending", "Running", "Suspended") and not _master_alive(status):
         status["message"] = f"master process {status.get('pid')} is gone; status is from its last write"
+        status.pop("metricsUrl", None)
     return status
+
+
+def _wait_for_job(job: str, *, interval: float) -> bool:
+    """``status --watch`` started with the job (``flextrain train`` writes status.json only after its
+    checks): wait for the file, saying so once. False: Ctrl-C while waiting."""
+    candidates = job_file_candidates(job, "status.json")
+    if any(c.is_file() for c in candidates):
+        return True
+    print(f"waiting for {' or '.join(map(str, candidates))} (Ctrl-C leaves) ...", file=sys.stderr, flush=True)
+    try:
+        while not any(c.is_file() for c in candidates):
+            time.sleep(interval)  # polling the file system at the refresh period: no process to wait on
+    except KeyboardInterrupt:
+        return False
+    return True
 
 
 def cmd_status(args) -> int:
     if getattr(args, "watch", False):
-        from flextrain.cli.watch import OVER, watch
+        from flextrain.cli.watch import INTERVAL, OVER, watch
+
+        if not _wait_for_job(args.job, interval=INTERVAL):
+            return 0
 
         def read() -> tuple[list[str], bool]:  # over: the job ended, or its master is gone
             status = _current_status(args.job)

@@ -128,7 +128,8 @@ def draw(records: list[dict], *, out: Path | None = None, title: str | None = No
     series(ax_workers, "workers", "workers", color="tab:green", drawstyle="steps-post")
     series(ax_workers, "desired", "desired", color="tab:blue", ls="--", drawstyle="steps-post")
     ax_workers.set_ylabel("workers")
-    ax_workers.legend(loc="upper right", fontsize=8)
+    if summary.points["workers"] or summary.points["desired"]:  # a young job has none: no empty legend (a warning)
+        ax_workers.legend(loc="upper right", fontsize=8)
     ax_workers.set_xlabel("seconds since the job started")
 
     failed = {r["worker"] for r in records if r["type"] == "failure"}

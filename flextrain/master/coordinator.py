@@ -134,6 +134,9 @@ class JobMaster(FailureHandling, RoundKeeping, WorkerTable, CheckpointReports):
         # (every member of a round computes the same); None: none reported yet.
         self.adascale: tuple[float, float | None] | None = None
         self.launched_at: dict[str, float] = {}  # launch times, for workers that never finish starting
+        # changes of the desired worker count as the instance manager made them: (clock, previous, desired),
+        # for the history's scale records (recorded when asked, not at the next status snapshot)
+        self.scales: list[tuple[float, int, int]] = []
         self.lost_at: float | None = None  # when a member of the running round was lost, until the next round
         self.ps_traffic = pb.PSTraffic()  # the workers' parameter-server calls, summed (metrics)
         # training-task GetTask calls per worker (status.json taskAsks; AllReduce: rank 0's, worker/round_tasks.py)

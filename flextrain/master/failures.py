@@ -148,6 +148,11 @@ class FailureTracker:
             return Verdict(failure, relaunch=False, fatal=first)
         return Verdict(failure, relaunch=True)
 
+    def ended_job(self, failure: WorkerFailure) -> None:
+        """``failure`` ends the job without an exit to judge (a worker's task report: a task out of retries,
+        a broken contract): kept with the others, so the job's history records what ended it."""
+        self.history.append(failure)
+
     def root_cause(self) -> WorkerFailure | None:
         """The failure to name when the job fails for want of workers: the first of the job's own
         making since the last progress, else the latest."""
@@ -243,9 +248,14 @@ class FailureHandling:
     def _task_failed(self, req: pb.ReportTaskRequest) -> None:
         failure = from_report(req.worker_id, req.failure, log=self.failures.log_of(req.worker_id))
         if self.ledger.error:  # that was the task's last retry
-            self.fail(failure, self.ledger.error + (f" (log: {failure.log})" if failure.log else ""))
+            message = self.ledger.error + (f" (log: {failure.log})" if failure.log else "")
         elif failure.kind in (FailureKind.MODULE_CONTRACT, FailureKind.NON_FINITE):
-            self.fail(failure, failed_message(failure, "no retry can fix it"))  # not bad records
+            message = failed_message(failure, "no retry can fix it")  # not bad records
+        else:
+            return  # the task is retried
+        if not self.over:
+            self.failures.ended_job(failure)
+        self.fail(failure, message)
 
 
 def failed_message(failure: WorkerFailure, why: str) -> str:

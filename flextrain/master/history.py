@@ -13,7 +13,8 @@ Contract (the record schema is in docs/observability.md, "Job history"):
   evaluation, a scale, a phase).
 * :class:`HistoryRecorder` is a sink of :class:`flextrain.master.status.StatusReporter`:
   it is called with every status snapshot (once a second) and derives the
-  records from the snapshots and from the job's failures and launches. Each
+  records from the snapshots and from the job's failures, launches and changes
+  of the desired count (each timed when it happened, not at the snapshot). Each
   new record also goes to its ``listeners`` (the TensorBoard writer).
 """
 
@@ -83,7 +84,7 @@ class HistoryRecorder:
         recorded = read_events(self.path) if self.path.exists() else []
         self._evaluated = {r["step"] for r in recorded if r["type"] == "evaluation"}
         self._phase: str | None = None
-        self._desired: int | None = None
+        self._scales = 0  # of job.scales, recorded so far
         self._round: int | None = None  # the last round recorded (round ids restart with each master)
         self._members: list[str] = []
         self._failures = 0  # of job.failures.history, recorded so far
@@ -121,10 +122,6 @@ class HistoryRecorder:
     # ---- a status snapshot ------------------------------------------------------------
     def __call__(self, snap: dict) -> None:
         now = self.clock()
-        desired = snap["workers"]["desired"]
-        if self._desired is not None and desired != self._desired:
-            self.write({"type": "scale", "desired": desired, "previous": self._desired})
-        self._desired = desired
         departed = self._failures_and_launches()
         for rnd in snap.get("roundHistory", []):
             if self._round is None or rnd["round"] > self._round:
@@ -162,26 +159,39 @@ class HistoryRecorder:
                     "recordsDone": snap["progress"]["recordsDone"]})
 
     def _failures_and_launches(self) -> dict[str, str]:
-        """Record new failures and launches (a launch after a failure is its relaunch); returns why each
-        worker that left so far left."""
+        """Record new scales, failures and launches (a launch after a failure is its relaunch); returns why
+        each worker that left so far left."""
         job = self.job
         with job.cond:
             failures = list(job.failures.history[self._failures:])
             self._failures += len(failures)
             launches = sorted(((t, w) for w, t in job.launched_at.items() if w not in self._launched))
+            scales = job.scales[self._scales:]
+            self._scales += len(scales)
             departed = dict(job.departed)
-            offset = time.time() - job.clock()  # launch times are the job's clock's (monotonic)
+            offset = time.time() - job.clock()  # launch and scale times are the job's clock's (monotonic)
+        records = []
         for failure in failures:
-            self.write({"type": "failure", "time": failure.time, "worker": failure.worker_id, "why": _why(failure),
-                        "kind": failure.kind.value, "detail": failure.summary()[:300]})
+            records.append({"type": "failure", "time": failure.time, "worker": failure.worker_id,
+                            "why": _why(failure), "kind": failure.kind.value, "detail": failure.summary()[:300]})
             self._replacing.append(failure.worker_id)
         for t, worker in launches:
             self._launched.add(worker)
             if self._replacing:
-                self.write({"type": "relaunch", "time": t + offset, "worker": worker,
-                            "replaces": self._replacing.pop(0)})
+                records.append({"type": "relaunch", "time": t + offset, "worker": worker,
+                                "replaces": self._replacing.pop(0)})
             elif self._round is not None:  # launches before the first round are the job's start
-                self.write({"type": "launch", "time": t + offset, "worker": worker})
+                records.append({"type": "launch", "time": t + offset, "worker": worker})
+        # Each scale goes before the first record later than it (the launches it caused): the failures and
+        # launches keep their order, which pairs a relaunch with its failure.
+        pending = [{"type": "scale", "time": t + offset, "desired": desired, "previous": previous}
+                   for t, previous, desired in scales]
+        for record in records:
+            while pending and pending[0]["time"] <= record["time"]:
+                self.write(pending.pop(0))
+            self.write(record)
+        for record in pending:
+            self.write(record)
         for failure in failures:
             self._whys[failure.worker_id] = _why(failure)
         return {**departed, **self._whys}

@@ -53,9 +53,11 @@ class InstanceManager:
         on_disrupted: Callable[[str, str], None] = lambda worker_id, why: None,
         worker_memory: Callable[[], str | None] = lambda: None,
         trained: Callable[[str], bool] | None = None,
+        on_desired: Callable[[int, int], None] = lambda previous, desired: None,
     ) -> None:
         """``trained(worker_id)``: whether a worker has committed a step in its round (the job's books);
-        None: spares are launched behind taken ones at once."""
+        None: spares are launched behind taken ones at once. ``on_desired(previous, desired)``: the desired
+        count changed (a scale, a suspend's release, a resume), told before the launches it causes."""
         self.backend = backend
         self.desired = desired
         self.relaunch_budget = relaunch_budget
@@ -82,6 +84,7 @@ class InstanceManager:
         self.spares_lost = 0  # spares that died before they parked, in a row: a spare that cannot start
         self._avoid: dict[str, float] = {}  # node -> until when launches avoid it (replaced slow workers')
         self._trained = trained
+        self._on_desired = on_desired
         self._awaited: dict[str, float] = {}  # taken spares not trained yet -> when the refill stops waiting
         backend.on_exit(self._exited)
 
@@ -195,6 +198,8 @@ class InstanceManager:
         with self._lock:
             before, self.desired = self.desired, 0
             self._stopping |= {i for i in self.backend.running() if i.startswith("worker-")}
+        if before:
+            self._on_desired(before, 0)
         return before
 
     def kill(self, worker_id: str) -> None:
@@ -203,7 +208,9 @@ class InstanceManager:
 
     def scale(self, desired: int) -> None:
         with self._lock:
-            self.desired = desired
+            previous, self.desired = self.desired, desired
+        if previous != desired:  # told first: the job's history has the scale before the launches it causes
+            self._on_desired(previous, desired)
         self.reconcile()
 
     def exited(self, worker_id: str, code: int) -> None:

@@ -265,7 +265,7 @@ def _run_job(spec: JobSpec, *, host: str, port: int, backend: LaunchBackend | No
         spares=spares, worker_memory=lambda: job.micro_batches.oom.memory, on_disrupted=lambda wid, why: job.note(
             f"{wid} was taken away by the cluster ({why}): the job goes on with the workers left; its "
             "replacement waits for capacity and joins when scheduled (no relaunch budget spent)"),
-        trained=job.has_trained,
+        trained=job.has_trained, on_desired=job.desired_changed,
     )
     fleet: PSFleet | None = None
     if spec.strategy is Strategy.PARAMETER_SERVER:  # the servers to launch (the strategy is in job.strategy)

@@ -262,8 +262,9 @@ class StatusReporter:
                 "completionTime": iso(job.finished),
                 "masterAddress": self.master_address,
                 "tls": job.spec.tls,  # --tls: flextrain commands dial the master with <jobDir>/tls/
-                # the master's Prometheus endpoint ("" when --no-metrics; flextrain/master/metrics.py)
-                "metricsUrl": self.metrics_url,
+                # the master's Prometheus endpoint ("" when --no-metrics, and once the job is over: the
+                # master serving it is about to exit; flextrain/master/metrics.py)
+                "metricsUrl": "" if job.over else self.metrics_url,
                 "jobDir": str(Path(job.spec.job_dir).resolve()),
                 "pid": os.getpid(),
             }

@@ -50,6 +50,11 @@ class WorkerTable:
             self.launched_at[worker_id] = self.clock()
             self.cond.notify_all()
 
+    def desired_changed(self, previous: int, desired: int) -> None:
+        """The instance manager's desired count changed (a scale, a suspend, a resume)."""
+        with self.cond:
+            self.scales.append((self.clock(), previous, desired))
+
     def worker_exited(self, worker_id: str) -> None:
         with self.cond:
             rnd = self.rendezvous.current

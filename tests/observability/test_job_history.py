@@ -88,6 +88,8 @@ def test_the_history_records_the_scale_up_the_kill_and_its_relaunch(scaled_and_k
     lines = (job_dir / "events.jsonl").read_text().splitlines()
     assert len(records) == len(lines)  # every line is one record
     assert [r["desired"] for r in _by_type(records, "scale")] == [3]
+    scale, launch = _by_type(records, "scale")[0], _by_type(records, "launch")[0]  # the scale-up's worker
+    assert records.index(scale) < records.index(launch) and scale["time"] <= launch["time"]  # asked, then launched
     failure, = _by_type(records, "failure")
     assert failure["worker"] == victim and failure["why"] == "killed" and "SIGKILL" in failure["detail"]
     relaunch, = _by_type(records, "relaunch")

@@ -39,3 +39,16 @@ def test_a_suspend_a_resume_and_a_stop_are_marked_as_such():
     summary = draw(records)
     assert summary.labels == ["suspended", "resumed", "stopped", "master restarted"]  # Succeeded: the end
     assert summary.points["loss"] == 4  # the break at the restart is no point
+
+
+def test_a_young_job_without_metrics_is_drawn_without_a_warning():
+    import warnings
+
+    from flextrain.cli.plot import draw
+
+    records = [{"type": "start", "time": 1.0, "resume": False, "pid": 1},
+               {"type": "phase", "time": 1.5, "phase": "Pending", "message": ""}]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # matplotlib's "No artists with labels found to put in legend"
+        summary = draw(records)
+    assert summary.points["workers"] == 0 and not summary.markers
