@@ -40,12 +40,3 @@ def custom_reader_of(spec: JobSpec):
     """The module's ``custom_data_reader`` (None if it defines none, or the job runs a script)."""
     return None if spec.is_script else module_attribute(spec.model_def, "custom_data_reader")
 
-
-def module_columns_of(spec: JobSpec) -> tuple[str, ...] | None:
-    """The module's ``columns`` (the table columns its ``feed`` reads), for the submission checks: every
-    Parquet file must have them (flextrain.data.make_shards). None when the module names none, or names
-    something that is no list of column names (the module's own checks name that)."""
-    names = None if spec.is_script else module_attribute(spec.model_def, "columns")
-    if isinstance(names, list | tuple) and names and all(isinstance(n, str) and n for n in names):
-        return tuple(names)
-    return None

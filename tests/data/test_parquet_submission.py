@@ -84,16 +84,21 @@ def test_every_offending_file_is_named_up_to_five_and_counted(tmp_path):
     assert len(make_shards(d, options=DataOptions(columns=("x0", "label")))) == 8  # the empty file gives none
 
 
-def test_train_refuses_the_mixed_directory_at_submission(mixed, tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("preflight", [True, False], ids=["preflight", "no-preflight"])
+def test_train_refuses_the_mixed_directory_at_submission(mixed, tmp_path, capsys, monkeypatch, preflight):
+    """Preflight's child checks the columns (it imports the module); without it, the CLI's process does."""
     started = []
     monkeypatch.setattr("flextrain.master.main.run_master", lambda spec, **kw: started.append(spec) or 0)
     (tmp_path / "pqcols.py").write_text(MODULE)
     code = main(["train", "--model-def", f"{tmp_path / 'pqcols.py'}:Model", "--training-data", str(mixed),
-                 "--job-dir", str(tmp_path / "job"), "--no-preflight", "--global-batch-size", "8"])
+                 "--job-dir", str(tmp_path / "job"), "--global-batch-size", "8",
+                 *([] if preflight else ["--no-preflight"])])
     err = capsys.readouterr().err
     assert code == 2, err
     assert f"Parquet file {mixed / 'b_missing.parquet'} has no column 'x3'" in err, err
     assert not started and not (tmp_path / "job").exists()
+    if preflight:
+        return
     # the same data without the odd file passes
     (mixed / "b_missing.parquet").unlink()
     assert main(["train", "--model-def", f"{tmp_path / 'pqcols.py'}:Model", "--training-data", str(mixed),
