@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 from flextrain.cli.common import CLIError, HelpFormatter
@@ -35,9 +36,13 @@ def add_commands(data) -> None:
                         formatter_class=HelpFormatter)
     i.add_argument("dir", metavar="DIR", help="a directory written by `flextrain data convert`, or of RecordIO "
                                               "files, or one RecordIO file (exit 1: the shards disagree with "
-                                              "schema.json)")
+                                              "schema.json or hold corrupt chunks)")
     i.add_argument("--head", type=int, default=3, metavar="N", help="records to decode and print")
     i.add_argument("--json", action="store_true", help="print one JSON object")
+    i.add_argument("--no-verify", dest="verify", action="store_false",
+                   help="count the records from the chunk headers only, without reading every chunk to check "
+                        "its CRC-32 and decoding (a shard with a damaged payload then passes)")
+    i.add_argument("--quiet", action="store_true", help="no progress bar while the chunks are checked")
     i.set_defaults(fn=cmd_inspect)
 
 
@@ -82,10 +87,11 @@ def cmd_convert(args) -> int:
 
 
 class _Bar:
-    """A rich progress bar over the records written, on stderr; does nothing when not shown."""
+    """A rich progress bar on stderr, over the records written (convert: ``start`` gets the source) or the
+    bytes checked (inspect: ``start`` gets the total); does nothing when not shown."""
 
-    def __init__(self, show: bool):
-        self.show, self.progress, self.task = show, None, None
+    def __init__(self, show: bool, label: str = "converting", *, bytes_: bool = False):
+        self.show, self.label, self.bytes, self.progress, self.task = show, label, bytes_, None, None
 
     def __enter__(self):
         return self
@@ -94,16 +100,18 @@ class _Bar:
         if not self.show:
             return
         from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+        from rich.progress import (BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TextColumn,
+                                   TimeRemainingColumn)
 
-        self.progress = Progress(TextColumn("converting"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+        done = DownloadColumn() if self.bytes else MofNCompleteColumn()
+        self.progress = Progress(TextColumn(self.label), BarColumn(), done, TimeRemainingColumn(),
                                  console=Console(stderr=True), transient=True)
         self.progress.start()
-        self.task = self.progress.add_task("records", total=source.num_rows)
+        self.task = self.progress.add_task(self.label, total=source if self.bytes else source.num_rows)
 
-    def advance(self, records: int) -> None:
+    def advance(self, amount: int) -> None:
         if self.progress is not None:
-            self.progress.advance(self.task, records)
+            self.progress.advance(self.task, amount)
 
     def __exit__(self, *exc) -> None:
         if self.progress is not None:
@@ -116,11 +124,14 @@ def cmd_inspect(args) -> int:
 
     if args.head < 0:
         raise CLIError(f"--head must be 0 or more, got {args.head}")
-    try:
-        info = inspect_dir(args.dir, head=args.head)
-    except DataError as exc:
-        raise CLIError(str(exc)) from None
-    failed = 1 if info["agrees"] is False else 0  # a directory whose shards disagree with its schema.json
+    with _Bar(not args.quiet and sys.stderr.isatty(), "checking", bytes_=True) as bar:
+        try:
+            info = inspect_dir(args.dir, head=args.head, verify=args.verify, on_start=bar.start,
+                               on_progress=bar.advance)
+        except DataError as exc:
+            raise CLIError(str(exc)) from None
+    # a check that found a problem: shards that disagree with their schema.json, or a damaged chunk
+    failed = 1 if info["agrees"] is False or info["corrupt"] else 0
     if args.json:
         print(json.dumps(info))
         return failed
@@ -143,6 +154,17 @@ def cmd_inspect(args) -> int:
             print(f"record count agrees with schema.json ({schema['records']})")
         elif info["agrees"] is False:
             print("record count DISAGREES with schema.json: " + "; ".join(info["disagreements"]))
+    if info["corrupt"]:
+        files = len({c["name"] for c in info["corrupt"]})
+        print(f"CORRUPT: {len(info['corrupt'])} damaged chunk{'s' if len(info['corrupt']) != 1 else ''} in "
+              f"{files} shard{'s' if files != 1 else ''} (a task reading one fails):")
+        for c in info["corrupt"]:
+            print(f"  {os.path.join(info['directory'], c['name'])}: chunk at byte offset {c['offset']}: "
+                  f"{c['reason']}")
+    elif info["verified"]:
+        print("every chunk passes its CRC-32 check and decodes")
+    else:
+        print("chunks not checked (--no-verify): counted from their headers")
     for shard in info["shards"]:
         print(f"  {shard['name']}: {shard['records']} records, {shard['bytes']} bytes")
     for n, record in enumerate(info["head"]):

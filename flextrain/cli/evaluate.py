@@ -169,7 +169,9 @@ def check_inference_job(spec, *, field: str = "--checkpoint") -> list[str]:
         load_outputs_processor(model_def)
         data, what = spec.data.prediction, "prediction data"
     skipped: list[str] = []
-    shards = plan_shards(data, what=what, options=DataOptions.of(spec.data), skipped=skipped,
+    # the module's `columns` (checked by load_model_def) against every Parquet file, not only the first read below
+    options = DataOptions.of(spec.data, columns=model_def.columns)
+    shards = plan_shards(data, what=what, options=options, skipped=skipped,
                          reader=model_def.custom_data_reader,
                          records_per_task=spec.training.global_batch_size * spec.training.steps_per_task)
     model = model_def.build_model()

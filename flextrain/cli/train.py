@@ -359,6 +359,7 @@ def _train(args, zygotes: list) -> int:
     zygotes.extend([zygote] if zygote else [])
     from flextrain.data import DataError, DataOptions, plan_shards
     from flextrain.job import JobSpecError
+    from flextrain.job.usermodule import module_columns
     from flextrain.master.batches import job_schedule
     from flextrain.master.jobdir import JobDirError, guard
     from flextrain.master.main import custom_reader_of, run_master
@@ -394,7 +395,10 @@ def _train(args, zygotes: list) -> int:
         # custom_data_reader plans its own shards, so the module is imported (in this process only once
         # preflight has seen it import and return); a reader that fails is refused, named. The warnings
         # about files skipped (--skip-unknown-files) are the master's: job events, shown once, in status.
-        opts = {"options": DataOptions.of(spec.data), "skipped": [], "reader": custom_reader_of(spec),
+        # The module's `columns` against every Parquet file's footer: preflight's child checks them (it
+        # imports the module); without it, this process (which then imports the module anyway) does.
+        columns = None if spec.training.preflight or spec.is_script else module_columns(spec.model_def)
+        opts = {"options": DataOptions.of(spec.data, columns=columns), "skipped": [], "reader": custom_reader_of(spec),
                 "records_per_task": spec.training.global_batch_size * spec.training.steps_per_task}
         _warn_small_pieces(spec, plan_shards(spec.data.training, what="training data", **opts))
         if spec.data.validation:

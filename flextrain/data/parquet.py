@@ -109,14 +109,22 @@ class ParquetReader:
         have = set(self._columns)
         return [c for c in columns if c not in have]
 
-    def check_columns(self, columns: Sequence[str]) -> None:
-        """Raise DataError naming the file and the columns of ``columns`` it lacks."""
+    def columns_problem(self, columns: Sequence[str]) -> str | None:
+        """What is wrong with reading ``columns`` from this file (its name, the columns it lacks and those
+        it has), or None when it has them all."""
         if isinstance(columns, str):
             raise TypeError(f"columns must be a sequence of column names, not the string {columns!r}")
         missing = self.missing_columns(columns)
-        if missing:
-            raise DataError(f"Parquet file {self._path} has no column{'s' if len(missing) > 1 else ''} "
-                            f"{_names(missing)} (its columns: {_names(self._columns)})")
+        if not missing:
+            return None
+        return (f"Parquet file {self._path} has no column{'s' if len(missing) > 1 else ''} "
+                f"{_names(missing)} (its columns: {_names(self._columns)})")
+
+    def check_columns(self, columns: Sequence[str]) -> None:
+        """Raise DataError naming the file and the columns of ``columns`` it lacks."""
+        problem = self.columns_problem(columns)
+        if problem:
+            raise DataError(problem)
 
     def records(self, start: int, end: int, *, columns: Sequence[str] | None = None) -> list[dict[str, Any]]:
         """Rows ``[start, end)`` as dicts, reading only the overlapping row groups and the given columns."""

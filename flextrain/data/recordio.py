@@ -278,6 +278,18 @@ class RecordIOReader:
     def __iter__(self) -> Iterator[bytes]:
         return self.read(0, self._num_records)
 
+    def verify(self) -> Iterator[tuple[ChunkInfo, CorruptRecordIOError | None]]:
+        """Check every chunk as a read would (CRC-32, decompression, record framing), in file order:
+        ``(chunk, its error or None)``. One chunk is decoded at a time and then dropped, past the record
+        cache, so a file of any size is checked in the memory of one chunk."""
+        for c, chunk in enumerate(self._chunks):
+            try:
+                self._decode_chunk(c)
+            except CorruptRecordIOError as exc:
+                yield chunk, exc
+            else:
+                yield chunk, None
+
     def __len__(self) -> int:
         return self._num_records
 

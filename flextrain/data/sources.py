@@ -83,11 +83,12 @@ class DataOptions:
             object.__setattr__(self, "columns", _column_names(self.columns))
 
     @classmethod
-    def of(cls, spec) -> DataOptions:
-        """The options of a JobSpec's data section (or anything with those attributes)."""
+    def of(cls, spec, *, columns: Sequence[str] | None = None) -> DataOptions:
+        """The options of a JobSpec's data section (or anything with those attributes); ``columns``, the
+        module's (a JobSpec's data section has none), take the place of the section's."""
         return cls(skip_unknown_files=bool(getattr(spec, "skip_unknown_files", False)),
                    csv_header=bool(getattr(spec, "csv_header", False)),
-                   columns=getattr(spec, "columns", None))
+                   columns=columns if columns is not None else getattr(spec, "columns", None))
 
 
 def _column_names(columns: Sequence[str]) -> tuple[str, ...]:
@@ -294,8 +295,15 @@ def make_shards(path: str | os.PathLike[str], *, what: str = "data", options: Da
         else:
             skipped.append(warning)
     shards = []
+    lacking: list[str] = []  # Parquet files without the module's columns: all named at once, not the first
     for file, kind in found:
-        shards += _file_shards(file, kind, options)
+        shards += _file_shards(file, kind, options, lacking)
+    if len(lacking) == 1:
+        raise DataError(lacking[0])
+    if lacking:
+        raise DataError(f"{what} {path}: {len(lacking)} Parquet files lack columns the module's `columns` "
+                        f"names: {'; '.join(lacking[:_SHOWN])}"
+                        + (f"; and {len(lacking) - _SHOWN} more" if len(lacking) > _SHOWN else ""))
     if not shards:
         raise DataError(
             f"{what}: the file set under {path} holds no records "
@@ -305,11 +313,14 @@ def make_shards(path: str | os.PathLike[str], *, what: str = "data", options: Da
     return shards
 
 
-def _file_shards(file: str, kind: str, options: DataOptions) -> list[Shard]:
+def _file_shards(file: str, kind: str, options: DataOptions, lacking: list[str]) -> list[Shard]:
     reader = _open(file, kind)
     if isinstance(reader, ParquetReader):
-        if options.columns is not None:
-            reader.check_columns(options.columns)
+        # The footer's schema, already read: checking every file costs nothing more. A file without
+        # rows is never read, so its schema cannot fail a task.
+        problem = reader.columns_problem(options.columns) if options.columns is not None else None
+        if problem and reader.num_records:
+            lacking.append(problem)
         return [Shard(file, lo, hi) for lo, hi in shard_ranges(reader, PARQUET_SHARD_ROWS)]
     n = reader.num_records
     start = 1 if kind == CSV and options.csv_header else 0

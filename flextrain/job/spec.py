@@ -59,7 +59,7 @@ class TrainingSpec:
     global_batch_size: int = 64
     # Largest micro-batch one worker holds; None means the whole global batch; "auto": each AllReduce
     # worker probes the largest whose training step stays under memory_limit, and a round plans with the
-    # smallest of its members' (flextrain/worker/probing.py, flextrain/master/micro_batches.py).
+    # smallest of its members' (flextrain/worker/probing.py, flextrain/master/memory.py).
     max_micro_batch: int | str | None = None
     # "auto"'s bound: bytes, or a size such as "2GiB" (flextrain.elastic.memory.parse_memory); None: a
     # fraction of what each worker may use (flextrain.elastic.memory.default_memory_limit()).

@@ -161,6 +161,16 @@ def module_attribute(spec: str, attribute: str) -> Any:
     return getattr(module, attribute, None)
 
 
+def module_columns(spec: str) -> tuple[str, ...] | None:
+    """The module's ``columns`` (the table columns its ``feed`` reads): every Parquet file, and the table,
+    must have them (flextrain.data.make_shards). None when it names none, or names something that is no
+    list of column names (the module's own checks name that)."""
+    names = module_attribute(spec, "columns")
+    if isinstance(names, list | tuple) and names and all(isinstance(n, str) and n for n in names):
+        return tuple(names)
+    return None
+
+
 _NO_FILE = object()  # _source_tree: the spec names a file that does not exist
 
 

@@ -39,3 +39,4 @@ def build_ledger(spec: JobSpec, skipped: list[str] | None = None) -> TaskLedger:
 def custom_reader_of(spec: JobSpec):
     """The module's ``custom_data_reader`` (None if it defines none, or the job runs a script)."""
     return None if spec.is_script else module_attribute(spec.model_def, "custom_data_reader")
+

@@ -48,7 +48,7 @@ from contextlib import contextmanager
 
 from flextrain.data import DataError
 from flextrain.job import JobSpec, JobSpecError, Strategy
-from flextrain.job.usermodule import module_attribute
+from flextrain.job.usermodule import module_attribute, module_columns
 from flextrain.orphans import ENV_PARENT_PID
 from flextrain.zygote import Zygote, ZygoteGone
 from flextrain.worker.module import (FeedMetadata, Framework, Mode, ModelDef, ModelDefError, load_model_def,
@@ -184,9 +184,13 @@ def check(spec: JobSpec, *, on_stage=lambda stage: None) -> Framework:
     run = _Stages(spec.model_def, on_stage)
     with run.stage(f"importing the module of {spec.model_def}"):  # its custom_data_reader plans its own shards
         reader = module_attribute(spec.model_def, "custom_data_reader")
+        # its `columns` against every Parquet file's footer (read to plan the shards anyway), not only
+        # against the first shard read below: a later file without one would fail the job part way through
+        columns = module_columns(spec.model_def)
     with run.stage("listing the data"):  # the CLI warns about skipped files
-        shard = job_shards(spec, Mode.TRAINING, reader=reader)[0]
-        validation = job_shards(spec, Mode.EVALUATION, reader=reader)[0] if spec.data.validation else None
+        shard = job_shards(spec, Mode.TRAINING, reader=reader, columns=columns)[0]
+        validation = (job_shards(spec, Mode.EVALUATION, reader=reader, columns=columns)[0] if spec.data.validation
+                      else None)
     with run.stage(f"importing the module of {spec.model_def}"):
         md = run.md = load_model_def(spec.model_def)
     if spec.training.auto_micro_batch or spec.worker.node_check:

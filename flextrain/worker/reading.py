@@ -49,8 +49,10 @@ def task_reader(model_def, source: str, *, mode: Mode | str, data_origin: str | 
     return lambda start, end: custom.read(source, start, end, mode=mode.value)
 
 
-def job_shards(spec: JobSpec, mode: Mode | str, *, reader=None, skipped: list[str] | None = None) -> list[Shard]:
-    """The shards of ``spec``'s data for ``mode``, planned by ``reader`` (a ``custom_data_reader``) if given."""
+def job_shards(spec: JobSpec, mode: Mode | str, *, reader=None, skipped: list[str] | None = None,
+               columns: tuple[str, ...] | None = None) -> list[Shard]:
+    """The shards of ``spec``'s data for ``mode``, planned by ``reader`` (a ``custom_data_reader``) if given;
+    with ``columns`` (the module's) every Parquet file and table must have them."""
     mode = Mode(mode)
-    return plan_shards(data_origin(spec, mode), what=_WHAT[mode], reader=reader, options=DataOptions.of(spec.data),
-                       skipped=[] if skipped is None else skipped)
+    return plan_shards(data_origin(spec, mode), what=_WHAT[mode], reader=reader,
+                       options=DataOptions.of(spec.data, columns=columns), skipped=[] if skipped is None else skipped)

@@ -85,3 +85,68 @@ def test_inspect_errors(tmp_path, capsys):
     code, _, err = inspect(capsys, str(tmp_path / "e"))
     assert code == 2 and "holds no RecordIO files and no schema.json" in err
     assert os.listdir(tmp_path / "e") == ["notes.txt"]
+
+
+def _damage(path, offset: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_inspect_checks_every_chunk_of_every_shard(tmp_path, capsys):
+    """Counting from chunk headers passed a shard whose payload was damaged; training then failed on it."""
+    from flextrain.data import RecordIOReader, clear_reader_cache
+
+    np.save(tmp_path / "x.npy", np.arange(400, dtype=np.int64))
+    convert(tmp_path / "x.npy", tmp_path / "o", ConvertOptions(shard_size=100))
+    out_dir = tmp_path / "o"
+    # data-00002 in several chunks, its second one damaged; data-00003 cut short inside a chunk
+    records = [np.int64(v).tobytes() for v in range(200, 300)]
+    write_records(out_dir / "data-00002", records, max_chunk_size=200)
+    second = RecordIOReader(out_dir / "data-00002").chunks[1].offset
+    _damage(out_dir / "data-00002", second + 25)  # in its payload
+    size = (out_dir / "data-00003").stat().st_size
+    with open(out_dir / "data-00003", "r+b") as f:
+        f.truncate(size - 3)
+    clear_reader_cache()
+    code, out, _ = inspect(capsys, str(out_dir), "--head", "1")
+    assert code == 1, out
+    assert "CORRUPT: 2 damaged chunks in 2 shards" in out
+    assert f"{out_dir / 'data-00002'}: chunk at byte offset {second}: payload CRC-32 mismatch" in out
+    assert f"{out_dir / 'data-00003'}: chunk at byte offset 0: chunk payload of" in out
+    assert "record 0:" in out  # the rest is still shown
+    code, out, _ = inspect(capsys, str(out_dir), "--json", "--head", "0")
+    info = json.loads(out)
+    assert code == 1 and info["verified"] is True
+    assert [(c["name"], c["offset"]) for c in info["corrupt"]] == [("data-00002", second), ("data-00003", 0)]
+    assert info["disagreements"] == []  # the truncated shard is reported as corrupt, not as a count
+    # one file alone is checked the same way
+    code, out, _ = inspect(capsys, str(out_dir / "data-00002"), "--head", "0")
+    assert code == 1 and "CORRUPT: 1 damaged chunk in 1 shard" in out
+    # --no-verify: the headers only, so the damaged payload passes unnoticed (the truncation does not)
+    code, out, _ = inspect(capsys, str(out_dir), "--no-verify", "--json", "--head", "0")
+    info = json.loads(out)
+    assert code == 1 and info["verified"] is False and [c["name"] for c in info["corrupt"]] == ["data-00003"]
+    (out_dir / "data-00003").unlink()
+    convert(tmp_path / "x.npy", tmp_path / "o", ConvertOptions(shard_size=100, overwrite=True))
+    write_records(out_dir / "data-00002", records, max_chunk_size=200)
+    _damage(out_dir / "data-00002", second + 25)
+    clear_reader_cache()
+    code, out, _ = inspect(capsys, str(out_dir), "--no-verify", "--head", "0")
+    assert code == 0 and "chunks not checked (--no-verify)" in out
+
+
+def test_inspect_checks_one_chunk_at_a_time_with_progress(tmp_path):
+    from flextrain.data.chunkcache import record_cache
+    from flextrain.data.convert import inspect_dir
+
+    np.save(tmp_path / "x.npy", np.arange(3000, dtype=np.int64))
+    convert(tmp_path / "x.npy", tmp_path / "o", ConvertOptions(shard_size=1000))
+    started, progress = [], []
+    before = record_cache().stats()
+    info = inspect_dir(tmp_path / "o", head=0, on_start=started.append, on_progress=progress.append)
+    total = sum(f.stat().st_size for f in (tmp_path / "o").iterdir() if f.name.startswith("data-"))
+    assert info["corrupt"] == [] and info["verified"] and started == [total] and sum(progress) == total
+    assert len(progress) == 3  # a call per chunk (one chunk per shard here)
+    after = record_cache().stats()  # the chunks checked bypass the record cache: none is looked up or kept
+    assert (after.misses, after.entries) == (before.misses, before.entries)

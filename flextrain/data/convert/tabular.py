@@ -190,11 +190,33 @@ def _array_field(path: str, name: str, arr: np.ndarray) -> Field:
     elif arr.dtype.name in DTYPES:
         dtype = arr.dtype.name
     else:
-        raise DataError(f"{path}: array {name!r} has dtype {arr.dtype}, which flextrain records do not hold "
-                        f"(one of {', '.join(DTYPES[:-2])}, or str/bytes)")
+        what, advice = _why_not(arr.dtype)
+        raise DataError(f"{path}: array {name!r} has dtype {arr.dtype}{what}, which flextrain records do not "
+                        f"hold (one of {', '.join(DTYPES[:-2])}, or str/bytes){advice}")
     if dtype in ("string", "bytes") and arr.ndim != 1:
         raise DataError(f"{path}: array {name!r} of {dtype} must be one-dimensional, got shape {arr.shape}")
     return Field(name, dtype, arr.shape[1:])
+
+
+def _why_not(dtype: np.dtype) -> tuple[str, str]:
+    """``(what an unsupported dtype probably is, what to do)``. The .npy format has no name for ml_dtypes'
+    types: a bfloat16 array is saved as a 2-byte void ('<V2') and loads as ``|V2`` with or without ml_dtypes."""
+    to_float32 = "convert it to float32 first: np.save(path, {}.astype(np.float32))"
+    if dtype.name == "bfloat16":
+        return "", ": bfloat16 is not supported; " + to_float32.format("array")
+    if dtype.kind != "V":
+        return "", ""
+    if dtype.names is not None:
+        return (f" (a structured array, fields {', '.join(dtype.names)})",
+                ": save each field as its own array of an .npz")
+    if dtype.itemsize == 2:
+        return (" (a 2-byte void dtype: probably bfloat16 saved with ml_dtypes, which .npy files cannot name)",
+                ": bfloat16 .npy (ml_dtypes) is not supported; "
+                + to_float32.format("array.view(ml_dtypes.bfloat16)"))
+    if dtype.itemsize == 1:
+        return (" (a 1-byte void dtype: probably a float8 or int4 type saved with ml_dtypes)",
+                ": such types are not supported; convert the array to float32 first")
+    return f" (a {dtype.itemsize}-byte void dtype: raw bytes)", ""
 
 
 def _array_column(arr: np.ndarray, f: Field):
