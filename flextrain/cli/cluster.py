@@ -108,7 +108,6 @@ def _inference_spec(kube, job: dict, spec):
     from flextrain.data import DataError
     from flextrain.job import JobSpecError
     from flextrain.job.usermodule import ModelDefError
-    from flextrain.k8s.meta import now_iso
 
     try:
         spec = spec.replace(checkpoint=resolve_checkpoint(spec.checkpoint, field="spec.checkpoint"))
@@ -117,20 +116,39 @@ def _inference_spec(kube, job: dict, spec):
                 log.warning("%s", warning)
     except (DataError, JobSpecError, ModelDefError) as exc:
         message = f"the master cannot start: {exc}"
-        _conclude(kube, job, {"phase": "Failed", "message": message, "completionTime": now_iso()})
+        _conclude(kube, job, "Failed", message, failure=_failure_of(exc, stage="checking the job"))
         raise CLIError(message) from None
     return spec
 
 
-def _conclude(kube, job: dict, status: dict) -> None:
-    """Write the job's final status; if the API server refuses it, a Warning Event and a CLIError say so
-    (the pod then fails, and the operator's relaunch tries again)."""
+def _failure_of(exc: BaseException, *, stage: str) -> dict:
+    """``status.failure`` for the job's own input that the master pod refused: its module (UserCode: the
+    import, a missing file or name, a broken contract found by preflight), its data or its spec."""
+    from flextrain.data import DataError
+    from flextrain.job import JobSpecError
+
+    kind = "Data" if isinstance(exc, DataError) else "InvalidSpec" if isinstance(exc, JobSpecError) else "UserCode"
+    return {"worker": "master", "kind": kind, "exception": type(exc).__name__, "message": str(exc), "stage": stage}
+
+
+def _conclude(kube, job: dict, phase: str, message: str, *, failure: dict | None = None) -> None:
+    """Write the status that ends the job (flextrain.k8s.job_status: the same conditions as a master that
+    ran it writes); if the API server refuses it, a Warning Event and a CLIError say so (the pod then fails,
+    and the operator's relaunch tries again)."""
+    from flextrain.k8s.job_status import ended_status, observed_generation
     from flextrain.k8s.refusals import Refused
 
+    md = job["metadata"]
+    try:  # its conditions and startTime as they are now, not as this master read them at its start
+        current = kube.get_job(md["namespace"], md["name"]) or job
+    except Exception:  # noqa: BLE001 - unreadable: the reading at the start will do; the patch reports a refusal
+        current = job
+    status = {**ended_status(current, phase=phase, message=message, failure=failure),
+              **observed_generation(job)}  # the spec this master read and acted on
     try:
         kube.patch_status(job, status)
     except Refused as exc:
-        message = f"the job ended ({status['phase']}: {status['message']}), but {exc}"
+        message = f"the job ended ({phase}: {message}), but {exc}"
         kube.event(job, reason="StatusRefused", message=message, warning=True)
         raise CLIError(message) from None
 
@@ -156,7 +174,6 @@ def cmd_master(args) -> int:
         raise CLIError(f"--port must be a port number (0-65535), got {args.port}")
     namespace = args.namespace or meta.current_namespace()
     api = api_client()
-    from flextrain.k8s.meta import now_iso
     from flextrain.operator.kube import Kube
 
     kube = Kube(api)
@@ -168,7 +185,7 @@ def cmd_master(args) -> int:
     stop_reason = (job["metadata"].get("annotations") or {}).get(meta.ANNOTATION_STOP)
     if stop_reason:  # stopped while no master ran (or before this relaunch): do not train
         message = f"stopped: {stop_reason} (requested before this master started)"
-        _conclude(kube, job, {"phase": "Failed", "message": message, "completionTime": now_iso()})
+        _conclude(kube, job, "Failed", message)
         print(message)
         return 1
     port = args.port if args.port is not None else meta.MASTER_PORT
@@ -182,7 +199,7 @@ def cmd_master(args) -> int:
         # The previous master was lost after the final checkpoint, before it concluded the job.
         message = (f"training finished (final checkpoint {done}) before master pod {relaunches - 1} was lost; "
                    "concluded by its relaunch, without the final evaluation")
-        _conclude(kube, job, {"phase": "Succeeded", "message": message, "completionTime": now_iso()})
+        _conclude(kube, job, "Succeeded", message)
         print(message)
         return 0
     # The module's contract, before a single worker pod exists (a script job has no module contract).
@@ -191,7 +208,7 @@ def cmd_master(args) -> int:
             _preflight(spec)
         except (DataError, JobSpecError, ModelDefError) as exc:  # the job's input: relaunching cannot help
             message = f"the master cannot start: {exc}"
-            _conclude(kube, job, {"phase": "Failed", "message": message, "completionTime": now_iso()})
+            _conclude(kube, job, "Failed", message, failure=_failure_of(exc, stage="preflight"))
             raise CLIError(message) from None
     outcome: dict = {}
 
@@ -203,6 +220,7 @@ def cmd_master(args) -> int:
             outcome["error"] = f"the relaunched master cannot resume: {exc}"
         except (DataError, JobSpecError, ModelDefError) as exc:  # the job's input: no relaunch can fix it
             outcome["error"] = f"the master cannot start: {exc}"
+            outcome["failure"] = _failure_of(exc, stage="starting")
         except BaseException as exc:  # reported below; the pod fails and the operator relaunches
             log.exception("master of %s/%s crashed", namespace, args.job)
             outcome["crash"] = exc
@@ -220,7 +238,7 @@ def cmd_master(args) -> int:
         thread.join(1.0)  # short waits: the main thread stays responsive to signals
     if "error" in outcome:
         message = outcome["error"]
-        _conclude(kube, job, {"phase": "Failed", "message": message, "completionTime": now_iso()})
+        _conclude(kube, job, "Failed", message, failure=outcome.get("failure"))
         raise CLIError(message)
     if "crash" in outcome:
         return 1

@@ -21,7 +21,17 @@ flaky API server never kills training and a refusing one is not hammered.
 :meth:`close` writes the final status synchronously (bounded by a deadline).
 Conditions follow the phase: ``Running`` (True while training, False after),
 ``Succeeded`` or ``Failed`` when the job ends, each with its transition time;
-conditions of other types on the object (the operator's) are kept.
+conditions of other types on the object (the operator's) are kept
+(flextrain.k8s.job_status, shared with every other writer of an ended job).
+``observedGeneration`` is the ``metadata.generation`` of the ElasticJob the
+master read at its start (the spec it runs), when the object has one.
+
+A 404 for a job the writer has seen (``job``, or a read that found it), or an
+object of its name with another uid, is no refusal to wait out: the ElasticJob was deleted (``kubectl delete --cascade=orphan``, or
+before the garbage collector reached the master pod). The writer stops writing,
+says so once in the log, and calls ``on_gone(reason)`` -- the master then stops
+the job as ``flextrain stop`` does (a checkpoint at the next step boundary) and
+exits, instead of training for a job nobody can see.
 """
 
 from __future__ import annotations
@@ -30,15 +40,19 @@ import copy
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from flextrain.k8s import job_types, meta
+from flextrain.k8s.job_status import conditions_for, observed_generation
 
 log = logging.getLogger(__name__)
 
-_TERMINAL = ("Succeeded", "Failed")
 RETRY_CAP = 60.0  # the longest wait between two tries of a refused status
+
+
+class JobGone(Exception):
+    """The ElasticJob the master writes to no longer exists (its message says how that was seen)."""
 
 
 def cr_status(snap: Mapping[str, Any], *, job_name: str) -> dict[str, Any]:
@@ -79,31 +93,19 @@ def cr_status(snap: Mapping[str, Any], *, job_name: str) -> dict[str, Any]:
     return status
 
 
-def conditions_for(phase: str, message: str, previous: list[dict]) -> list[dict]:
-    """Conditions after a move to ``phase``; a condition keeps its time while its status stands."""
-    wanted = {"Running": "True" if phase == "Running" else "False"}
-    if phase in _TERMINAL:
-        wanted[phase] = "True"
-    old = {c["type"]: c for c in previous}
-    out = []
-    for kind, value in wanted.items():
-        cond = old.get(kind)
-        if cond is None or cond.get("status") != value:
-            cond = {"type": kind, "status": value, "reason": phase, "lastTransitionTime": meta.now_iso()}
-            if message and kind == phase:
-                cond["message"] = message
-        out.append(cond)
-    return out + [c for c in previous if c["type"] not in wanted]
-
-
 class ElasticJobStatusWriter:
     def __init__(self, api_client, *, namespace: str, name: str, min_interval: float = 1.0,
-                 request_timeout: float = 10.0) -> None:
+                 request_timeout: float = 10.0, job: Mapping[str, Any] | None = None,
+                 on_gone: Callable[[str], None] = lambda reason: None) -> None:
         from kubernetes import client
 
         self.api = client.CustomObjectsApi(api_client)
         self.core = client.CoreV1Api(api_client)
         self.namespace, self.name = namespace, name
+        self.uid = ((job or {}).get("metadata") or {}).get("uid")  # the job as read at the start: its object
+        self.generation = observed_generation(job)  # ... and the spec the master runs
+        self.on_gone = on_gone
+        self.gone: str | None = None  # why the job is known to be deleted
         self.min_interval = min_interval
         self.request_timeout = request_timeout
         self._cond = threading.Condition()
@@ -131,33 +133,37 @@ class ElasticJobStatusWriter:
             with self._cond:
                 while not self._closed and (self._latest is None or self._latest == self._written):
                     self._cond.wait(self.min_interval)
-                if self._closed:
+                # the backoff in full: a new snapshot (offered every second or so) wakes the wait, but
+                # must not cut it short, or a refusing API server is asked again every second
+                due = last + self.retry_delay
+                while not self._closed and time.monotonic() < due:
+                    self._cond.wait(due - time.monotonic())
+                if self._closed or self.gone is not None:
                     return
-            wait = self.retry_delay - (time.monotonic() - last)
-            if wait > 0:
-                with self._cond:
-                    self._cond.wait(wait)
-                    if self._closed:
-                        return
             self._write_latest()
             last = time.monotonic()
 
     def _write_latest(self) -> bool:
         with self._cond:
             status = copy.deepcopy(self._latest)
-        if status is None or status == self._written:
-            return True
+        if status is None or status == self._written or self.gone is not None:
+            return True  # nothing new; or no job left to write it to
         current = None
         try:
             # A merge patch replaces the whole list: start from the conditions on the object
             # now, so those the operator writes (e.g. MasterRelaunched) survive.
-            current = self.api.get_namespaced_custom_object(
-                meta.GROUP, meta.VERSION, self.namespace, meta.PLURAL, self.name, _request_timeout=self.request_timeout)
+            current = self._call(self.api.get_namespaced_custom_object)
+            self.uid = self.uid or (current.get("metadata") or {}).get("uid")  # seen: a 404 from now on is news
+            if self.uid and (current.get("metadata") or {}).get("uid") != self.uid:
+                raise JobGone(f"it was deleted and another ElasticJob of its name created (uid "
+                              f"{(current.get('metadata') or {}).get('uid')}, not {self.uid})")
             previous = (current.get("status") or {}).get("conditions") or self._conditions
             conditions = conditions_for(status["phase"], status.get("message", ""), previous)
-            self.api.patch_namespaced_custom_object_status(
-                meta.GROUP, meta.VERSION, self.namespace, meta.PLURAL, self.name,
-                {"status": {**status, "conditions": conditions}}, _request_timeout=self.request_timeout)
+            self._call(self.api.patch_namespaced_custom_object_status,
+                       {"status": {**status, "conditions": conditions, **self.generation}})
+        except JobGone as gone:
+            self._gone(str(gone))
+            return True
         except Exception as exc:  # noqa: BLE001 - never fatal: retried with the newest status after a backoff
             self._refused(exc, job=current, phase=status["phase"])
             return False
@@ -165,6 +171,28 @@ class ElasticJobStatusWriter:
         self.retry_delay, self._told = self.min_interval, ""
         self.writes += 1
         return True
+
+    def _call(self, method, *body):
+        """``method`` on this job; :class:`JobGone` for a 404 (the API server's word that it is deleted)."""
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            return method(meta.GROUP, meta.VERSION, self.namespace, meta.PLURAL, self.name, *body,
+                          _request_timeout=self.request_timeout)
+        except ApiException as exc:
+            if exc.status == 404 and self.uid:  # not yet seen at all (no ``job`` given): it may be on its way
+                raise JobGone(f"it was deleted (the API server answers 404 {exc.reason})") from None
+            raise
+
+    def _gone(self, why: str) -> None:
+        with self._cond:
+            if self.gone is not None:
+                return
+            self.gone = why
+            self._cond.notify_all()
+        log.error("ElasticJob %s/%s is gone: %s; the master stops the job (a checkpoint at the next step "
+                  "boundary) and exits, writing no more status", self.namespace, self.name, why)
+        self.on_gone(f"the ElasticJob {self.namespace}/{self.name} is gone: {why}")
 
     def _refused(self, exc: Exception, *, job: Mapping[str, Any] | None, phase: str) -> None:
         from flextrain.k8s.refusals import refusal_of
@@ -206,4 +234,4 @@ def record_event(core, job: Mapping[str, Any], *, reason: str, message: str, war
         log.warning("could not record event %s on ElasticJob %s/%s: %s", reason, md["namespace"], md["name"], exc)
 
 
-__all__ = ["ElasticJobStatusWriter", "conditions_for", "cr_status", "record_event"]
+__all__ = ["ElasticJobStatusWriter", "JobGone", "conditions_for", "cr_status", "record_event"]

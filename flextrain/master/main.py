@@ -195,7 +195,10 @@ def _run_job(spec: JobSpec, *, host: str, port: int, backend: LaunchBackend | No
                                  keep_failed=cited)
         backend = k8s.backend.start()
         job.micro_batches.oom.ladder = memory_ladder(k8s.backend.job)
-        status_writer = ElasticJobStatusWriter(k8s.api_client, namespace=k8s.backend.namespace, name=spec.name)
+        # The job deleted under a running master (no garbage collector got to it): stop as `flextrain stop`
+        # does, for nobody can see or stop the job any more.
+        status_writer = ElasticJobStatusWriter(k8s.api_client, namespace=k8s.backend.namespace, name=spec.name,
+                                               job=k8s.job, on_gone=lambda why: stop(why))
     backend = backend or LocalProcessBackend(log_dir=job_dir / "logs",
                                              worker_memory_limit=_bytes(spec.worker.memory_limit), zygote=zygote)
     stop_requested: list[float] = []

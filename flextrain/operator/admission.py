@@ -17,6 +17,7 @@ flipping ``suspend`` and writing the PodGroup's ``status.phase``.
 from __future__ import annotations
 
 from flextrain.k8s import gang
+from flextrain.k8s.job_status import observed_generation
 from flextrain.k8s.meta import now_iso
 from flextrain.operator.kube import Kube
 
@@ -73,7 +74,7 @@ def hold(kube: Kube, job: dict, *, reason: str, message: str) -> None:
     status = job.get("status") or {}
     if status.get("phase") == "Pending" and status.get("message") == message:
         return
-    kube.patch_status(job, {"phase": "Pending", "message": message,
+    kube.patch_status(job, {"phase": "Pending", "message": message, **observed_generation(job),
                             "conditions": [admitted_condition(False, reason=reason, message=message)]})
     kube.event(job, reason="WaitingForAdmission", message=message, key=f"admission-{reason.lower()}")
 

@@ -14,6 +14,7 @@ import json
 import logging
 from typing import Any
 
+from flextrain.failures import FailureKind, kind_of_exit, signal_name
 from flextrain.k8s import meta
 from flextrain.k8s.refusals import Refused, refusal_of
 
@@ -225,4 +226,18 @@ def pod_failure(pod: dict | None) -> str | None:
             return f"failed (exit code {term.get('exitCode')}, {term.get('reason') or 'Error'})"
     return f"failed ({status.get('reason') or status.get('message') or 'no container status'})"
 
+
+def master_failure(pod: dict | None, name: str, why: str) -> dict[str, Any]:
+    """``status.failure`` for the master pod ``name`` whose loss (``why``: :func:`pod_failure`) used up
+    the relaunch budget: its exit code and the kubelet's reason when it has them."""
+    failure: dict[str, Any] = {"worker": name, "kind": FailureKind.INFRASTRUCTURE.value,
+                               "message": f"master pod {name} {why}"}
+    for cs in ((pod or {}).get("status") or {}).get("containerStatuses") or ():
+        term = (cs.get("state") or {}).get("terminated") or {}
+        if isinstance(term.get("exitCode"), int):
+            code = term["exitCode"]
+            failure.update(kind=kind_of_exit(code).value, exitCode=code, signal=signal_name(code),
+                           reason=term.get("reason"))
+            break
+    return {k: v for k, v in failure.items() if v not in (None, "")}
 

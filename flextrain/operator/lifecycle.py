@@ -23,6 +23,7 @@ import datetime
 import logging
 
 from flextrain.k8s import gang, meta
+from flextrain.k8s.job_status import ended_status
 from flextrain.operator.credentials import delete_secret
 from flextrain.operator.jobview import TERMINAL, ident, phase_of
 from flextrain.operator.kube import Kube
@@ -54,20 +55,30 @@ def enforce_deadline(kube: Kube, job: dict) -> bool:
     deadline = past_deadline(job)
     if deadline is None:
         return False
-    namespace, name = ident(job)
     message = (f"{DEADLINE_EXCEEDED}: the job was still running {deadline}s after it started "
                f"({job['status']['startTime']}; spec.activeDeadlineSeconds); its pods were deleted")
-    now = meta.now_iso()
-    failed = {"phase": "Failed", "message": message, "completionTime": now, "conditions": [
-        {"type": "Failed", "status": "True", "reason": DEADLINE_EXCEEDED, "message": message, "lastTransitionTime": now},
-        {"type": "Running", "status": "False", "reason": DEADLINE_EXCEEDED, "lastTransitionTime": now}]}
-    kube.patch_status(job, failed)  # first: the operator must not relaunch the master it deletes next
-    pods, _ = kube.job_objects(namespace, name)
-    for pod in sorted(pods, key=lambda p: p["metadata"]["labels"].get(meta.LABEL_ROLE) != "master"):
-        kube.delete_pod(namespace, pod["metadata"]["name"], grace=0)
-    kube.patch_status(job, failed)  # again: a status the master wrote before it was killed loses
+    fail_job(kube, job, reason=DEADLINE_EXCEEDED, message=message, masters=True,
+             failure={"kind": DEADLINE_EXCEEDED, "message": message})
     kube.event(job, reason=DEADLINE_EXCEEDED, message=message, warning=True, key="deadline")
     return True
+
+
+def fail_job(kube: Kube, job: dict, *, reason: str, message: str, failure: dict | None = None,
+             masters: bool = False) -> None:
+    """End ``job`` Failed as every failure does (:func:`~flextrain.k8s.job_status.ended_status`: the
+    ``Failed`` condition with ``reason``, ``Running`` False, no active workers) and delete its worker and
+    PS pods: with the master gone nobody would, and they would train on (or wait for a master that
+    never answers) until they gave up. With ``masters`` a live master is deleted too, first and at
+    once; otherwise the master pods, dead or never made, stay for ``kubectl logs``."""
+    namespace, name = ident(job)
+    failed = ended_status(job, phase="Failed", message=message, reason=reason, failure=failure)
+    kube.patch_status(job, failed)  # first: the operator must not relaunch a master deleted next
+    pods, _ = kube.job_objects(namespace, name)
+    doomed = [p for p in pods if masters or p["metadata"].get("labels", {}).get(meta.LABEL_ROLE) != "master"]
+    for pod in sorted(doomed, key=lambda p: p["metadata"]["labels"].get(meta.LABEL_ROLE) != "master"):
+        kube.delete_pod(namespace, pod["metadata"]["name"], grace=0 if masters else None)
+    if masters:
+        kube.patch_status(job, failed)  # again: a status the master wrote before it was killed loses
 
 
 def collect_finished(kube: Kube, job: dict) -> list[str]:
@@ -97,4 +108,4 @@ def collect_finished(kube: Kube, job: dict) -> list[str]:
     return deleted
 
 
-__all__ = ["DEADLINE_EXCEEDED", "collect_finished", "enforce_deadline", "past_deadline"]
+__all__ = ["DEADLINE_EXCEEDED", "collect_finished", "enforce_deadline", "fail_job", "past_deadline"]

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from flextrain.k8s import meta, tls_secret
+from flextrain.k8s.job_status import observed_generation
 from flextrain.k8s.meta import now_iso
 from flextrain.k8s.master_pod import (
     master_pod,
@@ -55,7 +56,8 @@ from flextrain.operator.credentials import ensure_secret, master_credentials
 from flextrain.operator.metrics import OperatorMetrics
 from flextrain.operator.jobview import TERMINAL, ident, phase_of, spec_problems
 from flextrain.k8s.refusals import Refusal, Refused, refusal_of
-from flextrain.operator.kube import Kube, pod_failure
+from flextrain.operator.kube import Kube, master_failure, pod_failure
+from flextrain.operator.lifecycle import fail_job
 from flextrain.operator.phases import phases_entered
 from flextrain.operator.relay import (
     MasterUnreachable,
@@ -112,10 +114,12 @@ class Reconciler:
         self._lock = threading.Lock()
 
     # ---- lifecycle -----------------------------------------------------------------
-    def fail(self, job: dict, *, reason: str, message: str) -> None:
-        """Mark the job Failed with ``message`` and record a Warning Event (even if the status is refused)."""
+    def fail(self, job: dict, *, reason: str, message: str, failure: dict | None = None) -> None:
+        """Fail the job as every failure does (:func:`~flextrain.operator.lifecycle.fail_job`: condition
+        ``Failed`` with ``reason``, ``failure``, its worker and PS pods deleted) and record a Warning Event
+        (even if the status is refused)."""
         try:
-            self.kube.patch_status(job, {"phase": "Failed", "message": message, "completionTime": now_iso()})
+            fail_job(self.kube, job, reason=reason, message=message, failure=failure)
         finally:
             # keyed: a job fails once, however often a refused status makes this run again
             self.kube.event(job, reason=reason, message=message, warning=True, key="failed")
@@ -165,12 +169,12 @@ class Reconciler:
             return Outcome.MASTER_DONE  # it wrote the job's final status itself
         if why is None:
             return Outcome.RUNNING
-        return self._relaunch(namespace, name, current, why)
+        return self._relaunch(namespace, name, current, why, pod)
 
     def _create(self, job: dict) -> Outcome:
         problem = spec_problems(job)
         if problem is not None:
-            self.fail(job, reason="InvalidSpec", message=problem)
+            self.fail(job, reason="InvalidSpec", message=problem, failure={"kind": "InvalidSpec", "message": problem})
             return Outcome.INVALID
         namespace, name = ident(job)
         pod, service = master_pod_name(name, 0), meta.master_service_name(name)
@@ -188,11 +192,14 @@ class Reconciler:
         """The status of a job whose first master pod exists (written only once it does)."""
         namespace, name = ident(job)
         replicas = jobspec_from_resource(job).worker.replicas
+        fresh = self.kube.get_job(namespace, name) or job
         status: dict[str, Any] = {"masterRelaunches": 0, "selector": meta.selector(name, "worker"),
-                                  "startTime": now_iso()}
+                                  **observed_generation(fresh)}
+        if not (fresh.get("status") or {}).get("startTime"):  # a master that ended the job wrote one, not later
+            status["startTime"] = now_iso()                  # than its completionTime: keep that
         # A master that started fast may have written its own phase meanwhile; only a job still
         # Pending (or without status) gets the operator's.
-        if phase_of(self.kube.get_job(namespace, name)) in (None, "Pending"):
+        if phase_of(fresh) in (None, "Pending"):
             status.update(phase="Pending", message=f"master pod {master_pod_name(name, 0)} created",
                           workers={"desired": replicas, "active": 0, "summary": f"0/{replicas}"})
             if (job.get("status") or {}).get("conditions"):  # it waited for admission (flextrain.operator.admission)
@@ -220,7 +227,8 @@ class Reconciler:
         uid = job["metadata"].get("uid")
         if not why.retryable and why.action != "patch":
             self._backoff.pop(uid, None)
-            self.fail(job, reason="MasterRefused", message=why.message())
+            self.fail(job, reason="MasterRefused", message=why.message(),
+                      failure={"kind": "MasterRefused", "message": why.message()})
             return Outcome.REFUSED
         previous = self._backoff.get(uid)
         tries = previous.tries + 1 if previous else 1
@@ -233,7 +241,7 @@ class Reconciler:
             log.warning("%s/%s: %s", *ident(job), message)
             return Outcome.STATUS_REFUSED
         message = f"{why.message()} (to create {why.what}; try {tries}, next in {delay:.0f}s)"
-        status = {"message": message}
+        status = {"message": message, **observed_generation(job)}
         if phase_of(job) is None:
             status["phase"] = "Pending"
         self.kube.patch_status(job, status)
@@ -242,7 +250,7 @@ class Reconciler:
         log.info("%s/%s: %s", *ident(job), message)
         return Outcome.WAITING
 
-    def _relaunch(self, namespace: str, name: str, current: int, why: str) -> Outcome:
+    def _relaunch(self, namespace: str, name: str, current: int, why: str, pod: dict | None) -> Outcome:
         job = self.kube.get_job(namespace, name)  # fresh: did the master conclude the job before dying?
         if job is None or job["metadata"].get("deletionTimestamp"):
             return Outcome.DELETING
@@ -251,12 +259,14 @@ class Reconciler:
         old = master_pod_name(name, current)
         problem = spec_problems(job)
         if problem is not None:  # a new master would exit at once on this spec (exit code 2): say why
-            self.fail(job, reason="InvalidSpec", message=f"{problem} (master pod {old} {why}; not relaunched)")
+            message = f"{problem} (master pod {old} {why}; not relaunched)"
+            self.fail(job, reason="InvalidSpec", message=message, failure={"kind": "InvalidSpec", "message": problem})
             return Outcome.INVALID
         budget, field = master_relaunch_budget(job)
         if current >= budget:
             self.fail(job, reason="BackoffLimitExceeded" if field == "spec.backoffLimit" else "MasterFailed",
-                      message=f"master pod {old} {why}; relaunch budget ({field} = {budget}) used up")
+                      message=f"master pod {old} {why}; relaunch budget ({field} = {budget}) used up",
+                      failure=master_failure(pod, old, why))
             return Outcome.FAILED
         new = master_pod_name(name, current + 1)
         self._ensure_secret(job)  # kept as it is when it exists (the running pods hold its token)
@@ -265,7 +275,7 @@ class Reconciler:
         self._backoff.pop(job["metadata"].get("uid"), None)
         message = (f"master pod {old} {why}: relaunched as {new} ({current + 1}/{budget}); "
                    "it resumes from the job's latest checkpoint")
-        self.kube.patch_status(job, {"masterRelaunches": current + 1, "message": message})
+        self.kube.patch_status(job, {"masterRelaunches": current + 1, "message": message, **observed_generation(job)})
         if created:
             self.kube.event(job, reason="MasterRelaunched", message=message, warning=True)
             self.metrics.master_relaunches.inc()

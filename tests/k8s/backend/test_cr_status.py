@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
 from ft_helpers import wait_for
 from kubernetes import client
 
@@ -116,3 +119,80 @@ def test_a_refused_status_is_reported_by_one_warning_event_and_backed_off(k8s_cl
     assert refused[0]["message"].startswith(
         f'cannot patch the status of ElasticJob "tiny": the API server refused it (403 Forbidden): {webhook} '
         "(the master's status, phase Running; retried in "), refused[0]["message"]
+
+
+def read_job(api) -> dict:
+    return client.CustomObjectsApi(api).get_namespaced_custom_object(meta.GROUP, meta.VERSION, NS, meta.PLURAL, "tiny")
+
+
+def test_a_deleted_job_stops_the_master_once_and_is_not_retried(k8s_api, caplog):
+    """kubectl delete --cascade=orphan: the master's job is gone (404). Not a refusal to back off from and
+    report on the deleted object: the master is told once, and nothing more is written."""
+    create_job(k8s_api)
+    told = []
+    writer = ElasticJobStatusWriter(k8s_api, namespace=NS, name="tiny", min_interval=0.05, job=read_job(k8s_api),
+                                    on_gone=told.append)
+    writer(snapshot(done=10))
+    wait_for(lambda: writer.writes == 1, timeout=10, what="the first write")
+    client.CustomObjectsApi(k8s_api).delete_namespaced_custom_object(meta.GROUP, meta.VERSION, NS, meta.PLURAL, "tiny")
+    writer(snapshot(done=20))
+    wait_for(lambda: told, timeout=10, what="the master told its job is gone")
+    writer(snapshot(done=30))
+    assert writer.close(timeout=1.0)  # nothing left to write to: no retries until the deadline
+    assert told == ["the ElasticJob default/tiny is gone: it was deleted (the API server answers 404 Not Found)"]
+    assert writer.errors == 0 and writer.writes == 1
+    assert "StatusRefused" not in [e["reason"] for e in Kube(k8s_api).events(NS, "tiny")]
+    assert any("is gone" in r.getMessage() and "stops the job" in r.getMessage() for r in caplog.records)
+
+
+def test_a_job_recreated_under_the_same_name_is_not_the_masters(k8s_api):
+    create_job(k8s_api)
+    told = []
+    writer = ElasticJobStatusWriter(k8s_api, namespace=NS, name="tiny", min_interval=0.05, job=read_job(k8s_api),
+                                    on_gone=told.append)
+    client.CustomObjectsApi(k8s_api).delete_namespaced_custom_object(meta.GROUP, meta.VERSION, NS, meta.PLURAL, "tiny")
+    create_job(k8s_api)  # another job of that name: its status is not this master's to write
+    writer(snapshot(done=10))
+    wait_for(lambda: told, timeout=10, what="the master told its job is gone")
+    assert writer.close(timeout=1.0) and "another ElasticJob of its name" in told[0]
+    assert status_of(k8s_api) == {}
+
+
+def test_the_backoff_is_waited_in_full_while_snapshots_keep_coming(k8s_cluster, k8s_api):
+    """The reporter offers a snapshot every second or so; each used to wake the writer and retry at once,
+    so a refused status was retried every second while the log said 'retried in 60s'."""
+    create_job(k8s_api)
+    lift = k8s_cluster.admit_patch(lambda res, ns, name, sub, body: (
+        (403, "Forbidden", "denied") if sub == "status" and name == "tiny" else None))
+    writer = ElasticJobStatusWriter(k8s_api, namespace=NS, name="tiny", min_interval=0.2)
+    pace = threading.Event()
+    deadline = time.monotonic() + 2.0
+    done = 0
+    while time.monotonic() < deadline:  # snapshots every 20 ms (the reporter's cadence, faster)
+        done += 1
+        writer(snapshot(done=done % 100))
+        pace.wait(0.02)
+    # tries at about 0, 0.4 and 1.2 s (the delay doubles from 0.2 s); one per snapshot without the fix
+    assert 2 <= writer.errors <= 4, writer.errors
+    lift()
+    assert writer.close()
+
+
+def test_observed_generation_is_the_spec_the_master_read(k8s_api):
+    body = {"apiVersion": meta.API_VERSION, "kind": meta.KIND,
+            "metadata": {"name": "tiny", "namespace": NS, "generation": 3}, "spec": {"image": "x"}}
+    client.CustomObjectsApi(k8s_api).create_namespaced_custom_object(meta.GROUP, meta.VERSION, NS, meta.PLURAL, body)
+    job = read_job(k8s_api)
+    assert job["metadata"]["generation"] == 3  # the emulator keeps it (it sets none of its own)
+    writer = ElasticJobStatusWriter(k8s_api, namespace=NS, name="tiny", min_interval=0.05, job=job)
+    writer(snapshot(done=10))
+    assert writer.close()
+    assert status_of(k8s_api)["observedGeneration"] == 3
+
+
+def test_no_observed_generation_without_a_generation(k8s_api):
+    create_job(k8s_api)
+    writer = ElasticJobStatusWriter(k8s_api, namespace=NS, name="tiny", min_interval=0.05, job=read_job(k8s_api))
+    writer(snapshot(done=10))
+    assert writer.close()
+    assert "observedGeneration" not in status_of(k8s_api)

@@ -72,6 +72,9 @@ def test_master_that_cannot_start_fails_the_job_naming_the_problem(env, jobs, tm
     status = jobs.status("digits")
     assert status["phase"] == "Failed"
     assert status["message"] == "the master cannot start: training data directory not found: /data/train"
+    failed = {c["type"]: c for c in status["conditions"]}["Failed"]
+    assert (failed["status"], failed["message"]) == ("True", status["message"])
+    assert status["failure"]["kind"] == "Data" and status["failure"]["worker"] == "master"
 
 
 def test_master_refuses_a_module_that_fails_preflight_before_any_worker_pod(env, jobs, tmp_path, digits_data,
@@ -87,11 +90,22 @@ def test_master_refuses_a_module_that_fails_preflight_before_any_worker_pod(env,
     job = elasticjob("digits")
     job["spec"].update(modelDef=f"{module}:Model", jobDir=str(tmp_path / "digits"),
                        data={"training": str(digits_data / "train")})
-    jobs.create(job)
+    job["metadata"]["generation"] = 6  # an API server sets it; the emulator keeps the one given
+    created = jobs.create(job)
+    jobs.kube.patch_status(created, {"conditions": [  # stale: must not outlive the failure
+        {"type": "Running", "status": "True", "reason": "Running", "lastTransitionTime": meta.now_iso()}]})
     res = run(env, "master", "--job", "digits", "--namespace", "default", "--port", "0")
     assert res.returncode == 2, res.stderr
     status = jobs.status("digits")
     assert status["phase"] == "Failed" and "completionTime" in status
+    # `kubectl wait --for=condition=Failed` returns; the root cause is in .status.failure
+    conditions = {c["type"]: c for c in status["conditions"]}
+    assert conditions["Failed"]["status"] == "True" and conditions["Failed"]["message"] == status["message"]
+    assert conditions["Running"]["status"] == "False"
+    failure = status["failure"]
+    assert (failure["kind"], failure["stage"], failure["exception"]) == ("UserCode", "preflight", "PreflightError")
+    assert f"{module}: optimizer(params) returned None" in failure["message"]
+    assert status["startTime"] <= status["completionTime"] and status["observedGeneration"] == 6
     assert status["message"].startswith(f"the master cannot start: {module}: optimizer(params) returned None")
     assert "spec.training.preflight: false skips it" in status["message"]
     assert client.CoreV1Api(k8s_api).list_namespaced_pod("default").items == []  # no worker pod was made

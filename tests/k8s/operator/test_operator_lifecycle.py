@@ -57,8 +57,9 @@ def test_active_deadline_fails_the_job_with_deadline_exceeded_and_deletes_its_po
     status = wait_for(lambda: jobs.status("slow").get("phase") == "Failed" and jobs.status("slow"), timeout=30,
                       what="the job failed at its deadline")
     assert status["message"].startswith("DeadlineExceeded: the job was still running 1s after it started")
-    failed = {c["type"]: c for c in status["conditions"]}["Failed"]
-    assert failed["status"] == "True" and failed["reason"] == "DeadlineExceeded"
+    conditions = {c["type"]: c for c in status["conditions"]}
+    assert conditions["Failed"]["status"] == "True" and conditions["Failed"]["reason"] == "DeadlineExceeded"
+    assert conditions["Running"]["status"] == "False" and status["failure"]["kind"] == "DeadlineExceeded"
     wait_for(lambda: jobs.kube.job_objects(jobs.namespace, "slow")[0] == [], timeout=30, what="its pods deleted")
     assert jobs.master_pods("slow") == {}  # deleted, and not relaunched
     assert "DeadlineExceeded" in jobs.reasons("slow")
@@ -77,5 +78,9 @@ def test_backoff_limit_stops_master_relaunches(operator, jobs):
                       what="the job failed at the backoff limit")
     assert status["message"] == ("master pod flaky-master-1 failed (exit code 1, Error); relaunch budget "
                                  "(spec.backoffLimit = 1) used up")
+    assert status["failure"] == {"worker": "flaky-master-1", "kind": "Internal", "exitCode": 1, "reason": "Error",
+                                 "message": "master pod flaky-master-1 failed (exit code 1, Error)"}
+    failed = {c["type"]: c for c in status["conditions"]}["Failed"]
+    assert failed["status"] == "True" and failed["reason"] == "BackoffLimitExceeded"
     assert sorted(jobs.master_pods("flaky")) == [0, 1]
     assert "BackoffLimitExceeded" in wait_for(lambda: jobs.reasons("flaky"), timeout=10, what="events")
