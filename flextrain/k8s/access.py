@@ -22,6 +22,12 @@ services                                    create, get                         
 events                                      create                              Events on its job
 elasticjobs (its own: resourceNames)        get                                 its job's spec
 elasticjobs/status (its own: resourceNames) patch                               its job's status
+elasticjobs/finalizers (its own)            update                              its pods and Services are owned
+                                                                                by the job with
+                                                                                blockOwnerDeletion, which the
+                                                                                OwnerReferencesPermission-
+                                                                                Enforcement admission plugin
+                                                                                (OpenShift) allows only with it
 ==========================================  ==================================  ===============================
 
 Pods and Services cannot be limited by name (a create has no name to check
@@ -60,6 +66,9 @@ def master_rules(job_name: str) -> list[dict[str, Any]]:
         {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
         {"apiGroups": [meta.GROUP], "resources": [meta.PLURAL], "resourceNames": own, "verbs": ["get"]},
         {"apiGroups": [meta.GROUP], "resources": [f"{meta.PLURAL}/status"], "resourceNames": own, "verbs": ["patch"]},
+        # blockOwnerDeletion on the pods and Services it creates (meta.owner_reference): no finalizer is written
+        {"apiGroups": [meta.GROUP], "resources": [f"{meta.PLURAL}/finalizers"], "resourceNames": own,
+         "verbs": ["update"]},
     ]
 
 

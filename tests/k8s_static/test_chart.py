@@ -177,6 +177,7 @@ def test_operator_rights_are_what_it_calls_and_no_more():
     assert rights(role) == {
         "flextrain.dev/elasticjobs": {"get", "list", "watch", "patch"},
         "flextrain.dev/elasticjobs/status": {"patch"},
+        "flextrain.dev/elasticjobs/finalizers": {"update"},  # blockOwnerDeletion on what it creates
         "pods": {"get", "list", "watch", "create", "delete", "patch"},  # patch: held to grant it (access.py)
         "services": {"get", "list", "create", "delete"},
         "secrets": {"get", "create", "delete"},  # spec.tls: each job's <job>-tls

@@ -12,6 +12,7 @@ import pytest
 from k8s_static_support import CHART_VALUE_SETS, rendered_objects, rights
 
 from flextrain.k8s.access import master_rules
+from flextrain.k8s.meta import owner_reference
 
 VALUE_SETS = pytest.mark.parametrize("values", CHART_VALUE_SETS.values(), ids=CHART_VALUE_SETS.keys())
 
@@ -43,3 +44,14 @@ def test_network_policies_are_on_by_default_and_can_be_turned_off(values):
     off = rendered_objects({**values, "networkPolicies": {"enabled": False}})
     assert "--network-policies" not in operator_args(off)
     assert "networking.k8s.io/networkpolicies" not in operator_rights(off)
+
+
+@VALUE_SETS
+def test_whoever_sets_block_owner_deletion_may_update_the_jobs_finalizers(values):
+    """Operator and master create objects owned by the job with blockOwnerDeletion: true; the
+    OwnerReferencesPermissionEnforcement admission plugin (OpenShift's default) refuses such a create (403)
+    from a subject that may not update the owner's finalizers."""
+    assert owner_reference({"metadata": {"name": "job", "uid": "u"}})["blockOwnerDeletion"] is True
+    finalizers = "flextrain.dev/elasticjobs/finalizers"
+    assert "update" in operator_rights(rendered_objects(values)).get(finalizers, set())
+    assert "update" in rights({"rules": master_rules("job")}).get(finalizers, set())

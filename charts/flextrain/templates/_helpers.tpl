@@ -94,7 +94,7 @@ owned by the ElasticJob, so the garbage collector removes it with the job.
 It creates each job's master a ServiceAccount, Role and RoleBinding (flextrain/k8s/access.py). RBAC
 lets it create that Role and bind it only because it holds every right the Role grants itself
 (pods create/delete/list/patch/watch, services create/get, events create, elasticjobs get,
-elasticjobs/status patch): it has neither `escalate` nor `bind`, so it can never hand out more than
+elasticjobs/status patch, elasticjobs/finalizers update): it has neither `escalate` nor `bind`, so it can never hand out more than
 it has. Pods' `patch` is here for that reason only (a master relabels a spare worker's pod).
 */}}
 {{- define "flextrain.operatorRules" -}}
@@ -106,6 +106,13 @@ it has. Pods' `patch` is here for that reason only (a master relabels a spare wo
 - apiGroups: [flextrain.dev]
   resources: [elasticjobs/status]
   verbs: [patch]
+# Everything the operator creates for a job is owned by it with blockOwnerDeletion: true, which the
+# OwnerReferencesPermissionEnforcement admission plugin (OpenShift's default) allows only to whoever may
+# update the owner's finalizers; without it every create for a job is refused (403). No finalizer is
+# ever written (the operator puts none on jobs).
+- apiGroups: [flextrain.dev]
+  resources: [elasticjobs/finalizers]
+  verbs: [update]
 # Master pods: created, and watched to relaunch a master that failed or was deleted; a job's pods
 # deleted at its activeDeadlineSeconds or ttlSecondsAfterFinished.
 - apiGroups: [""]

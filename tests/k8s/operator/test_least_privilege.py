@@ -69,6 +69,9 @@ def test_the_master_runs_as_its_jobs_own_account_behind_the_jobs_network_policie
         {"apiGroups": ["flextrain.dev"], "resources": ["elasticjobs"], "resourceNames": ["ctr"], "verbs": ["get"]},
         {"apiGroups": ["flextrain.dev"], "resources": ["elasticjobs/status"], "resourceNames": ["ctr"],
          "verbs": ["patch"]},
+        # blockOwnerDeletion on the pods and Services it owns to the job (OwnerReferencesPermissionEnforcement)
+        {"apiGroups": ["flextrain.dev"], "resources": ["elasticjobs/finalizers"], "resourceNames": ["ctr"],
+         "verbs": ["update"]},
     ]
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "ctr-master"}
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "ctr-master", "namespace": ns}]
