@@ -76,6 +76,14 @@ def cmd_operator(args) -> int:
     return 0
 
 
+def _cannot_start(exc: BaseException) -> str:
+    """Why the master pod cannot start, in the ElasticJob's words: the checks it shares with ``flextrain
+    train`` name flags (``--model-def``), the user wrote spec fields (``spec.modelDef``)."""
+    from flextrain.master.failures import in_spec_words
+
+    return f"the master cannot start: {in_spec_words(str(exc))}"
+
+
 def _finished_training(spec) -> str | None:
     """The final checkpoint of ``spec``'s job directory, if training finished there."""
     from flextrain.master.checkpoints import CheckpointStore
@@ -116,7 +124,7 @@ def _inference_spec(kube, job: dict, spec):
             for warning in check_inference_job(spec, field="spec.checkpoint"):
                 log.warning("%s", warning)
     except (DataError, JobSpecError, ModelDefError) as exc:
-        message = f"the master cannot start: {exc}"
+        message = _cannot_start(exc)
         _conclude(kube, job, {"phase": "Failed", "message": message, "completionTime": now_iso()})
         raise CLIError(message) from None
     return spec
@@ -190,7 +198,7 @@ def cmd_master(args) -> int:
         try:
             _preflight(spec)
         except (DataError, JobSpecError, ModelDefError) as exc:  # the job's input: relaunching cannot help
-            message = f"the master cannot start: {exc}"
+            message = _cannot_start(exc)
             _conclude(kube, job, {"phase": "Failed", "message": message, "completionTime": now_iso()})
             raise CLIError(message) from None
     outcome: dict = {}
@@ -202,7 +210,7 @@ def cmd_master(args) -> int:
         except ResumeError as exc:
             outcome["error"] = f"the relaunched master cannot resume: {exc}"
         except (DataError, JobSpecError, ModelDefError) as exc:  # the job's input: no relaunch can fix it
-            outcome["error"] = f"the master cannot start: {exc}"
+            outcome["error"] = _cannot_start(exc)
         except BaseException as exc:  # reported below; the pod fails and the operator relaunches
             log.exception("master of %s/%s crashed", namespace, args.job)
             outcome["crash"] = exc
