@@ -76,6 +76,14 @@ def cmd_operator(args) -> int:
     return 0
 
 
+def _cannot_start(exc: BaseException) -> str:
+    """Why the master pod cannot start, in the ElasticJob's words: the checks it shares with ``flextrain
+    train`` name flags (``--model-def``), the user wrote spec fields (``spec.modelDef``)."""
+    from flextrain.master.failures import in_spec_words
+
+    return f"the master cannot start: {in_spec_words(str(exc))}"
+
+
 def _finished_training(spec) -> str | None:
     """The final checkpoint of ``spec``'s job directory, if training finished there."""
     from flextrain.master.checkpoints import CheckpointStore
@@ -115,7 +123,7 @@ def _inference_spec(kube, job: dict, spec):
             for warning in check_inference_job(spec, field="spec.checkpoint"):
                 log.warning("%s", warning)
     except (DataError, JobSpecError, ModelDefError) as exc:
-        message = f"the master cannot start: {exc}"
+        message = _cannot_start(exc)
         _conclude(kube, job, "Failed", message, failure=_failure_of(exc, stage="checking the job"))
         raise CLIError(message) from None
     return spec
@@ -128,7 +136,10 @@ def _failure_of(exc: BaseException, *, stage: str) -> dict:
     from flextrain.job import JobSpecError
 
     kind = "Data" if isinstance(exc, DataError) else "InvalidSpec" if isinstance(exc, JobSpecError) else "UserCode"
-    return {"worker": "master", "kind": kind, "exception": type(exc).__name__, "message": str(exc), "stage": stage}
+    from flextrain.master.failures import in_spec_words
+
+    return {"worker": "master", "kind": kind, "exception": type(exc).__name__, "message": in_spec_words(str(exc)),
+            "stage": stage}
 
 
 def _conclude(kube, job: dict, phase: str, message: str, *, failure: dict | None = None) -> None:
@@ -207,7 +218,7 @@ def cmd_master(args) -> int:
         try:
             _preflight(spec)
         except (DataError, JobSpecError, ModelDefError) as exc:  # the job's input: relaunching cannot help
-            message = f"the master cannot start: {exc}"
+            message = _cannot_start(exc)
             _conclude(kube, job, "Failed", message, failure=_failure_of(exc, stage="preflight"))
             raise CLIError(message) from None
     outcome: dict = {}
@@ -219,7 +230,7 @@ def cmd_master(args) -> int:
         except ResumeError as exc:
             outcome["error"] = f"the relaunched master cannot resume: {exc}"
         except (DataError, JobSpecError, ModelDefError) as exc:  # the job's input: no relaunch can fix it
-            outcome["error"] = f"the master cannot start: {exc}"
+            outcome["error"] = _cannot_start(exc)
             outcome["failure"] = _failure_of(exc, stage="starting")
         except BaseException as exc:  # reported below; the pod fails and the operator relaunches
             log.exception("master of %s/%s crashed", namespace, args.job)

@@ -326,12 +326,28 @@ def scale(args) -> int:
     try:
         jobspec_from_resource(wanted)
     except ResourceError as exc:
-        raise CLIError(f"cannot scale {args.job} to {args.workers} workers: {exc}") from exc
+        raise CLIError(f"cannot scale {args.job} to {args.workers} workers: {exc}{_allowed_range(job, exc)}") from exc
     old = job["spec"].get("replicaSpecs", {}).get("worker", {}).get("replicas")
     _patch(kube, namespace, args.job, {"spec": {"replicaSpecs": {"worker": {"replicas": args.workers}}}})
     print(f"{args.job}: spec.replicaSpecs.worker.replicas {old} -> {args.workers} "
           "(the operator relays it to the master)")
     return 0
+
+
+def _allowed_range(job: dict, refused) -> str:
+    """``; allowed: ...minReplicas..maxReplicas = 1..4`` when ``refused`` is about the worker count (as the
+    operator's ScaleRejected event says it), so the user sees what to ask for instead; '' otherwise."""
+    from flextrain.k8s.resource import ResourceError, jobspec_from_resource, path_of, replica_range
+
+    base = "spec.replicaSpecs.worker"
+    if not any(path_of(p) in (f"{base}.minReplicas", f"{base}.maxReplicas", f"{base}.replicas")
+               for p in refused.problems):
+        return ""
+    try:
+        lo, hi = replica_range(jobspec_from_resource(job))
+    except ResourceError:  # the running spec itself is invalid: no range to offer
+        return ""
+    return f"; allowed: {base}.minReplicas..maxReplicas = {lo}..{hi}"
 
 
 def stop(args) -> int:

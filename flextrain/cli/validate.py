@@ -12,7 +12,9 @@ Each ElasticJob document of each file is checked, without a cluster, by
 
 Every problem is printed, one per line, as ``FILE: FIELD.PATH: problem``. Exit
 status: 0 all valid, 1 problems found, 2 a file that cannot be read, is not
-YAML or holds no ElasticJob (or one of a wrong apiVersion).
+YAML or holds no ElasticJob (or one of a wrong apiVersion). Of several files
+(a glob), one that holds only other Kubernetes objects is noted and skipped,
+unless no file holds an ElasticJob.
 """
 
 from __future__ import annotations
@@ -40,17 +42,33 @@ def add_commands(sub) -> None:
                     "checks (values, contradicting fields, volumes and pod templates by Kubernetes' schema) and, "
                     "when spec.modelDef is reachable from here, the model module's contract. Lists every problem "
                     "as FILE: FIELD.PATH: problem. Exit status 0: valid; 1: problems; 2: a file that cannot be "
-                    "read, is not YAML or holds no ElasticJob.")
+                    "read, is not YAML or holds no ElasticJob (of several files, one of other Kubernetes objects "
+                    "only is skipped with a note, unless no file holds an ElasticJob).")
     p.add_argument("files", nargs="+", metavar="FILE", help="YAML file with one or more ElasticJob documents")
     p.set_defaults(fn=cmd_validate)
 
 
+# validate_file's status for a file of other Kubernetes objects among several files: skipped, not an error.
+SKIPPED = -1
+
+
 def cmd_validate(args) -> int:
-    return max(validate_file(Path(f)) for f in args.files)
+    # A single file is named on purpose: without an ElasticJob it is a mistake (2). Several files are
+    # often a glob (manifests/examples/*.yaml) that also catches the PVCs and Jobs the jobs need: those
+    # files are noted and skipped, unless none of the files holds an ElasticJob at all.
+    among_others = len(args.files) > 1
+    statuses = [validate_file(Path(f), among_others=among_others) for f in args.files]
+    if SKIPPED in statuses and not any(s in (VALID, INVALID) for s in statuses):
+        print(f"no {meta.KIND} in any of the {len(args.files)} files given", file=sys.stderr)
+        return UNUSABLE
+    return max(max(statuses), VALID)
 
 
-def validate_file(path: Path) -> int:
-    """Check every ElasticJob of ``path``, print what was found; the exit status it deserves."""
+def validate_file(path: Path, *, among_others: bool = False) -> int:
+    """Check every ElasticJob of ``path``, print what was found; the exit status it deserves.
+
+    ``among_others``: ``path`` is one of several files; one that holds only other Kubernetes objects
+    (``apiVersion``, ``kind`` and ``metadata.name``) is then noted and skipped (:data:`SKIPPED`)."""
     try:
         docs = [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
     except (OSError, UnicodeDecodeError) as exc:
@@ -62,6 +80,9 @@ def validate_file(path: Path) -> int:
     jobs = [(i, d) for i, d in enumerate(docs) if isinstance(d, dict) and d.get("kind") == meta.KIND]
     if not jobs:
         kinds = ", ".join(sorted({str(d.get("kind")) if isinstance(d, dict) else type(d).__name__ for d in docs}))
+        if among_others and docs and all(_kubernetes_object(d) for d in docs):
+            print(f"{path}: note: no {meta.KIND} in it (found: {kinds}): skipped")
+            return SKIPPED
         return _unusable(path, f"no {meta.KIND} in it (found: {kinds or 'nothing'})")
     status = VALID
     for index, job in jobs:
@@ -95,6 +116,12 @@ def job_problems(job: dict[str, Any]) -> tuple[list[str], list[str]]:
         found += [problem] if problem else []
         notes += [note] if note else []
     return found, notes
+
+
+def _kubernetes_object(doc: Any) -> bool:
+    """Shaped as a Kubernetes object (what ``kubectl apply`` takes); its own schema is not checked here."""
+    return (isinstance(doc, dict) and isinstance(doc.get("apiVersion"), str) and isinstance(doc.get("kind"), str)
+            and isinstance((doc.get("metadata") or {}).get("name"), str))
 
 
 def _within(path: str, other: str) -> bool:

@@ -91,6 +91,11 @@ def problems(obj: Any) -> list[str]:
         elif error.validator == "required":
             missing = error.message.split("'")[1] if "'" in error.message else error.message
             out.append(f"{where}.{missing}: is required" if where != "(document)" else f"{missing}: is required")
+        elif error.validator == "pattern" and "[KMGTPE]i" in str(error.validator_value):
+            # A resource quantity's pattern: say what a quantity looks like, not the regex.
+            from flextrain.k8s.apiserver_checks import quantity_problem
+
+            out.append(quantity_problem(where, error.instance) or f"{where}: {error.message}")
         else:
             out.append(f"{where}: {error.message}")
     return list(dict.fromkeys(out))

@@ -24,7 +24,7 @@ from flextrain.job import (
     KUBERNETES_DEFAULTS, SETTING, VALUE_RULES, Backend, JobSpec, JobSpecError, JobType, Strategy, check_job_name,
     check_non_negative,
 )
-from flextrain.k8s import hardening, job_types, meta, template, tls_secret
+from flextrain.k8s import apiserver_checks, hardening, job_types, meta, template, tls_secret
 from flextrain.k8s.gang import job_labels
 from flextrain.k8s.resource_checks import (MOUNT_KEYS, _check_memory_size, _checkpoint_dir_problems,
                                            _replica_problems, _translate, _unknown_problems, _value_problems,
@@ -132,6 +132,9 @@ def _check(obj: Mapping[str, Any]) -> tuple[list[str], JobSpec | None]:
         replica = _get(spec, f"replicaSpecs.{role}") or {}
         if isinstance(replica, Mapping) and isinstance(replica.get("env") or [], list):  # else reported above
             out += template.problems(spec, role)
+    # What the API server would refuse only in the pods and Services made from the spec, later.
+    blamed = {path_of(p) for p in out}
+    out += [p for p in apiserver_checks.problems(obj) if path_of(p) not in blamed]
 
     values.setdefault("model_def", "")  # missing: reported above
     values = {**KUBERNETES_DEFAULTS, **values}  # a field left out means the CRD's default, not the local one

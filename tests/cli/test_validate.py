@@ -112,6 +112,42 @@ def test_a_file_that_is_no_elasticjob_exits_2(capsys, tmp_path, text, words):
     assert code == 2 and words in err, err
 
 
+def test_a_glob_skips_files_of_other_kubernetes_objects_with_a_note(capsys):
+    """`flextrain validate manifests/examples/*.yaml` also gets data.yaml (the PVC and Jobs the examples
+    need): among several files, a file without an ElasticJob is skipped, not an error."""
+    files = sorted(EXAMPLES.glob("*.yaml"))
+    assert EXAMPLES / "data.yaml" in files
+    code, lines, err = validate(capsys, *files)
+    assert code == 0, (lines, err)
+    assert f"{EXAMPLES / 'data.yaml'}: note: no ElasticJob in it (found: Job, PersistentVolumeClaim): skipped" \
+        in lines, lines
+
+
+def test_files_with_no_elasticjob_at_all_still_exit_2(capsys, tmp_path):
+    (tmp_path / "a.yaml").write_text("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n")
+    (tmp_path / "b.yaml").write_text("apiVersion: v1\nkind: Secret\nmetadata: {name: y}\n")
+    (tmp_path / "values.yaml").write_text("image: {tag: x}\n")  # not a Kubernetes object: a mistake
+    code, _, err = validate(capsys, tmp_path / "a.yaml", tmp_path / "b.yaml")
+    assert code == 2 and "no ElasticJob in any of the 2 files given" in err, err
+    code, _, err = validate(capsys, tmp_path / "values.yaml", JOB_EXAMPLES[0])
+    assert code == 2 and "values.yaml: no ElasticJob in it" in err, err
+
+
+def test_a_bad_quantity_says_what_a_quantity_is(capsys, tmp_path):
+    from flextrain.k8s import crdschema
+
+    job = yaml.safe_load((EXAMPLES / "digits-allreduce.yaml").read_text())
+    job["spec"].setdefault("replicaSpecs", {}).setdefault("worker", {})["resources"] = {"limits": {"memory": "2GB"}}
+    (tmp_path / "q.yaml").write_text(yaml.safe_dump(job))
+    code, lines, _ = validate(capsys, tmp_path / "q.yaml")
+    assert code == 1
+    (line,) = [ln for ln in lines if "limits.memory" in ln]
+    assert "'2GB' is not a Kubernetes quantity" in line and "write 2G (powers of 1000) or 2Gi" in line, line
+    assert "does not match" not in line  # not the CRD's regex
+    # The CRD schema's own message (what the operator's check hides here) says the same.
+    assert any("'2GB' is not a Kubernetes quantity" in p for p in crdschema.problems(job))
+
+
 def test_a_missing_file_exits_2_and_the_others_are_still_checked(capsys, tmp_path):
     code, lines, err = validate(capsys, tmp_path / "nope.yaml", JOB_EXAMPLES[0])
     assert code == 2 and "nope.yaml: cannot read it" in err

@@ -69,7 +69,8 @@ def test_submit_status_scale_stop(cli, jobs):
 
     res = cli("scale", "digits", "5", "--namespace", "default")
     assert res.returncode == 2
-    assert "spec.replicaSpecs.worker.maxReplicas (3) < replicas (5)" in res.stderr
+    assert ("spec.replicaSpecs.worker.maxReplicas (3) < replicas (5); allowed: "
+            "spec.replicaSpecs.worker.minReplicas..maxReplicas = 1..3") in res.stderr  # as ScaleRejected says it
     assert jobs.get("digits")["spec"]["replicaSpecs"]["worker"]["replicas"] == 2
 
     res = cli("scale", "digits", "3", "--namespace", "default")

@@ -112,6 +112,22 @@ def test_master_refuses_a_module_that_fails_preflight_before_any_worker_pod(env,
     assert not (tmp_path / "digits").exists()
 
 
+def test_master_names_a_missing_module_by_its_spec_field(env, jobs, tmp_path, digits_data):
+    """The preflight's message is shared with `flextrain train`, which names --model-def; an ElasticJob's
+    user wrote spec.modelDef (docs/kubernetes.md: settings are named by their spec fields)."""
+    missing = tmp_path / "nope.py"
+    job = elasticjob("digits")
+    job["spec"].update(modelDef=f"{missing}:Model", jobDir=str(tmp_path / "digits"),
+                       data={"training": str(digits_data / "train")})
+    jobs.create(job)
+    res = run(env, "master", "--job", "digits", "--namespace", "default", "--port", "0")
+    assert res.returncode == 2, res.stderr
+    message = jobs.status("digits")["message"]
+    assert message.startswith(f"the master cannot start: spec.modelDef '{missing}:Model': module file {missing} "
+                              "not found"), message
+    assert "--model-def" not in message
+
+
 def test_master_of_a_missing_job_names_it(env):
     res = run(env, "master", "--job", "nosuch", "--namespace", "default")
     assert res.returncode == 2 and "no ElasticJob 'nosuch' in namespace 'default'" in res.stderr
