@@ -115,14 +115,13 @@ class Reconciler:
 
     # ---- lifecycle -----------------------------------------------------------------
     def fail(self, job: dict, *, reason: str, message: str, failure: dict | None = None) -> None:
-        """Fail the job as every failure does (:func:`~flextrain.operator.lifecycle.fail_job`: condition
-        ``Failed`` with ``reason``, ``failure``, its worker and PS pods deleted) and record a Warning Event
-        (even if the status is refused)."""
-        try:
-            fail_job(self.kube, job, reason=reason, message=message, failure=failure)
-        finally:
-            # keyed: a job fails once, however often a refused status makes this run again
-            self.kube.event(job, reason=reason, message=message, warning=True, key="failed")
+        """Record a Warning Event and fail the job as every failure does (:func:`~flextrain.operator.lifecycle.
+        fail_job`: condition ``Failed`` with ``reason``, ``failure``, its worker and PS pods deleted). The
+        Event first: whoever sees the phase Failed finds the Event that says why (and it is there even if
+        the status is refused)."""
+        # keyed: a job fails once, however often a refused status makes this run again
+        self.kube.event(job, reason=reason, message=message, warning=True, key="failed")
+        fail_job(self.kube, job, reason=reason, message=message, failure=failure)
 
     def ensure(self, job: dict) -> Outcome:
         """Bring the job's master to where it should be: created, running, or relaunched."""
