@@ -47,7 +47,7 @@ def test_a_parameter_server_job_without_a_readable_shard_is_refused_naming_it(ca
     code, err = run(capsys, "evaluate", "--model-def", STEPCOUNT, "--validation-data", str(validation),
                     "--checkpoint", str(tmp_path / "ps-job"), "--job-dir", str(tmp_path / "job"))
     assert code == 2, err
-    assert f"ps-checkpoints/ps-0: no readable checkpoint or write-ahead log: the shard holds no model" in err, err
+    assert "ps-checkpoints/ps-0: no readable checkpoint or write-ahead log: the shard holds no model" in err, err
     assert not (tmp_path / "job").exists()  # the export's file and the directory it made are gone
 
 
