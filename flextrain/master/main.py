@@ -173,12 +173,6 @@ def _run_job(spec: JobSpec, *, host: str, port: int, backend: LaunchBackend | No
         raise JobDirError(str(exc) if isinstance(exc, StateWriteError) else
                           f"cannot write {job_dir / HISTORY_FILE}: {exc.strerror or exc}") from exc
 
-    # One long-lived TCPStore for the whole job; every round uses its own
-    # key prefix over it, which is what makes re-forming gloo groups cheap.
-    # It listens on the master's gRPC host (loopback for a local job), not every interface (open_store).
-    store = open_store(host, timedelta(seconds=60))
-    job.store_bind, job.store_host, job.store_port = host, reachable_host(host), store.port
-
     k8s = None  # the Kubernetes context, when workers run as pods
     if backend is None and spec.backend is Backend.KUBERNETES:
         from flextrain.master.k8s_context import kubernetes_context
@@ -234,6 +228,13 @@ def _run_job(spec: JobSpec, *, host: str, port: int, backend: LaunchBackend | No
     creds, tls_env = job_credentials(spec, job_dir, kubernetes=k8s is not None)
     server, bound = start_server(servicer, host=host, port=port, threads=16, creds=creds)  # the calls that may block
     address = f"{host}:{bound}"
+    # One long-lived TCPStore for the whole job; every round uses its own
+    # key prefix over it, which is what makes re-forming gloo groups cheap.
+    # It listens on the master's gRPC host (loopback for a local job), not every interface (open_store);
+    # made once the server holds its port, so that its own (any free one) cannot be the port asked for.
+    # No worker asks for it before one is launched, below.
+    store = open_store(host, timedelta(seconds=60))
+    job.store_bind, job.store_host, job.store_port = host, reachable_host(host), store.port
     def membership(active: int, desired: int) -> dict:  # pending and preempted workers, and why
         waiting = (k8s.backend.pending() if k8s else set()) - (spares.ids() if spares else set())
         waiting = {i for i in waiting if i.startswith("worker-")}
