@@ -30,6 +30,9 @@ def job_with_budget(name: str, budget: int) -> dict:
 def test_deleted_then_failed_master_is_relaunched_until_the_budget_is_used_up(operator, jobs):
     jobs.create(job_with_budget("digits", 2))
     wait_for(lambda: 0 in jobs.master_pods("digits"), timeout=30, what="master pod 0")
+    # The operator writes the job's status just after it made the pod: until then the job has no master
+    # of record, and a pod gone meanwhile is a first master still to create (pod 0 again), not a relaunch.
+    wait_for(lambda: jobs.status("digits").get("masterRelaunches") == 0, timeout=30, what="the operator's status")
 
     delete_pod(jobs, "digits-master-0")
     pods = wait_for(lambda: 1 in jobs.master_pods("digits") and jobs.master_pods("digits"),
@@ -67,6 +70,8 @@ def test_master_of_a_finished_job_is_not_relaunched(operator, jobs, caplog):
     caplog.set_level(logging.INFO, logger="flextrain.operator.handlers")
     jobs.create(job_with_budget("done", 3))
     wait_for(lambda: 0 in jobs.master_pods("done"), timeout=30, what="master pod 0")
+    # after the operator's own status for the new pod (it would otherwise write Pending over the master's)
+    wait_for(lambda: jobs.status("done").get("masterRelaunches") == 0, timeout=30, what="the operator's status")
     # What the master writes before it exits with the job's outcome.
     jobs.kube.custom.patch_namespaced_custom_object_status(
         "flextrain.dev", "v1alpha1", jobs.namespace, "elasticjobs", "done",
