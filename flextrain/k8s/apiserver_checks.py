@@ -29,9 +29,6 @@ from flextrain.k8s.template import ROLES
 # or exponent suffix. The same pattern the CRD puts on spec.replicaSpecs.*.resources.
 _QUANTITY = re.compile(r"^([+-]?)((?:[0-9]+(?:\.[0-9]*)?)|(?:\.[0-9]+))((?:[KMGTPE]i)|[numkMGTPE]|"
                        r"(?:[eE][+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)))?$")
-_SCALE = {"": 1, "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"), "k": 10**3, "M": 10**6,
-          "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
-          **{f"{p}i": 2 ** (10 * (i + 1)) for i, p in enumerate("KMGTPE")}}
 QUANTITY_HELP = ("a number with an optional suffix: Ki, Mi, Gi, Ti, Pi, Ei (powers of 1024) or m, k, M, G, T, P, E "
                  "(powers of 1000), no space, e.g. 500m, 2Gi")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -46,22 +43,18 @@ _OBJECT_NAME = "a Kubernetes object name: lower-case letters, digits, '-' and '.
 
 
 def parse_quantity(value: Any) -> Decimal | None:
-    """A Kubernetes quantity's value (``2Gi`` -> 2147483648), None when ``value`` is not one."""
-    if isinstance(value, bool):
+    """A Kubernetes quantity's value (``2Gi`` -> 2147483648), None when ``value`` is not one. The API
+    server's pattern decides what is one (the client's parser also takes ``4 Gi``, which it refuses)."""
+    from kubernetes.utils import parse_quantity as quantity_value
+
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         return None
-    if isinstance(value, (int, float)):
-        return Decimal(str(value))
-    match = _QUANTITY.match(value) if isinstance(value, str) else None
-    if not match:
+    if isinstance(value, str) and not _QUANTITY.match(value):
         return None
-    sign, number, suffix = match.groups()
-    suffix = suffix or ""
     try:
-        scale = Decimal(10) ** int(suffix[1:]) if suffix[:1] in ("e", "E") else Decimal(_SCALE[suffix])
-        amount = Decimal(number) * scale
-    except (InvalidOperation, ValueError):
+        return Decimal(quantity_value(value))
+    except (ValueError, InvalidOperation):
         return None
-    return -amount if sign == "-" else amount
 
 
 def quantity_problem(path: str, value: Any) -> str | None:
